@@ -1,0 +1,580 @@
+"""ModelGroup (goodput.dev/v1alpha1): one served model run as N complete replica groups.
+
+A group is the tensor x pipeline set of GPU pods that together hold one copy of the model; it
+counts as capacity only when every rank is placed, started, NCCL-healthy, on the right revision and
+warm. `spec.replicas` is the number of complete groups wanted and is what the scale subresource
+(and so the autoscaler, `kubectl scale` or an HPA) writes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from goodput.api.base import (
+    DNS_LABEL_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    CelRule,
+    ObjectMeta,
+    Quantity,
+    SpecModel,
+    StatusModel,
+    Timestamp,
+    list_map,
+)
+from goodput.api.conditions import Condition
+from goodput.api.slopolicy import AutoscalingMode
+from goodput.estimators.service_time import (
+    GPUS,
+    MODELS,
+    GpuSpec,
+    ModelShape,
+    StepCostModel,
+    default_batch_limits,
+)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# vLLM flags that goodput renders from the spec; setting them in `engine.args` as well would make
+# the running engine disagree with the spec the autoscaler reasons about.
+OPERATOR_OWNED_FLAGS_PATTERN = (
+    r"^(-tp|-pp|-dp|--(tensor|pipeline|data)[-_]parallel[-_]size"
+    r"|--(model|served[-_]model[-_]name|revision|port|nnodes|node[-_]rank|master[-_]addr|master[-_]port"
+    r"|headless|shutdown[-_]timeout|max[-_]num[-_]seqs|max[-_]num[-_]batched[-_]tokens|disable[-_]log[-_]stats))"
+    r"([= ].*)?$"
+)
+
+
+class ModelSource(SpecModel):
+    """Which weights to serve."""
+
+    name: str = Field(min_length=1, max_length=512)
+    """Model to load: a Hugging Face repository id such as 'meta-llama/Llama-3.1-8B-Instruct', or a
+    path inside the image. Passed to `vllm serve` as the model argument."""
+    revision: str = Field(default="main", min_length=1, max_length=256)
+    """Model revision (branch, tag or commit). Readiness checks that every rank loaded this revision."""
+    served_name: str | None = Field(default=None, min_length=1, max_length=256)
+    """Name clients put in the request's `model` field (vLLM --served-model-name); absent: `name`."""
+
+
+class EnvVar(SpecModel):
+    """An environment variable of the engine container."""
+
+    name: str = Field(min_length=1, max_length=256)
+    """Variable name."""
+    value: str = Field(default="", max_length=32768)
+    """Variable value."""
+
+
+class ResourceRequirements(SpecModel):
+    """CPU, memory and other per-pod resources of the engine container, as in a Pod spec."""
+
+    cel_rules = (
+        CelRule(
+            rule=f"(!has(self.requests) || !('{GPU_RESOURCE}' in self.requests)) && "
+            f"(!has(self.limits) || !('{GPU_RESOURCE}' in self.limits))",
+            message=f"`engine.resources` must not set '{GPU_RESOURCE}': goodput requests "
+            "`parallelism.gpusPerPod` GPUs for every pod",
+            check=lambda resources: (
+                GPU_RESOURCE not in resources.requests and GPU_RESOURCE not in resources.limits
+            ),
+        ),
+    )
+
+    requests: dict[str, Quantity] = Field(default={}, json_schema_extra={"maxProperties": 16})
+    """Minimum resources per pod by resource name, for example {cpu: '16', memory: 200Gi}."""
+    limits: dict[str, Quantity] = Field(default={}, json_schema_extra={"maxProperties": 16})
+    """Maximum resources per pod by resource name."""
+
+
+class Engine(SpecModel):
+    """The vLLM container every rank of a group runs."""
+
+    cel_rules = (
+        CelRule(
+            rule=f"!has(self.args) || self.args.all(arg, !arg.matches('{OPERATOR_OWNED_FLAGS_PATTERN}'))",
+            message="`engine.args` must not set a flag that goodput renders from the spec (model, revision, "
+            "served name, port, parallelism, node ranks, shutdown timeout, batch limits, log stats): set "
+            "`model`, `engine.port`, `parallelism`, `engine.shutdownTimeoutSeconds` or `profile` instead",
+            field_path=".args",
+            check=lambda engine: not any(re.match(OPERATOR_OWNED_FLAGS_PATTERN, arg) for arg in engine.args),
+        ),
+    )
+
+    image: str = Field(min_length=1, max_length=1024)
+    """Container image with vLLM, for example 'vllm/vllm-openai:v0.33.0'."""
+    args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field(default=(), max_length=64)
+    """Extra `vllm serve` arguments. Flags that goodput derives from the spec (parallelism, port,
+    model, revision, ranks, shutdown timeout, batch limits) are rejected here."""
+    env: tuple[EnvVar, ...] = Field(default=(), max_length=128, json_schema_extra=list_map("name"))
+    """Extra environment variables of the engine container."""
+    resources: ResourceRequirements = ResourceRequirements()
+    """CPU and memory of each pod. GPUs come from `parallelism.gpusPerPod` and must not be set here."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """HTTP port of the leader's OpenAI-compatible server and /metrics endpoint."""
+    startup_timeout_seconds: int = Field(default=1800, ge=1, le=86400)
+    """Longest a group may take from its pods starting to the engine answering /health (weights
+    download and load, rank initialisation, graph capture) before the group is replaced."""
+    shutdown_timeout_seconds: int = Field(default=30, ge=0, le=3600)
+    """vLLM --shutdown-timeout: how long a terminating engine keeps finishing in-flight requests.
+    Pods get a termination grace period longer than this."""
+
+
+class Parallelism(SpecModel):
+    """How one copy of the model is split over GPUs and pods. Immutable after creation."""
+
+    cel_rules = (
+        CelRule(
+            rule="(self.tensor * self.pipeline) % self.gpusPerPod == 0",
+            message="`parallelism.gpusPerPod` must divide the product of `parallelism.tensor` and "
+            "`parallelism.pipeline`, so that every pod of a group holds the same number of GPUs",
+            field_path=".gpusPerPod",
+            check=lambda parallelism: (
+                (parallelism.tensor * parallelism.pipeline) % parallelism.gpus_per_pod == 0
+            ),
+        ),
+        CelRule(
+            rule="self == oldSelf",
+            message="`parallelism` must not change (it is immutable): create a new ModelGroup with the new "
+            "parallelism and shift traffic to it",
+        ),
+    )
+
+    tensor: int = Field(default=1, ge=1, le=64)
+    """Tensor-parallel size: GPUs that split every layer (vLLM --tensor-parallel-size)."""
+    pipeline: int = Field(default=1, ge=1, le=64)
+    """Pipeline-parallel size: stages the layers are divided into (vLLM --pipeline-parallel-size)."""
+    gpus_per_pod: int = Field(ge=1, le=64)
+    """GPUs per pod (one node's share of the group). A group has tensor x pipeline / gpusPerPod pods."""
+
+    @property
+    def gpus_per_group(self) -> int:
+        return self.tensor * self.pipeline
+
+    @property
+    def pods_per_group(self) -> int:
+        """Pods in one complete group; rank 0 is the leader."""
+        return self.gpus_per_group // self.gpus_per_pod
+
+
+class Toleration(SpecModel):
+    """A toleration of the engine pods, in the shape of a Pod's tolerations."""
+
+    cel_rules = (
+        CelRule(
+            rule="self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            message="`value` must be empty when `operator` is 'Exists'",
+            field_path=".value",
+            check=lambda toleration: toleration.operator != "Exists" or not toleration.value,
+        ),
+        CelRule(
+            rule="(has(self.key) && self.key != '') || self.operator == 'Exists'",
+            message="`operator` must be 'Exists' when `key` is empty",
+            field_path=".operator",
+            check=lambda toleration: bool(toleration.key) or toleration.operator == "Exists",
+        ),
+        CelRule(
+            rule="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            message="`effect` must be 'NoExecute' when `tolerationSeconds` is set",
+            field_path=".effect",
+            check=lambda toleration: (
+                toleration.toleration_seconds is None or toleration.effect == "NoExecute"
+            ),
+        ),
+    )
+
+    key: str | None = Field(default=None, max_length=317, pattern=LABEL_KEY_PATTERN)
+    """Taint key to tolerate; empty with operator 'Exists' tolerates every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """'Equal' matches the taint's value; 'Exists' matches any value."""
+    value: str | None = Field(default=None, max_length=63)
+    """Taint value to match with operator 'Equal'."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; absent matches every effect."""
+    toleration_seconds: int | None = Field(default=None, json_schema_extra={"format": "int64"})
+    """With effect 'NoExecute': how long the pod stays bound after the taint appears."""
+
+
+class NodeSelectorTerm(SpecModel):
+    """A node label the engine pods require."""
+
+    key: str = Field(max_length=317, pattern=LABEL_KEY_PATTERN)
+    """Node label key."""
+    value: str = Field(max_length=63, pattern=LABEL_VALUE_PATTERN)
+    """Required value of the label."""
+
+
+class Placement(SpecModel):
+    """Where the pods of a group may run. A group is placed as a whole or not at all."""
+
+    topology_key: str = Field(default="nvidia.com/gpu.clique", max_length=317, pattern=LABEL_KEY_PATTERN)
+    """Node label whose value names a topology domain (an NVLink clique, a rack, a network block);
+    all pods of one group are placed in one domain."""
+    mode: Literal["Required", "Preferred"] = "Required"
+    """'Required': a group waits until one domain fits all its pods. 'Preferred': a group that fits
+    no single domain is spread over several rather than waiting."""
+    spread_key: str = Field(default="topology.kubernetes.io/zone", max_length=317, pattern=LABEL_KEY_PATTERN)
+    """Node label whose domains groups are spread across (best effort), so losing one failure
+    domain does not take every group."""
+    schedule_timeout_seconds: int = Field(default=300, ge=1, le=3600)
+    """Longest a group may wait for all its pods to be bound to nodes. Past it the whole group is
+    deleted, its domain backed off, and `ScalingLimited` reports why."""
+    tolerations: tuple[Toleration, ...] = Field(default=(), max_length=32)
+    """Tolerations of the engine pods, for example of the GPU nodes' taints."""
+    node_selector: tuple[NodeSelectorTerm, ...] = Field(
+        default=(), max_length=32, json_schema_extra=list_map("key")
+    )
+    """Node labels every engine pod requires, as a list of key and value."""
+
+
+class PolicyRef(SpecModel):
+    """A reference to an SLOPolicy in the ModelGroup's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the SLOPolicy."""
+
+
+class ModelShapeSpec(SpecModel):
+    """Architecture numbers of a dense decoder-only transformer, which price a token."""
+
+    parameters: float = Field(gt=0)
+    """Number of parameters, for example 8.03e9."""
+    layers: int = Field(ge=1, le=1024)
+    """Number of transformer layers."""
+    hidden_size: int = Field(ge=1, le=1048576)
+    """Hidden dimension."""
+    kv_heads: int = Field(ge=1, le=1024)
+    """Number of key/value heads (grouped-query attention)."""
+    head_dim: int = Field(ge=1, le=4096)
+    """Dimension of one attention head."""
+    dtype_bytes: int = Field(default=2, ge=1, le=4)
+    """Bytes per weight and KV element: 2 for bf16/fp16, 1 for fp8."""
+
+    def to_model_shape(self, name: str) -> ModelShape:
+        return ModelShape(
+            name,
+            self.parameters,
+            self.layers,
+            self.hidden_size,
+            self.kv_heads,
+            self.head_dim,
+            self.dtype_bytes,
+        )
+
+
+class Profile(SpecModel):
+    """The capacity envelope and service-time model of this model on this hardware.
+
+    Measured by a benchmark and written here; what is left out comes from goodput's service-time
+    model for `gpu` and the model's shape.
+    """
+
+    gpu: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Accelerator of the nodes, for example 'h100-80g' or 'a100-80g' (the ones goodput's service-time
+    model knows). Other accelerators need `kvCapacityTokens` and `capacityWorkSecondsPerSecond`."""
+    model_shape: ModelShapeSpec | None = None
+    """Architecture of the model; absent: taken from goodput's catalog by the model's name
+    (Llama 3.1 8B and 70B)."""
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
+    """KV-cache tokens one group holds (vLLM's `kv_cache_size_tokens`); absent: estimated from the
+    GPU memory, the model shape and the parallelism."""
+    capacity_work_seconds_per_second: float | None = Field(default=None, gt=0)
+    """Work one group sustains per second while still meeting the SLO (its capacity envelope, not its
+    peak); absent: derived from the service-time model."""
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536)
+    """vLLM --max-num-seqs for every group; absent: vLLM's default for `gpu`."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=1048576)
+    """vLLM --max-num-batched-tokens for every group; absent: vLLM's default for `gpu`."""
+    ready_time_seconds: int | None = Field(default=None, ge=1, le=86400)
+    """Expected time from creating a group to it serving (placement, image, weights, rank
+    initialisation, compilation, warm-up); absent: learnt from the groups' measured ready times."""
+
+    def gpu_spec(self) -> GpuSpec | None:
+        """The service-time model's figures for `gpu`, or None when goodput does not know it."""
+        return GPUS.get(self.gpu)
+
+
+class Warmup(SpecModel):
+    """The request sent through the leader before a group counts as ready."""
+
+    prompt: str = Field(default="Hello, my name is", min_length=1, max_length=8192)
+    """Prompt of the warm-up completion."""
+    max_tokens: int = Field(default=8, ge=1, le=4096)
+    """Tokens the warm-up must generate."""
+    timeout_seconds: int = Field(default=60, ge=1, le=3600)
+    """Longest the warm-up may take before the group is reported not ready."""
+
+
+class Readiness(SpecModel):
+    """What a group must prove before it counts as capacity: serving correct tokens, not just listening."""
+
+    nccl_check: Literal["Required", "Skip"] = "Required"
+    """'Required': every rank must report a passing NCCL health check. 'Skip': trust the engine's own
+    start-up (for single-GPU groups or clusters without the health agent)."""
+    revision_check: bool = True
+    """Require every rank to report the model revision of `model.revision`."""
+    warmup: Warmup = Warmup()
+    """The warm-up request."""
+
+
+class Drain(SpecModel):
+    """How a group leaves: stop routing, let in-flight requests finish, then remove every rank together."""
+
+    max_seconds: int = Field(default=600, ge=0, le=86400)
+    """Longest to wait for the leader to report no running or waiting requests."""
+    on_timeout: Literal["Abort", "Requeue"] = "Abort"
+    """What happens to requests still in flight after `maxSeconds`: 'Abort' ends them (and counts
+    them); 'Requeue' hands them back to the gateway to retry on another group."""
+    min_lifetime_seconds: int = Field(default=300, ge=0, le=86400)
+    """A group younger than this (since it became ready) is not chosen for scale-in."""
+
+
+# With optionalOldSelf, oldSelf is absent on create, so the bounds then apply to `replicas` too.
+_REPLICAS_UNCHANGED = "(oldSelf.hasValue() && oldSelf.value().replicas == self.replicas)"
+
+
+class ModelGroupSpec(SpecModel):
+    """Desired state of a ModelGroup."""
+
+    cel_rules = (
+        CelRule(
+            rule="self.minReplicas <= self.maxReplicas",
+            message="`minReplicas` must be less than or equal to `maxReplicas`",
+            field_path=".minReplicas",
+            check=lambda spec: spec.min_replicas <= spec.max_replicas,
+        ),
+        CelRule(
+            rule="self.warmReplicas <= self.maxReplicas",
+            message="`warmReplicas` must be less than or equal to `maxReplicas`",
+            field_path=".warmReplicas",
+            check=lambda spec: spec.warm_replicas <= spec.max_replicas,
+        ),
+        # Checked when `replicas` is set or changed (create, `kubectl scale`, the autoscaler), not
+        # when only the bounds move: lowering `maxReplicas` below the running count is accepted and
+        # the operator then drains down to it, instead of a GitOps change failing on a field the
+        # autoscaler owns. So the operator's own parsing must accept such an object: no Python twin.
+        CelRule(
+            rule=f"self.replicas <= self.maxReplicas || {_REPLICAS_UNCHANGED}",
+            message="`replicas` must be less than or equal to `maxReplicas`: "
+            "raise `maxReplicas` to run more groups",
+            field_path=".replicas",
+            optional_old_self=True,
+        ),
+        CelRule(
+            rule=f"self.replicas >= self.minReplicas || {_REPLICAS_UNCHANGED}",
+            message="`replicas` must be greater than or equal to `minReplicas`: "
+            "lower `minReplicas` to run fewer groups",
+            field_path=".replicas",
+            optional_old_self=True,
+        ),
+        CelRule(
+            rule="has(self.profile) || (!has(self.policyRef) && !has(self.shadowPolicyRef))",
+            message="`profile` must be set when `policyRef` or `shadowPolicyRef` is set: the autoscaler "
+            "prices work with it",
+            field_path=".profile",
+            check=lambda spec: (
+                spec.profile is not None or (spec.policy_ref is None and spec.shadow_policy_ref is None)
+            ),
+        ),
+    )
+
+    model: ModelSource
+    """The model to serve."""
+    engine: Engine
+    """The vLLM container."""
+    parallelism: Parallelism
+    """Tensor and pipeline parallelism and the pods of one group. Immutable."""
+    placement: Placement = Placement()
+    """Gang placement of each group into one topology domain."""
+    replicas: int = Field(default=1, ge=0, le=1000)
+    """Complete groups wanted. Written through the scale subresource by the autoscaler when
+    `policyRef` is set (leave it out of GitOps diffs then), else by hand or by another autoscaler.
+    Setting it outside [`minReplicas`, `maxReplicas`] is rejected; moving the bounds past it is
+    accepted and the operator converges to the nearest bound."""
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    """Fewest groups `replicas` may ask for; 0 allows scaling to zero."""
+    max_replicas: int = Field(ge=1, le=1000)
+    """Most groups `replicas` may ask for: the GPU budget is maxReplicas x tensor x pipeline GPUs."""
+    warm_replicas: int = Field(default=0, ge=0, le=1000)
+    """Warm floor: the autoscaler proposes at least this many groups whatever the load, so bursts
+    shorter than the ready time find warm capacity. Unlike `minReplicas` it does not bound a manual
+    `kubectl scale`."""
+    policy_ref: PolicyRef | None = None
+    """The SLOPolicy whose decisions are applied; absent: goodput does not autoscale this group."""
+    shadow_policy_ref: PolicyRef | None = None
+    """An SLOPolicy whose decisions are computed and recorded in `status.shadowDecision` but never
+    applied: how a pipeline trials a new policy revision against live traffic."""
+    profile: Profile | None = None
+    """Capacity envelope and service-time model on this hardware. Required with a policy."""
+    readiness: Readiness = Readiness()
+    """What a group must pass before it counts as capacity."""
+    drain: Drain = Drain()
+    """How groups are removed on scale-in."""
+
+    def model_shape(self) -> ModelShape | None:
+        """The profile's shape, else the catalog's shape for `model.name`, else None."""
+        if self.profile is not None and self.profile.model_shape is not None:
+            return self.profile.model_shape.to_model_shape(self.model.name)
+        return MODELS.get(catalog_model_key(self.model.name))
+
+    def step_cost_model(self) -> StepCostModel | None:
+        """goodput's service-time model of one group, or None when the GPU or the shape is unknown."""
+        shape = self.model_shape()
+        gpu = self.profile.gpu_spec() if self.profile is not None else None
+        if shape is None or gpu is None:
+            return None
+        return StepCostModel.from_hardware(shape, gpu, self.parallelism.tensor, self.parallelism.pipeline)
+
+    def kv_capacity_tokens(self) -> int | None:
+        """KV tokens one group holds: the measured figure when given, else the model's estimate."""
+        if self.profile is not None and self.profile.kv_capacity_tokens is not None:
+            return self.profile.kv_capacity_tokens
+        cost = self.step_cost_model()
+        return None if cost is None else cost.kv_capacity_tokens
+
+    def batch_limits(self) -> tuple[int, int] | None:
+        """(max_num_seqs, max_num_batched_tokens) each group runs with, or None when unknown."""
+        if self.profile is None:
+            return None
+        gpu = self.profile.gpu_spec()
+        default_seqs, default_tokens = default_batch_limits(gpu) if gpu is not None else (None, None)
+        seqs = self.profile.max_num_seqs or default_seqs
+        tokens = self.profile.max_num_batched_tokens or default_tokens
+        return None if seqs is None or tokens is None else (seqs, tokens)
+
+
+def catalog_model_key(model_name: str) -> str:
+    """Catalog key of a model id: 'meta-llama/Llama-3.1-8B-Instruct' -> 'llama-3.1-8b'."""
+    base = model_name.rstrip("/").rsplit("/", 1)[-1].lower()
+    return base.removesuffix("-instruct")
+
+
+GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]
+
+
+class ReadyTime(StatusModel):
+    """How long a group took to become ready, by phase."""
+
+    placing_seconds: float = Field(ge=0)
+    """From creation until every pod was bound to a node."""
+    provisioning_seconds: float = Field(ge=0)
+    """From binding until every rank's container was running and the engine answered /health."""
+    warming_seconds: float = Field(ge=0)
+    """From /health until the NCCL, revision and warm-up checks passed."""
+    total_seconds: float = Field(ge=0)
+    """From creation to ready."""
+
+
+class GroupStatus(StatusModel):
+    """One complete replica group."""
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Group name; its pods carry it in the goodput.dev/group label."""
+    state: GroupState
+    """'Placing' (pods gated or not yet bound), 'Provisioning' (containers starting, weights
+    loading), 'Warming' (readiness checks), 'Ready' (counted as capacity), 'Draining' (no new
+    requests, finishing in-flight ones) or 'Failed' (to be replaced)."""
+    domain: str | None = None
+    """Value of `placement.topologyKey` of the domain the group was placed in."""
+    pods: tuple[str, ...] = ()
+    """Pod names by rank; the first is the leader."""
+    created_at: Timestamp
+    """When the group's pods were created."""
+    ready_at: Timestamp | None = None
+    """When the group became ready."""
+    ready_time: ReadyTime | None = None
+    """Ready time by phase, once ready."""
+    drain_started_at: Timestamp | None = None
+    """When draining began."""
+    message: str | None = Field(default=None, max_length=32768)
+    """Why the group is in its state, when that is not obvious (for example why it failed)."""
+
+
+class Proposal(StatusModel):
+    """One signal's proposed number of groups."""
+
+    signal: str = Field(max_length=64)
+    """Signal name: 'queueWork', 'slack', 'kvCache', 'goodput', 'warmFloor' or 'minReplicas'."""
+    replicas: int = Field(ge=0)
+    """Groups this signal asks for."""
+    detail: str = Field(default="", max_length=1024)
+    """The inputs behind the proposal, for example 'Q_work=412s lambda_w=38.2/s C=9.1/s'."""
+
+
+class ScalingDecision(StatusModel):
+    """One autoscaler decision: its inputs, what each signal proposed, and what was done."""
+
+    time: Timestamp
+    """When the decision was made."""
+    from_replicas: int = Field(ge=0)
+    """`spec.replicas` before the decision."""
+    to_replicas: int = Field(ge=0)
+    """`spec.replicas` the decision asked for."""
+    reason: str = Field(max_length=128)
+    """Why the result is what it is, for example 'DesiredWithinRange' or 'ScaleDownStabilized'."""
+    signal: str = Field(max_length=64)
+    """The signal whose proposal won (the largest)."""
+    proposals: tuple[Proposal, ...] = Field(default=(), max_length=16)
+    """Every signal's proposal."""
+    guards: tuple[str, ...] = Field(default=(), max_length=16)
+    """Safety guards that changed or held the result, for example 'StaleMetricsHoldScaleIn'."""
+    policy_revision: str = Field(max_length=128)
+    """`spec.revision` of the SLOPolicy that made the decision."""
+    mode: AutoscalingMode
+    """The policy's mode: only 'Active' decisions are applied."""
+    shadow: bool = False
+    """True for a decision of the shadow policy, which is never applied."""
+
+
+class ModelGroupStatus(StatusModel):
+    """Observed state of a ModelGroup, written by the operator."""
+
+    observed_generation: int = Field(default=-1, json_schema_extra={"format": "int64"})
+    """The `metadata.generation` last acted on; -1 before the operator's first visit."""
+    replicas: int = Field(default=0, ge=0)
+    """Ready complete groups: the capacity that counts (scale subresource `status.replicas`)."""
+    label_selector: str | None = Field(default=None, max_length=1024)
+    """Selector of the groups' leader pods, one per group (scale subresource selector)."""
+    desired_groups: int = Field(default=0, ge=0)
+    """Groups wanted: `spec.replicas` as last acted on."""
+    placing_groups: int = Field(default=0, ge=0)
+    """Groups whose pods are not all bound to nodes yet."""
+    provisioning_groups: int = Field(default=0, ge=0)
+    """Groups whose containers are starting or loading weights."""
+    warming_groups: int = Field(default=0, ge=0)
+    """Groups running their readiness checks."""
+    ready_groups: int = Field(default=0, ge=0)
+    """Groups counted as capacity."""
+    draining_groups: int = Field(default=0, ge=0)
+    """Groups finishing in-flight requests before removal."""
+    failed_groups: int = Field(default=0, ge=0)
+    """Groups that failed and await replacement."""
+    groups: tuple[GroupStatus, ...] = Field(default=(), json_schema_extra=list_map("name"))
+    """Every group and its state."""
+    last_decision: ScalingDecision | None = None
+    """The latest decision of the bound policy."""
+    decisions: tuple[ScalingDecision, ...] = Field(default=(), max_length=10)
+    """The latest decisions that changed `spec.replicas`, newest first (at most 10)."""
+    shadow_decision: ScalingDecision | None = None
+    """The latest decision of the shadow policy (never applied)."""
+    conditions: tuple[Condition, ...] = Field(default=(), json_schema_extra=list_map("type"))
+    """'Ready', 'Progressing', 'Degraded', 'ScalingActive', 'ScalingLimited' and 'MetricsAvailable'."""
+
+
+class ModelGroup(SpecModel):
+    """A served model run as complete replica groups of GPU pods, autoscaled against an SLOPolicy."""
+
+    api_version: Literal["goodput.dev/v1alpha1"] = "goodput.dev/v1alpha1"
+    """API version of the object."""
+    kind: Literal["ModelGroup"] = "ModelGroup"
+    """Kind of the object."""
+    metadata: ObjectMeta = ObjectMeta()
+    """Standard object metadata."""
+    spec: ModelGroupSpec
+    """Desired state."""
+    status: ModelGroupStatus = ModelGroupStatus()
+    """Observed state, written by the operator."""
