@@ -18,6 +18,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("goodput.simulator.cli_simulate", "replay a trace through a simulated vLLM fleet"),
     "bench": ("goodput.simulator.cli_bench", "compare scaling policies on one trace and seed"),
     "run": ("goodput.operator.main", "run the operator against the current kubeconfig"),
+    "emulate": (
+        "goodput.simulator.cli_emulate",
+        "serve vLLM's endpoints and metrics at the cluster's pod IPs",
+    ),
+    "load": ("goodput.simulator.cli_load", "replay a trace as real HTTP requests, open loop, bounded"),
 }
 
 

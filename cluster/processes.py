@@ -1,0 +1,154 @@
+"""Start long-running component processes and stop exactly those, never another process by name.
+
+Each start writes a PID file holding the PID, the executable path and the kernel's start time of
+the process; a later stop signals the PID only while all three still match, so a reused PID is
+left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Popen objects of the processes started here: held so Python neither warns about nor forgets them.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecord:
+    """Identity of a process this package started."""
+
+    name: str
+    pid: int
+    executable: str
+    start_ticks: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ProcessRecord:
+        data = json.loads(text)
+        return cls(
+            name=str(data["name"]),
+            pid=int(data["pid"]),
+            executable=str(data["executable"]),
+            start_ticks=int(data["start_ticks"]),
+        )
+
+
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may contain spaces; fields after it are plain.
+    after_name = stat[stat.rfind(")") + 2 :].split()
+    state = after_name[0]
+    if state in ("Z", "X"):  # a zombie or dead task is no longer running anything
+        return None
+    return int(after_name[19])
+
+
+def executable_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+    except OSError:
+        return None
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    pid_dir: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> ProcessRecord:
+    """Start `argv` detached (own session, stdin closed, output appended to `log_path`) and record it."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+        )
+    _children[process.pid] = process
+    ticks = None
+    for _ in range(50):  # the exec may not have happened yet; wait until /proc shows the binary
+        ticks = start_ticks(process.pid)
+        if ticks is not None and executable_of(process.pid) == os.path.realpath(argv[0]):
+            break
+        if process.poll() is not None:
+            break
+        time.sleep(0.01)
+    record = ProcessRecord(
+        name=name, pid=process.pid, executable=os.path.realpath(argv[0]), start_ticks=ticks or -1
+    )
+    (pid_dir / f"{name}.pid").write_text(record.to_json() + "\n")
+    return record
+
+
+def read_records(pid_dir: Path) -> dict[str, ProcessRecord]:
+    records: dict[str, ProcessRecord] = {}
+    if not pid_dir.is_dir():
+        return records
+    for path in sorted(pid_dir.glob("*.pid")):
+        with contextlib.suppress(ValueError, KeyError, OSError):
+            record = ProcessRecord.from_json(path.read_text())
+            records[record.name] = record
+    return records
+
+
+def is_running(record: ProcessRecord) -> bool:
+    """True while the recorded process (same PID, binary and start time) is alive and not a zombie."""
+    _reap(record.pid)
+    return start_ticks(record.pid) == record.start_ticks and executable_of(record.pid) == record.executable
+
+
+def stop(record: ProcessRecord, *, grace_seconds: float = 10.0) -> bool:
+    """SIGTERM, then SIGKILL after `grace_seconds`; returns whether the process had been running."""
+    if not is_running(record):
+        return False
+    _signal(record, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        if not is_running(record):
+            return True
+        time.sleep(0.05)
+    _signal(record, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and is_running(record):
+        time.sleep(0.05)
+    return True
+
+
+def _signal(record: ProcessRecord, sig: signal.Signals) -> None:
+    if is_running(record):  # re-check right before signalling: never hit a reused PID
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, sig)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if the process is our own child, so it does not linger as a zombie."""
+    child = _children.get(pid)
+    if child is not None:
+        if child.poll() is not None:
+            del _children[pid]
+        return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
