@@ -33,6 +33,24 @@ class ModelShape:
         """Bytes of K and V for one token across all layers (vLLM's AttentionSpec, standard attention)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
+    def kv_bytes_per_token_per_gpu(self, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> int:
+        """KV bytes the fullest GPU of a TP×PP group holds per token.
+
+        vLLM gives each pipeline stage a contiguous share of the layers and each tensor rank
+        max(1, kv_heads // TP) heads: heads are replicated, not split, when there are fewer than ranks.
+        """
+        layers_per_stage = math.ceil(self.layers / pipeline_parallel)
+        heads_per_rank = max(1, self.kv_heads // tensor_parallel)
+        return 2 * layers_per_stage * heads_per_rank * self.head_dim * self.dtype_bytes
+
+    def group_kv_bytes_per_token(self, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> int:
+        """GPU memory one token's KV occupies across a whole TP×PP group.
+
+        Equal to `kv_bytes_per_token` unless KV heads are replicated over more tensor ranks than heads.
+        """
+        heads_per_rank = max(1, self.kv_heads // tensor_parallel)
+        return 2 * self.layers * heads_per_rank * tensor_parallel * self.head_dim * self.dtype_bytes
+
 
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
@@ -87,6 +105,7 @@ class StepCostModel:
         gpu: GpuSpec,
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
+        *,
         gpu_memory_utilization: float = 0.90,
         reserve_bytes_per_gpu: float = 3e9,
         seconds_per_sequence: float = 20e-6,
@@ -96,22 +115,26 @@ class StepCostModel:
         allreduces = 0.0 if tp == 1 else 2.0 * model.layers
         stage_sends = float(pp - 1)
         usable_bytes = gpus * (gpu_memory_utilization * gpu.memory_bytes - reserve_bytes_per_gpu)
+        kv_bytes_per_token = model.group_kv_bytes_per_token(tp, pp)
         return cls(
             fixed_seconds=126e-6 + 32e-6 * model.layers + stage_sends * gpu.allreduce_latency_seconds,
-            weight_read_seconds=model.weight_bytes / (tp * gpu.memory_bandwidth_bytes_per_second
-                                                      * gpu.bandwidth_efficiency),
+            weight_read_seconds=model.weight_bytes
+            / (tp * gpu.memory_bandwidth_bytes_per_second * gpu.bandwidth_efficiency),
             compute_seconds_per_token=2 * model.parameters / (tp * gpu.flops * gpu.compute_efficiency),
-            attention_seconds_per_unit=4 * model.layers * model.hidden_size
+            attention_seconds_per_unit=4
+            * model.layers
+            * model.hidden_size
             / (tp * gpu.flops * gpu.attention_efficiency),
-            context_read_seconds_per_token=model.kv_bytes_per_token
+            context_read_seconds_per_token=kv_bytes_per_token
             / (tp * gpu.memory_bandwidth_bytes_per_second * gpu.bandwidth_efficiency),
             seconds_per_sequence=seconds_per_sequence,
             communication_fixed_seconds=allreduces * gpu.allreduce_latency_seconds,
-            communication_seconds_per_token=(allreduces * model.hidden_size * model.dtype_bytes
-                                             / gpu.allreduce_bytes_per_second)
+            communication_seconds_per_token=(
+                allreduces * model.hidden_size * model.dtype_bytes / gpu.allreduce_bytes_per_second
+            )
             + stage_sends * model.hidden_size * model.dtype_bytes / gpu.allreduce_bytes_per_second,
-            kv_capacity_tokens=max(0, int((usable_bytes - model.weight_bytes) / model.kv_bytes_per_token)),
-            kv_bytes_per_token=model.kv_bytes_per_token,
+            kv_capacity_tokens=max(0, int((usable_bytes - model.weight_bytes) / kv_bytes_per_token)),
+            kv_bytes_per_token=kv_bytes_per_token,
         )
 
     def step_seconds(

@@ -1,0 +1,525 @@
+"""Value types of the scaling decision: policy, snapshot, state and decision.
+
+The operator builds these from the SLOPolicy, the ModelGroup and Prometheus; the simulator builds
+them from its fleet. Both hand them to `autoscale.decide`, so the policy evaluated offline is the
+policy deployed. Every type is frozen; `decide` returns a new `DecisionState` for the next tick.
+
+Names and defaults follow the SLOPolicy API (queueWork, slack, kvCache, goodput; HPA-shaped
+scaleUp / scaleDown; HoldScaleIn | Freeze on stale metrics), with groups where the API says replicas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from goodput.estimators.attainment import GoodputReport, Histogram
+from goodput.estimators.capacity import CapacityProfile
+from goodput.estimators.queueing import QueuedRequest
+
+
+class Mode(StrEnum):
+    """Active: decisions are applied. Advisory: computed and recorded, never applied. Frozen: the
+    count is held whatever the signals say (the kill switch)."""
+
+    ACTIVE = "Active"
+    ADVISORY = "Advisory"
+    FROZEN = "Frozen"
+
+
+class StepPolicyType(StrEnum):
+    GROUPS = "Groups"
+    PERCENT = "Percent"
+
+
+class SelectPolicy(StrEnum):
+    MAX = "Max"
+    MIN = "Min"
+    DISABLED = "Disabled"
+
+
+class StaleMetricsAction(StrEnum):
+    """HoldScaleIn: never scale in, scale out only on what is still known. Freeze: change nothing."""
+
+    HOLD_SCALE_IN = "HoldScaleIn"
+    FREEZE = "Freeze"
+
+
+class GroupState(StrEnum):
+    PLACING = "Placing"
+    PROVISIONING = "Provisioning"
+    WARMING = "Warming"
+    READY = "Ready"
+    DRAINING = "Draining"
+    FAILED = "Failed"
+
+
+COMING_STATES = frozenset({GroupState.PLACING, GroupState.PROVISIONING, GroupState.WARMING})
+
+
+class Signal(StrEnum):
+    """What proposed a count; the winning one is the decision's signal."""
+
+    QUEUE_WORK = "queueWork"
+    SLACK = "slack"
+    KV_CACHE = "kvCache"
+    GOODPUT = "goodput"
+    SCALE_FROM_ZERO = "scaleFromZero"
+    WARM_FLOOR = "warmFloor"
+    MIN_REPLICAS = "minReplicas"
+
+
+class Guard(StrEnum):
+    """A pipeline stage or safety rule that changed or held the count."""
+
+    TOLERANCE = "Tolerance"
+    STALE_METRICS_HOLD_SCALE_IN = "StaleMetricsHoldScaleIn"
+    MISSING_METRICS_HOLD_SCALE_IN = "MissingMetricsHoldScaleIn"
+    STALE_METRICS_FREEZE = "StaleMetricsFreeze"
+    SCALE_UP_STABILIZED = "ScaleUpStabilized"
+    SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
+    SCALE_UP_LIMIT = "ScaleUpLimit"
+    SCALE_DOWN_LIMIT = "ScaleDownLimit"
+    TOO_MANY_REPLICAS = "TooManyReplicas"
+    TOO_FEW_REPLICAS = "TooFewReplicas"
+    CAPACITY_COMING = "CapacityComing"
+    UNSCHEDULABLE = "Unschedulable"
+    SCALE_IN_UNSAFE = "ScaleInUnsafe"
+    FROZEN = "Frozen"
+
+
+# --- Policy -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """One request class's targets."""
+
+    name: str
+    ttft_seconds: float
+    itl_seconds: float
+    attainment: float = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWorkSignal:
+    """R = ceil((s·λ_w + Q/T_d) / C), Q the work queued for a group.
+
+    Running requests are in Q_work's estimate but not in Q here: a sequence decodes one token per
+    step however many groups there are, so more groups cannot drain it sooner; its work is already
+    in λ_w. Counting it would ask for T_decode/T_d more groups at steady state.
+    """
+
+    drain_target_seconds: float = 10.0
+    safety_factor: float = 1.2
+
+
+@dataclass(frozen=True, slots=True)
+class SlackSignal:
+    """Keep waiting requests' first-token slack above `min_slack_seconds`, all but a fraction.
+
+    margin_seconds: U, the prediction uncertainty subtracted from every slack (§9).
+    route_seconds: T_route, gateway and routing time inside the TTFT (§8).
+    """
+
+    min_slack_seconds: float = 0.0
+    low_slack_fraction: float = 0.05
+    margin_seconds: float = 0.0
+    route_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheSignal:
+    min_free_fraction: float = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputSignal:
+    """One more group while measured attainment is below the floor, once enough requests are measured."""
+
+    attainment_floor: float = 0.95
+    min_observations: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """The signals; None disables one."""
+
+    queue_work: QueueWorkSignal | None = QueueWorkSignal()
+    slack: SlackSignal | None = SlackSignal()
+    kv_cache: KvCacheSignal | None = KvCacheSignal()
+    goodput: GoodputSignal | None = GoodputSignal()
+
+
+@dataclass(frozen=True, slots=True)
+class StepPolicy:
+    """At most `value` groups (or percent of the groups at the period's start) per period."""
+
+    type: StepPolicyType
+    value: int
+    period_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingRules:
+    """One direction's behaviour, in the HorizontalPodAutoscaler's shape."""
+
+    tolerance: float = 0.1
+    stabilization_window_seconds: float = 0.0
+    policies: tuple[StepPolicy, ...] = (StepPolicy(StepPolicyType.PERCENT, 100, 60.0),)
+    select_policy: SelectPolicy = SelectPolicy.MAX
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tolerance < 1:
+            raise ValueError("tolerance must be in [0, 1)")
+        if self.stabilization_window_seconds < 0:
+            raise ValueError("stabilization_window_seconds must not be negative")
+        if not self.policies and self.select_policy is not SelectPolicy.DISABLED:
+            raise ValueError("scaling rules need at least one step policy unless disabled")
+        if any(policy.value < 1 or policy.period_seconds <= 0 for policy in self.policies):
+            raise ValueError("step policies need a value >= 1 and a positive period")
+
+
+def default_scale_up() -> ScalingRules:
+    """Act at once; add up to 100 % or 2 groups a minute, whichever is more."""
+    return ScalingRules(
+        stabilization_window_seconds=0.0,
+        policies=(StepPolicy(StepPolicyType.PERCENT, 100, 60.0), StepPolicy(StepPolicyType.GROUPS, 2, 60.0)),
+    )
+
+
+def default_scale_down() -> ScalingRules:
+    """Wait five minutes for a lower proposal to hold; drain one group a minute."""
+    return ScalingRules(
+        stabilization_window_seconds=300.0,
+        policies=(StepPolicy(StepPolicyType.GROUPS, 1, 60.0),),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MetricStaleness:
+    max_age_seconds: float = 60.0
+    action: StaleMetricsAction = StaleMetricsAction.HOLD_SCALE_IN
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingPolicy:
+    """Everything a decision obeys: bounds, SLO targets, signals, behaviour and mode.
+
+    classes: request classes; the first is the one engine histograms are judged against (vLLM's
+    histograms carry no class), and per-request data uses each request's own class.
+    """
+
+    min_groups: int = 1
+    max_groups: int = 10
+    warm_groups: int = 0
+    revision: str = ""
+    mode: Mode = Mode.ACTIVE
+    interval_seconds: float = 15.0
+    classes: tuple[SloTargets, ...] = (SloTargets("interactive", 2.0, 0.08),)
+    signals: Signals = Signals()
+    scale_up: ScalingRules = field(default_factory=default_scale_up)
+    scale_down: ScalingRules = field(default_factory=default_scale_down)
+    staleness: MetricStaleness = MetricStaleness()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_groups <= self.max_groups:
+            raise ValueError("need 0 <= min_groups <= max_groups")
+        if self.warm_groups < 0:
+            raise ValueError("warm_groups must not be negative")
+        if not self.classes:
+            raise ValueError("a policy needs at least one SLO class")
+        if any(target.ttft_seconds <= 0 or target.itl_seconds <= 0 for target in self.classes):
+            raise ValueError("TTFT and ITL targets must be positive")
+        if self.interval_seconds <= 0:
+            raise ValueError("interval_seconds must be positive")
+
+    @property
+    def primary_class(self) -> SloTargets:
+        return self.classes[0]
+
+    def targets_for(self, class_name: str) -> SloTargets:
+        for target in self.classes:
+            if target.name == class_name:
+                return target
+        return self.classes[0]
+
+
+# --- Snapshot ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMetrics:
+    """One ready group's engine metrics (its leader's vLLM series), as of `age_seconds` ago.
+
+    Gauges are the latest values; rates, counts and histograms cover the snapshot's metrics window.
+    waiting_requests: vLLM's capacity backlog (num_requests_waiting_by_reason{reason="capacity"}).
+    kv_usage_fraction: vllm:kv_cache_usage_perc, 0..1.
+    mean_input_tokens / mean_output_tokens: per finished request over the window, if known.
+    prefix_hit_fraction: prefix-cache hits / queries over the window.
+    ttft / itl / queue_time: window deltas of vLLM's histograms (its default buckets).
+    finished_requests: finished with stop or length; aborted_requests: abort or error;
+    rejected_requests: admission rejections (HTTP 503s).
+    """
+
+    age_seconds: float
+    waiting_requests: float = 0.0
+    running_requests: float = 0.0
+    kv_usage_fraction: float = 0.0
+    prompt_tokens_per_second: float = 0.0
+    generation_tokens_per_second: float = 0.0
+    mean_input_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    prefix_hit_fraction: float = 0.0
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+    queue_time: Histogram | None = None
+    finished_requests: float = 0.0
+    aborted_requests: float = 0.0
+    rejected_requests: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupObservation:
+    """One complete replica group. Only Ready groups are capacity; metrics are read from them only."""
+
+    name: str
+    state: GroupState
+    created_at: float
+    unschedulable: bool = False
+    metrics: GroupMetrics | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestQueue:
+    """Exact queue contents from a gateway: waiting requests in dispatch order, and running ones."""
+
+    requests: tuple[QueuedRequest, ...]
+    age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelGroupSnapshot:
+    """One ModelGroup at one instant: its groups, their metrics, and its capacity profile.
+
+    spec_replicas: the complete groups currently wanted (spec.replicas); the decision's current count.
+    """
+
+    spec_replicas: int
+    groups: tuple[GroupObservation, ...]
+    profile: CapacityProfile
+    name: str = ""
+    metrics_window_seconds: float = 60.0
+    queue: RequestQueue | None = None
+
+    def __post_init__(self) -> None:
+        if self.spec_replicas < 0:
+            raise ValueError("spec_replicas must not be negative")
+
+
+# --- State ------------------------------------------------------------------------------------------
+
+
+class Recommendation(NamedTuple):
+    """A tick's recommendation before stabilisation, for the stabilisation windows."""
+
+    at: float
+    groups: int
+
+
+class ScaleEvent(NamedTuple):
+    """A change that was applied: `groups` added (scale-up events) or removed (scale-down events)."""
+
+    at: float
+    groups: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionState:
+    """What a decision remembers between ticks: recent recommendations and applied changes."""
+
+    recommendations: tuple[Recommendation, ...] = ()
+    scale_up_events: tuple[ScaleEvent, ...] = ()
+    scale_down_events: tuple[ScaleEvent, ...] = ()
+    started: bool = False
+
+    @classmethod
+    def initial(cls) -> DecisionState:
+        return cls()
+
+
+# --- Decision ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """One signal's count. `value` is the signal's own measure (see `detail`); `demand_groups` is the
+    fractional demand of a proportional signal, to which the tolerance band applies."""
+
+    signal: Signal
+    groups: int
+    value: float | None
+    detail: str
+    demand_groups: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCounts:
+    current: int
+    ready: int
+    coming: int
+    draining: int
+    failed: int
+    unschedulable: int
+    fresh_metrics: int
+    stale_metrics: int
+    missing_metrics: int
+
+
+@dataclass(frozen=True, slots=True)
+class Estimates:
+    """The SLO math behind a decision. Work is in work-seconds (engine seconds of one group).
+
+    None means unknown (no fresh data). `predicted_queue_wait_seconds` is infinite when work waits
+    and no group serves it.
+    """
+
+    mean_input_tokens: float
+    mean_output_tokens: float
+    capacity_per_group: float
+    waiting_requests: float | None
+    running_requests: float | None
+    arrival_work_rate: float | None
+    queue_work_seconds: float | None
+    waiting_work_seconds: float | None
+    running_work_seconds: float | None
+    waiting_work_seconds_p90: float | None
+    predicted_queue_wait_seconds: float | None
+    queue_budget_seconds: float
+    earliest_slack_seconds: float | None
+    low_slack_fraction: float | None
+    kv_demand_tokens: float | None
+    kv_free_fraction: float | None
+    ttft_attainment: float | None
+    itl_attainment: float | None
+    queue_time_p90_seconds: float | None
+    goodput: GoodputReport | None
+
+
+def _json_number(value: float | None) -> float | None:
+    """Finite numbers to 6 significant digits; unknown and infinite values as null."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.6g}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one tick.
+
+    reason: the guard that last changed the count, or else the winning signal.
+    signal: the winning signal (the largest proposal).
+    applies: True only in Active mode; Advisory and Frozen decisions are recorded, not applied.
+    """
+
+    desired_groups: int
+    current_groups: int
+    reason: str
+    signal: Signal
+    proposals: tuple[Proposal, ...]
+    guards: tuple[Guard, ...]
+    estimates: Estimates
+    counts: GroupCounts
+    next_state: DecisionState
+    policy_revision: str
+    mode: Mode
+    applies: bool
+    time: float
+    model_group: str
+    slo: SloTargets
+
+    @property
+    def changes(self) -> bool:
+        return self.applies and self.desired_groups != self.current_groups
+
+    def to_record(self) -> dict[str, object]:
+        """The decision as a JSON-ready log record (§38): inputs, estimates, proposals, result,
+        reason and policy revision, without any request content."""
+        estimates = self.estimates
+        goodput = estimates.goodput
+        counts = self.counts
+        return {
+            "model_group": self.model_group,
+            "time": self.time,
+            "policy_revision": self.policy_revision,
+            "mode": str(self.mode),
+            "slo_ms": {
+                "class": self.slo.name,
+                "ttft": _json_number(self.slo.ttft_seconds * 1000),
+                "itl": _json_number(self.slo.itl_seconds * 1000),
+            },
+            "inputs": {
+                "current_groups": counts.current,
+                "ready_groups": counts.ready,
+                "coming_groups": counts.coming,
+                "draining_groups": counts.draining,
+                "failed_groups": counts.failed,
+                "unschedulable_groups": counts.unschedulable,
+                "fresh_metrics_groups": counts.fresh_metrics,
+                "stale_metrics_groups": counts.stale_metrics,
+                "missing_metrics_groups": counts.missing_metrics,
+                "waiting_requests": _json_number(estimates.waiting_requests),
+                "running_requests": _json_number(estimates.running_requests),
+            },
+            "estimates": {
+                "mean_input_tokens": _json_number(estimates.mean_input_tokens),
+                "mean_output_tokens": _json_number(estimates.mean_output_tokens),
+                "capacity_work_per_second_per_group": _json_number(estimates.capacity_per_group),
+                "arrival_work_rate": _json_number(estimates.arrival_work_rate),
+                "queue_work_seconds": _json_number(estimates.queue_work_seconds),
+                "waiting_work_seconds": _json_number(estimates.waiting_work_seconds),
+                "running_work_seconds": _json_number(estimates.running_work_seconds),
+                "waiting_work_seconds_p90": _json_number(estimates.waiting_work_seconds_p90),
+                "predicted_queue_wait_seconds": _json_number(estimates.predicted_queue_wait_seconds),
+                "queue_budget_seconds": _json_number(estimates.queue_budget_seconds),
+                "earliest_slack_seconds": _json_number(estimates.earliest_slack_seconds),
+                "low_slack_fraction": _json_number(estimates.low_slack_fraction),
+                "kv_demand_tokens": _json_number(estimates.kv_demand_tokens),
+                "kv_free_fraction": _json_number(estimates.kv_free_fraction),
+                "ttft_attainment": _json_number(estimates.ttft_attainment),
+                "itl_attainment": _json_number(estimates.itl_attainment),
+                "queue_time_p90_seconds": _json_number(estimates.queue_time_p90_seconds),
+                "goodput": None
+                if goodput is None
+                else {
+                    "window_seconds": _json_number(goodput.window_seconds),
+                    "offered_requests": _json_number(goodput.offered_requests),
+                    "admitted_requests": _json_number(goodput.admitted_requests),
+                    "rejected_requests": _json_number(goodput.rejected_requests),
+                    "attaining_requests": _json_number(goodput.attaining_requests),
+                    "attainment_admitted": _json_number(goodput.attainment_admitted),
+                    "attainment_offered": _json_number(goodput.attainment_offered),
+                    "request_goodput_per_second": _json_number(goodput.request_goodput_per_second),
+                    "token_goodput_per_second": _json_number(goodput.token_goodput_per_second),
+                },
+            },
+            "proposals": [
+                {
+                    "signal": str(proposal.signal),
+                    "groups": proposal.groups,
+                    "value": _json_number(proposal.value),
+                    "detail": proposal.detail,
+                }
+                for proposal in self.proposals
+            ],
+            "result": {
+                "desired_groups": self.desired_groups,
+                "current_groups": self.current_groups,
+                "applies": self.applies,
+                "signal": str(self.signal),
+                "guards": [str(guard) for guard in self.guards],
+            },
+            "reason": self.reason,
+        }

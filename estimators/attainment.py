@@ -1,0 +1,264 @@
+"""Attainment and goodput, from Prometheus histograms or from per-request outcomes (§4, §5).
+
+A histogram only says how many observations fell at or below each bucket bound, so the fraction
+within a target that is not a bound is interpolated linearly inside the bucket that holds it, as
+Prometheus' histogram_quantile does. Observations above the last finite bound are never counted as
+attaining. A histogram with no observations gives None, "unknown": neither a perfect nor a failed SLO.
+
+Denominators are kept apart (§5): offered = admitted + rejected. Attainment is reported against both,
+so a policy that rejects more cannot look better.
+
+vLLM's histograms give one metric at a time, not the joint "TTFT and ITL" of one request (perf-model
+§6), so from engine metrics request goodput counts finished requests within the TTFT target, and
+token goodput counts generated tokens whose inter-token gap was within the ITL target. Per-request
+outcomes (a gateway, the simulator) give the joint figures exactly.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A Prometheus histogram: ascending finite upper bounds and cumulative counts.
+
+    `cumulative_counts` has one entry per bound plus a last one for +Inf (the total).
+    """
+
+    upper_bounds: tuple[float, ...]
+    cumulative_counts: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.cumulative_counts) != len(self.upper_bounds) + 1:
+            raise ValueError("cumulative_counts needs one count per bound plus the +Inf count")
+
+    @property
+    def total(self) -> float:
+        return self.cumulative_counts[-1]
+
+    @classmethod
+    def empty(cls, upper_bounds: Sequence[float]) -> Histogram:
+        return cls(tuple(upper_bounds), (0.0,) * (len(upper_bounds) + 1))
+
+    @classmethod
+    def from_observations(cls, upper_bounds: Sequence[float], observations: Iterable[float]) -> Histogram:
+        """Bucket raw observations as prometheus_client does (value <= bound)."""
+        bounds = tuple(upper_bounds)
+        counts = [0.0] * (len(bounds) + 1)
+        for value in observations:
+            counts[bisect_left(bounds, value)] += 1
+        cumulative = []
+        running = 0.0
+        for count in counts:
+            running += count
+            cumulative.append(running)
+        return cls(bounds, tuple(cumulative))
+
+
+def histogram_delta(later: Histogram, earlier: Histogram | None) -> Histogram:
+    """Observations between two scrapes of a cumulative histogram.
+
+    A counter reset (the engine restarted) shows as a count going down; then everything in `later`
+    happened after the reset, as Prometheus' increase() assumes.
+    """
+    if earlier is None:
+        return later
+    if later.upper_bounds != earlier.upper_bounds:
+        raise ValueError("histograms with different bucket bounds cannot be subtracted")
+    if any(
+        now < before for now, before in zip(later.cumulative_counts, earlier.cumulative_counts, strict=True)
+    ):
+        return later
+    return Histogram(
+        later.upper_bounds,
+        tuple(
+            now - before
+            for now, before in zip(later.cumulative_counts, earlier.cumulative_counts, strict=True)
+        ),
+    )
+
+
+def merge_histograms(histograms: Iterable[Histogram]) -> Histogram | None:
+    """Sum histograms with the same bounds (one per group); None when there are none."""
+    merged: list[float] | None = None
+    bounds: tuple[float, ...] = ()
+    for histogram in histograms:
+        if merged is None:
+            bounds = histogram.upper_bounds
+            merged = list(histogram.cumulative_counts)
+            continue
+        if histogram.upper_bounds is not bounds and histogram.upper_bounds != bounds:
+            raise ValueError("histograms with different bucket bounds cannot be merged")
+        merged = [total + count for total, count in zip(merged, histogram.cumulative_counts, strict=True)]
+    return None if merged is None else Histogram(bounds, tuple(merged))
+
+
+def fraction_within(
+    histogram: Histogram | None, target: float, min_observations: float = 1.0
+) -> float | None:
+    """Fraction of observations <= target, interpolated inside the bucket holding the target.
+
+    None ("unknown") when there are fewer than `min_observations` observations.
+    """
+    if histogram is None or histogram.total < max(min_observations, 1e-12):
+        return None
+    bounds = histogram.upper_bounds
+    counts = histogram.cumulative_counts
+    if not bounds or target > bounds[-1]:
+        # Beyond the last finite bound nothing is known about the +Inf bucket: count it as missing.
+        within = counts[-2] if bounds else 0.0
+    else:
+        index = bisect_left(bounds, target)
+        lower_bound = bounds[index - 1] if index > 0 else 0.0
+        below = counts[index - 1] if index > 0 else 0.0
+        width = bounds[index] - lower_bound
+        share = 1.0 if width <= 0 else max(0.0, target - lower_bound) / width
+        within = below + (counts[index] - below) * share
+    return min(1.0, max(0.0, within / histogram.total))
+
+
+def histogram_quantile(histogram: Histogram | None, quantile: float) -> float | None:
+    """The q-quantile, interpolated linearly inside its bucket (Prometheus' rule); None if empty.
+
+    A quantile in the +Inf bucket returns the last finite bound, as Prometheus does.
+    """
+    if histogram is None or histogram.total <= 0 or not histogram.upper_bounds:
+        return None
+    rank = quantile * histogram.total
+    counts = histogram.cumulative_counts
+    bounds = histogram.upper_bounds
+    index = bisect_left(counts, rank)
+    if index >= len(bounds):
+        return bounds[-1]
+    lower_bound = bounds[index - 1] if index > 0 else 0.0
+    below = counts[index - 1] if index > 0 else 0.0
+    in_bucket = counts[index] - below
+    if in_bucket <= 0:
+        return bounds[index]
+    return lower_bound + (bounds[index] - lower_bound) * (rank - below) / in_bucket
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputReport:
+    """SLO-attaining work over a window, with the offered population beside it (§5).
+
+    attaining_requests: admitted requests that finished within their targets.
+    attainment_admitted / attainment_offered: attaining over admitted / over offered; None if the
+    denominator is zero (unknown, not perfect).
+    """
+
+    window_seconds: float
+    offered_requests: float
+    admitted_requests: float
+    rejected_requests: float
+    attaining_requests: float | None
+    attainment_admitted: float | None
+    attainment_offered: float | None
+    request_goodput_per_second: float | None
+    token_goodput_per_second: float | None
+
+
+def _ratio(numerator: float | None, denominator: float) -> float | None:
+    if numerator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def goodput_from_histograms(
+    *,
+    window_seconds: float,
+    ttft_within_target: float | None,
+    itl_within_target: float | None,
+    finished_requests: float,
+    aborted_requests: float,
+    rejected_requests: float,
+    generated_tokens: float,
+) -> GoodputReport:
+    """Goodput from engine metrics over a window.
+
+    ttft_within_target / itl_within_target: fractions from `fraction_within` (None if unknown).
+    finished_requests: requests that finished normally (stop or length) in the window.
+    aborted_requests: admitted requests that ended in abort or error; they never attain.
+    rejected_requests: requests refused at admission (vLLM's 503s or a gateway's rejections).
+    """
+    admitted = finished_requests + aborted_requests
+    offered = admitted + rejected_requests
+    attaining = None if ttft_within_target is None else finished_requests * ttft_within_target
+    window = max(window_seconds, 1e-9)
+    token_goodput = None if itl_within_target is None else generated_tokens * itl_within_target / window
+    return GoodputReport(
+        window_seconds=window_seconds,
+        offered_requests=offered,
+        admitted_requests=admitted,
+        rejected_requests=rejected_requests,
+        attaining_requests=attaining,
+        attainment_admitted=_ratio(attaining, admitted),
+        attainment_offered=_ratio(attaining, offered),
+        request_goodput_per_second=None if attaining is None else attaining / window,
+        token_goodput_per_second=token_goodput,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """How one offered request ended, as a gateway or the simulator records it.
+
+    max_itl_seconds: the largest gap between its output tokens (None if it produced at most one);
+    a mean would hide the stalls the ITL target bounds (§2).
+    """
+
+    class_name: str
+    admitted: bool
+    succeeded: bool
+    ttft_seconds: float | None
+    max_itl_seconds: float | None
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyTargets:
+    ttft_seconds: float
+    itl_seconds: float
+
+
+def attains(outcome: RequestOutcome, targets: LatencyTargets) -> bool:
+    """The joint test of §4: admitted, succeeded, TTFT and every inter-token gap within target."""
+    return (
+        outcome.admitted
+        and outcome.succeeded
+        and outcome.ttft_seconds is not None
+        and outcome.ttft_seconds <= targets.ttft_seconds
+        and (outcome.max_itl_seconds is None or outcome.max_itl_seconds <= targets.itl_seconds)
+    )
+
+
+def goodput_from_outcomes(
+    outcomes: Iterable[RequestOutcome],
+    targets_for_class: Callable[[str], LatencyTargets],
+    window_seconds: float,
+) -> GoodputReport:
+    """Exact request and token goodput from per-request outcomes over a window."""
+    offered = admitted = attaining = attaining_tokens = 0.0
+    for outcome in outcomes:
+        offered += 1
+        if outcome.admitted:
+            admitted += 1
+        if attains(outcome, targets_for_class(outcome.class_name)):
+            attaining += 1
+            attaining_tokens += outcome.output_tokens
+    window = max(window_seconds, 1e-9)
+    known = offered > 0
+    return GoodputReport(
+        window_seconds=window_seconds,
+        offered_requests=offered,
+        admitted_requests=admitted,
+        rejected_requests=offered - admitted,
+        attaining_requests=attaining if known else None,
+        attainment_admitted=_ratio(attaining, admitted),
+        attainment_offered=_ratio(attaining, offered),
+        request_goodput_per_second=attaining / window if known else None,
+        token_goodput_per_second=attaining_tokens / window if known else None,
+    )

@@ -1,0 +1,390 @@
+"""`decide` on named worlds: inputs, policy, world, expected count, reason and guards.
+
+Loads are in groups' worth of capacity (test_autoscale_world): u=1.5 on one group is 1.5 x C of
+arriving work, so the queueWork signal asks for ceil(1.2 x 1.5) = 2 groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+from test_autoscale_world import (
+    DEFAULT,
+    MEAN_INPUT,
+    MEAN_OUTPUT,
+    PERMISSIVE,
+    PROFILE,
+    TTFT_BUCKETS,
+    group,
+    load,
+    ready_groups,
+    waiting_requests_for,
+    world,
+)
+
+from goodput.controllers.autoscale import decide
+from goodput.controllers.autoscale_model import (
+    Decision,
+    DecisionState,
+    GroupMetrics,
+    GroupState,
+    Guard,
+    MetricStaleness,
+    Mode,
+    ModelGroupSnapshot,
+    RequestQueue,
+    ScalingPolicy,
+    Signal,
+    StaleMetricsAction,
+)
+from goodput.estimators.attainment import Histogram
+from goodput.estimators.queueing import QueuedRequest
+
+NOW = 1000.0
+BUDGET = 2.0 - PROFILE.prefill_seconds_p90 - PROFILE.first_decode_seconds
+HALF_LATE_TTFT = Histogram.from_observations(TTFT_BUCKETS, [1.0] * 50 + [3.0] * 50)
+FEW_TTFT = Histogram.from_observations(TTFT_BUCKETS, [3.0] * 5)
+EMPTY_TTFT = Histogram.empty(TTFT_BUCKETS)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    world: ModelGroupSnapshot
+    policy: ScalingPolicy
+    desired: int
+    reason: str
+    guards: tuple[Guard, ...] = ()
+
+
+def _policy(**changes: object) -> ScalingPolicy:
+    return dataclasses.replace(PERMISSIVE, **changes)
+
+
+STALE = 120.0
+ONE_WAITING = (QueuedRequest(NOW - 1.0, int(MEAN_INPUT), int(MEAN_OUTPUT)),)
+
+CASES = [
+    Case(
+        "zero traffic scales in to the minimum",
+        world(*ready_groups(3, 0.0, kv_usage=0.0)),
+        PERMISSIVE,
+        1,
+        "minReplicas",
+    ),
+    Case("one group within its capacity stays", world(*ready_groups(1, 0.7)), PERMISSIVE, 1, "queueWork"),
+    Case("one overloaded group scales out", world(*ready_groups(1, 1.5)), PERMISSIVE, 2, "queueWork"),
+    Case(
+        "metrics missing for one group hold the count",
+        world(*ready_groups(2, 0.1), group(None, name="g-missing")),
+        PERMISSIVE,
+        3,
+        Guard.MISSING_METRICS_HOLD_SCALE_IN,
+        (Guard.MISSING_METRICS_HOLD_SCALE_IN,),
+    ),
+    Case(
+        "metrics missing for one group: the known load still scales out",
+        world(*ready_groups(2, 2.0), group(None, name="g-missing")),
+        PERMISSIVE,
+        5,
+        "queueWork",
+    ),
+    Case(
+        "all metrics stale hold the count",
+        world(*ready_groups(3, 0.0, age=STALE)),
+        PERMISSIVE,
+        3,
+        Guard.STALE_METRICS_HOLD_SCALE_IN,
+        (Guard.STALE_METRICS_HOLD_SCALE_IN,),
+    ),
+    Case(
+        "stale metrics with Freeze change nothing, even under load",
+        world(*ready_groups(2, 2.0), group(load(0.0, age=STALE), name="g-stale")),
+        _policy(staleness=MetricStaleness(60.0, StaleMetricsAction.FREEZE)),
+        3,
+        Guard.STALE_METRICS_FREEZE,
+        (Guard.STALE_METRICS_FREEZE,),
+    ),
+    Case(
+        "a histogram with no observations is no goodput signal",
+        world(*(group(load(0.7, ttft=EMPTY_TTFT, itl=EMPTY_TTFT), name=f"g{i}") for i in range(2))),
+        PERMISSIVE,
+        2,
+        "queueWork",
+    ),
+    Case(
+        "goodput below its floor adds a group",
+        world(*(group(load(0.7, ttft=HALF_LATE_TTFT), name=f"g{i}") for i in range(2))),
+        PERMISSIVE,
+        3,
+        "goodput",
+    ),
+    Case(
+        "goodput from too few requests is not trusted",
+        world(*(group(load(0.7, ttft=FEW_TTFT), name=f"g{i}") for i in range(2))),
+        PERMISSIVE,
+        2,
+        "queueWork",
+    ),
+    Case("scale from zero on queued work", world(queue=ONE_WAITING), _policy(min_groups=0), 1, "queueWork"),
+    Case("zero groups and no demand stay at zero", world(), _policy(min_groups=0), 0, "minReplicas"),
+    Case(
+        "groups on their way are capacity: a backlog does not stack decisions",
+        world(
+            *ready_groups(2, 0.9, waiting=waiting_requests_for(6.0, 2) / 2),
+            group(None, GroupState.WARMING),
+        ),
+        PERMISSIVE,
+        3,
+        Guard.CAPACITY_COMING,
+        (Guard.CAPACITY_COMING,),
+    ),
+    Case(
+        "groups on their way do not hold back a rising arrival rate",
+        world(*ready_groups(2, 2.4), group(None, GroupState.WARMING)),
+        PERMISSIVE,
+        6,
+        "queueWork",
+    ),
+    Case(
+        "an unschedulable group holds scale-out",
+        world(*ready_groups(2, 2.0), group(None, GroupState.PLACING, unschedulable=True)),
+        PERMISSIVE,
+        3,
+        Guard.UNSCHEDULABLE,
+        (Guard.UNSCHEDULABLE,),
+    ),
+    Case("KV pressure scales out", world(*ready_groups(2, 0.5, kv_usage=0.95)), PERMISSIVE, 3, "kvCache"),
+    Case(
+        "scale-in waits until p90 queued work fits the remaining groups",
+        world(*ready_groups(2, 0.05, waiting=waiting_requests_for(0.8 * BUDGET, 1) / 2)),
+        PERMISSIVE,
+        2,
+        Guard.SCALE_IN_UNSAFE,
+        (Guard.SCALE_IN_UNSAFE,),
+    ),
+    Case(
+        "scale-in proceeds when the remaining groups keep the SLO",
+        world(*ready_groups(2, 0.05, waiting=waiting_requests_for(0.3 * BUDGET, 1) / 2)),
+        PERMISSIVE,
+        1,
+        "queueWork",
+    ),
+    Case(
+        "a rise inside the tolerance band is no change",
+        world(*ready_groups(3, 0.9)),
+        PERMISSIVE,
+        3,
+        Guard.TOLERANCE,
+        (Guard.TOLERANCE,),
+    ),
+    Case(
+        "an at-risk slack skips the tolerance band",
+        world(*ready_groups(10, 0.5, waiting=waiting_requests_for(BUDGET + 0.05, 10) / 10)),
+        PERMISSIVE,
+        11,
+        "slack",
+    ),
+    Case(
+        "step policies limit a large scale-out",
+        world(*ready_groups(1, 8.0)),
+        DEFAULT,
+        3,
+        Guard.SCALE_UP_LIMIT,
+        (Guard.SCALE_UP_LIMIT,),
+    ),
+    Case(
+        "the maximum bounds the count",
+        world(*ready_groups(1, 8.0)),
+        _policy(max_groups=4),
+        4,
+        Guard.TOO_MANY_REPLICAS,
+        (Guard.TOO_MANY_REPLICAS,),
+    ),
+    Case(
+        "the minimum lifts the count",
+        world(*ready_groups(1, 0.2)),
+        _policy(min_groups=2),
+        2,
+        "minReplicas",
+    ),
+    Case(
+        "the warm floor keeps spare groups",
+        world(*ready_groups(2, 0.2)),
+        _policy(warm_groups=3),
+        3,
+        "warmFloor",
+    ),
+    Case(
+        "a restart never scales in before a full scale-down window",
+        world(*ready_groups(3, 0.0, kv_usage=0.0)),
+        DEFAULT,
+        3,
+        Guard.SCALE_DOWN_STABILIZED,
+        (Guard.SCALE_DOWN_STABILIZED,),
+    ),
+    Case(
+        "draining and failed groups are not capacity",
+        world(
+            *ready_groups(1, 1.5), group(None, GroupState.DRAINING), group(None, GroupState.FAILED), spec=2
+        ),
+        PERMISSIVE,
+        2,
+        "queueWork",
+    ),
+    Case(
+        "Frozen holds whatever the signals say",
+        world(*ready_groups(1, 1.5)),
+        _policy(mode=Mode.FROZEN),
+        1,
+        Guard.FROZEN,
+        (Guard.FROZEN,),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_decide(case: Case) -> None:
+    decision = decide(case.world, case.policy, DecisionState.initial(), NOW)
+    assert decision.desired_groups == case.desired
+    assert decision.reason == case.reason
+    assert decision.guards == case.guards
+    assert decision.current_groups == case.world.spec_replicas
+    assert decision.policy_revision == case.policy.revision
+
+
+def _decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy = PERMISSIVE) -> Decision:
+    return decide(snapshot, policy, DecisionState.initial(), NOW)
+
+
+def test_every_signal_is_reported_and_the_largest_wins() -> None:
+    decision = _decide(world(*ready_groups(2, 0.5, kv_usage=0.95)))
+    by_signal = {proposal.signal: proposal for proposal in decision.proposals}
+    assert set(by_signal) == {Signal.QUEUE_WORK, Signal.SLACK, Signal.KV_CACHE, Signal.MIN_REPLICAS}
+    assert by_signal[Signal.QUEUE_WORK].groups == 2  # 1.2 x 1.0 groups of work
+    assert by_signal[Signal.KV_CACHE].groups == 3  # 1.9 caches of tokens over 0.85 usable each
+    assert by_signal[Signal.KV_CACHE].value == pytest.approx(0.05)
+    assert decision.signal is Signal.KV_CACHE
+
+
+def test_scale_from_zero_is_proposed_explicitly() -> None:
+    decision = _decide(world(queue=ONE_WAITING), _policy(min_groups=0))
+    assert any(p.signal is Signal.SCALE_FROM_ZERO and p.groups == 1 for p in decision.proposals)
+    assert decision.estimates.predicted_queue_wait_seconds == math.inf  # nothing serves it yet
+
+
+def test_scale_from_zero_respects_the_maximum() -> None:
+    decision = _decide(world(queue=ONE_WAITING), _policy(min_groups=0, max_groups=0))
+    assert decision.desired_groups == 0
+    assert Guard.TOO_MANY_REPLICAS in decision.guards
+
+
+def test_advisory_computes_but_does_not_apply() -> None:
+    decision = _decide(world(*ready_groups(1, 1.5)), _policy(mode=Mode.ADVISORY))
+    assert decision.desired_groups == 2
+    assert not decision.applies
+    assert not decision.changes
+    assert decision.next_state.scale_up_events == ()
+
+
+def test_active_scale_out_is_remembered_for_the_step_policies() -> None:
+    decision = _decide(world(*ready_groups(1, 1.5)))
+    assert decision.applies and decision.changes
+    assert [(event.at, event.groups) for event in decision.next_state.scale_up_events] == [(NOW, 1)]
+    assert decision.next_state.recommendations[-1] == (NOW, 2)
+
+
+def test_metrics_of_groups_that_are_not_ready_are_ignored() -> None:
+    busy = load(5.0, waiting=500.0, kv_usage=0.99)
+    decision = _decide(world(*ready_groups(1, 0.7), group(busy, GroupState.DRAINING), spec=1))
+    assert decision.desired_groups == 1
+    assert decision.counts.fresh_metrics == 1
+
+
+def test_exact_queue_slack_uses_each_requests_deadline() -> None:
+    late = tuple(QueuedRequest(NOW - 1.95, int(MEAN_INPUT), int(MEAN_OUTPUT)) for _ in range(40))
+    decision = _decide(world(*ready_groups(2, 0.5), queue=late))
+    assert decision.estimates.low_slack_fraction == 1.0
+    assert decision.estimates.earliest_slack_seconds is not None
+    assert decision.estimates.earliest_slack_seconds < 0
+
+
+def test_record_is_json_in_the_decision_log_shape() -> None:
+    decision = _decide(
+        world(group(None, GroupState.WARMING), queue=ONE_WAITING * 3, spec=1),
+        _policy(min_groups=0, revision="slo-2026-07-16.3"),
+    )
+    record = json.loads(json.dumps(decision.to_record(), allow_nan=False))
+    assert set(record) == {
+        "model_group",
+        "time",
+        "policy_revision",
+        "mode",
+        "slo_ms",
+        "inputs",
+        "estimates",
+        "proposals",
+        "result",
+        "reason",
+    }
+    assert record["policy_revision"] == "slo-2026-07-16.3"
+    assert record["slo_ms"] == {"class": "interactive", "ttft": 2000.0, "itl": 80.0}
+    assert record["inputs"]["coming_groups"] == 1
+    assert record["estimates"]["predicted_queue_wait_seconds"] is None  # work waits, nothing serves it
+    assert record["result"]["desired_groups"] == decision.desired_groups
+    assert {proposal["signal"] for proposal in record["proposals"]} >= {"queueWork", "minReplicas"}
+
+
+def test_a_stale_gateway_queue_holds_scale_in() -> None:
+    snapshot = dataclasses.replace(
+        world(*ready_groups(3, 0.0, kv_usage=0.0)),
+        queue=RequestQueue(ONE_WAITING, age_seconds=STALE),
+    )
+    decision = _decide(snapshot)
+    assert decision.desired_groups == 3
+    assert decision.guards == (Guard.STALE_METRICS_HOLD_SCALE_IN,)
+
+
+def test_requests_already_lost_do_not_hide_the_wait_of_new_arrivals() -> None:
+    """Every queued request is past saving, but a request arriving now must still get its first token
+    in time: the slack signal sizes the pool for it."""
+    lost = tuple(QueuedRequest(NOW - 5.0, int(MEAN_INPUT), int(MEAN_OUTPUT)) for _ in range(120))
+    decision = _decide(world(*ready_groups(1, 0.2), queue=lost))
+    slack = next(proposal for proposal in decision.proposals if proposal.signal is Signal.SLACK)
+    waiting_work = decision.estimates.waiting_work_seconds
+    assert waiting_work is not None
+    expected = waiting_work / (decision.estimates.capacity_per_group * BUDGET)
+    assert slack.groups == math.ceil(expected)
+    assert decision.desired_groups == slack.groups
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        dataclasses.replace(load(0.0), prompt_tokens_per_second=math.nan),
+        dataclasses.replace(load(0.0), kv_usage_fraction=math.inf),
+        dataclasses.replace(load(0.0), prefix_hit_fraction=math.nan),
+    ],
+    ids=["NaN rate", "infinite gauge", "NaN hit ratio"],
+)
+def test_non_finite_metrics_are_missing_not_numbers(broken: GroupMetrics) -> None:
+    decision = _decide(world(*ready_groups(2, 0.0, kv_usage=0.0), group(broken, name="g-broken")))
+    assert decision.counts.missing_metrics == 1
+    assert decision.desired_groups == 3
+    assert decision.guards == (Guard.MISSING_METRICS_HOLD_SCALE_IN,)
+
+
+def test_non_finite_mean_lengths_fall_back_to_the_profile_mix() -> None:
+    odd = dataclasses.replace(load(0.5), mean_input_tokens=math.inf, mean_output_tokens=math.nan)
+    decision = _decide(world(group(odd)))
+    assert decision.estimates.mean_input_tokens == PROFILE.reference_input_tokens
+    assert math.isfinite(decision.estimates.arrival_work_rate or math.nan)
+
+
+def test_a_negative_count_is_rejected() -> None:
+    with pytest.raises(ValueError, match="spec_replicas"):
+        world(spec=-1)
