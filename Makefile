@@ -41,8 +41,10 @@ binaries:
 e2e: venv binaries
 	$(VENV)/bin/pytest -q e2e
 
+# The CRDs are rendered from the API models; the chart's copy and the kustomize base follow them.
 crds: venv
 	$(VENV)/bin/goodput crds
+	$(PY) manifests/render.py
 
 demo: venv
 	$(VENV)/bin/goodput bench --trace ../shared/traces/AzureLLMInferenceTrace_conv.csv --out out/demo

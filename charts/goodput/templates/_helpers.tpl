@@ -1,0 +1,101 @@
+{{/*
+Names and labels shared by every template.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "goodput.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every object name: fullnameOverride, else the release name when it already contains
+the chart name, else "<release>-<chart>". Cut to 52 characters so suffixes such as "-framework" stay
+within the 63 characters of a label value.
+*/}}
+{{- define "goodput.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<chart>-<version>" for the helm.sh/chart label. */}}
+{{- define "goodput.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The labels that select the operator pods; never change them in an upgrade. */}}
+{{- define "goodput.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "goodput.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels on every object of the chart. */}}
+{{- define "goodput.labels" -}}
+helm.sh/chart: {{ include "goodput.chart" . }}
+app.kubernetes.io/name: {{ include "goodput.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: goodput
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "goodput.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "goodput.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image reference: a digest wins over a tag; the tag defaults to appVersion. */}}
+{{- define "goodput.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The kopf peering object's name. */}}
+{{- define "goodput.peeringName" -}}
+{{- default (include "goodput.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{/*
+The Prometheus job label of the operator's metrics, set by the ServiceMonitor or PodMonitor
+relabelling so the alert rules can select the operator whatever scraped it.
+*/}}
+{{- define "goodput.metricsJob" -}}
+{{- include "goodput.fullname" . }}
+{{- end }}
+
+{{/*
+A histogram bucket bound as Prometheus writes the `le` label of a classic histogram: with a decimal
+point ("2.5", "1.0", "2560.0"), so the rules match the series exactly.
+*/}}
+{{- define "goodput.bucketBound" -}}
+{{- $bound := toString . }}
+{{- if or (contains "." $bound) (contains "e" $bound) }}{{ $bound }}{{ else }}{{ $bound }}.0{{ end }}
+{{- end }}
+
+{{/* Render-time checks of value combinations the schema cannot express. */}}
+{{- define "goodput.validate" -}}
+{{- if and .Values.prometheus.serviceMonitor.enabled .Values.prometheus.podMonitor.enabled }}
+{{- fail "prometheus.serviceMonitor.enabled and prometheus.podMonitor.enabled both scrape the operator: enable one of them, not both" }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) }}
+{{- fail "replicaCount > 1 needs peering.enabled: without peering every replica would act on the same objects" }}
+{{- end }}
+{{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) }}
+{{- fail "watchNamespaces lists a namespace more than once" }}
+{{- end }}
+{{- end }}
