@@ -18,6 +18,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("goodput.simulator.cli_simulate", "replay a trace through a simulated vLLM fleet"),
     "bench": ("goodput.simulator.cli_bench", "compare scaling policies on one trace and seed"),
     "run": ("goodput.operator.main", "run the operator against the current kubeconfig"),
+    "demo": ("goodput.operator.cmd_demo", "the whole loop on a local cluster under a replayed trace"),
+    "explain": (
+        "goodput.operator.cmd_explain",
+        "print a ModelGroup's last scaling decisions and their reasons",
+    ),
     "emulate": (
         "goodput.simulator.cli_emulate",
         "serve vLLM's endpoints and metrics at the cluster's pod IPs",
