@@ -1,0 +1,525 @@
+"""Baseline scaling policies, implemented from their documented algorithms (anchors §3.10).
+
+- Kubernetes HPA (`pkg/controller/podautoscaler`): desired = ceil(ready · usage/target) with a 0.1
+  tolerance band, unready groups counted as idle on scale-up, missing metrics counted
+  conservatively, a 300 s scale-down stabilisation window taking the highest recommendation,
+  immediate scale-up, and the default rate policies (up: max(+100 %, +4) per 15 s; down: −100 % per
+  15 s). Synced every 15 s.
+- KEDA: a ScaledObject on `sum(vllm:num_requests_waiting)` is an HPA External metric with an
+  AverageValue target: desired = ceil(total / target) against `status.replicas` (ready groups),
+  same tolerance and behaviour. KEDA's `pollingInterval` (30 s) drives activation and
+  `cooldownPeriod` (300 s) only the step to zero (it never delays N → N−1, the HPA window does).
+- Knative KPA (`pkg/autoscaler/scaling/autoscaler.go`): concurrency averaged over a 60 s stable and
+  a 6 s panic window, desired = ceil(average / target per group) bounded by the max scale-up rate
+  (1000) and scale-down rate (2); panic when the panic-window proposal is ≥ 200 % of ready, never
+  scaling down while panicking, leaving panic one stable window after the last over-threshold tick.
+- A fixed fleet.
+
+Each algorithm is a pure function of plain values and a frozen state; the classes are thin shells
+that read the observation and thread the state through.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+
+from goodput.simulator.metrics import FleetSample, MetricsView
+from goodput.simulator.policy import FleetObservation, Recommendation
+
+# ---------------------------------------------------------------------------------------------- HPA
+
+
+@dataclass(frozen=True, slots=True)
+class RatePolicy:
+    """One HPA scaling policy: `value` pods or percent per `period_seconds`."""
+
+    kind: str  # "Pods" | "Percent"
+    value: int
+    period_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingRules:
+    """HPA `behavior.scaleUp` or `behavior.scaleDown`."""
+
+    stabilization_window_seconds: float
+    policies: tuple[RatePolicy, ...]
+    select_policy: str = "Max"  # "Max" | "Min" | "Disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class HpaBehavior:
+    """The HPA defaults of autoscaling/v2."""
+
+    scale_up: ScalingRules = ScalingRules(
+        0.0, (RatePolicy("Percent", 100, 15.0), RatePolicy("Pods", 4, 15.0))
+    )
+    scale_down: ScalingRules = ScalingRules(300.0, (RatePolicy("Percent", 100, 15.0),))
+    tolerance: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class HpaState:
+    """The controller's memory: unstabilised recommendations and applied changes, with timestamps."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()
+    scale_changes: tuple[tuple[float, int], ...] = ()  # (time, +added / −removed)
+
+
+def within_tolerance(usage_ratio: float, tolerance: float) -> bool:
+    return 1.0 - tolerance <= usage_ratio <= 1.0 + tolerance
+
+
+def plain_metric_replicas(
+    ready_values: tuple[float, ...],
+    *,
+    unready_count: int,
+    missing_count: int,
+    current_replicas: int,
+    target: float,
+    tolerance: float,
+) -> int:
+    """HPA's `calcPlainMetricReplicas` for a per-pod metric with an average target.
+
+    ready_values: the metric of each ready pod (group) with a sample; unready_count: pods still
+    starting (treated as 0 on a scale-up); missing_count: ready pods without a sample yet (treated as
+    the target on a scale-down and 0 on a scale-up). The direction is never flipped by the
+    adjustment, and a result inside the tolerance band keeps the current count.
+    """
+    if not ready_values:
+        return current_replicas
+    usage_ratio = sum(ready_values) / len(ready_values) / target
+    scale_up_with_unready = unready_count > 0 and usage_ratio > 1.0
+    if not scale_up_with_unready and missing_count == 0:
+        if within_tolerance(usage_ratio, tolerance):
+            return current_replicas
+        return math.ceil(usage_ratio * len(ready_values))
+    values = list(ready_values)
+    if missing_count:
+        values.extend([target if usage_ratio < 1.0 else 0.0] * missing_count)
+    if scale_up_with_unready:
+        values.extend([0.0] * unready_count)
+    new_ratio = sum(values) / len(values) / target
+    if (
+        within_tolerance(new_ratio, tolerance)
+        or (usage_ratio > 1.0 > new_ratio)
+        or (usage_ratio < 1.0 < new_ratio)
+    ):
+        return current_replicas
+    proposed = math.ceil(new_ratio * len(values))
+    if (new_ratio < 1.0 and proposed > current_replicas) or (new_ratio > 1.0 and proposed < current_replicas):
+        return current_replicas
+    return proposed
+
+
+def external_average_value_replicas(
+    total: float, status_replicas: int, target_average: float, tolerance: float
+) -> int:
+    """HPA's `GetExternalPerPodMetricReplicas`: an External metric against an AverageValue target."""
+    replicas = max(status_replicas, 0)
+    if replicas == 0:
+        return math.ceil(total / target_average)
+    usage_ratio = total / (target_average * replicas)
+    if within_tolerance(usage_ratio, tolerance):
+        return replicas
+    return math.ceil(total / target_average)
+
+
+def _changes_in_period(changes: tuple[tuple[float, int], ...], now: float, period: float, up: bool) -> int:
+    cutoff = now - period
+    return sum(abs(delta) for when, delta in changes if when > cutoff and (delta > 0) == up)
+
+
+def scale_up_limit(current: int, state: HpaState, rules: ScalingRules, now: float) -> int:
+    if rules.select_policy == "Disabled":
+        return current
+    proposals = []
+    for policy in rules.policies:
+        start = (
+            current
+            - _changes_in_period(state.scale_changes, now, policy.period_seconds, True)
+            + _changes_in_period(state.scale_changes, now, policy.period_seconds, False)
+        )
+        if policy.kind == "Pods":
+            proposals.append(start + policy.value)
+        else:
+            proposals.append(math.ceil(start * (1 + policy.value / 100)))
+    return min(proposals) if rules.select_policy == "Min" else max(proposals)
+
+
+def scale_down_limit(current: int, state: HpaState, rules: ScalingRules, now: float) -> int:
+    if rules.select_policy == "Disabled":
+        return current
+    proposals = []
+    for policy in rules.policies:
+        start = (
+            current
+            - _changes_in_period(state.scale_changes, now, policy.period_seconds, True)
+            + _changes_in_period(state.scale_changes, now, policy.period_seconds, False)
+        )
+        if policy.kind == "Pods":
+            proposals.append(start - policy.value)
+        else:
+            proposals.append(int(start * (1 - policy.value / 100)))
+    return max(proposals) if rules.select_policy == "Min" else min(proposals)
+
+
+def normalize(
+    recommended: int,
+    current: int,
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    behavior: HpaBehavior,
+    state: HpaState,
+    now: float,
+) -> tuple[int, str, HpaState]:
+    """HPA's `normalizeDesiredReplicasWithBehaviors`: stabilise, then rate-limit, then clamp.
+
+    On its first sync the controller seeds the recommendations with the current count
+    (`maybeInitScaleDownStabilizationWindow`), so a fresh HPA never scales in before one window.
+    """
+    if not state.recommendations and behavior.scale_down.stabilization_window_seconds > 0:
+        state = HpaState(((now, current),), state.scale_changes)
+    up_cutoff = now - behavior.scale_up.stabilization_window_seconds
+    down_cutoff = now - behavior.scale_down.stabilization_window_seconds
+    up_recommendation = down_recommendation = recommended
+    for when, value in state.recommendations:
+        if when > up_cutoff:
+            up_recommendation = min(up_recommendation, value)
+        if when > down_cutoff:
+            down_recommendation = max(down_recommendation, value)
+    stabilized = min(max(current, up_recommendation), down_recommendation)
+    reason = (
+        "ScaleDownStabilized"
+        if stabilized > recommended
+        else ("ScaleUpStabilized" if stabilized < recommended else "DesiredWithinRange")
+    )
+    horizon = now - max(
+        behavior.scale_up.stabilization_window_seconds,
+        behavior.scale_down.stabilization_window_seconds,
+        *(p.period_seconds for p in behavior.scale_up.policies + behavior.scale_down.policies),
+    )
+    recommendations = (*(r for r in state.recommendations if r[0] > horizon), (now, recommended))
+    desired = stabilized
+    if stabilized > current:
+        limit = max(current, scale_up_limit(current, state, behavior.scale_up, now))
+        ceiling = min(max_replicas, limit)
+        if desired > ceiling:
+            desired, reason = ceiling, ("ScaleUpLimit" if limit < max_replicas else "TooManyReplicas")
+    elif stabilized < current:
+        limit = min(current, scale_down_limit(current, state, behavior.scale_down, now))
+        floor = max(min_replicas, limit)
+        if desired < floor:
+            desired, reason = floor, ("ScaleDownLimit" if limit > min_replicas else "TooFewReplicas")
+    desired = max(min_replicas, min(max_replicas, desired))
+    changes = tuple(c for c in state.scale_changes if c[0] > horizon)
+    if desired != current:
+        changes = (*changes, (now, desired - current))
+    return desired, reason, HpaState(recommendations, changes)
+
+
+def group_rates(view: MetricsView, counter: str, window_seconds: float) -> dict[str, float]:
+    """Per serving group, a counter's rate over the trailing window (PromQL `rate(counter[window])`).
+
+    A group first seen inside the window is rated from its first sample; one seen only in the
+    latest sample has no rate yet (it counts as missing).
+    """
+    latest = view.latest
+    if latest is None:
+        return {}
+    first_seen: dict[str, tuple[float, float]] = {}
+    for sample in view.within(latest.time - window_seconds - 1e-9):
+        if sample.time >= latest.time:
+            break
+        for metrics in sample.groups:
+            if metrics.serving and metrics.group not in first_seen:
+                first_seen[metrics.group] = (sample.time, float(getattr(metrics, counter)))
+    rates: dict[str, float] = {}
+    for metrics in latest.groups:
+        if metrics.serving and metrics.group in first_seen:
+            since, value = first_seen[metrics.group]
+            rates[metrics.group] = (float(getattr(metrics, counter)) - value) / (latest.time - since)
+    return rates
+
+
+@dataclass
+class HpaGpuUtilization:
+    """HPA on DCGM GPU utilisation (a Pods metric with an AverageValue target), synced every 15 s."""
+
+    target_utilization: float = 0.8
+    metric_window_seconds: float = 60.0
+    behavior: HpaBehavior = field(default_factory=HpaBehavior)
+    interval_seconds: float = 15.0
+    name: str = "hpa"
+    state: HpaState = field(default_factory=HpaState)
+
+    def describe(self) -> dict[str, float | str]:
+        return {
+            "metric": "DCGM_FI_DEV_GPU_UTIL (busy fraction)",
+            "target": self.target_utilization,
+            "window_seconds": self.metric_window_seconds,
+            "tolerance": self.behavior.tolerance,
+            "scale_down_stabilization_seconds": self.behavior.scale_down.stabilization_window_seconds,
+            "sync_seconds": self.interval_seconds,
+        }
+
+    def recommend(self, observation: FleetObservation) -> Recommendation:
+        current = observation.desired_groups
+        if observation.metrics.latest is None:
+            return Recommendation(current, "hpa: no metrics yet")
+        utilization = group_rates(observation.metrics, "gpu_busy_seconds_total", self.metric_window_seconds)
+        values = tuple(min(1.0, value) for value in utilization.values())
+        missing = max(0, observation.ready_groups - len(values))
+        recommended = plain_metric_replicas(
+            values,
+            unready_count=observation.starting_groups,
+            missing_count=missing,
+            current_replicas=current,
+            target=self.target_utilization,
+            tolerance=self.behavior.tolerance,
+        )
+        desired, reason, self.state = normalize(
+            recommended,
+            current,
+            min_replicas=observation.min_groups,
+            max_replicas=observation.max_groups,
+            behavior=self.behavior,
+            state=self.state,
+            now=observation.now,
+        )
+        mean = sum(values) / len(values) if values else float("nan")
+        return Recommendation(
+            desired,
+            f"hpa {reason}: gpu utilisation {mean:.2f} vs target {self.target_utilization:.2f}",
+            {"gpu_utilization": mean, "recommended": recommended},
+        )
+
+
+@dataclass
+class KedaWaitingRequests:
+    """KEDA ScaledObject on `sum(vllm:num_requests_waiting)`, AverageValue target per group."""
+
+    target_waiting_per_group: float = 5.0
+    polling_interval_seconds: float = 30.0
+    cooldown_seconds: float = 300.0
+    behavior: HpaBehavior = field(default_factory=HpaBehavior)
+    interval_seconds: float = 15.0
+    name: str = "keda"
+    state: HpaState = field(default_factory=HpaState)
+    _last_active: float = 0.0
+    _last_poll: float = -math.inf
+    _active: bool = True
+
+    def describe(self) -> dict[str, float | str]:
+        return {
+            "metric": "sum(vllm:num_requests_waiting)",
+            "target_average_value": self.target_waiting_per_group,
+            "polling_interval_seconds": self.polling_interval_seconds,
+            "cooldown_seconds": self.cooldown_seconds,
+            "tolerance": self.behavior.tolerance,
+            "scale_down_stabilization_seconds": self.behavior.scale_down.stabilization_window_seconds,
+            "hpa_sync_seconds": self.interval_seconds,
+        }
+
+    def recommend(self, observation: FleetObservation) -> Recommendation:
+        current = observation.desired_groups
+        latest = observation.metrics.latest
+        if latest is None:
+            return Recommendation(current, "keda: no metrics yet")
+        waiting = float(sum(metrics.num_requests_waiting for metrics in latest.groups))
+        now = observation.now
+        if now - self._last_poll >= self.polling_interval_seconds:
+            # the KEDA operator's poll: activation and the cooldown to zero
+            self._last_poll = now
+            if waiting > 0:
+                self._active, self._last_active = True, now
+            elif now - self._last_active >= self.cooldown_seconds:
+                self._active = False
+        if not self._active and observation.min_groups == 0:
+            return Recommendation(0, "keda: inactive past cooldownPeriod, scaling to zero")
+        recommended = max(
+            1,
+            external_average_value_replicas(
+                waiting, observation.ready_groups, self.target_waiting_per_group, self.behavior.tolerance
+            ),
+        )
+        desired, reason, self.state = normalize(
+            recommended,
+            current,
+            min_replicas=max(1, observation.min_groups),
+            max_replicas=observation.max_groups,
+            behavior=self.behavior,
+            state=self.state,
+            now=now,
+        )
+        return Recommendation(
+            desired,
+            f"keda {reason}: {waiting:.0f} waiting over "
+            f"{observation.ready_groups} ready groups, target "
+            f"{self.target_waiting_per_group:g} per group",
+            {"waiting": waiting, "recommended": recommended},
+        )
+
+
+# ---------------------------------------------------------------------------------------------- KPA
+
+
+@dataclass(frozen=True, slots=True)
+class KpaSpec:
+    """Knative's autoscaler ConfigMap defaults, concurrency mode.
+
+    target_per_group: the concurrency target per group. Knative's default (100 × 70 % utilisation)
+    is sized for web requests; the bench sets it to 70 % of the concurrency one group holds at its
+    measured capacity, as an operator tuning KPA for this model would.
+    """
+
+    target_per_group: float = 70.0
+    stable_window_seconds: float = 60.0
+    panic_window_percentage: float = 10.0
+    panic_threshold_percentage: float = 200.0
+    max_scale_up_rate: float = 1000.0
+    max_scale_down_rate: float = 2.0
+    tick_seconds: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class KpaState:
+    panic_since: float | None = None
+    """When the panic window last crossed the threshold (Knative's `panicTime`); None: stable mode."""
+    max_panic_groups: int = 0
+
+
+def kpa_decide(
+    stable_concurrency: float,
+    panic_concurrency: float,
+    ready_groups: int,
+    *,
+    spec: KpaSpec,
+    state: KpaState,
+    now: float,
+) -> tuple[int, str, KpaState]:
+    """One KPA tick (`autoscaler.Scale`), before the min/max clamp of the PodAutoscaler."""
+    ready = max(1, ready_groups)
+    max_up = math.ceil(spec.max_scale_up_rate * ready)
+    max_down = math.floor(ready / spec.max_scale_down_rate)
+    stable_proposal = math.ceil(stable_concurrency / spec.target_per_group)
+    panic_proposal = math.ceil(panic_concurrency / spec.target_per_group)
+    desired_stable = int(min(max(stable_proposal, max_down), max_up))
+    desired_panic = int(min(max(panic_proposal, max_down), max_up))
+    over_threshold = panic_proposal / ready >= spec.panic_threshold_percentage / 100.0
+    panic_since, max_panic = state.panic_since, state.max_panic_groups
+    if over_threshold:
+        panic_since = now
+    elif panic_since is not None and panic_since + spec.stable_window_seconds < now:
+        panic_since, max_panic = None, 0
+    if panic_since is None:
+        return desired_stable, "stable", KpaState(None, 0)
+    desired = max(desired_stable, desired_panic)
+    max_panic = max(max_panic, desired)
+    return max_panic, "panic", KpaState(panic_since, max_panic)
+
+
+def interval_concurrency(earlier: FleetSample, later: FleetSample) -> float:
+    """Time-weighted requests in flight across the groups serving at `later`, between two scrapes."""
+    before = earlier.by_group()
+    area = 0.0
+    for metrics in later.groups:
+        previous = before.get(metrics.group)
+        if metrics.serving and previous is not None:
+            area += metrics.in_flight_seconds_total - previous.in_flight_seconds_total
+    return float(area / (later.time - earlier.time))
+
+
+@dataclass
+class KnativeKpa:
+    """Knative KPA on per-group concurrency (running + waiting), fed by 1 s scrapes like queue-proxy.
+
+    Like Knative's metric collector, it keeps one concurrency bucket per scrape interval and averages
+    the buckets inside each window, so a group that has since been drained still counts for the time
+    it served.
+    """
+
+    spec: KpaSpec = field(default_factory=KpaSpec)
+    name: str = "kpa"
+    state: KpaState = field(default_factory=KpaState)
+    scrape_interval_seconds: float = 1.0
+    scrape_delay_seconds: float = 1.0
+    _buckets: dict[float, tuple[float, float]] = field(default_factory=dict)
+    """End time of a scrape interval -> (concurrency, interval seconds)."""
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.spec.tick_seconds
+
+    def describe(self) -> dict[str, float | str]:
+        spec = self.spec
+        return {
+            "metric": "concurrency (running + waiting per group)",
+            "target_per_group": spec.target_per_group,
+            "stable_window_seconds": spec.stable_window_seconds,
+            "panic_window_seconds": spec.stable_window_seconds * spec.panic_window_percentage / 100,
+            "panic_threshold": spec.panic_threshold_percentage / 100,
+            "max_scale_up_rate": spec.max_scale_up_rate,
+            "max_scale_down_rate": spec.max_scale_down_rate,
+            "tick_seconds": spec.tick_seconds,
+        }
+
+    def _collect(self, view: MetricsView) -> None:
+        samples = view.samples
+        for earlier, later in itertools.pairwise(samples):
+            if later.time not in self._buckets and later.time > earlier.time:
+                self._buckets[later.time] = (interval_concurrency(earlier, later), later.time - earlier.time)
+        horizon = view.as_of - 2 * self.spec.stable_window_seconds
+        for stale in [time for time in self._buckets if time < horizon]:
+            del self._buckets[stale]
+
+    def _average(self, latest: float, window: float) -> float | None:
+        inside = [
+            (value, span) for time, (value, span) in self._buckets.items() if latest - window < time <= latest
+        ]
+        total = sum(span for _, span in inside)
+        return sum(value * span for value, span in inside) / total if total > 0 else None
+
+    def recommend(self, observation: FleetObservation) -> Recommendation:
+        spec = self.spec
+        latest = observation.metrics.latest
+        if latest is None:
+            return Recommendation(observation.desired_groups, "kpa: no concurrency data yet")
+        self._collect(observation.metrics)
+        stable = self._average(latest.time, spec.stable_window_seconds)
+        panic = self._average(latest.time, spec.stable_window_seconds * spec.panic_window_percentage / 100)
+        if stable is None or panic is None:
+            return Recommendation(observation.desired_groups, "kpa: no concurrency data yet")
+        desired, mode, self.state = kpa_decide(
+            stable, panic, observation.ready_groups, spec=spec, state=self.state, now=observation.now
+        )
+        desired = max(observation.min_groups, min(observation.max_groups, desired))
+        return Recommendation(
+            desired,
+            f"kpa {mode}: concurrency stable {stable:.1f} panic {panic:.1f}, "
+            f"target {spec.target_per_group:.1f} per group",
+            {"stable_concurrency": stable, "panic_concurrency": panic, "mode": mode},
+        )
+
+
+@dataclass
+class FixedFleet:
+    """N groups, always: the provision-for-peak baseline."""
+
+    groups: int
+    interval_seconds: float = 60.0
+    name: str = "fixed"
+
+    def describe(self) -> dict[str, float | str]:
+        return {"groups": self.groups}
+
+    def recommend(self, observation: FleetObservation) -> Recommendation:
+        return Recommendation(self.groups, f"fixed fleet of {self.groups}")
+
+
+def with_target(policy: HpaGpuUtilization, target: float) -> HpaGpuUtilization:
+    """A copy of the HPA policy with another utilisation target (for sweeps)."""
+    return replace(policy, target_utilization=target, state=HpaState())

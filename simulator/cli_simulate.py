@@ -1,0 +1,161 @@
+"""`goodput simulate`: replay a trace through a simulated vLLM fleet driven by one scaling policy.
+
+Writes DIR/report.json (offered, admitted and SLO-attaining requests, attainment against both,
+goodput, GPU-hours, cost per SLO-attaining request, scale events and their reasons, per-class and
+latency figures, a time series) and DIR/timeline.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from goodput.simulator.config import build_setup
+from goodput.simulator.fleet import ROUTERS
+from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE
+from goodput.simulator.runner import POLICIES, Bench, RunOptions, write_report
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `simulate` and `bench`."""
+    parser.add_argument(
+        "--trace",
+        required=True,
+        help="Azure 2023 CSV, Mooncake JSONL, or 'synthetic:rate=5,burst_start=600,"
+        "burst_seconds=120,burst_multiplier=4,duration=1800'",
+    )
+    parser.add_argument(
+        "--modelgroup", type=Path, help="ModelGroup manifest (default: Llama-3.1-8B on one H100)"
+    )
+    parser.add_argument("--policy", type=Path, help="SLOPolicy manifest (default: one interactive class)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    parser.add_argument(
+        "--rate-multiplier",
+        type=float,
+        default=1.0,
+        help="thin (<1) or replicate (>1) arrivals, keeping the time profile",
+    )
+    parser.add_argument(
+        "--time-compression", type=float, default=1.0, help="divide arrival times by this factor"
+    )
+    parser.add_argument("--duration-seconds", type=float, help="keep the first S seconds (after compression)")
+    parser.add_argument(
+        "--ready-time-seconds",
+        type=float,
+        help="median group ready time (default: the profile's readyTimeSeconds, else 120)",
+    )
+    parser.add_argument("--max-groups", type=int, help="override maxReplicas (a larger GPU budget)")
+    parser.add_argument(
+        "--gpu-hour-price",
+        type=float,
+        default=DEFAULT_GPU_HOUR_PRICE,
+        help=f"US$ per GPU-hour (default {DEFAULT_GPU_HOUR_PRICE})",
+    )
+    parser.add_argument(
+        "--fixed-groups",
+        type=int,
+        help="size of the fixed fleet (default: what the peak minute's work needs)",
+    )
+    parser.add_argument(
+        "--initial-groups",
+        type=int,
+        help="groups ready at t=0 for every policy (default: what the first minute needs)",
+    )
+    parser.add_argument("--failure-rate", type=float, default=0.0, help="group failures per group-hour")
+    parser.add_argument(
+        "--fail-at",
+        type=float,
+        action="append",
+        default=[],
+        help="fail one ready group at this time (seconds; repeatable)",
+    )
+    parser.add_argument(
+        "--step-noise",
+        type=float,
+        default=0.04,
+        help="σ of the lognormal noise on each engine step (default 0.04; 0 = off)",
+    )
+    parser.add_argument("--router", choices=ROUTERS, default="least-work")
+    parser.add_argument("--scrape-interval-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--scrape-delay-seconds", type=float, default=5.0, help="decisions see metrics as of now minus this"
+    )
+    parser.add_argument(
+        "--class-weights",
+        type=lambda text: tuple(float(v) for v in text.split(",")),
+        help="share of requests per SLO class, in the policy's order (default: equal)",
+    )
+    parser.add_argument("--trace-limit", type=int, help="read only the first N rows of the trace")
+    parser.add_argument(
+        "--capacity-trial-seconds",
+        type=float,
+        default=600.0,
+        help="length of each one-group trial that measures the capacity envelope (default 600)",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    parser.add_argument(
+        "--autoscaler", choices=POLICIES, default="goodput", help="scaling policy (default goodput)"
+    )
+
+
+def options_from(args: argparse.Namespace) -> RunOptions:
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    return RunOptions(
+        trace=args.trace,
+        seed=args.seed,
+        rate_multiplier=args.rate_multiplier,
+        time_compression=args.time_compression,
+        duration_seconds=args.duration_seconds,
+        gpu_hour_price=args.gpu_hour_price,
+        fixed_groups=args.fixed_groups,
+        initial_groups=args.initial_groups,
+        failure_rate_per_group_hour=args.failure_rate,
+        scheduled_failures_seconds=tuple(args.fail_at),
+        router=args.router,
+        scrape_interval_seconds=args.scrape_interval_seconds,
+        scrape_delay_seconds=args.scrape_delay_seconds,
+        class_weights=args.class_weights,
+        progress=progress,
+        trace_limit=args.trace_limit,
+        capacity_trial_seconds=args.capacity_trial_seconds,
+    )
+
+
+def bench_from(args: argparse.Namespace) -> Bench:
+    setup = build_setup(
+        args.modelgroup,
+        args.policy,
+        ready_time_seconds=args.ready_time_seconds,
+        step_noise_sigma=args.step_noise,
+        max_groups=args.max_groups,
+    )
+    return Bench(setup, options_from(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        bench = bench_from(args)
+    except (OSError, ValueError) as error:
+        print(f"goodput simulate: {error}", file=sys.stderr)
+        return 2
+    _, report = bench.run(args.autoscaler)
+    paths = write_report(report, args.out, f"{args.autoscaler} on {bench.workload.name}")
+    print(
+        f"{args.autoscaler}: {report['slo_met_requests']}/{report['offered_requests']} requests met the SLO "
+        f"(attainment {report['attainment_offered']:.3f} of offered), {report['gpu_hours']:.2f} GPU-hours, "
+        f"{report['scale_event_count']} scale events"
+    )
+    for path in paths:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,178 @@
+"""From ModelGroup and SLOPolicy manifests to what the simulator needs.
+
+The manifests are parsed with the API models (`goodput.api`), exactly as the operator parses them,
+so a sample that the API server would reject is rejected here too. Without manifests the simulator
+uses the defaults below (Llama-3.1-8B on one H100, one interactive class), and says so in the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from goodput.api.modelgroup import ModelGroup
+from goodput.api.slopolicy import SloPolicy
+from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel, default_batch_limits
+from goodput.simulator.engine import EngineConfig
+from goodput.simulator.report import ClassTargets
+
+DEFAULT_READY_TIME_SECONDS = 120.0
+DEFAULT_MAX_GROUPS = 16
+DEFAULT_CLASSES = (
+    ClassTargets(
+        "interactive", ttft_seconds=1.0, itl_seconds=0.08, e2e_seconds=None, attainment=0.99, percentile=0.99
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationSetup:
+    """The served model, its hardware, the fleet bounds and the SLO, for one simulated ModelGroup."""
+
+    engine: EngineConfig
+    model_name: str
+    gpu_name: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    min_groups: int
+    max_groups: int
+    warm_groups: int
+    ready_time_seconds: float
+    classes: tuple[ClassTargets, ...]
+    model_group: ModelGroup | None
+    slo_policy: SloPolicy | None
+    measured_capacity_work_seconds_per_second: float | None
+    sources: tuple[str, ...]
+
+    @property
+    def gpus_per_group(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "gpu": self.gpu_name,
+            "tensor_parallel": self.tensor_parallel,
+            "pipeline_parallel": self.pipeline_parallel,
+            "gpus_per_group": self.gpus_per_group,
+            "max_num_seqs": self.engine.max_num_seqs,
+            "max_num_batched_tokens": self.engine.max_num_batched_tokens,
+            "kv_capacity_tokens": self.engine.kv_capacity_tokens,
+            "min_groups": self.min_groups,
+            "max_groups": self.max_groups,
+            "warm_groups": self.warm_groups,
+            "ready_time_median_seconds": self.ready_time_seconds,
+            "step_noise_sigma": self.engine.step_noise_sigma,
+            "policy_revision": self.slo_policy.spec.revision if self.slo_policy is not None else None,
+            "sources": list(self.sources),
+        }
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: expected one YAML object")
+    return document
+
+
+def load_model_group(path: Path) -> ModelGroup:
+    return ModelGroup.model_validate(_read_yaml(path))
+
+
+def load_slo_policy(path: Path) -> SloPolicy:
+    return SloPolicy.model_validate(_read_yaml(path))
+
+
+def class_targets(policy: SloPolicy) -> tuple[ClassTargets, ...]:
+    return tuple(
+        ClassTargets(
+            name=c.name,
+            ttft_seconds=c.ttft_seconds,
+            itl_seconds=c.itl_seconds,
+            e2e_seconds=c.e2e_seconds,
+            attainment=c.attainment,
+            percentile=c.percentile,
+        )
+        for c in policy.spec.classes
+    )
+
+
+def build_setup(
+    model_group_path: Path | None,
+    policy_path: Path | None,
+    *,
+    ready_time_seconds: float | None = None,
+    step_noise_sigma: float = 0.0,
+    max_groups: int | None = None,
+) -> SimulationSetup:
+    """Read the manifests (either may be absent) and fold them into a `SimulationSetup`.
+
+    ready_time_seconds: the median group ready time; overrides the profile's `readyTimeSeconds`.
+    max_groups: overrides `maxReplicas` (a what-if with a larger GPU budget).
+    """
+    sources: list[str] = []
+    model_group = load_model_group(model_group_path) if model_group_path is not None else None
+    slo_policy = load_slo_policy(policy_path) if policy_path is not None else None
+    if model_group is not None:
+        spec = model_group.spec
+        shape = spec.model_shape()
+        profile = spec.profile
+        gpu = profile.gpu_spec() if profile is not None else None
+        if shape is None or gpu is None:
+            raise ValueError(
+                f"{model_group_path}: the simulator needs a known model shape and profile.gpu "
+                "(h100-80g or a100-80g) to price steps"
+            )
+        tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
+        cost = StepCostModel.from_hardware(shape, gpu, tensor, pipeline)
+        seqs, tokens = spec.batch_limits() or default_batch_limits(gpu)
+        kv_tokens = spec.kv_capacity_tokens() or cost.kv_capacity_tokens
+        engine = EngineConfig(
+            cost=cost,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=tokens,
+            kv_capacity_tokens=kv_tokens,
+            step_noise_sigma=step_noise_sigma,
+        )
+        min_groups, maximum, warm = spec.min_replicas, spec.max_replicas, spec.warm_replicas
+        profile_ready = profile.ready_time_seconds if profile is not None else None
+        measured = profile.capacity_work_seconds_per_second if profile is not None else None
+        model_name, gpu_name = spec.model.name, gpu.name
+        sources.append(f"ModelGroup {model_group_path}")
+    else:
+        engine = EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G, step_noise_sigma=step_noise_sigma)
+        tensor = pipeline = 1
+        min_groups, maximum, warm = 1, DEFAULT_MAX_GROUPS, 0
+        profile_ready, measured = None, None
+        model_name, gpu_name = LLAMA_3_1_8B.name, H100_80G.name
+        sources.append("default ModelGroup: Llama-3.1-8B, one H100 per group, 1..16 groups")
+    if slo_policy is not None:
+        classes = class_targets(slo_policy)
+        sources.append(f"SLOPolicy {policy_path}")
+    else:
+        classes = DEFAULT_CLASSES
+        sources.append("default SLO: one interactive class, TTFT 1 s, ITL 80 ms at p99, attainment 0.99")
+    ready = (
+        ready_time_seconds
+        if ready_time_seconds is not None
+        else (float(profile_ready) if profile_ready is not None else DEFAULT_READY_TIME_SECONDS)
+    )
+    return SimulationSetup(
+        engine=engine,
+        model_name=model_name,
+        gpu_name=gpu_name,
+        tensor_parallel=tensor,
+        pipeline_parallel=pipeline,
+        min_groups=min_groups,
+        max_groups=max_groups if max_groups is not None else maximum,
+        warm_groups=warm,
+        ready_time_seconds=ready,
+        classes=classes,
+        model_group=model_group,
+        slo_policy=slo_policy,
+        measured_capacity_work_seconds_per_second=measured,
+        sources=tuple(sources),
+    )

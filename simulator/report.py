@@ -1,0 +1,303 @@
+"""What a run means to users and to whoever pays for the GPUs: attainment against the offered and the
+admitted population, request and token goodput, GPU-hours and cost per SLO-attaining request.
+
+A request attains its SLO (design note §4) when it finished, its TTFT (from arrival at the router,
+so any wait there counts) is within its class target, its TPOT — time per output token after the
+first — is within the ITL target, and its end-to-end latency is within the class's completion
+target when it has one. A mean TPOT hides stalls, so each class also reports its percentile
+condition: the share of requests within the TTFT target and the share of all token gaps within the
+ITL target (a preemption counts as one long gap) must both reach the class's `percentile`.
+
+Requests rejected for lack of a ready group, lost to a failed group, or unfinished at the end count
+against the offered population; rejected ones are not admitted (DESIGN §1: a policy that rejects
+more must not look better).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from goodput.simulator.records import Outcome
+from goodput.simulator.simulation import SimulationResult
+
+DEFAULT_GPU_HOUR_PRICE = 2.5
+"""US$ per GPU-hour used when none is given: a typical on-demand H100 price in 2025."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassTargets:
+    """One SLO class's targets, as the SLOPolicy states them."""
+
+    name: str
+    ttft_seconds: float
+    itl_seconds: float
+    e2e_seconds: float | None = None
+    attainment: float = 0.99
+    percentile: float = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class RequestVerdicts:
+    """Per-request latencies and SLO verdicts, by workload index."""
+
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    finished: np.ndarray
+    admitted: np.ndarray
+    met: np.ndarray
+    gaps: np.ndarray
+    """Token gaps of each request (output tokens − 1)."""
+    slow_gaps: np.ndarray
+    """Token gaps longer than the request's ITL target."""
+
+
+def judge(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> RequestVerdicts:
+    """Which requests attained their class's SLO."""
+    requests = result.requests
+    workload = result.workload
+    outcome = requests["outcome"]
+    arrival = requests["arrival"]
+    finished = outcome == Outcome.FINISHED
+    admitted = requests["group"] >= 0
+    ttft = requests["first_token_at"] - arrival
+    e2e = requests["finished_at"] - arrival
+    outputs = workload.output_tokens
+    gaps = np.maximum(outputs - 1, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(
+            gaps > 0, (requests["finished_at"] - requests["first_token_at"]) / np.maximum(gaps, 1), np.nan
+        )
+    class_index = (
+        workload.class_index if workload.class_index is not None else np.zeros(len(workload), np.int64)
+    )
+    ttft_target = np.array([c.ttft_seconds for c in classes])[class_index]
+    itl_target = np.array([c.itl_seconds for c in classes])[class_index]
+    e2e_target = np.array([math.inf if c.e2e_seconds is None else c.e2e_seconds for c in classes])[
+        class_index
+    ]
+    with np.errstate(invalid="ignore"):
+        tpot_ok = np.where(gaps > 0, tpot <= itl_target, True)
+        met = finished & (ttft <= ttft_target) & tpot_ok & (e2e <= e2e_target)
+    return RequestVerdicts(ttft, tpot, e2e, finished, admitted, met, gaps, requests["slow_gaps"])
+
+
+def meets_every_class(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> bool:
+    """Every class reaches its attainment target among admitted requests (the envelope's test)."""
+    verdicts = judge(result, classes)
+    workload = result.workload
+    class_index = (
+        workload.class_index if workload.class_index is not None else np.zeros(len(workload), np.int64)
+    )
+    for index, targets in enumerate(classes):
+        admitted = verdicts.admitted & (class_index == index)
+        count = int(admitted.sum())
+        if count and float((verdicts.met & admitted).sum()) / count < targets.attainment:
+            return False
+    return True
+
+
+def _percentiles(values: np.ndarray, prefix: str) -> dict[str, float]:
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return {
+            f"{prefix}_p50_seconds": math.nan,
+            f"{prefix}_p90_seconds": math.nan,
+            f"{prefix}_p99_seconds": math.nan,
+        }
+    p50, p90, p99 = np.percentile(finite, [50, 90, 99])
+    return {
+        f"{prefix}_p50_seconds": float(p50),
+        f"{prefix}_p90_seconds": float(p90),
+        f"{prefix}_p99_seconds": float(p99),
+    }
+
+
+def _step_value(times: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """A step function's value at `at` (the last change at or before each point; 0 before any)."""
+    if times.size == 0:
+        return np.zeros(at.size)
+    index = np.searchsorted(times, at, side="right") - 1
+    return np.where(index >= 0, values[np.maximum(index, 0)], 0)
+
+
+def timeseries(
+    result: SimulationResult, verdicts: RequestVerdicts, bin_seconds: float
+) -> dict[str, list[float]]:
+    """Per time bin: load, groups, TTFT p99 and attainment of the requests that arrived in it."""
+    horizon = max(result.horizon_seconds, bin_seconds)
+    bins = math.ceil(horizon / bin_seconds)
+    starts = np.arange(bins) * bin_seconds
+    arrival = result.requests["arrival"]
+    which = np.minimum((arrival // bin_seconds).astype(np.int64), bins - 1)
+    offered = np.bincount(which, minlength=bins).astype(np.float64)
+    met = np.bincount(which, weights=verdicts.met.astype(np.float64), minlength=bins)
+    tokens = np.bincount(
+        which, weights=result.workload.input_tokens + result.workload.output_tokens, minlength=bins
+    )
+    ttft_p99 = np.full(bins, np.nan)
+    order = np.argsort(which, kind="stable")
+    edges = np.searchsorted(which[order], np.arange(bins + 1))
+    ttft = np.where(verdicts.finished, verdicts.ttft, np.inf)[order]
+    for b in range(bins):
+        chunk = ttft[edges[b] : edges[b + 1]]
+        if chunk.size:
+            # unfinished requests count as infinitely late; "higher" avoids interpolating with infinity
+            ttft_p99[b] = float(np.percentile(chunk, 99, method="higher"))
+    times = np.array([c.time for c in result.timeline])
+    series = {
+        name: np.array([getattr(c, name) for c in result.timeline])
+        for name in ("desired", "placing", "loading", "ready", "draining")
+    }
+    middle = starts + bin_seconds / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        attainment = np.where(offered > 0, met / np.maximum(offered, 1), np.nan)
+    return {
+        "bin_start_seconds": starts.tolist(),
+        "arrival_rate_per_second": (offered / bin_seconds).tolist(),
+        "token_rate_per_second": (tokens / bin_seconds).tolist(),
+        "desired_groups": _step_value(times, series["desired"], middle).astype(float).tolist(),
+        "ready_groups": _step_value(times, series["ready"], middle).astype(float).tolist(),
+        "starting_groups": _step_value(times, series["placing"] + series["loading"], middle)
+        .astype(float)
+        .tolist(),
+        "draining_groups": _step_value(times, series["draining"], middle).astype(float).tolist(),
+        "ttft_p99_seconds": [None if math.isnan(v) else (v if math.isfinite(v) else 1e9) for v in ttft_p99],
+        "attainment_offered": [None if math.isnan(v) else float(v) for v in attainment],
+    }
+
+
+def summarize(
+    result: SimulationResult,
+    classes: tuple[ClassTargets, ...],
+    gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE,
+    bin_seconds: float = 30.0,
+    context: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's report, JSON-ready."""
+    verdicts = judge(result, classes)
+    requests = result.requests
+    outcome = requests["outcome"]
+    workload = result.workload
+    offered = len(workload)
+    admitted = int(verdicts.admitted.sum())
+    met = int(verdicts.met.sum())
+    horizon = max(result.horizon_seconds, 1e-9)
+    gpu_hours = result.gpu_seconds / 3600.0
+    cost = gpu_hours * gpu_hour_price
+    good_tokens = float(workload.output_tokens[verdicts.met].sum())
+    class_index = workload.class_index if workload.class_index is not None else np.zeros(offered, np.int64)
+    per_class = {}
+    for index, targets in enumerate(classes):
+        mask = class_index == index
+        class_offered = int(mask.sum())
+        class_admitted = int((mask & verdicts.admitted).sum())
+        class_met = int((mask & verdicts.met).sum())
+        done = mask & verdicts.finished
+        ttft_within = float((verdicts.ttft[done] <= targets.ttft_seconds).mean()) if done.any() else None
+        gaps = float(verdicts.gaps[done].sum())
+        gaps_within = 1.0 - float(verdicts.slow_gaps[done].sum()) / gaps if gaps else None
+        per_class[targets.name] = {
+            "targets": {
+                "ttft_seconds": targets.ttft_seconds,
+                "itl_seconds": targets.itl_seconds,
+                "e2e_seconds": targets.e2e_seconds,
+                "attainment": targets.attainment,
+                "percentile": targets.percentile,
+            },
+            "offered_requests": class_offered,
+            "admitted_requests": class_admitted,
+            "slo_met_requests": class_met,
+            "attainment_offered": class_met / class_offered if class_offered else None,
+            "attainment_admitted": class_met / class_admitted if class_admitted else None,
+            "attainment_target_met": (class_met / class_offered >= targets.attainment)
+            if class_offered
+            else None,
+            "ttft_within_target_fraction": ttft_within,
+            "token_gaps_within_itl_target_fraction": gaps_within,
+            "percentile_target_met": None
+            if ttft_within is None or gaps_within is None
+            else bool(ttft_within >= targets.percentile and gaps_within >= targets.percentile),
+            **_percentiles(verdicts.ttft[done], "ttft"),
+        }
+    finished = verdicts.finished
+    rejected_no_capacity = int((outcome == Outcome.REJECTED_NO_CAPACITY).sum())
+    rejected_too_long = int((outcome == Outcome.REJECTED_TOO_LONG).sum())
+    queries = result.engine_totals.get("prefix_cache_queries_tokens", 0.0)
+    report: dict[str, Any] = {
+        "offered_requests": offered,
+        "admitted_requests": admitted,
+        "rejected_requests": {"no_ready_group": rejected_no_capacity, "too_long": rejected_too_long},
+        "failed_requests": int((outcome == Outcome.FAILED).sum()),
+        "unfinished_requests": int((outcome == Outcome.UNFINISHED).sum()),
+        "finished_requests": int(finished.sum()),
+        "slo_met_requests": met,
+        "attainment_offered": met / offered if offered else None,
+        "attainment_admitted": met / admitted if admitted else None,
+        "offered_window_seconds": result.horizon_seconds,
+        "goodput_rps": met / horizon,
+        "token_goodput_tps": good_tokens / horizon,
+        "gpu_hours": gpu_hours,
+        "gpu_hour_price_usd": gpu_hour_price,
+        "cost_usd": cost,
+        "cost_per_slo_request": cost / met if met else None,
+        "goodput_per_gpu_hour": met / gpu_hours if gpu_hours else None,
+        "mean_gpus": result.gpu_seconds / horizon,
+        "scale_events": [
+            {
+                "time_seconds": round(event.time, 3),
+                "from_groups": event.from_groups,
+                "to_groups": event.to_groups,
+                "reason": event.reason,
+            }
+            for event in result.scale_events
+        ],
+        "scale_event_count": len(result.scale_events),
+        "decisions": result.decisions,
+        "latency": {
+            **_percentiles(verdicts.ttft[finished], "ttft"),
+            **_percentiles(verdicts.tpot[finished], "tpot"),
+            **_percentiles(verdicts.e2e[finished], "e2e"),
+            "queue_p99_seconds": _percentiles(
+                (requests["scheduled_at"] - requests["routed_at"])[finished], "queue"
+            )["queue_p99_seconds"],
+        },
+        "classes": per_class,
+        "engine": {
+            **result.engine_totals,
+            "prefix_cache_hit_rate": result.engine_totals.get("prefix_cache_hits_tokens", 0.0) / queries
+            if queries
+            else None,
+            "requests_preempted": int((requests["preemptions"] > 0).sum()),
+        },
+        "groups": [
+            {
+                "name": group.name,
+                "created_seconds": group.created_at,
+                "ready_seconds": group.ready_at,
+                "ended_seconds": group.ended_at,
+                "state": group.final_state,
+            }
+            for group in result.groups
+        ],
+        "workload": {
+            "name": workload.name,
+            "notes": list(workload.notes),
+            "classes": list(workload.class_names),
+            "tenants": list(workload.tenant_names),
+        },
+        "simulation": {
+            "wall_seconds": result.wall_seconds,
+            "simulated_seconds": result.end_seconds,
+            "speed_ratio": result.end_seconds / result.wall_seconds if result.wall_seconds else None,
+            "events": result.events_processed,
+        },
+        "timeseries": timeseries(result, verdicts, bin_seconds),
+    }
+    if context:
+        report["config"] = context
+    return report

@@ -1,0 +1,308 @@
+"""The baselines against their documented formulas: HPA's replica calculation, tolerance,
+stabilisation and rate limits; KEDA's AverageValue over groups; Knative KPA's stable and panic modes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from goodput.simulator.baselines import (
+    HpaBehavior,
+    HpaGpuUtilization,
+    HpaState,
+    KedaWaitingRequests,
+    KnativeKpa,
+    KpaSpec,
+    KpaState,
+    RatePolicy,
+    ScalingRules,
+    external_average_value_replicas,
+    kpa_decide,
+    normalize,
+    plain_metric_replicas,
+)
+from goodput.simulator.metrics import (
+    TTFT_BUCKETS_SECONDS,
+    FleetSample,
+    GroupMetrics,
+    HistogramAccumulator,
+    MetricsView,
+)
+from goodput.simulator.policy import FleetObservation
+
+# ----------------------------------------------------------------------------- HPA replica calculation
+
+
+@dataclass(frozen=True)
+class PlainCase:
+    name: str
+    ready_values: tuple[float, ...]
+    unready: int
+    missing: int
+    current: int
+    target: float
+    expected: int
+
+
+PLAIN_CASES = [
+    PlainCase("inside-tolerance-keeps-current", (0.85, 0.85), 0, 0, 2, 0.8, 2),
+    PlainCase("scale-up-to-ceil-of-ratio-times-ready", (1.0, 1.0, 1.0), 0, 0, 3, 0.5, 6),
+    PlainCase("scale-down-to-ceil-of-ratio-times-ready", (0.2, 0.2, 0.2, 0.2), 0, 0, 4, 0.8, 1),
+    PlainCase("unready-counted-idle-can-cancel-a-scale-up", (1.0, 1.0), 2, 0, 4, 0.8, 4),
+    PlainCase("unready-counted-idle-damps-a-scale-up", (1.0, 1.0), 1, 0, 3, 0.5, 4),
+    PlainCase("missing-count-as-target-on-scale-down", (0.2, 0.2), 0, 2, 4, 0.8, 3),
+    PlainCase("missing-count-as-zero-on-scale-up", (1.0, 1.0), 0, 2, 4, 0.5, 4),
+    PlainCase("no-metrics-keeps-current", (), 0, 3, 3, 0.8, 3),
+]
+
+
+@pytest.mark.parametrize("case", PLAIN_CASES, ids=[c.name for c in PLAIN_CASES])
+def test_hpa_plain_metric_replicas(case: PlainCase) -> None:
+    assert (
+        plain_metric_replicas(
+            case.ready_values,
+            unready_count=case.unready,
+            missing_count=case.missing,
+            current_replicas=case.current,
+            target=case.target,
+            tolerance=0.1,
+        )
+        == case.expected
+    )
+
+
+@pytest.mark.parametrize(
+    ("total", "status_replicas", "expected"),
+    [
+        pytest.param(30.0, 3, 6, id="ceil-of-total-over-target"),
+        pytest.param(16.0, 3, 3, id="inside-tolerance-keeps-ready-count"),
+        pytest.param(0.0, 4, 0, id="no-backlog-asks-for-none"),
+    ],
+)
+def test_external_average_value(total: float, status_replicas: int, expected: int) -> None:
+    assert external_average_value_replicas(total, status_replicas, 5.0, 0.1) == expected
+
+
+# ----------------------------------------------------------------------------- HPA behaviour
+
+NOW = 1000.0
+
+
+@dataclass(frozen=True)
+class BehaviorCase:
+    name: str
+    recommended: int
+    current: int
+    state: HpaState
+    expected: int
+    reason: str
+    max_replicas: int = 16
+
+
+BEHAVIOR_CASES = [
+    BehaviorCase(
+        "scale-down-holds-the-highest-recommendation-of-300s",
+        2,
+        5,
+        HpaState(((NOW - 200, 5), (NOW - 100, 3))),
+        5,
+        "ScaleDownStabilized",
+    ),
+    BehaviorCase(
+        "scale-down-to-the-highest-inside-the-window",
+        2,
+        5,
+        HpaState(((NOW - 400, 5), (NOW - 100, 3))),
+        3,
+        "ScaleDownStabilized",
+    ),
+    BehaviorCase("scale-up-is-immediate", 6, 2, HpaState(((NOW - 100, 2),)), 6, "DesiredWithinRange"),
+    BehaviorCase(
+        "scale-up-limited-to-max-of-4-pods-and-100-percent",
+        10,
+        1,
+        HpaState(((NOW - 100, 1),)),
+        5,
+        "ScaleUpLimit",
+    ),
+    BehaviorCase(
+        "scale-up-budget-of-the-period-already-spent",
+        12,
+        5,
+        HpaState(((NOW - 100, 5),), ((NOW - 5, 4),)),
+        5,
+        "ScaleUpLimit",
+    ),
+    BehaviorCase(
+        "first-sync-seeds-the-window-with-the-current-count", 1, 4, HpaState(), 4, "ScaleDownStabilized"
+    ),
+    BehaviorCase("never-above-max", 20, 4, HpaState(((NOW - 100, 4),)), 8, "TooManyReplicas", max_replicas=8),
+]
+
+
+@pytest.mark.parametrize("case", BEHAVIOR_CASES, ids=[c.name for c in BEHAVIOR_CASES])
+def test_hpa_behavior(case: BehaviorCase) -> None:
+    desired, reason, state = normalize(
+        case.recommended,
+        case.current,
+        min_replicas=1,
+        max_replicas=case.max_replicas,
+        behavior=HpaBehavior(),
+        state=case.state,
+        now=NOW,
+    )
+    assert (desired, reason) == (case.expected, case.reason)
+    assert state.recommendations[-1] == (NOW, case.recommended)  # the unstabilised one is remembered
+    if desired != case.current:
+        assert state.scale_changes[-1] == (NOW, desired - case.current)
+
+
+def test_hpa_scale_down_rate_policy_of_one_pod_per_minute() -> None:
+    behavior = replace(HpaBehavior(), scale_down=ScalingRules(0.0, (RatePolicy("Pods", 1, 60.0),)))
+    desired, reason, state = normalize(
+        1, 6, min_replicas=1, max_replicas=10, behavior=behavior, state=HpaState(), now=NOW
+    )
+    assert (desired, reason) == (5, "ScaleDownLimit")
+    desired, _, _ = normalize(
+        1, 5, min_replicas=1, max_replicas=10, behavior=behavior, state=state, now=NOW + 30
+    )
+    assert desired == 5  # one pod already removed within the last 60 s
+
+
+# ----------------------------------------------------------------------------- KPA
+
+
+@dataclass(frozen=True)
+class KpaCase:
+    name: str
+    stable: float
+    panic: float
+    ready: int
+    state: KpaState
+    expected: int
+    mode: str
+
+
+KPA_CASES = [
+    KpaCase("stable-mode-sizes-for-the-stable-window", 140.0, 150.0, 2, KpaState(), 2, "stable"),
+    KpaCase(
+        "panic-when-the-panic-window-asks-for-double-the-ready-groups",
+        100.0,
+        300.0,
+        2,
+        KpaState(),
+        5,
+        "panic",
+    ),
+    KpaCase("no-scale-down-while-panicking", 70.0, 70.0, 5, KpaState(NOW - 10, 5), 5, "panic"),
+    KpaCase(
+        "leave-panic-one-stable-window-after-the-last-surge",
+        70.0,
+        70.0,
+        5,
+        KpaState(NOW - 61, 5),
+        2,
+        "stable",
+    ),
+    KpaCase("scale-down-at-most-halves-the-ready-groups", 0.0, 0.0, 8, KpaState(), 4, "stable"),
+]
+
+
+@pytest.mark.parametrize("case", KPA_CASES, ids=[c.name for c in KPA_CASES])
+def test_kpa_decide(case: KpaCase) -> None:
+    desired, mode, state = kpa_decide(
+        case.stable, case.panic, case.ready, spec=KpaSpec(target_per_group=70.0), state=case.state, now=NOW
+    )
+    assert (desired, mode) == (case.expected, case.mode)
+    assert (state.panic_since is not None) == (mode == "panic")
+
+
+# ----------------------------------------------------------------------------- the policy shells
+
+
+def scraped(
+    name: str,
+    *,
+    time: float = 0.0,
+    waiting: int = 0,
+    busy: float = 0.0,
+    in_flight: float = 0.0,
+    serving: bool = True,
+) -> GroupMetrics:
+    empty = HistogramAccumulator(TTFT_BUCKETS_SECONDS).snapshot()
+    return GroupMetrics(
+        group=name,
+        serving=serving,
+        num_requests_running=0,
+        num_requests_waiting=waiting,
+        kv_cache_usage_perc=0.0,
+        kv_cache_size_tokens=1000,
+        prompt_tokens_total=0,
+        generation_tokens_total=0,
+        prefix_cache_queries_total=0,
+        prefix_cache_hits_total=0,
+        num_preemptions_total=0,
+        request_success_total=0,
+        request_prompt_tokens_sum=0,
+        request_generation_tokens_sum=0,
+        gpu_busy_seconds_total=busy,
+        in_flight_seconds_total=in_flight,
+        waiting_prompt_tokens=0,
+        time_to_first_token_seconds=empty,
+        inter_token_latency_seconds=empty,
+        request_queue_time_seconds=empty,
+        e2e_request_latency_seconds=empty,
+    )
+
+
+def observe(
+    samples: list[FleetSample], *, now: float, desired: int, ready: int, starting: int = 0
+) -> FleetObservation:
+    return FleetObservation(
+        now=now,
+        desired_groups=desired,
+        placing_groups=0,
+        loading_groups=starting,
+        ready_groups=ready,
+        draining_groups=0,
+        min_groups=1,
+        max_groups=16,
+        metrics=MetricsView(now, tuple(samples)),
+    )
+
+
+def test_hpa_shell_reads_gpu_utilisation_as_the_busy_fraction_over_its_window() -> None:
+    samples = [FleetSample(t, (scraped("a", busy=t), scraped("b", busy=t))) for t in (0.0, 30.0, 60.0)]
+    policy = HpaGpuUtilization(target_utilization=0.8)
+    recommendation = policy.recommend(observe(samples, now=60.0, desired=2, ready=2))
+    assert recommendation.detail["gpu_utilization"] == pytest.approx(1.0)
+    assert recommendation.desired_groups == 3  # ceil(2 × 1.0 / 0.8)
+
+
+def test_keda_shell_averages_the_waiting_requests_over_ready_groups() -> None:
+    samples = [FleetSample(0.0, (scraped("a", waiting=10), scraped("b", waiting=20)))]
+    policy = KedaWaitingRequests(target_waiting_per_group=5.0)
+    recommendation = policy.recommend(observe(samples, now=15.0, desired=2, ready=2))
+    assert recommendation.detail["recommended"] == 6
+    assert recommendation.desired_groups == 6
+
+
+def test_kpa_shell_averages_concurrency_over_its_windows_and_keeps_drained_groups_history() -> None:
+    # 2 serving groups at 50 in flight each for 60 s; group b is draining in the last sample
+    samples = [
+        FleetSample(
+            float(t),
+            (
+                scraped("a", time=t, in_flight=50.0 * t),
+                scraped("b", time=t, in_flight=50.0 * t, serving=t < 60),
+            ),
+        )
+        for t in range(0, 61)
+    ]
+    policy = KnativeKpa(KpaSpec(target_per_group=20.0))
+    recommendation = policy.recommend(observe(samples, now=60.0, desired=2, ready=1))
+    # 59 intervals with 100 in flight and the last with 50 (b no longer serving): stable ≈ 99
+    assert recommendation.detail["stable_concurrency"] == pytest.approx((59 * 100 + 50) / 60)
+    assert recommendation.detail["mode"] == "panic"  # 6-s window: ceil(≈91.7/20)=5 ≥ 2 × 1 ready
+    assert recommendation.desired_groups == 5

@@ -1,0 +1,133 @@
+"""`goodput simulate` and `goodput bench` end to end on a small synthetic workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from goodput.operator.cli import main
+
+TRACE = "synthetic:rate=6,duration=240,burst_start=120,burst_seconds=60,burst_multiplier=3"
+
+MODEL_GROUP = """
+apiVersion: goodput.dev/v1alpha1
+kind: ModelGroup
+metadata: {name: llama-8b}
+spec:
+  model: {name: meta-llama/Llama-3.1-8B-Instruct}
+  engine: {image: vllm/vllm-openai:v0.33.0}
+  parallelism: {tensor: 1, pipeline: 1, gpusPerPod: 1}
+  minReplicas: 1
+  maxReplicas: 4
+  policyRef: {name: chat}
+  profile: {gpu: h100-80g, readyTimeSeconds: 45}
+"""
+
+POLICY = """
+apiVersion: goodput.dev/v1alpha1
+kind: SLOPolicy
+metadata: {name: chat}
+spec:
+  revision: chat-1
+  classes:
+  - {name: chat, ttftSeconds: 1.0, itlSeconds: 0.1, attainment: 0.95}
+"""
+
+REQUIRED_KEYS = (
+    "offered_requests",
+    "admitted_requests",
+    "slo_met_requests",
+    "attainment_offered",
+    "attainment_admitted",
+    "goodput_rps",
+    "gpu_hours",
+    "cost_per_slo_request",
+    "scale_events",
+)
+
+
+@pytest.fixture
+def manifests(tmp_path: Path) -> tuple[Path, Path]:
+    model_group, policy = tmp_path / "mg.yaml", tmp_path / "slo.yaml"
+    model_group.write_text(MODEL_GROUP)
+    policy.write_text(POLICY)
+    return model_group, policy
+
+
+def test_simulate_writes_the_report_and_its_plot(
+    tmp_path: Path, manifests: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_group, policy = manifests
+    out = tmp_path / "run"
+    code = main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--modelgroup",
+            str(model_group),
+            "--policy",
+            str(policy),
+            "--autoscaler",
+            "hpa",
+            "--out",
+            str(out),
+            "--seed",
+            "2",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert all(key in report for key in REQUIRED_KEYS)
+    assert report["offered_requests"] > 1000
+    assert report["config"]["ready_time_median_seconds"] == 45.0
+    assert report["config"]["policy_revision"] == "chat-1"
+    assert any("seed=2" in note for note in report["workload"]["notes"])
+    assert (out / "timeline.png").stat().st_size > 10_000
+    assert "hpa:" in capsys.readouterr().out
+
+
+def test_bench_runs_every_chosen_policy_on_the_same_workload(
+    tmp_path: Path, manifests: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_group, policy = manifests
+    out = tmp_path / "bench"
+    code = main(
+        [
+            "bench",
+            "--trace",
+            TRACE,
+            "--modelgroup",
+            str(model_group),
+            "--policy",
+            str(policy),
+            "--out",
+            str(out),
+            "--policies",
+            "fixed,oracle,goodput",
+            "--capacity-trial-seconds",
+            "120",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    for name in ("fixed", "oracle", "goodput"):
+        assert name in printed
+        report = json.loads((out / name / "report.json").read_text())
+        assert (
+            report["offered_requests"]
+            == json.loads((out / "fixed" / "report.json").read_text())["offered_requests"]
+        )
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["policies"]) == {"fixed", "oracle", "goodput"}
+    assert (out / "comparison.png").exists()
+
+
+def test_an_unknown_policy_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--trace", TRACE, "--out", str(tmp_path), "--policies", "fixed,magic"])
+    assert code == 2
+    assert "magic" in capsys.readouterr().err

@@ -1,0 +1,187 @@
+"""goodput's policy in the simulator: the snapshot it builds for `decide`, and the policy it compiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from goodput.api.slopolicy import SloPolicy
+from goodput.controllers.autoscale_model import (
+    GroupState,
+    Mode,
+    SloTargets,
+    StaleMetricsAction,
+    StepPolicyType,
+)
+from goodput.estimators.capacity import build_capacity_profile
+from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
+from goodput.simulator.engine import EngineConfig
+from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
+from goodput.simulator.metrics import (
+    TTFT_BUCKETS_SECONDS,
+    FleetSample,
+    GroupMetrics,
+    HistogramAccumulator,
+    MetricsView,
+)
+from goodput.simulator.policy import FleetObservation, GroupInfo
+from goodput.simulator.simulation import SimulationConfig, simulate
+from goodput.simulator.workload import BurstSpec, ClassRule, assign_classes, synthetic_bursts
+
+ENGINE = EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G)
+PROFILE = build_capacity_profile(
+    ENGINE.cost,
+    max_num_seqs=1024,
+    max_num_batched_tokens=8192,
+    itl_target_seconds=0.08,
+    ttft_target_seconds=1.0,
+)
+
+
+def scraped(
+    name: str,
+    *,
+    prompt: int,
+    finished: int,
+    prompt_sum: int,
+    ttfts: tuple[float, ...],
+    waiting: int = 0,
+    serving: bool = True,
+) -> GroupMetrics:
+    ttft = HistogramAccumulator(TTFT_BUCKETS_SECONDS)
+    for value in ttfts:
+        ttft.observe(value)
+    empty = HistogramAccumulator(TTFT_BUCKETS_SECONDS).snapshot()
+    return GroupMetrics(
+        group=name,
+        serving=serving,
+        num_requests_running=3,
+        num_requests_waiting=waiting,
+        kv_cache_usage_perc=0.25,
+        kv_cache_size_tokens=400_000,
+        prompt_tokens_total=prompt,
+        generation_tokens_total=2 * prompt,
+        prefix_cache_queries_total=prompt,
+        prefix_cache_hits_total=prompt // 4,
+        num_preemptions_total=0,
+        request_success_total=finished,
+        request_prompt_tokens_sum=prompt_sum,
+        request_generation_tokens_sum=finished * 100,
+        gpu_busy_seconds_total=0.0,
+        in_flight_seconds_total=0.0,
+        waiting_prompt_tokens=0,
+        time_to_first_token_seconds=ttft.snapshot(),
+        inter_token_latency_seconds=empty,
+        request_queue_time_seconds=empty,
+        e2e_request_latency_seconds=empty,
+    )
+
+
+def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready_group() -> None:
+    start = scraped("group-0", prompt=1000, finished=10, prompt_sum=10_000, ttfts=(0.05,) * 10)
+    end = scraped(
+        "group-0", prompt=61_000, finished=70, prompt_sum=70_000, ttfts=(0.05,) * 10 + (2.0,) * 60, waiting=4
+    )
+    view = MetricsView(70.0, (FleetSample(0.0, (start,)), FleetSample(60.0, (end,))))
+    observation = FleetObservation(
+        now=72.0,
+        desired_groups=4,
+        placing_groups=1,
+        loading_groups=1,
+        ready_groups=1,
+        draining_groups=1,
+        min_groups=1,
+        max_groups=8,
+        metrics=view,
+        groups=(
+            GroupInfo("group-0", "Ready", 0.0, 0.0),
+            GroupInfo("group-1", "Placing", 50.0, None),
+            GroupInfo("group-2", "Loading", 40.0, None),
+            GroupInfo("group-3", "Draining", 0.0, 0.0),
+        ),
+    )
+    snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama")
+    assert snapshot.spec_replicas == 4
+    assert [g.state for g in snapshot.groups] == [
+        GroupState.READY,
+        GroupState.PLACING,
+        GroupState.PROVISIONING,
+        GroupState.DRAINING,
+    ]
+    assert all(g.metrics is None for g in snapshot.groups[1:])
+    metrics = snapshot.groups[0].metrics
+    assert metrics is not None
+    assert metrics.age_seconds == pytest.approx(12.0)
+    assert metrics.waiting_requests == 4.0
+    assert metrics.prompt_tokens_per_second == pytest.approx(1000.0)
+    assert metrics.mean_input_tokens == pytest.approx(1000.0)  # 60 000 prompt tokens over 60 requests
+    assert metrics.mean_output_tokens == pytest.approx(100.0)
+    assert metrics.prefix_hit_fraction == pytest.approx(0.25)
+    assert metrics.finished_requests == 60.0
+    assert metrics.ttft is not None and metrics.ttft.total == 60.0  # only the window's observations
+
+
+SLO = SloPolicy.model_validate(
+    {
+        "apiVersion": "goodput.dev/v1alpha1",
+        "kind": "SLOPolicy",
+        "metadata": {"name": "chat"},
+        "spec": {
+            "revision": "r1",
+            "classes": [{"name": "chat", "ttftSeconds": 1.0, "itlSeconds": 0.08, "attainment": 0.99}],
+            "autoscaling": {
+                "mode": "Advisory",
+                "intervalSeconds": 10,
+                "signals": {
+                    "queueWork": {"drainTargetSeconds": 20, "safetyFactor": 1.5},
+                    "goodput": {"enabled": False},
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": 120,
+                    "policies": [{"type": "Groups", "value": 1, "periodSeconds": 60}],
+                },
+                "metrics": {"maxAgeSeconds": 30, "onStale": "Freeze"},
+            },
+        },
+    }
+)
+
+
+def test_the_slo_policy_compiles_into_the_decision_pipelines_policy() -> None:
+    policy = scaling_policy(SLO, 1, 6, 2, fallback_classes=())
+    assert (policy.min_groups, policy.max_groups, policy.warm_groups) == (1, 6, 2)
+    assert policy.mode is Mode.ADVISORY and policy.interval_seconds == 10.0 and policy.revision == "r1"
+    assert policy.classes == (SloTargets("chat", 1.0, 0.08, 0.99),)
+    assert policy.signals.queue_work is not None and policy.signals.queue_work.safety_factor == 1.5
+    assert policy.signals.goodput is None
+    assert policy.scale_down.stabilization_window_seconds == 120.0
+    assert policy.scale_down.policies[0].type is StepPolicyType.GROUPS
+    assert policy.staleness.action is StaleMetricsAction.FREEZE
+
+
+def test_goodput_scales_out_a_burst_through_the_decision_pipeline() -> None:
+    spec = BurstSpec(
+        duration_seconds=400.0,
+        base_rate_per_second=4.0,
+        burst_start_seconds=100.0,
+        burst_seconds=300.0,
+        burst_multiplier=8.0,
+        input_median_tokens=800,
+        output_median_tokens=150,
+    )
+    workload = assign_classes(synthetic_bursts(spec, seed=3), ClassRule(("chat",), (1.0,)), seed=3)
+    classes = (SloTargets("chat", 1.0, 0.08, 0.99),)
+    policy = GoodputPolicy(scaling_policy(None, 1, 8, 0, classes), PROFILE)
+    config = SimulationConfig(
+        fleet=FleetConfig(engine=ENGINE, gpus_per_group=1, max_groups=8, ready_time_median_seconds=30.0),
+        seed=3,
+        initial_groups=1,
+        control_start_seconds=15.0,
+    )
+    result = simulate(workload, config, policy)
+    ups = [event for event in result.scale_events if event.to_groups > event.from_groups]
+    assert ups and ups[0].time > 100.0  # nothing to do before the burst
+    assert max(event.to_groups for event in ups) >= 3
+    assert policy.last_decision is not None and policy.last_decision.policy_revision == ""
+    assert np.isfinite(result.gpu_seconds)
