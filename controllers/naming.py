@@ -1,0 +1,79 @@
+"""The names, labels, annotations and conditions by which goodput recognises its own objects.
+
+Every object the operator creates carries its identity in its name and labels, so the state of a
+ModelGroup can be rebuilt from the cluster alone after a restart: pod `<mg>-<group>-<rank>`, group
+Service `<mg>-<group>`, group `g<ordinal>` with a per-ModelGroup ordinal that only grows.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from goodput.api import labels, modelgroup
+from goodput.api.base import API_VERSION, GROUP
+
+DOMAIN: Final = GROUP
+
+# Labels on every pod of a group (and the group's Service).
+LABEL_MODEL_GROUP: Final = labels.MODEL_GROUP_LABEL
+LABEL_GROUP: Final = labels.GROUP_LABEL
+LABEL_RANK: Final = labels.RANK_LABEL
+# A hash of the pod template the group was created from: groups of an older spec are outdated.
+LABEL_REVISION: Final = f"{DOMAIN}/revision"
+# On leaders only: Prometheus scrapes pods with this label.
+LABEL_METRICS: Final = f"{DOMAIN}/metrics"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "goodput"
+
+# Pod annotations written at creation.
+ANNOTATION_TOPOLOGY_KEY: Final = f"{DOMAIN}/topology-key"
+ANNOTATION_TOPOLOGY_DOMAIN: Final = f"{DOMAIN}/topology-domain"
+ANNOTATION_REPLACES: Final = f"{DOMAIN}/replaces"
+# Pod annotation written when a group starts draining (RFC 3339).
+ANNOTATION_DRAINING_SINCE: Final = f"{DOMAIN}/draining-since"
+# Pod annotation written by the in-pod health agent: the model revision the rank loaded.
+ANNOTATION_MODEL_REVISION: Final = f"{DOMAIN}/model-revision"
+
+# ModelGroup annotations: state that must survive an operator restart.
+ANNOTATION_GROUP_COUNTER: Final = f"{DOMAIN}/group-counter"
+ANNOTATION_PLACEMENT_BACKOFF: Final = f"{DOMAIN}/placement-backoff"
+
+# Held on every pod from creation until the whole group exists, so no rank binds GPUs alone.
+SCHEDULING_GATE: Final = f"{DOMAIN}/gang"
+# Readiness gate on every pod; the operator sets it on all ranks at once.
+CONDITION_GROUP_READY: Final = labels.GROUP_READY_CONDITION
+# Pod condition set by the in-pod health agent after an all-reduce across the group's ranks.
+CONDITION_NCCL_HEALTHY: Final = f"{DOMAIN}/NCCLHealthy"
+
+GPU_RESOURCE: Final = modelgroup.GPU_RESOURCE
+MODEL_GROUP_API_VERSION: Final = API_VERSION
+MODEL_GROUP_KIND: Final = "ModelGroup"
+
+# A DNS-1123 label is at most 63 characters; the longest suffix we add is "-g99999-999".
+_MAX_DNS_LABEL: Final = 63
+_LONGEST_SUFFIX: Final = len("-g99999-999")
+_GROUP_NAME = re.compile(r"^g(?P<ordinal>[0-9]+)$")
+
+
+def group_name(ordinal: int) -> str:
+    return f"g{ordinal}"
+
+
+def group_ordinal(name: str) -> int | None:
+    """The ordinal of a group name written by `group_name`, None for any other string."""
+    match = _GROUP_NAME.match(name)
+    return int(match["ordinal"]) if match else None
+
+
+def service_name(model_group: str, group: str) -> str:
+    return f"{model_group}-{group}"
+
+
+def pod_name(model_group: str, group: str, rank: int) -> str:
+    return f"{model_group}-{group}-{rank}"
+
+
+def max_model_group_name_length() -> int:
+    """Longest ModelGroup name whose Service and pod names still fit a DNS-1123 label."""
+    return _MAX_DNS_LABEL - _LONGEST_SUFFIX

@@ -1,0 +1,201 @@
+"""Compact, frozen views of the pods and nodes the ModelGroup controller reads.
+
+The operator keeps these views in its indexes instead of whole objects: they are what the pure
+planning code needs, they cost little memory with hundreds of pods, and they make the controller's
+inputs explicit. Parsing is pure: plain dicts in (as the API server sends them), values out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from goodput.controllers import naming
+from goodput.controllers.placement import GpuClaim, NodeInventory, Taint
+
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionView:
+    status: str
+    reason: str
+    message: str
+    last_transition: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """One rank of a group as last seen."""
+
+    name: str
+    model_group: str
+    group: str
+    rank: int
+    revision: str
+    created_at: datetime | None
+    deleting: bool
+    phase: str
+    node_name: str | None
+    ip: str | None
+    gated: bool
+    topology_domain: str | None
+    replaces: str | None
+    draining_since: datetime | None
+    gpus: int
+    restarts: int
+    containers_ready: ConditionView | None
+    scheduled: ConditionView | None
+    group_ready: ConditionView | None
+    nccl_healthy: ConditionView | None
+    reported_model_revision: str | None
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in _TERMINAL_PHASES
+
+    @property
+    def running_and_ready(self) -> bool:
+        """Running with every container ready (ContainersReady: Ready also waits for our own gate)."""
+        return self.phase == "Running" and _is_true(self.containers_ready)
+
+    @property
+    def marked_group_ready(self) -> bool:
+        return _is_true(self.group_ready)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    inventory: NodeInventory
+    ready: bool
+
+
+def parse_time(value: object) -> datetime | None:
+    """An RFC 3339 timestamp from the API server, or None when absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs a pod requests as the scheduler counts them: max(sum over containers, any init container)."""
+    spec = pod.get("spec") or {}
+
+    def gpus(container: Mapping[str, Any]) -> int:
+        resources = container.get("resources") or {}
+        quantity = (
+            (resources.get("requests") or {}).get(naming.GPU_RESOURCE)
+            or (resources.get("limits") or {}).get(naming.GPU_RESOURCE)
+            or 0
+        )
+        try:
+            return int(quantity)
+        except (TypeError, ValueError):
+            return 0
+
+    regular = sum(gpus(c) for c in spec.get("containers") or ())
+    init = max((gpus(c) for c in spec.get("initContainers") or ()), default=0)
+    return max(regular, init)
+
+
+def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
+    """The GPUs a live pod holds or is about to hold; None for pods that hold none."""
+    gpus = pod_gpus(pod)
+    status = pod.get("status") or {}
+    if gpus == 0 or status.get("phase") in _TERMINAL_PHASES:
+        return None
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    node_name = (pod.get("spec") or {}).get("nodeName") or None
+    return GpuClaim(
+        gpus=gpus,
+        node_name=node_name,
+        topology_key=annotations.get(naming.ANNOTATION_TOPOLOGY_KEY),
+        domain=annotations.get(naming.ANNOTATION_TOPOLOGY_DOMAIN),
+    )
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
+    """The view of one of our group pods; None for a pod without our identity labels."""
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    model_group = labels.get(naming.LABEL_MODEL_GROUP)
+    group = labels.get(naming.LABEL_GROUP)
+    rank_text = labels.get(naming.LABEL_RANK)
+    if not model_group or not group or rank_text is None or not rank_text.isdigit():
+        return None
+    conditions = {c.get("type"): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
+    restarts = sum(int(s.get("restartCount") or 0) for s in status.get("containerStatuses") or ())
+    return PodView(
+        name=metadata.get("name", ""),
+        model_group=model_group,
+        group=group,
+        rank=int(rank_text),
+        revision=labels.get(naming.LABEL_REVISION, ""),
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        deleting=bool(metadata.get("deletionTimestamp")),
+        phase=status.get("phase") or "Pending",
+        node_name=spec.get("nodeName") or None,
+        ip=status.get("podIP") or None,
+        gated=any(g.get("name") == naming.SCHEDULING_GATE for g in spec.get("schedulingGates") or ()),
+        topology_domain=annotations.get(naming.ANNOTATION_TOPOLOGY_DOMAIN),
+        replaces=annotations.get(naming.ANNOTATION_REPLACES),
+        draining_since=parse_time(annotations.get(naming.ANNOTATION_DRAINING_SINCE)),
+        gpus=pod_gpus(pod),
+        restarts=restarts,
+        containers_ready=_condition(conditions.get("ContainersReady")),
+        scheduled=_condition(conditions.get("PodScheduled")),
+        group_ready=_condition(conditions.get(naming.CONDITION_GROUP_READY)),
+        nccl_healthy=_condition(conditions.get(naming.CONDITION_NCCL_HEALTHY)),
+        reported_model_revision=annotations.get(naming.ANNOTATION_MODEL_REVISION),
+    )
+
+
+def parse_node(node: Mapping[str, Any]) -> NodeView:
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    allocatable = (status.get("allocatable") or {}).get(naming.GPU_RESOURCE, 0)
+    try:
+        gpus = int(allocatable)
+    except (TypeError, ValueError):
+        gpus = 0
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
+    )
+    taints = tuple(
+        Taint(key=t.get("key", ""), value=t.get("value") or "", effect=t.get("effect", ""))
+        for t in spec.get("taints") or ()
+    )
+    labels = tuple(sorted((metadata.get("labels") or {}).items()))
+    inventory = NodeInventory(
+        name=metadata.get("name", ""),
+        labels=labels,
+        allocatable_gpus=gpus,
+        schedulable=ready and not spec.get("unschedulable", False),
+        taints=taints,
+    )
+    return NodeView(inventory=inventory, ready=ready)
+
+
+def _condition(raw: Mapping[str, Any] | None) -> ConditionView | None:
+    if raw is None:
+        return None
+    return ConditionView(
+        status=str(raw.get("status", "Unknown")),
+        reason=str(raw.get("reason") or ""),
+        message=str(raw.get("message") or ""),
+        last_transition=parse_time(raw.get("lastTransitionTime")),
+    )
+
+
+def _is_true(condition: ConditionView | None) -> bool:
+    return condition is not None and condition.status == "True"

@@ -1,0 +1,314 @@
+"""Rendering of a replica group's pods and Service: the vLLM launch contract as Kubernetes manifests.
+
+A group of tensor × pipeline GPUs runs as `podsPerGroup` pods. One pod: `vllm serve` with the
+parallel sizes. Several pods: vLLM's native multi-node launch, where rank 0 (the leader) serves HTTP
+and the others run `--headless` workers that meet the leader at `--master-addr`, a headless Service
+per group that resolves to the leader. Only the leader is probed (followers have no HTTP server).
+
+Every pod is born with the gang scheduling gate (no rank may hold GPUs before the whole group
+exists), the group-ready readiness gate (the group serves only when every rank is healthy and warm),
+node affinity to the topology domain chosen for the group, and a controller reference to its
+ModelGroup so that deleting the ModelGroup deletes the group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from goodput.api.base import wire_dict
+from goodput.api.modelgroup import Toleration
+from goodput.controllers import naming
+
+# torch.distributed rendezvous port of vLLM's multi-node launch (vLLM's default).
+MASTER_PORT = 29501
+# Interface of the pod network inside a pod; NCCL and Gloo would otherwise guess among several.
+POD_INTERFACE = "eth0"
+# Time vLLM needs after its --shutdown-timeout drain to stop workers and exit.
+SHUTDOWN_MARGIN_SECONDS = 15
+STARTUP_PROBE_PERIOD_SECONDS = 10
+CONTAINER_NAME = "vllm"
+# Environment variables the operator sets from the pod's identity; a spec may not override them.
+OPERATOR_ENV = frozenset(
+    {"VLLM_HOST_IP", "GOODPUT_MODEL_GROUP", "GOODPUT_GROUP", "GOODPUT_RANK", "GOODPUT_GROUP_SIZE"}
+)
+
+PlacementMode = Literal["Required", "Preferred"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTemplate:
+    """Everything about a ModelGroup that shapes its pods, already validated.
+
+    requests and limits are (resource, quantity) pairs without the GPU resource, which comes from
+    gpus_per_pod. node_selector is (label key, value) pairs.
+    """
+
+    model_group: str
+    namespace: str
+    uid: str
+    model: str
+    model_revision: str
+    served_name: str | None
+    image: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    requests: tuple[tuple[str, str], ...]
+    limits: tuple[tuple[str, str], ...]
+    port: int
+    startup_timeout_seconds: int
+    shutdown_timeout_seconds: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    gpus_per_pod: int
+    topology_key: str
+    placement_mode: PlacementMode
+    tolerations: tuple[Toleration, ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def pods_per_group(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel // self.gpus_per_pod
+
+    @property
+    def gpus_per_group(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def revision(self) -> str:
+        """A short hash of every field that shapes a pod: pods of an older revision are outdated."""
+        shaping = {name: getattr(self, name) for name in self.__slots__ if name not in ("uid",)}
+        canonical = json.dumps(shaping, sort_keys=True, default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupManifests:
+    """What one group consists of: a Service (multi-pod groups only) and its pods, rank order."""
+
+    service: dict[str, Any] | None
+    pods: tuple[dict[str, Any], ...]
+
+
+def vllm_args(template: GroupTemplate, rank: int, leader_address: str | None) -> list[str]:
+    """The `vllm serve` arguments of one rank (without the `vllm serve` command itself).
+
+    leader_address: where followers reach rank 0; None for a single-pod group.
+    """
+    args = [
+        template.model,
+        "--revision",
+        template.model_revision,
+        "--tensor-parallel-size",
+        str(template.tensor_parallel),
+        "--pipeline-parallel-size",
+        str(template.pipeline_parallel),
+        "--shutdown-timeout",
+        str(template.shutdown_timeout_seconds),
+    ]
+    if template.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(template.max_num_seqs)]
+    if template.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(template.max_num_batched_tokens)]
+    if template.pods_per_group > 1:
+        if leader_address is None:
+            raise ValueError("a multi-pod group needs the leader's address")
+        args += [
+            "--nnodes",
+            str(template.pods_per_group),
+            "--node-rank",
+            str(rank),
+            "--master-addr",
+            leader_address,
+            "--master-port",
+            str(MASTER_PORT),
+        ]
+    if rank == 0:
+        args += ["--port", str(template.port)]
+        if template.served_name:
+            args += ["--served-model-name", template.served_name]
+    else:
+        args.append("--headless")
+    return args + list(template.args)
+
+
+def render_group(
+    template: GroupTemplate, group: str, domain: str, replaces: str | None = None
+) -> GroupManifests:
+    """The manifests of one whole group placed in the topology domain `domain`."""
+    service = None
+    leader_address = None
+    if template.pods_per_group > 1:
+        service = _render_service(template, group)
+        leader_address = f"{service['metadata']['name']}.{template.namespace}.svc"
+    pods = tuple(
+        _render_pod(template, group, rank, domain=domain, leader_address=leader_address, replaces=replaces)
+        for rank in range(template.pods_per_group)
+    )
+    return GroupManifests(service=service, pods=pods)
+
+
+def owner_reference(template: GroupTemplate) -> dict[str, Any]:
+    return {
+        "apiVersion": naming.MODEL_GROUP_API_VERSION,
+        "kind": naming.MODEL_GROUP_KIND,
+        "name": template.model_group,
+        "uid": template.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def group_labels(template: GroupTemplate, group: str) -> dict[str, str]:
+    return {
+        naming.LABEL_MODEL_GROUP: template.model_group,
+        naming.LABEL_GROUP: group,
+        naming.LABEL_REVISION: template.revision,
+        naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+    }
+
+
+def _render_service(template: GroupTemplate, group: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": naming.service_name(template.model_group, group),
+            "namespace": template.namespace,
+            "labels": group_labels(template, group),
+            "ownerReferences": [owner_reference(template)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Followers must resolve the leader while the group is still starting, i.e. not Ready.
+            "publishNotReadyAddresses": True,
+            "selector": {
+                naming.LABEL_MODEL_GROUP: template.model_group,
+                naming.LABEL_GROUP: group,
+                naming.LABEL_RANK: "0",
+            },
+            "ports": [
+                {"name": "http", "port": template.port, "targetPort": template.port, "protocol": "TCP"},
+                {"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def _render_pod(
+    template: GroupTemplate,
+    group: str,
+    rank: int,
+    *,
+    domain: str,
+    leader_address: str | None,
+    replaces: str | None,
+) -> dict[str, Any]:
+    leader = rank == 0
+    labels = {**group_labels(template, group), naming.LABEL_RANK: str(rank)}
+    annotations = {
+        naming.ANNOTATION_TOPOLOGY_KEY: template.topology_key,
+        naming.ANNOTATION_TOPOLOGY_DOMAIN: domain,
+    }
+    if leader:
+        labels[naming.LABEL_METRICS] = "true"
+        annotations["prometheus.io/port"] = str(template.port)
+        annotations["prometheus.io/path"] = "/metrics"
+    if replaces:
+        annotations[naming.ANNOTATION_REPLACES] = replaces
+    spec: dict[str, Any] = {
+        "schedulingGates": [{"name": naming.SCHEDULING_GATE}],
+        "readinessGates": [{"conditionType": naming.CONDITION_GROUP_READY}],
+        "affinity": {"nodeAffinity": _domain_affinity(template, domain)},
+        "containers": [_render_container(template, group, rank, leader_address)],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        # vLLM drains for --shutdown-timeout after SIGTERM, then stops its workers.
+        "terminationGracePeriodSeconds": template.shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS,
+        "restartPolicy": "Always",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+    }
+    if template.node_selector:
+        spec["nodeSelector"] = dict(template.node_selector)
+    if template.tolerations:
+        spec["tolerations"] = [wire_dict(toleration) for toleration in template.tolerations]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": naming.pod_name(template.model_group, group, rank),
+            "namespace": template.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(template)],
+        },
+        "spec": spec,
+    }
+
+
+def _domain_affinity(template: GroupTemplate, domain: str) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": template.topology_key, "operator": "In", "values": [domain]}]}
+    if template.placement_mode == "Required":
+        return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    return {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]}
+
+
+def _render_container(
+    template: GroupTemplate, group: str, rank: int, leader_address: str | None
+) -> dict[str, Any]:
+    gpus = str(template.gpus_per_pod)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": template.image,
+        "command": ["vllm", "serve"],
+        "args": vllm_args(template, rank, leader_address),
+        "env": _render_env(template, group, rank),
+        "resources": {
+            "requests": {**dict(template.requests), naming.GPU_RESOURCE: gpus},
+            "limits": {**dict(template.limits), naming.GPU_RESOURCE: gpus},
+        },
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if rank == 0:
+        container["ports"] = [
+            {"name": "http", "containerPort": template.port, "protocol": "TCP"},
+            {"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"},
+        ]
+        # The port refuses connections until the whole group has loaded, so the startup probe
+        # carries the load-time budget and readiness only has to notice a dead engine.
+        container["startupProbe"] = {
+            "httpGet": {"path": "/health", "port": template.port},
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "failureThreshold": max(
+                1, math.ceil(template.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS)
+            ),
+        }
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/health", "port": template.port},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        }
+    return container
+
+
+def _render_env(template: GroupTemplate, group: str, rank: int) -> list[dict[str, Any]]:
+    """Pod identity first, then defaults a spec may override, then the spec's own variables."""
+    identity: list[dict[str, Any]] = [
+        {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "GOODPUT_MODEL_GROUP", "value": template.model_group},
+        {"name": "GOODPUT_GROUP", "value": group},
+        {"name": "GOODPUT_RANK", "value": str(rank)},
+        {"name": "GOODPUT_GROUP_SIZE", "value": str(template.pods_per_group)},
+    ]
+    user = dict(template.env)
+    defaults = [
+        {"name": name, "value": POD_INTERFACE}
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+        if name not in user
+    ]
+    return identity + defaults + [{"name": name, "value": value} for name, value in template.env]

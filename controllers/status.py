@@ -1,0 +1,195 @@
+"""The ModelGroup status the group controller writes, computed as a whole value from a plan.
+
+The controller owns the group counts, `groups[]`, `replicas`, `labelSelector`, and the conditions
+Ready, Progressing and Degraded. It shares ScalingLimited with the autoscaler: it sets it when a
+group cannot be placed and clears only what it set. Decisions and the autoscaler's conditions pass
+through untouched. The caller compares the result with the current status and patches only a
+difference, so an idle ModelGroup costs no writes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
+
+from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
+from goodput.api.labels import leader_label_selector
+from goodput.api.modelgroup import GroupStatus, ModelGroupStatus, ReadyTime
+from goodput.api.reasons import ConditionType, Reason
+from goodput.controllers.groups import Assessment, Plan
+from goodput.controllers.placement import NoFitReason
+
+# The ScalingLimited reasons this controller sets, and so may clear.
+_PLACEMENT_REASONS = frozenset({*(reason.value for reason in NoFitReason), Reason.SCHEDULE_TIMEOUT})
+# Progressing reports the earliest phase any group is in.
+_PHASES = (
+    ("Placing", Reason.GROUPS_PLACING),
+    ("Provisioning", Reason.GROUPS_PROVISIONING),
+    ("Warming", Reason.GROUPS_WARMING),
+    ("Draining", Reason.GROUPS_DRAINING),
+)
+
+
+def group_status(group: Assessment) -> GroupStatus:
+    times = group.ready_times()
+    ready_time = None
+    if times is not None:
+        ready_time = ReadyTime(
+            placing_seconds=round(times.placing_seconds, 1),
+            provisioning_seconds=round(times.provisioning_seconds, 1),
+            warming_seconds=round(times.warming_seconds, 1),
+            total_seconds=round(times.total_seconds, 1),
+        )
+    return GroupStatus(
+        name=group.name,
+        state=group.state,
+        domain=group.domain,
+        pods=group.pod_names,
+        created_at=group.created_at,
+        ready_at=group.ready_at,
+        ready_time=ready_time,
+        drain_started_at=group.draining_since,
+        message=group.message or None,
+    )
+
+
+def model_group_status(
+    previous: ModelGroupStatus,
+    *,
+    name: str,
+    generation: int,
+    desired_groups: int,
+    plan: Plan,
+    now: datetime,
+) -> ModelGroupStatus:
+    """The status after applying `plan`, keeping what other controllers wrote."""
+    counts: Counter[str] = Counter(group.state for group in plan.groups)
+    ready = counts["Ready"]
+    conditions = previous.conditions
+
+    def put(kind: str, status: ConditionStatus, reason: str, message: str) -> None:
+        nonlocal conditions
+        new = Condition(
+            type=kind,
+            status=status,
+            observed_generation=generation,
+            last_transition_time=now,
+            reason=reason,
+            message=message,
+        )
+        conditions = set_condition(conditions, new, now)
+
+    summary = _summary(counts)
+    if desired_groups == 0 and ready == 0:
+        put(ConditionType.READY, "True", Reason.SCALED_TO_ZERO, "no group wanted")
+    elif ready >= desired_groups:
+        put(ConditionType.READY, "True", Reason.GROUPS_READY, f"{ready}/{desired_groups} groups ready")
+    else:
+        put(
+            ConditionType.READY,
+            "False",
+            Reason.GROUPS_NOT_READY,
+            f"{ready}/{desired_groups} groups ready" + (f"; {summary}" if summary else ""),
+        )
+
+    phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
+    if phase is not None:
+        put(ConditionType.PROGRESSING, "True", phase[1], summary)
+    else:
+        put(ConditionType.PROGRESSING, "False", Reason.STABLE, "no group is placing, starting or draining")
+
+    degraded = _degraded(plan.groups)
+    if degraded is not None:
+        put(ConditionType.DEGRADED, "True", degraded[0], degraded[1])
+    else:
+        put(ConditionType.DEGRADED, "False", Reason.STABLE, "no group failed or is being replaced")
+
+    limited = find_condition(conditions, ConditionType.SCALING_LIMITED)
+    if plan.placement_limit is not None:
+        put(ConditionType.SCALING_LIMITED, "True", plan.placement_limit.reason, plan.placement_limit.message)
+    elif plan.backoffs:
+        put(
+            ConditionType.SCALING_LIMITED,
+            "True",
+            plan.backoffs[0].reason,
+            "; ".join(
+                f"a group did not fit {b.domain} in time ({b.reason}); domain avoided until "
+                f"{b.until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+                for b in plan.backoffs
+            ),
+        )
+    elif limited is None or limited.reason in _PLACEMENT_REASONS:
+        put(
+            ConditionType.SCALING_LIMITED,
+            "False",
+            Reason.DESIRED_WITHIN_RANGE,
+            "every wanted group could be placed",
+        )
+
+    return previous.model_copy(
+        update={
+            "observed_generation": generation,
+            "replicas": ready,
+            "label_selector": leader_label_selector(name),
+            "desired_groups": desired_groups,
+            "placing_groups": counts["Placing"],
+            "provisioning_groups": counts["Provisioning"],
+            "warming_groups": counts["Warming"],
+            "ready_groups": ready,
+            "draining_groups": counts["Draining"],
+            "failed_groups": counts["Failed"],
+            "groups": tuple(group_status(group) for group in plan.groups),
+            "conditions": conditions,
+        }
+    )
+
+
+def invalid_spec_status(
+    previous: ModelGroupStatus, *, name: str, generation: int, problems: str, now: datetime
+) -> ModelGroupStatus:
+    """The status of a ModelGroup whose spec cannot be acted on: the groups it has are left alone."""
+    conditions = previous.conditions
+    for kind in (ConditionType.READY, ConditionType.PROGRESSING):
+        new = Condition(
+            type=kind,
+            status="False",
+            observed_generation=generation,
+            last_transition_time=now,
+            reason=Reason.INVALID_SPEC,
+            message=problems,
+        )
+        conditions = set_condition(conditions, new, now)
+    return previous.model_copy(
+        update={
+            "observed_generation": generation,
+            "label_selector": leader_label_selector(name),
+            "conditions": conditions,
+        }
+    )
+
+
+def _summary(counts: Counter[str]) -> str:
+    parts = [
+        f"{counts[state]} {state.lower()}"
+        for state in ("Placing", "Provisioning", "Warming", "Draining", "Failed")
+        if counts[state]
+    ]
+    return ", ".join(parts)
+
+
+def _degraded(groups: Iterable[Assessment]) -> tuple[str, str] | None:
+    """Degraded while a group is failed, or its replacement is not ready yet."""
+    groups = list(groups)
+    failed = [group for group in groups if group.state == "Failed"]
+    if failed:
+        return failed[0].reason or Reason.GROUP_FAILED, "; ".join(
+            f"group {group.name}: {group.message}" for group in failed
+        )
+    replacing = [group for group in groups if group.replaces and group.state != "Ready"]
+    if replacing:
+        return Reason.GROUP_FAILED, "; ".join(
+            f"group {group.name} replaces failed group {group.replaces} ({group.state.lower()})"
+            for group in replacing
+        )
+    return None

@@ -1,0 +1,161 @@
+"""From a ModelGroup object to what the group controller acts on, or to why it cannot act.
+
+The API server's schema and CEL rules reject most bad specs. What they cannot see is checked here:
+an image reference that no runtime could pull, environment variables the operator owns, a name too
+long for the pods derived from it, and a group shape no node of the cluster could ever hold. A spec
+that fails any of these is reported as `InvalidSpec` and nothing is created for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
+from goodput.controllers import naming
+from goodput.controllers.groups import ReadinessRules
+from goodput.controllers.placement import (
+    GroupShape,
+    NodeInventory,
+    PlacementRules,
+    eligible,
+    fits_empty_cluster,
+)
+from goodput.controllers.pods import OPERATOR_ENV, GroupTemplate
+
+# An OCI image reference: [registry[:port]/]path[:tag][@digest], path components lower case.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(
+    r"^(?:(?P<registry>(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"(?::[0-9]+)?)/)?"
+    rf"(?P<path>{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerTuning:
+    """Operator-wide timings that are not part of the API."""
+
+    warmup_retry_seconds: float = 5
+    placement_backoff_seconds: float = 300
+
+
+def parse_model_group(body: Mapping[str, Any]) -> ModelGroup | str:
+    """The typed ModelGroup, or a one-line description of every field that does not parse."""
+    try:
+        return ModelGroup.model_validate(dict(body))
+    except ValidationError as error:
+        return describe_validation_error(error)
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)
+
+
+def group_template(model_group: ModelGroup) -> GroupTemplate:
+    spec = model_group.spec
+    meta = model_group.metadata
+    limits = spec.batch_limits()
+    return GroupTemplate(
+        model_group=meta.name or "",
+        namespace=meta.namespace or "",
+        uid=meta.uid or "",
+        model=spec.model.name,
+        model_revision=spec.model.revision,
+        served_name=spec.model.served_name,
+        image=spec.engine.image,
+        args=tuple(spec.engine.args),
+        env=tuple((variable.name, variable.value) for variable in spec.engine.env),
+        requests=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.requests.items())),
+        limits=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.limits.items())),
+        port=spec.engine.port,
+        startup_timeout_seconds=spec.engine.startup_timeout_seconds,
+        shutdown_timeout_seconds=spec.engine.shutdown_timeout_seconds,
+        tensor_parallel=spec.parallelism.tensor,
+        pipeline_parallel=spec.parallelism.pipeline,
+        gpus_per_pod=spec.parallelism.gpus_per_pod,
+        topology_key=spec.placement.topology_key,
+        placement_mode=spec.placement.mode,
+        tolerations=tuple(spec.placement.tolerations),
+        node_selector=tuple((term.key, term.value) for term in spec.placement.node_selector),
+        max_num_seqs=limits[0] if limits else None,
+        max_num_batched_tokens=limits[1] if limits else None,
+    )
+
+
+def placement_rules(spec: ModelGroupSpec) -> PlacementRules:
+    placement = spec.placement
+    return PlacementRules(
+        topology_key=placement.topology_key,
+        mode=placement.mode,
+        spread_key=placement.spread_key or None,
+        node_selector=tuple((term.key, term.value) for term in placement.node_selector),
+        tolerations=tuple(placement.tolerations),
+    )
+
+
+def readiness_rules(spec: ModelGroupSpec, tuning: ControllerTuning = ControllerTuning()) -> ReadinessRules:
+    readiness = spec.readiness
+    return ReadinessRules(
+        model_revision=spec.model.revision,
+        nccl_required=readiness.nccl_check == "Required",
+        revision_check=readiness.revision_check,
+        schedule_timeout_seconds=spec.placement.schedule_timeout_seconds,
+        startup_timeout_seconds=spec.engine.startup_timeout_seconds,
+        warmup_retry_seconds=tuning.warmup_retry_seconds,
+        warmup_prompt=readiness.warmup.prompt,
+        warmup_max_tokens=readiness.warmup.max_tokens,
+        warmup_timeout_seconds=readiness.warmup.timeout_seconds,
+        drain_max_seconds=spec.drain.max_seconds,
+        min_lifetime_seconds=spec.drain.min_lifetime_seconds,
+        backoff_seconds=tuning.placement_backoff_seconds,
+    )
+
+
+def spec_problems(model_group: ModelGroup, nodes: Iterable[NodeInventory]) -> tuple[str, ...]:
+    """What keeps the controller from acting on this spec; empty when it can act.
+
+    nodes: the cluster's nodes. A group shape is impossible only if some node is eligible for the
+    pods and still no domain could hold a group on an empty cluster; with no eligible node at all
+    the nodes may simply not exist yet, which is a capacity limit, not a spec error.
+    """
+    spec = model_group.spec
+    problems = []
+    name = model_group.metadata.name or ""
+    if len(name) > naming.max_model_group_name_length():
+        problems.append(
+            f"metadata.name: {name!r} is {len(name)} characters; pods are named <name>-g<N>-<rank> and "
+            f"must fit 63, so use a name of at most {naming.max_model_group_name_length()} characters"
+        )
+    if not IMAGE_REFERENCE.match(spec.engine.image):
+        problems.append(
+            f"spec.engine.image: {spec.engine.image!r} is not a valid image reference "
+            "([registry/]repository[:tag][@digest], repository in lower case)"
+        )
+    owned = sorted({variable.name for variable in spec.engine.env} & OPERATOR_ENV)
+    if owned:
+        problems.append(f"spec.engine.env: {', '.join(owned)} are set by goodput from each pod's identity")
+    rules = placement_rules(spec)
+    shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.gpus_per_pod)
+    candidates = [
+        node for node in nodes if eligible(node, rules) and node.label(rules.topology_key) is not None
+    ]
+    if candidates and not fits_empty_cluster(candidates, shape, rules):
+        largest_node = max(node.allocatable_gpus for node in candidates)
+        problems.append(
+            f"spec.parallelism: a group of {shape.pods} pod(s) × {spec.parallelism.gpus_per_pod} GPUs "
+            f"fits no {rules.topology_key} domain even on an empty cluster "
+            f"(largest node: {largest_node} GPUs); change gpusPerPod or the placement, or add larger nodes"
+        )
+    return tuple(problems)

@@ -1,0 +1,647 @@
+"""kopf handlers: parse, call the pure controllers, apply their plans. No decision is made here.
+
+- Indexes keep compact views of the group pods (by ModelGroup), of every GPU claim in the cluster,
+  of the nodes, and of the ModelGroups by the SLOPolicy they bind to, so no handler LISTs anything.
+- One async daemon per ModelGroup runs its reconcile loop: every `reconcile_interval_seconds`, and
+  at once when one of its pods or the ModelGroup itself changes. Each pass builds a `World`, calls
+  `plan_model_group`, applies the plan, and patches the status only when it changed.
+- One timer per SLOPolicy validates it and lists the ModelGroups bound to it.
+- A spec the controller cannot act on is reported by `validate_model_group` (an `InvalidSpec`
+  Event, then kopf.PermanentError) and by the daemon's status; nothing is created for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import aiohttp
+import kopf
+from pydantic import BaseModel, ValidationError
+
+from goodput.api.base import GROUP, VERSION, wire_dict
+from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
+from goodput.api.reasons import EventReason
+from goodput.api.slopolicy import SloPolicyStatus
+from goodput.controllers import naming
+from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
+from goodput.controllers.groups import (
+    EventRecord,
+    GateChange,
+    Plan,
+    WarmupOutcome,
+    WarmupRequest,
+    World,
+    parse_backoffs,
+    plan_model_group,
+)
+from goodput.controllers.observation import (
+    ConditionView,
+    NodeView,
+    PodView,
+    gpu_claim,
+    parse_node,
+    parse_pod,
+    pod_gpus,
+)
+from goodput.controllers.placement import GpuClaim, Inventory
+from goodput.controllers.policy import parse_slo_policy, reconcile_policy
+from goodput.controllers.status import invalid_spec_status, model_group_status
+from goodput.controllers.template import (
+    ControllerTuning,
+    group_template,
+    parse_model_group,
+    placement_rules,
+    readiness_rules,
+    spec_problems,
+)
+from goodput.operator.engine import leader_in_flight, warm_up
+from goodput.operator.kube import STRATEGIC_MERGE_PATCH, KubeApi, KubeError
+from goodput.operator.metrics import OperatorMetrics
+from goodput.operator.settings import Settings
+
+MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
+SLO_POLICIES = (GROUP, VERSION, "slopolicies")
+# The status fields the group controller owns; everything else in status belongs to others.
+OWNED_STATUS_FIELDS = (
+    "observedGeneration",
+    "replicas",
+    "labelSelector",
+    "desiredGroups",
+    "placingGroups",
+    "provisioningGroups",
+    "warmingGroups",
+    "readyGroups",
+    "drainingGroups",
+    "failedGroups",
+    "groups",
+    "conditions",
+)
+POLICY_STATUS_FIELDS = ("observedGeneration", "observedRevision", "conditions", "boundModelGroups")
+# Removes only our gate: another controller's scheduling gate stays.
+RELEASE_GANG = {"spec": {"schedulingGates": [{"$patch": "delete", "name": naming.SCHEDULING_GATE}]}}
+StatusT = TypeVar("StatusT", bound=BaseModel)
+# How long a reservation holds GPUs for a pod the watch has not shown (a failed create is forgotten).
+RESERVATION_SECONDS = 60.0
+# How long a status we wrote may go unseen on the watched object before we stop trusting it.
+STATUS_ECHO_TIMEOUT = timedelta(seconds=30)
+
+
+def post_events_with_kopf(body: kopf.Body, events: Iterable[EventRecord]) -> None:
+    """Post Events through kopf's queue (asynchronous, retried, never blocking the loop)."""
+    for event in events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+@dataclass
+class Runtime:
+    """What every handler shares, held in kopf's operator memo."""
+
+    settings: Settings
+    kube: KubeApi
+    metrics: OperatorMetrics
+    http: aiohttp.ClientSession | None = None
+    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    post_events: Callable[[kopf.Body, Iterable[EventRecord]], None] = field(default=post_events_with_kopf)
+    # GPUs of pods any ModelGroup loop decided to create and the watch has not shown yet, by
+    # "namespace/name": every loop places against them, so two ModelGroups planning a moment apart
+    # never count the same free GPUs (the loops share one event loop, and plan and reserve with no
+    # await in between).
+    reservations: dict[str, tuple[GpuClaim, float]] = field(default_factory=dict)
+
+    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        event = self.wakeups.get((namespace or "", name or ""))
+        if event is not None:
+            event.set()
+
+    def reserve(self, pod: str, claim: GpuClaim) -> None:
+        self.reservations[pod] = (claim, time.monotonic() + RESERVATION_SECONDS)
+
+    def gpu_claims(self, indexed: Iterable[tuple[str, GpuClaim]]) -> list[GpuClaim]:
+        """Every GPU claim in the cluster: the indexed pods, plus the reservations not indexed yet."""
+        claims = dict(indexed)
+        now = time.monotonic()
+        for pod in [p for p, (_, expires) in self.reservations.items() if p in claims or expires <= now]:
+            del self.reservations[pod]
+        return [*claims.values(), *(claim for claim, _ in self.reservations.values())]
+
+
+def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
+    """Register every handler of the operator on `registry`, with timings from `options`.
+
+    (Handlers receive kopf's own settings as `settings`; goodput's reach them through the memo.)
+    """
+
+    @kopf.on.startup(id="configure", registry=registry)
+    async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+        runtime: Runtime = memo.runtime
+        settings.persistence.finalizer = f"{naming.DOMAIN}/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.DOMAIN)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=naming.DOMAIN, key="last-handled-configuration"
+        )
+        settings.posting.reporting_component = "goodput"
+        settings.posting.level = logging.WARNING
+        settings.peering.mandatory = not runtime.settings.standalone
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.connect_timeout = 10
+        settings.networking.request_timeout = 60
+        settings.networking.connect_timeout = 10
+        settings.queueing.idle_timeout = 10
+        settings.scanning.disabled = True
+        runtime.http = aiohttp.ClientSession()
+        if runtime.settings.metrics_port:
+            runtime.metrics.serve(runtime.settings.metrics_address, runtime.settings.metrics_port)
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """Credentials as the `kubernetes` package resolves them (kubeconfig or service account)."""
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.cleanup(id="close", registry=registry)
+    async def close(*, memo: Any, **_: Any) -> None:
+        runtime: Runtime = memo.runtime
+        if runtime.http is not None:
+            await runtime.http.close()
+
+    # Indexes: what the controllers read, kept current by the watches. The indexers of our pods
+    # and of the ModelGroups also wake the ModelGroup's loop, so a change is acted on at once
+    # rather than at the next tick (an indexer runs on every change, and logs nothing).
+
+    @kopf.index("pods", labels={naming.LABEL_MODEL_GROUP: kopf.PRESENT}, id="group_pods", registry=registry)
+    async def group_pods(
+        *, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
+    ) -> dict[tuple[str, str], PodView]:
+        view = parse_pod(body)
+        if view is None:
+            return {}
+        memo.runtime.wake(namespace, view.model_group)
+        return {(namespace or "", view.model_group): view}
+
+    @kopf.index("pods", when=lambda body, **_: pod_gpus(body) > 0, id="gpu_claims", registry=registry)
+    async def gpu_claims(
+        *, body: kopf.Body, name: str, namespace: str | None, **_: Any
+    ) -> dict[str, tuple[str, GpuClaim]]:
+        claim = gpu_claim(body)
+        return {"cluster": (f"{namespace}/{name}", claim)} if claim is not None else {}
+
+    @kopf.index("nodes", id="cluster_nodes", registry=registry)
+    async def cluster_nodes(*, body: kopf.Body, **_: Any) -> dict[str, NodeView]:
+        return {"nodes": parse_node(body)}
+
+    @kopf.index(*MODEL_GROUPS, id="model_groups_by_policy", registry=registry)
+    async def model_groups_by_policy(
+        *, spec: kopf.Spec, name: str, namespace: str | None, memo: Any, **_: Any
+    ) -> dict[tuple[str, str], str]:
+        memo.runtime.wake(namespace, name)
+        policy = (spec.get("policyRef") or {}).get("name")
+        return {(namespace or "", policy): name} if policy else {}
+
+    # ModelGroups
+
+    @kopf.on.create(*MODEL_GROUPS, id="validate_on_create", registry=registry)
+    @kopf.on.update(*MODEL_GROUPS, field="spec", id="validate_on_update", registry=registry)
+    async def validate_model_group(*, body: kopf.Body, **kwargs: Any) -> None:
+        problems = model_group_problems(parse_body(body), Indexes.of(kwargs).nodes())
+        if problems:
+            kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=problems)
+            raise kopf.PermanentError(f"invalid spec: {problems}")
+
+    @kopf.daemon(*MODEL_GROUPS, cancellation_timeout=10, id="model_group_loop", registry=registry)
+    async def model_group_loop(
+        *,
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        memo: Any,
+        stopped: kopf.DaemonStopped,
+        logger: kopf.Logger,
+        **kwargs: Any,
+    ) -> None:
+        runtime: Runtime = memo.runtime
+        loop = ModelGroupLoop(runtime, body, Indexes.of(kwargs), logger)
+        wake = runtime.wakeup(loop.namespace, name)
+        failures_in_a_row = 0
+        try:
+            while not stopped:
+                wake.clear()
+                started = time.monotonic()
+                try:
+                    await loop.reconcile()
+                    runtime.metrics.reconciles.labels("modelgroup", "success").inc()
+                    failures_in_a_row = 0
+                except Exception as error:  # the loop outlives any one failed pass
+                    runtime.metrics.reconciles.labels("modelgroup", "error").inc()
+                    runtime.metrics.reconcile_errors.labels("modelgroup", "internal").inc()
+                    failures_in_a_row += 1
+                    logger.warning(
+                        "reconcile failed, retrying",
+                        exc_info=not isinstance(error, KubeError),
+                        extra={"error": str(error)},
+                    )
+                    # Back off like kopf does for failing handlers; wake-ups do not shorten it.
+                    await asyncio.sleep(min(30.0, 2.0**failures_in_a_row))
+                finally:
+                    elapsed = time.monotonic() - started
+                    runtime.metrics.reconcile_duration.labels("modelgroup").observe(elapsed)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=runtime.settings.reconcile_interval_seconds)
+                await asyncio.sleep(runtime.settings.min_reconcile_gap_seconds)
+        finally:
+            loop.stop()
+            runtime.wakeups.pop((loop.namespace, name), None)
+            runtime.metrics.forget_model_group(loop.namespace, name)
+
+    # SLOPolicies
+
+    @kopf.timer(
+        *SLO_POLICIES, interval=options.policy_interval_seconds, id="slo_policy_status", registry=registry
+    )
+    async def slo_policy_status(
+        *,
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        meta: kopf.Meta,
+        status: kopf.Status,
+        memo: Any,
+        **kwargs: Any,
+    ) -> None:
+        model_groups_by_policy: kopf.Index[tuple[str, str], str] = kwargs["model_groups_by_policy"]
+        runtime: Runtime = memo.runtime
+        started = time.monotonic()
+        previous = _readable_status(SloPolicyStatus, status)
+        result = reconcile_policy(
+            previous,
+            generation=meta.get("generation") or 0,
+            policy=parse_slo_policy(body),
+            bound_model_groups=model_groups_by_policy.get((namespace or "", name), []),
+            now=datetime.now(UTC),
+        )
+        if result.status != previous:
+            patch = {
+                key: value for key, value in wire_dict(result.status).items() if key in POLICY_STATUS_FIELDS
+            }
+            await asyncio.to_thread(
+                runtime.kube.patch_custom,
+                "slopolicies",
+                namespace or "",
+                name,
+                {"status": patch},
+                subresource="status",
+            )
+        runtime.post_events(body, result.events)
+        runtime.metrics.reconciles.labels("slopolicy", "success").inc()
+        runtime.metrics.reconcile_duration.labels("slopolicy").observe(time.monotonic() - started)
+
+
+@dataclass(frozen=True, slots=True)
+class Indexes:
+    """The indexes a ModelGroup pass reads (kopf passes every index to every handler by name)."""
+
+    group_pods: Mapping[tuple[str, str], Iterable[PodView]]
+    gpu_claims: Mapping[str, Iterable[tuple[str, GpuClaim]]]
+    cluster_nodes: Mapping[str, Iterable[NodeView]]
+
+    @classmethod
+    def of(cls, handler_kwargs: Mapping[str, Any]) -> Indexes:
+        return cls(
+            handler_kwargs["group_pods"], handler_kwargs["gpu_claims"], handler_kwargs["cluster_nodes"]
+        )
+
+    def nodes(self) -> list[NodeView]:
+        return list(self.cluster_nodes.get("nodes", ()))
+
+
+def model_group_problems(model_group: ModelGroup | str, nodes: Iterable[NodeView]) -> str:
+    """Why the controller cannot act on a ModelGroup (parsed, or why it does not parse); empty if it can."""
+    if isinstance(model_group, str):
+        return model_group
+    return "; ".join(spec_problems(model_group, [view.inventory for view in nodes]))
+
+
+def parse_body(body: Mapping[str, Any]) -> ModelGroup | str:
+    """The ModelGroup in a watched body, without its status (which the controller rewrites)."""
+    return parse_model_group({key: body.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
+
+
+class ModelGroupLoop:
+    """The reconcile loop of one ModelGroup, and its memory between passes.
+
+    The memory is what the cluster cannot tell yet: writes the watch has not echoed (pods created,
+    gates set, annotations, status), warm-ups and leader probes in flight, and their results.
+    """
+
+    def __init__(self, runtime: Runtime, body: kopf.Body, indexes: Indexes, logger: kopf.Logger) -> None:
+        self.runtime = runtime
+        self.body = body
+        self.indexes = indexes
+        self.logger = logger
+        self.namespace = body.metadata.namespace or ""
+        self.name = body.metadata.name
+        self.expectations: dict[str, Expectation] = {}
+        self.annotations: dict[str, str] = {}
+        self.warmups: dict[str, WarmupOutcome] = {}
+        self.warmups_in_flight: set[str] = set()
+        self.leader_requests: dict[str, int] = {}
+        self.probes_in_flight: set[str] = set()
+        self.written_status: dict[str, Any] | None = None
+        self.written_status_model: ModelGroupStatus | None = None
+        self.written_at: datetime | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def reconcile(self) -> None:
+        """One pass: observe, plan, apply, record."""
+        now = datetime.now(UTC)
+        snapshot = {key: self.body.get(key) for key in ("apiVersion", "kind", "metadata", "spec")}
+        metadata = snapshot["metadata"] or {}
+        generation = int(metadata.get("generation") or 0)
+        previous = self._previous_status(self.body.get("status") or {}, now)
+        nodes = self.indexes.nodes()
+
+        parsed = parse_body(snapshot)
+        problems = model_group_problems(parsed, nodes)
+        if isinstance(parsed, str) or problems:
+            status = invalid_spec_status(
+                previous, name=self.name, generation=generation, problems=problems, now=now
+            )
+            await self._patch_status(metadata.get("resourceVersion"), previous, status, now)
+            self.runtime.metrics.reconcile_errors.labels("modelgroup", "spec").inc()
+            return
+
+        world = self.build_world(parsed, nodes, now)
+        plan = plan_model_group(world)
+        for creation in plan.creations:
+            for manifest in creation.pods:
+                claim = gpu_claim(manifest)
+                if claim is not None:
+                    self.runtime.reserve(f"{self.namespace}/{manifest['metadata']['name']}", claim)
+        try:
+            resource_version = await self.apply(plan, world)
+        finally:
+            # What was done is announced even when a later step of the plan failed.
+            self.runtime.post_events(self.body, plan.events)
+        _record(self.runtime.metrics, self.namespace, self.name, world, plan)
+        status = model_group_status(
+            previous,
+            name=self.name,
+            generation=generation,
+            desired_groups=world.desired_groups,
+            plan=plan,
+            now=now,
+        )
+        await self._patch_status(resource_version or metadata.get("resourceVersion"), previous, status, now)
+
+    def build_world(self, model_group: ModelGroup, nodes: list[NodeView], now: datetime) -> World:
+        spec = model_group.spec
+        settings = self.runtime.settings
+        template = group_template(model_group)
+        observed = list(self.indexes.group_pods.get((self.namespace, self.name), ()))
+        pods, self.expectations = overlay(observed, self.expectations, now)
+        claims = self.runtime.gpu_claims(self.indexes.gpu_claims.get("cluster", ()))
+        annotations = dict(model_group.metadata.annotations)
+        self.annotations = {k: v for k, v in self.annotations.items() if annotations.get(k) != v}
+        annotations.update(self.annotations)
+        counter_text = annotations.get(naming.ANNOTATION_GROUP_COUNTER, "0")
+        live_groups = {pod.group for pod in pods}
+        for memory in (self.warmups, self.leader_requests):
+            for group in [g for g in memory if g not in live_groups]:
+                del memory[group]
+        tuning = ControllerTuning(
+            warmup_retry_seconds=settings.warmup_retry_seconds,
+            placement_backoff_seconds=settings.placement_backoff_seconds,
+        )
+        return World(
+            now=now,
+            template=template,
+            rules=readiness_rules(spec, tuning),
+            placement=placement_rules(spec),
+            # Bounds moved past `replicas` (which the API allows) converge to the nearest bound.
+            desired_groups=max(spec.min_replicas, min(spec.replicas, spec.max_replicas)),
+            pods=pods,
+            inventory=Inventory(tuple(view.inventory for view in nodes), tuple(claims)),
+            ready_nodes=frozenset(view.inventory.name for view in nodes if view.ready),
+            group_counter=int(counter_text) if counter_text.isdigit() else 0,
+            backoffs=parse_backoffs(annotations.get(naming.ANNOTATION_PLACEMENT_BACKOFF)),
+            warmups=dict(self.warmups),
+            warmups_in_flight=frozenset(self.warmups_in_flight),
+            leader_requests=dict(self.leader_requests),
+        )
+
+    async def apply(self, plan: Plan, world: World) -> str | None:
+        """Apply a plan in order; returns the ModelGroup's resourceVersion if this pass changed it.
+
+        The group counter is recorded before any pod of a new group exists, so a restart never
+        reuses a name; gates go False on every failing rank before anything is deleted; a group's
+        gates are released only once every one of its pods exists.
+        """
+        kube = self.runtime.kube
+        namespace = self.namespace
+        views = {pod.name: pod for pod in world.pods}
+        resource_version = None
+        if plan.annotations:
+            answer = await asyncio.to_thread(
+                kube.patch_custom,
+                "modelgroups",
+                namespace,
+                self.name,
+                {"metadata": {"annotations": dict(plan.annotations)}},
+            )
+            self.annotations.update(plan.annotations)
+            resource_version = (answer or {}).get("metadata", {}).get("resourceVersion")
+
+        def remember(pod: str, *fields: str, **changes: Any) -> None:
+            views[pod] = replace(views[pod], **changes)
+            self.expectations = expect(self.expectations, views[pod], fields, world.now)
+
+        async def set_gates(change: GateChange) -> None:
+            condition = {
+                "type": naming.CONDITION_GROUP_READY,
+                "status": "True" if change.ready else "False",
+                "reason": change.reason,
+                "message": change.message[:1024],
+                "lastTransitionTime": _rfc3339(world.now),
+            }
+            await _gather(
+                kube.patch_pod_status,
+                [(namespace, pod, {"status": {"conditions": [condition]}}) for pod in change.pods],
+            )
+            marked = ConditionView(condition["status"], change.reason, change.message, world.now)
+            for pod in change.pods:
+                if pod in views:
+                    remember(pod, "group_ready", group_ready=marked)
+
+        async def release_gates(pods: Iterable[str]) -> None:
+            pods = list(pods)
+            await _gather(
+                kube.patch_pod, [(namespace, pod, RELEASE_GANG, STRATEGIC_MERGE_PATCH) for pod in pods]
+            )
+            for pod in pods:
+                remember(pod, EXISTS, "gated", gated=False)
+
+        for change in plan.unready:
+            await set_gates(change)
+        for deletion in plan.deletions:
+            await _gather(kube.delete_pod, [(namespace, pod) for pod in deletion.pods])
+            for pod in deletion.pods:
+                self.expectations = expect_deleted(self.expectations, pod, world.now)
+            if deletion.service:
+                await asyncio.to_thread(kube.delete_service, namespace, deletion.service)
+        for creation in plan.creations:
+            if creation.service is not None:
+                await asyncio.to_thread(kube.create_service, creation.service)
+            for manifest in creation.pods:
+                await asyncio.to_thread(kube.create_pod, manifest)
+                view = parse_pod(manifest)
+                if view is not None:
+                    views[view.name] = view
+                    remember(view.name, EXISTS, created_at=world.now)
+            await release_gates(manifest["metadata"]["name"] for manifest in creation.pods)
+            self.logger.info("group created", extra={"group": creation.group, "domain": creation.domain})
+        for gate_release in plan.gate_releases:
+            await release_gates(gate_release.pods)
+        for mark in plan.drain_marks:
+            patch = {
+                "metadata": {
+                    "annotations": {
+                        naming.ANNOTATION_DRAINING_SINCE: _rfc3339(mark.since) if mark.since else None
+                    }
+                }
+            }
+            await _gather(kube.patch_pod, [(namespace, pod, patch) for pod in mark.pods])
+            for pod in mark.pods:
+                remember(pod, "draining_since", draining_since=mark.since)
+        for change in plan.ready:
+            await set_gates(change)
+
+        for request in plan.warmups:
+            self.warmups_in_flight.add(request.group)
+            self._spawn(self._warm_up(request))
+        for probe in plan.leader_probes:
+            if probe.group not in self.probes_in_flight:
+                self.probes_in_flight.add(probe.group)
+                self._spawn(self._probe_leader(probe.group, probe.url))
+        return resource_version
+
+    def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _warm_up(self, request: WarmupRequest) -> None:
+        try:
+            if self.runtime.http is None:
+                return
+            outcome = await warm_up(self.runtime.http, request)
+            self.warmups[request.group] = outcome
+            self.runtime.metrics.warmups.labels("success" if outcome.succeeded else "failure").inc()
+        finally:
+            self.warmups_in_flight.discard(request.group)
+            self.runtime.wake(self.namespace, self.name)
+
+    async def _probe_leader(self, group: str, url: str) -> None:
+        try:
+            if self.runtime.http is None:
+                return
+            requests = await leader_in_flight(self.runtime.http, url)
+            if requests is None:
+                self.leader_requests.pop(group, None)
+            else:
+                self.leader_requests[group] = requests
+        finally:
+            self.probes_in_flight.discard(group)
+            if self.leader_requests.get(group) == 0:
+                self.runtime.wake(self.namespace, self.name)
+
+    def _previous_status(self, raw_status: Mapping[str, Any], now: datetime) -> ModelGroupStatus:
+        """The status to build on: ours as last written, until the watch echoes it back."""
+        observed = _readable_status(ModelGroupStatus, raw_status)
+        if self.written_status_model is None or self.written_at is None:
+            return observed
+        owned = {key: value for key, value in raw_status.items() if key in OWNED_STATUS_FIELDS}
+        if owned == self.written_status or now - self.written_at > STATUS_ECHO_TIMEOUT:
+            self.written_status = self.written_status_model = self.written_at = None
+            return observed
+        return self.written_status_model
+
+    async def _patch_status(
+        self,
+        resource_version: str | None,
+        previous: ModelGroupStatus,
+        status: ModelGroupStatus,
+        now: datetime,
+    ) -> None:
+        if status == previous:
+            return
+        owned = {key: value for key, value in wire_dict(status).items() if key in OWNED_STATUS_FIELDS}
+        patch: dict[str, Any] = {"status": owned}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        try:
+            await asyncio.to_thread(
+                self.runtime.kube.patch_custom,
+                "modelgroups",
+                self.namespace,
+                self.name,
+                patch,
+                subresource="status",
+            )
+        except KubeError as error:
+            if error.status != 409:
+                raise
+            # Changed since we read it (by someone else, or by our own write not yet seen): next pass.
+            self.runtime.wake(self.namespace, self.name)
+            return
+        self.written_status, self.written_status_model, self.written_at = owned, status, now
+
+
+async def _gather(call: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> None:
+    """Run one Kubernetes call per argument tuple concurrently: all ranks of a group at once."""
+    await asyncio.gather(*(asyncio.to_thread(call, *arguments) for arguments in argument_lists))
+
+
+def _readable_status(model: type[StatusT], raw: Mapping[str, Any]) -> StatusT:
+    """The status as written, or an empty one if it cannot be read (it is rewritten whole anyway)."""
+    try:
+        return model.model_validate(dict(raw))
+    except ValidationError:
+        return model()
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _record(metrics: OperatorMetrics, namespace: str, name: str, world: World, plan: Plan) -> None:
+    for group in plan.became_ready:
+        times = group.ready_times()
+        if times is not None:
+            for phase, seconds in (
+                ("placing", times.placing_seconds),
+                ("provisioning", times.provisioning_seconds),
+                ("warming", times.warming_seconds),
+                ("total", times.total_seconds),
+            ):
+                metrics.group_ready_seconds.labels(phase).observe(seconds)
+    counts: dict[str, int] = {}
+    for group in plan.groups:
+        counts[group.state] = counts.get(group.state, 0) + 1
+        if group.state == "Failed":
+            metrics.group_failures.labels(group.reason).inc()
+    metrics.set_group_counts(namespace, name, world.desired_groups, counts)
+    if plan.placement_limit is not None:
+        metrics.placement_limited.labels(plan.placement_limit.reason).inc()

@@ -1,0 +1,172 @@
+"""The operator's Kubernetes writes, behind one small adapter over the `kubernetes` package.
+
+The package loads the kubeconfig or the in-cluster service account and owns TLS and credentials;
+requests go through its low-level API client with plain JSON bodies, so the manifests the pure
+layer renders are sent as they are, without a round trip through generated model classes. Every
+call is synchronous (the handlers run them with `asyncio.to_thread`), bounded by a timeout, counted
+in the operator's metrics, and idempotent where the controller needs it: creating an object that
+exists or deleting one that is gone is not an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from kubernetes import client, config
+
+from goodput.api.base import GROUP, VERSION
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+FIELD_MANAGER = "goodput"
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+
+
+class RequestRecorder(Protocol):
+    def kube_request(self, verb: str, resource: str, code: int) -> None: ...
+
+
+class KubeApi:
+    """The verbs the controllers need, on namespaced pods, services and goodput.dev objects."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        recorder: RequestRecorder | None = None,
+        timeout_seconds: float = 15.0,
+    ) -> None:
+        self._client = api_client
+        self._recorder = recorder
+        self._timeout = (min(5.0, timeout_seconds), timeout_seconds)
+
+    @classmethod
+    def from_environment(
+        cls, recorder: RequestRecorder | None = None, timeout_seconds: float = 15.0
+    ) -> KubeApi:
+        """In a pod: its service account; elsewhere: the current context of $KUBECONFIG or ~/.kube/config."""
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient(), recorder, timeout_seconds)
+
+    def request(
+        self,
+        verb: str,
+        resource: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+    ) -> Any:
+        """One API request; the decoded JSON response, or KubeError for any non-2xx answer."""
+        method, url, headers, payload, _ = self._client.param_serialize(
+            method=verb,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(
+            method, url, header_params=headers, body=payload, _request_timeout=self._timeout
+        )
+        data = response.read()  # type: ignore[no-untyped-call]
+        if self._recorder is not None:
+            self._recorder.kube_request(verb, resource, response.status)
+        if not 200 <= response.status < 300:
+            message = response.reason or ""
+            with contextlib.suppress(ValueError, AttributeError):
+                message = json.loads(data).get("message", message)
+            raise KubeError(response.status, response.reason or "", message)
+        return json.loads(data) if data else None
+
+    # Pods
+
+    def create_pod(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a pod; False when it already exists."""
+        namespace = manifest["metadata"]["namespace"]
+        return self._create("pods", f"/api/v1/namespaces/{namespace}/pods", manifest)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod with its own grace period; a pod already gone is fine."""
+        self._delete("pods", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def patch_pod(
+        self, namespace: str, name: str, patch: Mapping[str, Any], content_type: str = MERGE_PATCH
+    ) -> Any:
+        return self.request(
+            "PATCH",
+            "pods",
+            f"/api/v1/namespaces/{namespace}/pods/{name}",
+            patch,
+            content_type=content_type,
+            query={"fieldManager": FIELD_MANAGER},
+        )
+
+    def patch_pod_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Any:
+        """Strategic merge on pods/status: conditions merge by type, so the kubelet's stay."""
+        return self.request(
+            "PATCH",
+            "pods/status",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            patch,
+            content_type=STRATEGIC_MERGE_PATCH,
+            query={"fieldManager": FIELD_MANAGER},
+        )
+
+    # Services
+
+    def create_service(self, manifest: Mapping[str, Any]) -> bool:
+        namespace = manifest["metadata"]["namespace"]
+        return self._create("services", f"/api/v1/namespaces/{namespace}/services", manifest)
+
+    def delete_service(self, namespace: str, name: str) -> None:
+        self._delete("services", f"/api/v1/namespaces/{namespace}/services/{name}")
+
+    # goodput.dev objects
+
+    def patch_custom(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+    ) -> Any:
+        """A JSON merge patch of a ModelGroup or SLOPolicy (or its status)."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}"
+        resource = plural
+        if subresource:
+            path += f"/{subresource}"
+            resource += f"/{subresource}"
+        return self.request(
+            "PATCH", resource, path, patch, content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER}
+        )
+
+    def _create(self, resource: str, path: str, manifest: Mapping[str, Any]) -> bool:
+        try:
+            self.request("POST", resource, path, manifest, query={"fieldManager": FIELD_MANAGER})
+        except KubeError as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def _delete(self, resource: str, path: str) -> None:
+        try:
+            self.request("DELETE", resource, path, {"propagationPolicy": "Background"})
+        except KubeError as error:
+            if error.status != 404:
+                raise

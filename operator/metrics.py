@@ -1,0 +1,100 @@
+"""The operator's own Prometheus metrics (base units, `_total` counters, low-cardinality labels).
+
+One registry per operator process, held in kopf's memo, so tests can build a fresh one and read it
+back. ModelGroup-level gauges carry namespace and name labels (as the HPA's desired_replicas does)
+and are removed when the ModelGroup goes away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+GROUP_STATES = ("Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed")
+# Ready time spans seconds (a warm image on a small model) to an hour (a cold 405B load).
+READY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.reconciles = Counter(
+            "goodput_reconcile_total",
+            "Reconcile passes by controller and result.",
+            ["controller", "result"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "goodput_reconcile_errors_total",
+            "Failed reconcile passes by controller and error class (spec or internal).",
+            ["controller", "error"],
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "goodput_reconcile_duration_seconds",
+            "Duration of one reconcile pass.",
+            ["controller"],
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self.groups = Gauge(
+            "goodput_groups",
+            "Replica groups of a ModelGroup by state.",
+            ["namespace", "modelgroup", "state"],
+            registry=r,
+        )
+        self.desired_groups = Gauge(
+            "goodput_desired_groups",
+            "Replica groups a ModelGroup asks for.",
+            ["namespace", "modelgroup"],
+            registry=r,
+        )
+        self.group_ready_seconds = Histogram(
+            "goodput_group_ready_seconds",
+            "Time for a group to become ready, by phase.",
+            ["phase"],
+            registry=r,
+            buckets=READY_BUCKETS,
+        )
+        self.group_failures = Counter(
+            "goodput_group_failures_total", "Groups failed and replaced, by reason.", ["reason"], registry=r
+        )
+        self.placement_limited = Counter(
+            "goodput_placement_limited_total",
+            "Reconciles that could not place a wanted group, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.warmups = Counter(
+            "goodput_warmups_total",
+            "Warm-up completions sent through group leaders, by result.",
+            ["result"],
+            registry=r,
+        )
+        self.kube_requests = Counter(
+            "goodput_kube_requests_total",
+            "Kubernetes API writes by verb, resource, code.",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+
+    def kube_request(self, verb: str, resource: str, code: int) -> None:
+        self.kube_requests.labels(verb, resource, str(code)).inc()
+
+    def set_group_counts(self, namespace: str, name: str, desired: int, counts: dict[str, int]) -> None:
+        self.desired_groups.labels(namespace, name).set(desired)
+        for state in GROUP_STATES:
+            self.groups.labels(namespace, name, state).set(counts.get(state, 0))
+
+    def forget_model_group(self, namespace: str, name: str) -> None:
+        for state in GROUP_STATES:
+            with contextlib.suppress(KeyError):
+                self.groups.remove(namespace, name, state)
+        with contextlib.suppress(KeyError):
+            self.desired_groups.remove(namespace, name)
+
+    def serve(self, address: str, port: int) -> None:
+        """Expose the registry over HTTP from a daemon thread."""
+        start_http_server(port, addr=address, registry=self.registry)

@@ -1,0 +1,133 @@
+"""The operator's settings, in one place: each from a flag, else an environment variable, else a default.
+
+Environment variables let a Deployment configure the operator without rewriting its command line;
+flags win over them so a developer can override one setting at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+LogFormat = Literal["json", "plain", "full"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty watches every namespace (needs cluster-wide RBAC)."""
+    standalone: bool = False
+    """Run without peering: for tests and single-replica installs only."""
+    peering_name: str = "goodput"
+    """kopf peering object shared by the replicas; only the highest-priority replica acts."""
+    priority: int = 0
+    """This replica's peering priority; replicas must have distinct priorities."""
+    log_format: LogFormat = "json"
+    """Log line format: 'json' (one object per line), 'plain' or 'full'."""
+    verbose: bool = False
+    """Log at DEBUG level."""
+    liveness_endpoint: str | None = "http://127.0.0.1:8081/healthz"
+    """kopf's liveness endpoint for the pod's liveness probe; empty disables it."""
+    metrics_address: str = "127.0.0.1"
+    """Listen address of the operator's own Prometheus metrics."""
+    metrics_port: int = 8082
+    """Listen port of the operator's own Prometheus metrics; 0 disables them."""
+    reconcile_interval_seconds: float = 3.0
+    """Longest a ModelGroup waits between reconciles; pod and ModelGroup events wake it sooner."""
+    min_reconcile_gap_seconds: float = 0.3
+    """Shortest gap between two reconciles of one ModelGroup, so a burst of events costs one pass."""
+    policy_interval_seconds: float = 5.0
+    """How often each SLOPolicy's status (acceptance, bound ModelGroups) is recomputed."""
+    warmup_retry_seconds: float = 5.0
+    """Wait before retrying a failed warm-up request."""
+    placement_backoff_seconds: float = 300.0
+    """How long a topology domain is avoided after a group failed to schedule there."""
+    kube_timeout_seconds: float = 15.0
+    """Timeout of one Kubernetes API request made by the controllers."""
+
+    @classmethod
+    def from_sources(cls, flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
+        """Flags (None: not given) over GOODPUT_<FIELD> environment variables over the defaults."""
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            flag = flags.get(spec.name)
+            raw = environ.get(f"GOODPUT_{spec.name.upper()}")
+            if flag is not None:
+                values[spec.name] = flag
+            elif raw is not None:
+                values[spec.name] = _parse(spec.name, raw, getattr(cls(), spec.name))
+        if values.get("liveness_endpoint") == "":
+            values["liveness_endpoint"] = None
+        return cls(**values)
+
+
+def _parse(name: str, raw: str, default: object) -> object:
+    if name == "namespaces":
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if isinstance(default, bool):
+        if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
+            raise ValueError(f"GOODPUT_{name.upper()}={raw!r} is not a boolean")
+        return raw.lower() in ("1", "true", "yes")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `goodput run`; each defaults to None so the environment or the default applies."""
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        help="namespace to watch (repeatable; default: every namespace) [GOODPUT_NAMESPACES]",
+    )
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        default=None,
+        help="run without peering (tests, single replica) [GOODPUT_STANDALONE]",
+    )
+    parser.add_argument("--peering-name", help="kopf peering name shared by replicas [GOODPUT_PEERING_NAME]")
+    parser.add_argument("--priority", type=int, help="peering priority of this replica [GOODPUT_PRIORITY]")
+    parser.add_argument(
+        "--log-format", choices=["json", "plain", "full"], help="log format [GOODPUT_LOG_FORMAT]"
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=None, help="debug logging [GOODPUT_VERBOSE]"
+    )
+    parser.add_argument(
+        "--liveness",
+        dest="liveness_endpoint",
+        help="liveness endpoint URL, empty to disable [GOODPUT_LIVENESS_ENDPOINT]",
+    )
+    parser.add_argument(
+        "--metrics-address", help="listen address of the operator's metrics [GOODPUT_METRICS_ADDRESS]"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, help="port of the operator's metrics, 0 disables [GOODPUT_METRICS_PORT]"
+    )
+    parser.add_argument(
+        "--reconcile-interval",
+        dest="reconcile_interval_seconds",
+        type=float,
+        help="seconds between reconciles of a ModelGroup [GOODPUT_RECONCILE_INTERVAL_SECONDS]",
+    )
+    parser.add_argument(
+        "--policy-interval",
+        dest="policy_interval_seconds",
+        type=float,
+        help="seconds between SLOPolicy status updates [GOODPUT_POLICY_INTERVAL_SECONDS]",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    flags = dict(vars(args))
+    if flags.get("namespaces") is not None:
+        flags["namespaces"] = tuple(flags["namespaces"])
+    return Settings.from_sources(flags, os.environ if environ is None else environ)

@@ -1,0 +1,244 @@
+"""Running the operator against a local cluster, with stand-ins for the peers it talks to.
+
+For end-to-end tests and benchmarks (as `kopf.testing` is for kopf operators):
+- `OperatorProcess`: `goodput run` as a child process watching one namespace, killable and
+  restartable, its log kept in a file.
+- `fake_leaders`: a small HTTP server in the cluster's pod network namespace that answers, on every
+  pod IP, what the operator asks a vLLM leader: the warm-up completion and an idle /metrics page.
+  It logs each completion with the pod IP it was sent to.
+- `HealthAgent`: what the in-pod health agent does on each running rank: report NCCL health (the
+  `goodput.dev/NCCLHealthy` pod condition) and the model revision it loaded.
+- `local_cluster`: a running cluster for a benchmark: the one in a given state directory, or a
+  throwaway one started for the block.
+Every loop here is bounded in time, and every process started here is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from goodput.cluster import controlplane
+from goodput.cluster.binaries import ensure_binaries
+from goodput.cluster.controlplane import LocalCluster, free_ports
+from goodput.cluster.testing import serving_in_netns
+from goodput.cluster.topology import Topology
+from goodput.controllers import naming
+
+LEADER_PORT = 8000
+_FAKE_LEADER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = open(sys.argv[1], "a", buffering=1)
+
+class Leader(BaseHTTPRequestHandler):
+    def reply(self, body, kind="application/json"):
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        idle = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+        self.reply(idle if self.path == "/metrics" else "", "text/plain")
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        seen = {"ip": self.connection.getsockname()[0], "path": self.path, "request": request}
+        log.write(json.dumps(seen) + "\n")
+        tokens = int(request.get("max_tokens", 1))
+        self.reply(json.dumps({"object": "text_completion",
+                               "choices": [{"index": 0, "text": " ok" * tokens, "finish_reason": "length"}],
+                               "usage": {"prompt_tokens": 4, "completion_tokens": tokens}}))
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Leader).serve_forever()
+"""
+
+
+@dataclass
+class OperatorProcess:
+    """`goodput run --standalone` watching one namespace, as a separate process.
+
+    As a context manager it starts the operator and, on exit, deletes the namespace's ModelGroups and
+    SLOPolicies while the operator still runs: kopf puts a finalizer on objects with daemons or
+    timers and only a running operator removes it, so this lets the namespace be deleted afterwards.
+    """
+
+    cluster: LocalCluster
+    namespace: str
+    log_path: Path
+    reconcile_interval_seconds: float = 1.0
+    process: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+
+    def start(self) -> None:
+        self.metrics_port = free_ports(1)[0]
+        argv = [
+            sys.executable,
+            "-m",
+            "goodput.operator.cli",
+            "run",
+            "--standalone",
+            "--namespace",
+            self.namespace,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--liveness",
+            "",
+            "--log-format",
+            "json",
+            "--reconcile-interval",
+            str(self.reconcile_interval_seconds),
+        ]
+        environment = {"KUBECONFIG": self.cluster.kubeconfig, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM (kopf shuts down cleanly), or SIGKILL to crash it mid-work."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+    def log_tail(self, lines: int = 15) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> OperatorProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            if self.process is not None and self.process.poll() is None:
+                self.cluster.kubectl(
+                    "delete",
+                    "modelgroups,slopolicies",
+                    "--all",
+                    "-n",
+                    self.namespace,
+                    "--wait=true",
+                    "--timeout=60s",
+                    check=False,
+                    timeout_seconds=90,
+                )
+        finally:
+            self.stop()
+
+
+@dataclass(frozen=True)
+class FakeLeaders:
+    """The completions the fake leaders answered, in order."""
+
+    log_path: Path
+
+    def completions(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line]
+
+
+@contextlib.contextmanager
+def fake_leaders(cluster: LocalCluster, log_path: Path, port: int = LEADER_PORT) -> Iterator[FakeLeaders]:
+    """Serve as every group leader on `port`, for the duration of the block."""
+    probe_ip = cluster.network.node_pod_cidr(0).replace(".0/24", ".250")
+    argv = [sys.executable, "-c", _FAKE_LEADER, str(log_path), str(port)]
+    with serving_in_netns(cluster.netns, argv, address=(probe_ip, port)):
+        yield FakeLeaders(log_path)
+
+
+@dataclass
+class HealthAgent:
+    """Reports every running rank of `namespace` NCCL-healthy with `revision` loaded, until stopped."""
+
+    cluster: LocalCluster
+    namespace: str
+    revision: str = "main"
+    max_seconds: float = 900.0
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.max_seconds
+        selector = naming.LABEL_MODEL_GROUP
+        while not self.stopped.wait(0.3) and time.monotonic() < deadline:
+            listing = self.cluster.api.get(
+                f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}"
+            )
+            for pod in (listing or {}).get("items", []):
+                with contextlib.suppress(Exception):  # a pod may be deleted under us
+                    self._report(pod)
+
+    def _report(self, pod: dict[str, Any]) -> None:
+        conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+        if pod["metadata"].get("deletionTimestamp") or conditions.get("ContainersReady") != "True":
+            return
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}"
+        if pod["metadata"].get("annotations", {}).get(naming.ANNOTATION_MODEL_REVISION) != self.revision:
+            self.cluster.api.patch(
+                path, {"metadata": {"annotations": {naming.ANNOTATION_MODEL_REVISION: self.revision}}}
+            )
+        if conditions.get(naming.CONDITION_NCCL_HEALTHY) != "True":
+            healthy = {
+                "type": naming.CONDITION_NCCL_HEALTHY,
+                "status": "True",
+                "reason": "AllReduceOK",
+                "message": "all-reduce across the group's ranks passed",
+                "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+            self.cluster.api.patch(
+                f"{path}/status", {"status": {"conditions": [healthy]}}, patch_type="strategic"
+            )
+
+
+@contextlib.contextmanager
+def health_agent(cluster: LocalCluster, namespace: str, revision: str = "main") -> Iterator[HealthAgent]:
+    agent = HealthAgent(cluster, namespace, revision)
+    thread = threading.Thread(target=agent.run, daemon=True, name=f"health-agent-{namespace}")
+    thread.start()
+    try:
+        yield agent
+    finally:
+        agent.stopped.set()
+        thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def local_cluster(state_dir: Path | None = None, topology: Topology | None = None) -> Iterator[LocalCluster]:
+    """The cluster running in `state_dir` (left running), or a throwaway one (stopped at the end)."""
+    if state_dir is not None:
+        yield controlplane.load(state_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-") as scratch:
+        spec = controlplane.ClusterSpec(
+            name=f"bench{os.getpid() % 100_000}",
+            state_dir=Path(scratch) / "cluster",
+            topology=topology or Topology(),
+        )
+        cluster = controlplane.up(spec, bin_dir=ensure_binaries())
+        try:
+            yield cluster
+        finally:
+            controlplane.down(spec.state_dir)

@@ -1,0 +1,644 @@
+"""The group controller's plan: lifecycle, replacement, scale and placement, from a frozen world."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from goodput.api.reasons import EventReason, Reason
+from goodput.controllers import naming
+from goodput.controllers.groups import (
+    Backoff,
+    Plan,
+    ReadinessRules,
+    WarmupOutcome,
+    World,
+    choose_victims,
+    encode_backoffs,
+    parse_backoffs,
+    plan_model_group,
+)
+from goodput.controllers.observation import ConditionView, PodView, parse_pod
+from goodput.controllers.placement import GpuClaim, Inventory, NodeInventory, NoFitReason, PlacementRules
+from goodput.controllers.pods import GroupTemplate
+
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+CLIQUE = "nvidia.com/gpu.clique"
+ZONE = "topology.kubernetes.io/zone"
+TEMPLATE = GroupTemplate(
+    model_group="llama-70b",
+    namespace="serving",
+    uid="uid-1",
+    model="meta-llama/Llama-3.1-70B-Instruct",
+    model_revision="main",
+    served_name="llama",
+    image="vllm/vllm-openai:v0.33.0",
+    args=(),
+    env=(),
+    requests=(),
+    limits=(),
+    port=8000,
+    startup_timeout_seconds=1800,
+    shutdown_timeout_seconds=30,
+    tensor_parallel=8,
+    pipeline_parallel=2,
+    gpus_per_pod=8,
+    topology_key=CLIQUE,
+    placement_mode="Required",
+)
+RULES = ReadinessRules(
+    model_revision="main",
+    schedule_timeout_seconds=300,
+    startup_timeout_seconds=1800,
+    warmup_retry_seconds=5,
+    drain_max_seconds=600,
+    min_lifetime_seconds=300,
+    backoff_seconds=300,
+    warmup_prompt="Hi",
+    warmup_max_tokens=4,
+    warmup_timeout_seconds=30,
+)
+PLACEMENT = PlacementRules(topology_key=CLIQUE, spread_key=ZONE)
+# 2 zones x 2 NVLink cliques x 2 nodes x 8 GPUs: room for exactly 4 groups of 16 GPUs.
+NODES = tuple(
+    NodeInventory(f"{clique}-{i}", tuple(sorted([(CLIQUE, clique), (ZONE, zone)])), 8)
+    for zone, cliques in (("z1", ("a", "b")), ("z2", ("c", "d")))
+    for clique in cliques
+    for i in range(2)
+)
+STAGES = ("gated", "released", "bound", "running", "healthy", "ready")
+
+
+def condition(status: str, at: datetime, message: str = "") -> ConditionView:
+    return ConditionView(status, "", message, at)
+
+
+def pod(
+    group: str,
+    rank: int,
+    stage: str,
+    *,
+    domain: str = "a",
+    created: datetime | None = None,
+    **changes: Any,
+) -> PodView:
+    """A rank at a lifecycle stage; each stage includes the previous ones."""
+    level = STAGES.index(stage)
+    created = created or NOW - timedelta(seconds=120)
+    view = PodView(
+        name=naming.pod_name(TEMPLATE.model_group, group, rank),
+        model_group=TEMPLATE.model_group,
+        group=group,
+        rank=rank,
+        revision=TEMPLATE.revision,
+        created_at=created,
+        deleting=False,
+        phase="Pending",
+        node_name=None,
+        ip=None,
+        gated=level == 0,
+        topology_domain=domain,
+        replaces=None,
+        draining_since=None,
+        gpus=8,
+        restarts=0,
+        containers_ready=None,
+        scheduled=None,
+        group_ready=None,
+        nccl_healthy=None,
+        reported_model_revision=None,
+    )
+    if level >= STAGES.index("bound"):
+        view = replace(
+            view,
+            node_name=f"{domain}-{rank}",
+            ip=f"10.244.0.{10 + rank}",
+            scheduled=condition("True", created + timedelta(seconds=2)),
+        )
+    if level >= STAGES.index("running"):
+        view = replace(
+            view, phase="Running", containers_ready=condition("True", created + timedelta(seconds=60))
+        )
+    if level >= STAGES.index("healthy"):
+        view = replace(
+            view,
+            nccl_healthy=condition("True", created + timedelta(seconds=70)),
+            reported_model_revision="main",
+        )
+    if level >= STAGES.index("ready"):
+        view = replace(view, group_ready=condition("True", created + timedelta(seconds=80)))
+    return replace(view, **changes)
+
+
+def group(name: str, stage: str, *, domain: str = "a", **changes: Any) -> list[PodView]:
+    return [pod(name, rank, stage, domain=domain, **changes) for rank in range(2)]
+
+
+def world(*groups: list[PodView], desired: int, **changes: Any) -> World:
+    pods = tuple(p for g in groups for p in g)
+    claims = tuple(GpuClaim(p.gpus, p.node_name, CLIQUE, p.topology_domain) for p in pods)
+    base = World(
+        now=NOW,
+        template=TEMPLATE,
+        rules=RULES,
+        placement=PLACEMENT,
+        desired_groups=desired,
+        pods=pods,
+        inventory=Inventory(NODES, claims),
+        ready_nodes=frozenset(n.name for n in NODES),
+        group_counter=0,
+    )
+    return replace(base, **changes)
+
+
+def states(plan: Plan) -> dict[str, str]:
+    return {g.name: g.state for g in plan.groups}
+
+
+def event_reasons(plan: Plan) -> list[str]:
+    return [event.reason for event in plan.events]
+
+
+@dataclass(frozen=True)
+class LifecycleCase:
+    name: str
+    world: World
+    # expected
+    states: dict[str, str]
+    releases: list[str] = field(default_factory=list)
+    warmups: list[str] = field(default_factory=list)
+    ready: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    reason: str | None = None
+
+
+LIFECYCLE = [
+    LifecycleCase(
+        "a fully created gated group is released at once",
+        world(group("g0", "gated"), desired=1),
+        states={"g0": "Placing"},
+        releases=["g0"],
+    ),
+    LifecycleCase(
+        "a released group waits for the scheduler",
+        world(group("g0", "released"), desired=1),
+        states={"g0": "Placing"},
+    ),
+    LifecycleCase(
+        "bound ranks still starting are provisioning",
+        world(group("g0", "bound"), desired=1),
+        states={"g0": "Provisioning"},
+        reason=Reason.GROUPS_PROVISIONING,
+    ),
+    LifecycleCase(
+        "running ranks wait for NCCL health before the warm-up",
+        world(group("g0", "running"), desired=1),
+        states={"g0": "Warming"},
+        reason=Reason.GROUPS_WARMING,
+    ),
+    LifecycleCase(
+        "healthy ranks get a warm-up through the leader",
+        world(group("g0", "healthy"), desired=1),
+        states={"g0": "Warming"},
+        warmups=["g0"],
+    ),
+    LifecycleCase(
+        "a warm-up in flight is not sent twice",
+        world(group("g0", "healthy"), desired=1, warmups_in_flight=frozenset({"g0"})),
+        states={"g0": "Warming"},
+    ),
+    LifecycleCase(
+        "a passed warm-up makes the group ready on every rank",
+        world(group("g0", "healthy"), desired=1, warmups={"g0": WarmupOutcome(True, NOW)}),
+        states={"g0": "Ready"},
+        ready=["g0"],
+    ),
+    LifecycleCase(
+        "a failed warm-up is retried only after the retry period",
+        world(
+            group("g0", "healthy"),
+            desired=1,
+            warmups={"g0": WarmupOutcome(False, NOW - timedelta(seconds=2), "connection refused")},
+        ),
+        states={"g0": "Warming"},
+        reason=Reason.WARMUP_FAILED,
+    ),
+    LifecycleCase(
+        "a failed warm-up is retried after the retry period",
+        world(
+            group("g0", "healthy"),
+            desired=1,
+            warmups={"g0": WarmupOutcome(False, NOW - timedelta(seconds=6), "connection refused")},
+        ),
+        states={"g0": "Warming"},
+        warmups=["g0"],
+        reason=Reason.WARMUP_FAILED,
+    ),
+    LifecycleCase(
+        "a rank on another model revision blocks readiness",
+        world(group("g0", "healthy", reported_model_revision="v2"), desired=1),
+        states={"g0": "Warming"},
+        reason=Reason.REVISION_MISMATCH,
+    ),
+    LifecycleCase(
+        "ncclCheck Skip warms up without NCCL health",
+        world(
+            group("g0", "running", reported_model_revision="main"),
+            desired=1,
+            rules=replace(RULES, nccl_required=False),
+        ),
+        states={"g0": "Warming"},
+        warmups=["g0"],
+    ),
+    LifecycleCase(
+        "revisionCheck false warms up without a reported revision",
+        world(
+            group("g0", "healthy", reported_model_revision=None),
+            desired=1,
+            rules=replace(RULES, revision_check=False),
+        ),
+        states={"g0": "Warming"},
+        warmups=["g0"],
+    ),
+    LifecycleCase(
+        "a ready group stays ready and costs nothing",
+        world(group("g0", "ready"), desired=1),
+        states={"g0": "Ready"},
+    ),
+    LifecycleCase(
+        "a rank restart fails the whole group and brings a complete replacement",
+        world(
+            group("g0", "ready"),
+            [pod("g1", 0, "ready", domain="c"), pod("g1", 1, "ready", domain="c", restarts=1)],
+            desired=2,
+        ),
+        states={"g0": "Ready", "g1": "Failed", "g2": "Placing"},
+        created=["g2"],
+        deleted=["g1"],
+        reason=Reason.GROUP_FAILED,
+    ),
+    LifecycleCase(
+        "lost NCCL health fails the group",
+        world(group("g0", "ready", nccl_healthy=condition("False", NOW, "all-reduce timed out")), desired=1),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+        reason=Reason.NCCL_UNHEALTHY,
+    ),
+    LifecycleCase(
+        "a rank on a node that is not ready fails the group",
+        world(group("g0", "ready"), desired=1, ready_nodes=frozenset({"a-0"})),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+    ),
+    LifecycleCase(
+        "a pod that ended fails the group",
+        world(group("g0", "ready", phase="Failed"), desired=1),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+    ),
+    LifecycleCase(
+        "a group left incomplete by an interrupted creation is deleted whole",
+        world([pod("g0", 0, "gated")], desired=1),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+    ),
+    LifecycleCase(
+        "a rank deleted from under a group fails it",
+        world([pod("g0", 0, "ready"), pod("g0", 1, "ready", deleting=True)], desired=1),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+    ),
+    LifecycleCase(
+        "groups whose pods are all terminating are gone",
+        world(group("g0", "ready", deleting=True), desired=0),
+        states={},
+    ),
+    LifecycleCase(
+        "start-up past its timeout fails the group",
+        world(group("g0", "bound", created=NOW - timedelta(seconds=2000)), desired=1),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LIFECYCLE, ids=lambda case: case.name)
+def test_group_lifecycle(case: LifecycleCase) -> None:
+    plan = plan_model_group(case.world)
+    assert states(plan) == case.states
+    assert [r.group for r in plan.gate_releases] == case.releases
+    assert [w.group for w in plan.warmups] == case.warmups
+    assert [c.group for c in plan.ready] == case.ready
+    assert [c.group for c in plan.creations] == case.created
+    assert [d.group for d in plan.deletions] == case.deleted
+    if case.reason is not None:
+        first_not_ready = next(g for g in plan.groups if g.state not in ("Ready", "Placing"))
+        assert first_not_ready.reason == case.reason
+
+
+def test_a_failed_ready_group_leaves_the_ready_count_before_it_is_deleted() -> None:
+    plan = plan_model_group(world(group("g0", "ready", restarts=2), desired=1))
+    assert [(c.group, c.ready, c.pods) for c in plan.unready] == [
+        ("g0", False, ("llama-70b-g0-0", "llama-70b-g0-1"))
+    ]
+    assert plan.deletions[0].pods == ("llama-70b-g0-0", "llama-70b-g0-1")
+    assert plan.deletions[0].service == "llama-70b-g0"
+    assert plan.creations[0].pods[0]["metadata"]["annotations"][naming.ANNOTATION_REPLACES] == "g0"
+    assert event_reasons(plan) == [EventReason.GROUP_FAILED, EventReason.GROUP_CREATED]
+
+
+def test_the_warm_up_goes_to_the_leader_with_the_spec_prompt() -> None:
+    plan = plan_model_group(world(group("g0", "healthy"), desired=1))
+    request = plan.warmups[0]
+    assert request.url == "http://10.244.0.10:8000/v1/completions"
+    assert request.body() == {"model": "llama", "prompt": "Hi", "max_tokens": 4, "temperature": 0}
+    assert request.timeout_seconds == 30
+
+
+def test_ready_time_is_split_by_phase() -> None:
+    created = NOW - timedelta(seconds=100)
+    plan = plan_model_group(
+        world(group("g0", "healthy", created=created), desired=1, warmups={"g0": WarmupOutcome(True, NOW)})
+    )
+    (ready,) = plan.became_ready
+    times = ready.ready_times()
+    assert times is not None
+    assert (
+        times.placing_seconds,
+        times.provisioning_seconds,
+        times.warming_seconds,
+        times.total_seconds,
+    ) == (2.0, 58.0, 40.0, 100.0)
+    assert event_reasons(plan) == [EventReason.GROUP_READY]
+
+
+def test_scale_out_creates_complete_groups_spread_over_zones() -> None:
+    plan = plan_model_group(world(desired=2))
+    assert [(c.group, c.domain) for c in plan.creations] == [("g0", "a"), ("g1", "c")]
+    assert all(len(c.pods) == 2 and c.service is not None for c in plan.creations)
+    assert plan.annotations == {naming.ANNOTATION_GROUP_COUNTER: "2"}
+    assert states(plan) == {"g0": "Placing", "g1": "Placing"}
+
+
+def test_scale_out_beyond_capacity_creates_only_what_fits_and_says_why() -> None:
+    plan = plan_model_group(world(desired=5))
+    assert len(plan.creations) == 4
+    assert plan.placement_limit is not None
+    assert plan.placement_limit.reason == NoFitReason.INSUFFICIENT_GPUS
+    assert "needs 16 GPUs" in plan.placement_limit.message
+
+
+def test_other_workloads_gpus_are_respected() -> None:
+    blocker = (GpuClaim(8, node_name="a-0"), GpuClaim(8, node_name="b-0"), GpuClaim(8, node_name="c-0"))
+    plan = plan_model_group(world(desired=2, inventory=Inventory(NODES, blocker)))
+    assert [c.domain for c in plan.creations] == ["d"]
+    assert plan.placement_limit is not None
+
+
+def test_terminating_groups_still_hold_their_gpus_for_placement() -> None:
+    terminating = [
+        group(g, "ready", domain=d, deleting=True) for g, d in (("g0", "a"), ("g1", "b"), ("g2", "c"))
+    ]
+    plan = plan_model_group(world(*terminating, desired=2, group_counter=3))
+    assert [(c.group, c.domain) for c in plan.creations] == [("g3", "d")]
+
+
+def test_ordinals_only_grow() -> None:
+    plan = plan_model_group(world(group("g4", "ready"), desired=2, group_counter=2))
+    assert [c.group for c in plan.creations] == ["g5"]
+    assert plan.annotations[naming.ANNOTATION_GROUP_COUNTER] == "6"
+    assert plan_model_group(world(group("g4", "ready"), desired=1, group_counter=9)).annotations == {}
+
+
+def test_schedule_timeout_deletes_the_group_and_backs_off_its_domain() -> None:
+    stuck = group(
+        "g0",
+        "released",
+        domain="a",
+        created=NOW - timedelta(seconds=301),
+        scheduled=condition("False", NOW, "0/8 nodes are available: 8 Insufficient nvidia.com/gpu"),
+    )
+    plan = plan_model_group(world(stuck, desired=1))
+    assert [d.group for d in plan.deletions] == ["g0"]
+    assert "Insufficient nvidia.com/gpu" in plan.groups[0].message
+    (backoff,) = parse_backoffs(plan.annotations[naming.ANNOTATION_PLACEMENT_BACKOFF])
+    assert (backoff.domain, backoff.until, backoff.reason) == (
+        "a",
+        NOW + timedelta(seconds=300),
+        "InsufficientGPUs",
+    )
+    assert plan.backoffs == (backoff,)
+    assert plan.creations[0].domain != "a"
+    assert EventReason.SCHEDULE_TIMEOUT in event_reasons(plan)
+
+
+def test_expired_backoffs_are_dropped_and_active_ones_avoided() -> None:
+    backoffs = (
+        Backoff("a", NOW - timedelta(seconds=1), "old"),
+        Backoff("c", NOW + timedelta(seconds=60), "new"),
+    )
+    plan = plan_model_group(world(desired=2, backoffs=backoffs))
+    assert [c.domain for c in plan.creations] == ["a", "d"]
+    assert parse_backoffs(plan.annotations[naming.ANNOTATION_PLACEMENT_BACKOFF]) == backoffs[1:]
+
+
+def test_scale_in_removes_groups_that_serve_nothing_first() -> None:
+    plan = plan_model_group(
+        world(
+            group("g0", "ready"),
+            group("g1", "healthy", domain="c"),
+            group("g2", "gated", domain="b"),
+            desired=1,
+        )
+    )
+    assert [d.group for d in plan.deletions] == ["g2", "g1"]
+    assert plan.gate_releases == () and plan.warmups == ()
+    assert states(plan) == {"g0": "Ready"}
+
+
+def test_scale_in_of_ready_groups_drains_them_first() -> None:
+    old = NOW - timedelta(hours=1)
+    plan = plan_model_group(
+        world(group("g0", "ready", created=old), group("g1", "ready", domain="c", created=old), desired=1)
+    )
+    assert [(c.group, c.ready) for c in plan.unready] == [("g1", False)]
+    assert [(m.group, m.since) for m in plan.drain_marks] == [("g1", NOW)]
+    assert plan.deletions == ()
+    assert states(plan) == {"g0": "Ready", "g1": "Draining"}
+
+
+def test_groups_younger_than_the_minimum_lifetime_are_not_drained() -> None:
+    young = NOW - timedelta(seconds=100)
+    plan = plan_model_group(
+        world(group("g0", "ready", created=young), group("g1", "ready", created=young), desired=1)
+    )
+    assert plan.unready == () and plan.deletions == ()
+
+
+@pytest.mark.parametrize(
+    ("leader_requests", "since_seconds", "deleted", "event"),
+    [
+        ({"g1": 0}, 10, ["g1"], EventReason.GROUP_DELETED),
+        ({"g1": 3}, 10, [], None),
+        ({}, 10, [], None),
+        ({"g1": 3}, 600, ["g1"], EventReason.DRAIN_TIMEOUT),
+    ],
+    ids=["idle leader", "requests in flight", "unknown load", "drain time is up"],
+)
+def test_draining_groups_leave_when_idle_or_out_of_time(
+    leader_requests: dict[str, int], since_seconds: int, deleted: list[str], event: str | None
+) -> None:
+    draining = group(
+        "g1",
+        "ready",
+        domain="c",
+        draining_since=NOW - timedelta(seconds=since_seconds),
+        group_ready=condition("False", NOW),
+    )
+    plan = plan_model_group(world(group("g0", "ready"), draining, desired=1, leader_requests=leader_requests))
+    assert [d.group for d in plan.deletions] == deleted
+    assert ([p.group for p in plan.leader_probes] == ["g1"]) is (not deleted)
+    assert (event_reasons(plan) == [event]) if event else (plan.events == ())
+
+
+def test_scale_out_puts_a_draining_group_back_in_service() -> None:
+    draining = group(
+        "g1",
+        "ready",
+        domain="c",
+        draining_since=NOW - timedelta(seconds=10),
+        group_ready=condition("False", NOW),
+    )
+    plan = plan_model_group(world(group("g0", "ready"), draining, desired=2))
+    assert plan.creations == ()
+    assert [(c.group, c.ready) for c in plan.ready] == [("g1", True)]
+    assert [(m.group, m.since) for m in plan.drain_marks] == [("g1", None)]
+    assert states(plan) == {"g0": "Ready", "g1": "Ready"}
+
+
+def test_victims_prefer_outdated_groups_among_ready_ones() -> None:
+    old = NOW - timedelta(hours=1)
+    current = replace(plan_model_group(world(group("g0", "ready", created=old), desired=1)).groups[0])
+    outdated = replace(current, name="g1", outdated=True)
+    newest = replace(current, name="g2", ready_at=NOW - timedelta(minutes=10))
+    assert [v.name for v in choose_victims([current, outdated, newest], 1, NOW, 300)] == ["g1"]
+    assert [v.name for v in choose_victims([current, newest], 1, NOW, 300)] == ["g2"]
+
+
+def test_backoffs_round_trip_and_tolerate_garbage() -> None:
+    backoffs = (Backoff("a", NOW, "ScheduleTimeout"),)
+    assert parse_backoffs(encode_backoffs(backoffs)) == backoffs
+    assert parse_backoffs("not json") == ()
+    assert parse_backoffs(json.dumps([{"domain": 3}])) == ()
+
+
+# Property: planning against the world it produces converges, never over-creates, and never counts
+# a partial group as ready.
+
+
+def apply(w: World, plan: Plan) -> World:
+    """What the cluster looks like once the operator applied the plan (pods created, released, marked)."""
+    pods = {p.name: p for p in w.pods}
+    for deletion in plan.deletions:
+        for name in deletion.pods:
+            pods[name] = replace(pods[name], deleting=True)
+    for creation in plan.creations:
+        for manifest in creation.pods:
+            view = parse_pod(manifest)
+            assert view is not None
+            pods[view.name] = replace(view, created_at=w.now, gated=False)
+    for release in plan.gate_releases:
+        for name in release.pods:
+            pods[name] = replace(pods[name], gated=False)
+    for change in (*plan.unready, *plan.ready):
+        for name in change.pods:
+            pods[name] = replace(
+                pods[name], group_ready=condition("True" if change.ready else "False", w.now)
+            )
+    for mark in plan.drain_marks:
+        for name in mark.pods:
+            pods[name] = replace(pods[name], draining_since=mark.since)
+    claims = tuple(GpuClaim(p.gpus, p.node_name, CLIQUE, p.topology_domain) for p in pods.values())
+    counter = int(plan.annotations.get(naming.ANNOTATION_GROUP_COUNTER, w.group_counter))
+    return replace(w, pods=tuple(pods.values()), inventory=Inventory(NODES, claims), group_counter=counter)
+
+
+group_stage = st.sampled_from(STAGES)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    stages=st.lists(group_stage, max_size=5),
+    desired=st.integers(min_value=0, max_value=6),
+    restarted=st.sets(st.integers(min_value=0, max_value=4)),
+)
+def test_replanning_converges_without_over_creating(
+    stages: list[str], desired: int, restarted: set[int]
+) -> None:
+    domains = "abcd"
+    groups = [
+        group(
+            f"g{i}",
+            stage,
+            domain=domains[i % 4],
+            created=NOW - timedelta(hours=1),
+            restarts=1 if i in restarted else 0,
+        )
+        for i, stage in enumerate(stages)
+    ]
+    w = world(*groups, desired=desired, group_counter=len(stages))
+    first = plan_model_group(w)
+    after = apply(w, first)
+    second = plan_model_group(after)
+
+    active = [g for g in first.groups if g.state in ("Placing", "Provisioning", "Warming", "Ready")]
+    assert len(active) <= max(desired, len([g for g in groups if g]))
+    # Creations make up the shortfall and no more.
+    assert len(first.creations) <= max(0, desired - (len(active) - len(first.creations)))
+    # Once applied, the same world needs no further creation or deletion.
+    assert second.creations == ()
+    assert [d.group for d in second.deletions] == []
+    # Only complete groups whose every rank is marked are counted as ready.
+    for g in first.groups:
+        if g.state == "Ready":
+            assert len(g.pods) == TEMPLATE.pods_per_group
+
+
+@settings(max_examples=50, deadline=None)
+@given(desired=st.integers(min_value=0, max_value=8))
+def test_the_plan_is_a_function_of_the_world(desired: int) -> None:
+    w = world(group("g0", "ready"), group("g1", "healthy", domain="c"), desired=desired, group_counter=2)
+    assert plan_model_group(w) == plan_model_group(w)
+
+
+def test_a_group_drained_the_moment_it_became_ready_is_not_marked_ready() -> None:
+    plan = plan_model_group(
+        world(
+            group("g0", "ready", created=NOW - timedelta(hours=1)),
+            group("g1", "healthy", domain="c"),
+            desired=1,
+            rules=replace(RULES, min_lifetime_seconds=0),
+            warmups={"g1": WarmupOutcome(True, NOW)},
+        )
+    )
+    assert [c.group for c in plan.ready] == []
+    assert [(c.group, c.ready) for c in plan.unready] == [("g1", False)]
+    assert states(plan) == {"g0": "Ready", "g1": "Draining"}
+
+
+def test_names_of_terminating_groups_are_not_reused() -> None:
+    plan = plan_model_group(world(group("g7", "ready", deleting=True), desired=1, group_counter=0))
+    assert [c.group for c in plan.creations] == ["g8"]

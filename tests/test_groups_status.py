@@ -1,0 +1,211 @@
+"""ModelGroup status from a plan: counts, conditions, and leaving other controllers' fields alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from goodput.api.conditions import Condition, find_condition
+from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
+from goodput.api.reasons import ConditionType, Reason
+from goodput.controllers.groups import Assessment, Backoff, Plan
+from goodput.controllers.placement import NoFit, NoFitReason
+from goodput.controllers.status import invalid_spec_status, model_group_status
+
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+EARLIER = NOW - timedelta(minutes=5)
+
+
+def assessment(name: str, state: str, **changes: Any) -> Assessment:
+    base = Assessment(name=name, state=state, pods=(), domain="a", created_at=EARLIER)  # type: ignore[arg-type]
+    return replace(base, **changes)
+
+
+def status_of(
+    *groups: Assessment,
+    desired: int,
+    limit: NoFit | None = None,
+    previous: ModelGroupStatus | None = None,
+    now: datetime = NOW,
+) -> ModelGroupStatus:
+    plan = Plan(annotations={}, groups=groups, placement_limit=limit)
+    return model_group_status(
+        previous or ModelGroupStatus(), name="llama", generation=3, desired_groups=desired, plan=plan, now=now
+    )
+
+
+def condition(status: ModelGroupStatus, kind: str) -> tuple[str, str]:
+    found = find_condition(status.conditions, kind)
+    assert found is not None, kind
+    return found.status, found.reason
+
+
+@pytest.mark.parametrize(
+    ("groups", "desired", "ready", "progressing", "degraded"),
+    [
+        ((), 0, ("True", Reason.SCALED_TO_ZERO), ("False", Reason.STABLE), ("False", Reason.STABLE)),
+        (
+            (assessment("g0", "Ready"), assessment("g1", "Ready")),
+            2,
+            ("True", Reason.GROUPS_READY),
+            ("False", Reason.STABLE),
+            ("False", Reason.STABLE),
+        ),
+        (
+            (assessment("g0", "Ready"), assessment("g1", "Warming")),
+            2,
+            ("False", Reason.GROUPS_NOT_READY),
+            ("True", Reason.GROUPS_WARMING),
+            ("False", Reason.STABLE),
+        ),
+        (
+            (assessment("g0", "Provisioning"), assessment("g1", "Placing")),
+            2,
+            ("False", Reason.GROUPS_NOT_READY),
+            ("True", Reason.GROUPS_PLACING),
+            ("False", Reason.STABLE),
+        ),
+        (
+            (
+                assessment("g0", "Failed", reason=Reason.NCCL_UNHEALTHY, message="rank 1 lost NCCL health"),
+                assessment("g1", "Placing", replaces="g0"),
+            ),
+            1,
+            ("False", Reason.GROUPS_NOT_READY),
+            ("True", Reason.GROUPS_PLACING),
+            ("True", Reason.NCCL_UNHEALTHY),
+        ),
+        (
+            (assessment("g1", "Warming", replaces="g0"),),
+            1,
+            ("False", Reason.GROUPS_NOT_READY),
+            ("True", Reason.GROUPS_WARMING),
+            ("True", Reason.GROUP_FAILED),
+        ),
+        (
+            (assessment("g0", "Ready"), assessment("g1", "Draining")),
+            1,
+            ("True", Reason.GROUPS_READY),
+            ("True", Reason.GROUPS_DRAINING),
+            ("False", Reason.STABLE),
+        ),
+    ],
+    ids=[
+        "scaled to zero",
+        "all ready",
+        "one warming",
+        "earliest phase wins",
+        "failed and replacing",
+        "replacement warming",
+        "draining after scale-in",
+    ],
+)
+def test_conditions_summarise_the_groups(
+    groups: tuple[Assessment, ...],
+    desired: int,
+    ready: tuple[str, str],
+    progressing: tuple[str, str],
+    degraded: tuple[str, str],
+) -> None:
+    status = status_of(*groups, desired=desired)
+    assert condition(status, ConditionType.READY) == ready
+    assert condition(status, ConditionType.PROGRESSING) == progressing
+    assert condition(status, ConditionType.DEGRADED) == degraded
+
+
+def test_counts_replicas_and_selector() -> None:
+    status = status_of(
+        assessment("g0", "Ready"),
+        assessment("g1", "Ready"),
+        assessment("g2", "Warming"),
+        assessment("g3", "Failed"),
+        assessment("g4", "Draining"),
+        desired=3,
+    )
+    assert (
+        status.replicas,
+        status.ready_groups,
+        status.warming_groups,
+        status.failed_groups,
+        status.draining_groups,
+        status.desired_groups,
+    ) == (2, 2, 1, 1, 1, 3)
+    assert status.label_selector == "goodput.dev/model-group=llama,goodput.dev/rank=0"
+    assert status.observed_generation == 3
+    assert [g.name for g in status.groups] == ["g0", "g1", "g2", "g3", "g4"]
+
+
+def test_a_placement_limit_sets_scaling_limited_and_its_clearing_is_ours() -> None:
+    limit = NoFit(NoFitReason.INSUFFICIENT_GPUS, "insufficient GPUs: a group needs 16 GPUs")
+    limited = status_of(assessment("g0", "Ready"), desired=2, limit=limit)
+    assert condition(limited, ConditionType.SCALING_LIMITED) == ("True", "InsufficientGPUs")
+    cleared = status_of(assessment("g0", "Ready"), assessment("g1", "Ready"), desired=2, previous=limited)
+    assert condition(cleared, ConditionType.SCALING_LIMITED) == ("False", Reason.DESIRED_WITHIN_RANGE)
+
+
+def test_the_autoscalers_fields_pass_through() -> None:
+    decision = ScalingDecision(
+        time=EARLIER,
+        from_replicas=1,
+        to_replicas=2,
+        reason=Reason.DESIRED_WITHIN_RANGE,
+        signal="queueWork",
+        policy_revision="r1",
+        mode="Active",
+    )
+    theirs = Condition(
+        type=ConditionType.SCALING_LIMITED,
+        status="True",
+        last_transition_time=EARLIER,
+        reason=Reason.TOO_MANY_REPLICAS,
+        message="clamped to maxReplicas",
+    )
+    previous = ModelGroupStatus(last_decision=decision, decisions=(decision,), conditions=(theirs,))
+    status = status_of(assessment("g0", "Ready"), desired=1, previous=previous)
+    assert status.last_decision == decision and status.decisions == (decision,)
+    assert find_condition(status.conditions, ConditionType.SCALING_LIMITED) == theirs
+
+
+def test_an_unchanged_world_gives_an_equal_status() -> None:
+    first = status_of(assessment("g0", "Ready"), desired=1)
+    later = status_of(assessment("g0", "Ready"), desired=1, previous=first, now=NOW + timedelta(minutes=1))
+    assert later == first
+
+
+def test_transition_times_move_only_when_a_condition_flips() -> None:
+    first = status_of(assessment("g0", "Warming"), desired=1)
+    later = NOW + timedelta(minutes=1)
+    second = status_of(assessment("g0", "Ready"), desired=1, previous=first, now=later)
+    ready = find_condition(second.conditions, ConditionType.READY)
+    degraded = find_condition(second.conditions, ConditionType.DEGRADED)
+    assert ready is not None and ready.last_transition_time == later
+    assert degraded is not None and degraded.last_transition_time == NOW
+
+
+def test_invalid_spec_is_reported_on_ready_and_progressing() -> None:
+    status = invalid_spec_status(
+        ModelGroupStatus(),
+        name="llama",
+        generation=4,
+        problems="spec.engine.image: 'Bad Image' is not a valid image reference",
+        now=NOW,
+    )
+    assert condition(status, ConditionType.READY) == ("False", Reason.INVALID_SPEC)
+    assert condition(status, ConditionType.PROGRESSING) == ("False", Reason.INVALID_SPEC)
+    assert status.observed_generation == 4 and status.groups == ()
+
+
+def test_a_backed_off_domain_keeps_scaling_limited_until_it_expires() -> None:
+    backoff = Backoff("clique-a", NOW + timedelta(minutes=5), "InsufficientGPUs")
+    plan = Plan(annotations={}, groups=(assessment("g1", "Placing"),), backoffs=(backoff,))
+    status = model_group_status(
+        ModelGroupStatus(), name="llama", generation=1, desired_groups=1, plan=plan, now=NOW
+    )
+    limited = find_condition(status.conditions, ConditionType.SCALING_LIMITED)
+    assert limited is not None and (limited.status, limited.reason) == ("True", "InsufficientGPUs")
+    assert "clique-a" in limited.message
+    later = status_of(assessment("g1", "Ready"), desired=1, previous=status)
+    assert condition(later, ConditionType.SCALING_LIMITED) == ("False", Reason.DESIRED_WITHIN_RANGE)

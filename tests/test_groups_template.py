@@ -1,0 +1,154 @@
+"""From a ModelGroup object to the group template, and the spec errors only the controller can see."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from goodput.controllers.placement import NodeInventory
+from goodput.controllers.template import (
+    IMAGE_REFERENCE,
+    group_template,
+    parse_model_group,
+    placement_rules,
+    readiness_rules,
+    spec_problems,
+)
+
+CLIQUE = "nvidia.com/gpu.clique"
+BODY: dict[str, Any] = {
+    "apiVersion": "goodput.dev/v1alpha1",
+    "kind": "ModelGroup",
+    "metadata": {"name": "llama-70b", "namespace": "serving", "uid": "u-1", "generation": 2},
+    "spec": {
+        "model": {"name": "meta-llama/Llama-3.1-70B-Instruct", "revision": "abc123"},
+        "engine": {
+            "image": "vllm/vllm-openai:v0.33.0",
+            "env": [{"name": "HF_HOME", "value": "/m"}],
+            "resources": {"requests": {"cpu": "32", "memory": "400Gi"}},
+        },
+        "parallelism": {"tensor": 8, "pipeline": 2, "gpusPerPod": 8},
+        "placement": {"scheduleTimeoutSeconds": 120},
+        "maxReplicas": 4,
+        "profile": {"gpu": "h100-80g"},
+        "readiness": {"ncclCheck": "Skip", "warmup": {"prompt": "Hi", "maxTokens": 2}},
+    },
+}
+NODES = tuple(NodeInventory(f"n{i}", ((CLIQUE, "a"),), 8) for i in range(2))
+
+
+def body(**spec_changes: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(BODY)
+    for dotted, value in spec_changes.items():
+        target = changed
+        *path, last = dotted.split("__")
+        for key in path:
+            target = target[key]
+        target[last] = value
+    return changed
+
+
+def model_group(raw: dict[str, Any]) -> Any:
+    parsed = parse_model_group(raw)
+    assert not isinstance(parsed, str), parsed
+    return parsed
+
+
+def test_the_template_carries_the_spec() -> None:
+    template = group_template(model_group(BODY))
+    assert (template.model_group, template.namespace, template.uid) == ("llama-70b", "serving", "u-1")
+    assert (template.tensor_parallel, template.pipeline_parallel, template.pods_per_group) == (8, 2, 2)
+    assert template.requests == (("cpu", "32"), ("memory", "400Gi"))
+    assert template.env == (("HF_HOME", "/m"),)
+    # The profile's GPU gives vLLM's batch defaults on an H100, rendered by the operator.
+    assert (template.max_num_seqs, template.max_num_batched_tokens) == (1024, 8192)
+
+
+def test_rules_come_from_the_spec() -> None:
+    spec = model_group(BODY).spec
+    readiness = readiness_rules(spec)
+    assert (
+        readiness.model_revision,
+        readiness.nccl_required,
+        readiness.schedule_timeout_seconds,
+        readiness.warmup_prompt,
+        readiness.warmup_max_tokens,
+    ) == ("abc123", False, 120, "Hi", 2)
+    placement = placement_rules(spec)
+    assert (placement.topology_key, placement.spread_key, placement.mode) == (
+        CLIQUE,
+        "topology.kubernetes.io/zone",
+        "Required",
+    )
+
+
+def test_a_spec_the_api_server_would_reject_is_described_field_by_field() -> None:
+    problems = parse_model_group(body(spec__parallelism={"tensor": 8, "pipeline": 1, "gpusPerPod": 3}))
+    assert isinstance(problems, str)
+    assert problems.startswith("spec.parallelism: ")
+    assert "gpusPerPod" in problems
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        (
+            body(spec__engine={"image": "Not A Valid Image!"}),
+            "spec.engine.image: 'Not A Valid Image!' is not a valid",
+        ),
+        (
+            body(
+                spec__engine={
+                    "image": "vllm/vllm-openai",
+                    "env": [{"name": "VLLM_HOST_IP", "value": "1.2.3.4"}],
+                }
+            ),
+            "spec.engine.env: VLLM_HOST_IP are set by goodput",
+        ),
+        (body(metadata={"name": "x" * 60, "namespace": "serving", "uid": "u"}), "metadata.name: "),
+        (
+            body(spec__parallelism={"tensor": 16, "pipeline": 1, "gpusPerPod": 16}),
+            "spec.parallelism: a group of 1 pod(s) × 16 GPUs fits no nvidia.com/gpu.clique domain",
+        ),
+        (
+            body(spec__parallelism={"tensor": 8, "pipeline": 3, "gpusPerPod": 8}),
+            "spec.parallelism: a group of 3 pod(s) × 8 GPUs",
+        ),
+    ],
+    ids=[
+        "image reference",
+        "operator-owned env",
+        "name too long for pod names",
+        "pod larger than any node",
+        "group larger than any domain",
+    ],
+)
+def test_problems_only_the_controller_can_see(raw: dict[str, Any], problem: str) -> None:
+    problems = spec_problems(model_group(raw), NODES)
+    assert len(problems) == 1
+    assert problems[0].startswith(problem)
+
+
+def test_a_valid_spec_has_no_problems_and_a_cluster_without_nodes_is_not_a_spec_error() -> None:
+    assert spec_problems(model_group(BODY), NODES) == ()
+    big = model_group(body(spec__parallelism={"tensor": 16, "pipeline": 1, "gpusPerPod": 16}))
+    assert spec_problems(big, ()) == ()
+
+
+@pytest.mark.parametrize(
+    ("image", "valid"),
+    [
+        ("vllm/vllm-openai:v0.33.0", True),
+        ("registry.example.com:5000/team/vllm@sha256:" + "a" * 64, True),
+        ("localhost/vllm", True),
+        ("vllm", True),
+        ("VLLM/Openai", False),
+        ("vllm openai", False),
+        ("vllm/vllm-openai:", False),
+        ("vllm//openai", False),
+    ],
+)
+def test_image_references(image: str, valid: bool) -> None:
+    assert bool(IMAGE_REFERENCE.match(image)) is valid
