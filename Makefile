@@ -1,5 +1,8 @@
 # The two commands a user needs: `make demo` and `make test`. Everything else is a step of those.
 SHELL := /bin/bash
+# The folder `operator/` would shadow the standard library's `operator` for any `python -m` run from
+# the repository root; never put the working directory on sys.path (Python 3.11's safe-path mode).
+export PYTHONSAFEPATH := 1
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
