@@ -278,7 +278,7 @@ def framework_grants(peering: str) -> set[Grant]:
 
 
 CONTROLLER_GRANTS = (
-    expand("goodput.dev", ["modelgroups", "slopolicies"], ["list", "watch", "patch"])
+    expand("goodput.dev", ["modelgroups", "slopolicies"], ["get", "list", "watch", "patch"])
     | expand("goodput.dev", ["modelgroups/status", "slopolicies/status"], ["patch"])
     | expand("goodput.dev", ["modelgroups/scale"], ["get", "patch", "update"])
     | expand("", ["pods"], ["list", "watch", "create", "patch", "delete"])

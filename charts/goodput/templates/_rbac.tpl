@@ -25,10 +25,11 @@ The operator's permissions, in two parts (kopf's deployment RBAC draws the same 
 {{- end }}
 
 {{- define "goodput.rbac.controllerRules" -}}
-# The custom resources: watched, annotated and given a finalizer by kopf, status written by goodput.
+# The custom resources: watched, annotated and given a finalizer by kopf, status written by goodput;
+# the autoscaler reads the current object before each decision.
 - apiGroups: ["goodput.dev"]
   resources: ["modelgroups", "slopolicies"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["goodput.dev"]
   resources: ["modelgroups/status", "slopolicies/status"]
   verbs: ["patch"]
