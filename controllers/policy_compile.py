@@ -1,0 +1,275 @@
+"""Compile a ModelGroup and its SLOPolicy into what a scaling decision obeys.
+
+The API speaks in user terms (an SLOPolicy's classes, signals and HPA-shaped behaviour; a
+ModelGroup's bounds and capacity profile); `autoscale.decide` reads frozen value objects
+(`ScalingPolicy`, `CapacityProfile`). This module is the one translation between the two, shared
+by the operator and the simulator, so a policy evaluated offline is the policy deployed.
+
+Two parts, compiled and cached separately because they change at different rates:
+
+- `scaling_policy`: bounds from the ModelGroup, everything else from the SLOPolicy. Cheap.
+- `capacity_profile`: the service-time model of one group on its hardware, priced and tabulated at
+  the primary class's targets (a few hundred step-model evaluations), calibrated to the measured
+  capacity and KV size the ModelGroup's `profile` records. Its inputs are named by `profile_key`, so
+  a caller rebuilds it only when they change (not on every `spec.replicas` write).
+
+What the API cannot say is not invented: a GPU the service-time model does not know needs a measured
+KV size and capacity, and a model without a catalog entry or `profile.modelShape` cannot be priced;
+both are reported as problems and nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
+from goodput.api.slopolicy import ScalingRules as ApiScalingRules
+from goodput.api.slopolicy import SloPolicy, SloPolicySpec
+from goodput.controllers.autoscale_model import (
+    GoodputSignal,
+    KvCacheSignal,
+    MetricStaleness,
+    Mode,
+    QueueWorkSignal,
+    ScalingPolicy,
+    ScalingRules,
+    SelectPolicy,
+    Signals,
+    SlackSignal,
+    SloTargets,
+    StaleMetricsAction,
+    StepPolicy,
+    StepPolicyType,
+)
+from goodput.controllers.policy import policy_problems
+from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
+from goodput.estimators.service_time import H100_80G, StepCostModel
+
+# Pricing reference for accelerators the service-time model does not know: work is then priced as on
+# this GPU, and the measured capacity (in those work-seconds) and KV size replace the model's.
+REFERENCE_GPU = H100_80G
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceMix:
+    """The request mix a profile is calibrated at, and the tails its safe estimates use.
+
+    The API has no field for these (a ModelGroup's benchmark records its capacity at vLLM's usual
+    chat shape), so the defaults are the estimators'; the simulator passes its trace's mix.
+    """
+
+    input_tokens: float = 1024.0
+    output_tokens: float = 256.0
+    input_tokens_p90: float | None = None
+    output_tokens_p90_over_mean: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    """One SLOPolicy bound to one ModelGroup, ready for `decide`.
+
+    metrics_window_seconds: the SLOPolicy's goodput window, over which attainment, goodput and the
+    engine histograms are measured.
+    """
+
+    policy: ScalingPolicy
+    profile: CapacityProfile
+    policy_name: str
+    metrics_window_seconds: float
+
+
+def scaling_policy(spec: ModelGroupSpec, slo: SloPolicySpec, *, shadow: bool = False) -> ScalingPolicy:
+    """The decision's policy: the ModelGroup's bounds and the SLOPolicy's targets and behaviour.
+
+    A shadow policy is never applied, so it is compiled as Advisory (unless Frozen): its decisions
+    must not remember scale events that never happened, or its step limits would drift from the
+    active policy's.
+    """
+    autoscaling = slo.autoscaling
+    signals = autoscaling.signals
+    mode = Mode(autoscaling.mode)
+    if shadow and mode is Mode.ACTIVE:
+        mode = Mode.ADVISORY
+    return ScalingPolicy(
+        min_groups=spec.min_replicas,
+        max_groups=spec.max_replicas,
+        warm_groups=min(spec.warm_replicas, spec.max_replicas),
+        revision=slo.revision,
+        mode=mode,
+        interval_seconds=float(autoscaling.interval_seconds),
+        classes=tuple(
+            SloTargets(cls.name, cls.ttft_seconds, cls.itl_seconds, cls.attainment, cls.percentile)
+            for cls in slo.classes
+        ),
+        signals=Signals(
+            queue_work=QueueWorkSignal(
+                drain_target_seconds=signals.queue_work.drain_target_seconds,
+                safety_factor=signals.queue_work.safety_factor,
+            )
+            if signals.queue_work.enabled
+            else None,
+            slack=SlackSignal(
+                min_slack_seconds=signals.slack.min_slack_seconds,
+                low_slack_fraction=signals.slack.low_slack_fraction,
+            )
+            if signals.slack.enabled
+            else None,
+            kv_cache=KvCacheSignal(min_free_fraction=signals.kv_cache.min_free_fraction)
+            if signals.kv_cache.enabled
+            else None,
+            goodput=GoodputSignal(attainment_floor=signals.goodput.attainment_floor)
+            if signals.goodput.enabled
+            else None,
+        ),
+        scale_up=scaling_rules(autoscaling.scale_up, max_groups=spec.max_replicas),
+        scale_down=scaling_rules(autoscaling.scale_down, max_groups=spec.max_replicas),
+        staleness=MetricStaleness(
+            max_age_seconds=float(autoscaling.metrics.max_age_seconds),
+            action=StaleMetricsAction(autoscaling.metrics.on_stale),
+        ),
+    )
+
+
+def scaling_rules(rules: ApiScalingRules, *, max_groups: int) -> ScalingRules:
+    """One direction's behaviour. An empty list of step policies means no step limit, which is a
+    policy allowing the whole range [0, maxReplicas] in any period."""
+    steps = tuple(
+        StepPolicy(StepPolicyType(step.type), step.value, float(step.period_seconds))
+        for step in rules.policies
+    )
+    select = SelectPolicy(rules.select_policy)
+    if not steps and select is not SelectPolicy.DISABLED:
+        steps = (StepPolicy(StepPolicyType.GROUPS, max(1, max_groups), 1.0),)
+    return ScalingRules(
+        tolerance=rules.tolerance,
+        stabilization_window_seconds=float(rules.stabilization_window_seconds),
+        policies=steps,
+        select_policy=select,
+    )
+
+
+def step_cost_model(spec: ModelGroupSpec) -> StepCostModel | str:
+    """The service-time model of one group, with the measured KV size when the profile gives one,
+    or why there is none."""
+    profile = spec.profile
+    if profile is None:
+        return "spec.profile is required with a policy: the autoscaler prices work with it"
+    shape = spec.model_shape()
+    if shape is None:
+        return (
+            f"spec.profile.modelShape is required: {spec.model.name!r} is not in goodput's model catalog, "
+            "so its tokens cannot be priced"
+        )
+    gpu = profile.gpu_spec()
+    if gpu is None:
+        missing = [
+            name
+            for name, value in (
+                ("kvCapacityTokens", profile.kv_capacity_tokens),
+                ("capacityWorkSecondsPerSecond", profile.capacity_work_seconds_per_second),
+            )
+            if value is None
+        ]
+        if missing:
+            return (
+                f"spec.profile.gpu {profile.gpu!r} is not one goodput's service-time model knows: set "
+                + " and ".join(f"spec.profile.{name}" for name in missing)
+                + " from a benchmark"
+            )
+        gpu = REFERENCE_GPU
+    model = StepCostModel.from_hardware(shape, gpu, spec.parallelism.tensor, spec.parallelism.pipeline)
+    if profile.kv_capacity_tokens is not None:
+        model = dataclasses.replace(model, kv_capacity_tokens=profile.kv_capacity_tokens)
+    if model.kv_capacity_tokens <= 0:
+        return (
+            f"the weights of {spec.model.name!r} leave no KV cache on {spec.parallelism.gpus_per_group} "
+            f"{profile.gpu} GPU(s): raise parallelism or set spec.profile.kvCapacityTokens"
+        )
+    return model
+
+
+def capacity_profile(
+    spec: ModelGroupSpec, slo: SloPolicySpec, mix: ReferenceMix = ReferenceMix()
+) -> CapacityProfile | str:
+    """One group's capacity profile at the SLOPolicy's primary class, or why it cannot be built.
+
+    The primary (first) class sets the targets, as it is the class engine histograms are judged
+    against. A measured `capacityWorkSecondsPerSecond` replaces the model's capacity at the
+    reference mix and scales the whole grid with it.
+    """
+    model = step_cost_model(spec)
+    if isinstance(model, str):
+        return model
+    limits = spec.batch_limits()
+    if limits is None:
+        return (
+            "spec.profile.maxNumSeqs and spec.profile.maxNumBatchedTokens are required for a GPU "
+            "goodput does not know"
+        )
+    max_num_seqs, max_num_batched_tokens = limits
+    primary = slo.classes[0]
+    profile = build_capacity_profile(
+        model,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        itl_target_seconds=primary.itl_seconds,
+        ttft_target_seconds=primary.ttft_seconds,
+        reference_input_tokens=mix.input_tokens,
+        reference_output_tokens=mix.output_tokens,
+        input_tokens_p90=mix.input_tokens_p90,
+        output_tokens_p90_over_mean=mix.output_tokens_p90_over_mean,
+    )
+    measured = spec.profile.capacity_work_seconds_per_second if spec.profile is not None else None
+    return profile.calibrated(measured) if measured is not None else profile
+
+
+def profile_key(spec: ModelGroupSpec, slo: SloPolicySpec, mix: ReferenceMix = ReferenceMix()) -> str:
+    """Everything `capacity_profile` reads, as one string: equal keys build equal profiles."""
+    parts = {
+        "model": spec.model.model_dump(mode="json"),
+        "parallelism": spec.parallelism.model_dump(mode="json"),
+        "profile": None if spec.profile is None else spec.profile.model_dump(mode="json"),
+        "targets": [slo.classes[0].ttft_seconds, slo.classes[0].itl_seconds],
+        "mix": dataclasses.asdict(mix),
+    }
+    return json.dumps(parts, sort_keys=True)
+
+
+def compile_policy(
+    model_group: ModelGroup,
+    slo: SloPolicy,
+    *,
+    shadow: bool = False,
+    profile: CapacityProfile | None = None,
+    mix: ReferenceMix = ReferenceMix(),
+) -> CompiledPolicy | str:
+    """The SLOPolicy bound to the ModelGroup, or why it cannot be.
+
+    profile: a profile already built for `profile_key(model_group.spec, slo.spec, mix)`, to skip
+    rebuilding it.
+    """
+    spec = model_group.spec
+    problems = compile_problems(spec, slo.spec)
+    if problems:
+        return "; ".join(problems)
+    built = profile if profile is not None else capacity_profile(spec, slo.spec, mix)
+    if isinstance(built, str):
+        return built
+    return CompiledPolicy(
+        policy=scaling_policy(spec, slo.spec, shadow=shadow),
+        profile=built,
+        policy_name=slo.metadata.name or "",
+        metrics_window_seconds=float(slo.spec.goodput.window_seconds),
+    )
+
+
+def compile_problems(spec: ModelGroupSpec, slo: SloPolicySpec) -> Sequence[str]:
+    """Why the pair cannot be compiled: the SLOPolicy's own cross-field rules (an SLOPolicy that is
+    not Accepted is never acted on) and a ModelGroup without a profile."""
+    problems = list(policy_problems(slo))
+    if spec.profile is None:
+        problems.append("spec.profile is required with a policy: the autoscaler prices work with it")
+    return problems

@@ -1,0 +1,782 @@
+"""The autoscaler in the operator: per ModelGroup with a bound SLOPolicy, observe → decide → act → record.
+
+A kopf daemon runs one loop per ModelGroup whose `policyRef` or `shadowPolicyRef` is set, at the
+active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
+
+1. reads the ModelGroup fresh from the API server (the count, the groups and the last records), and
+   the SLOPolicies from an index; compiles them (`controllers.policy_compile`; the capacity profile
+   is rebuilt only when its inputs change);
+2. reads the engine metrics of the ready groups from Prometheus in one query (`metrics_source`). A
+   Prometheus that is down or slow sets MetricsAvailable=False (reason MetricsQueryFailed) and
+   raises `kopf.TemporaryError(delay=interval)`: no decision, so never a scale-in on what is not seen;
+3. decides with `controllers.autoscale.decide`, for the active policy and, beside it, the shadow one;
+4. acts through the scale subresource (`PATCH .../modelgroups/NAME/scale`, conditional on the
+   resourceVersion it decided on: a `kubectl scale` in between wins, and the next tick decides
+   again). Only Active decisions act; Advisory ones and the shadow policy's are recorded; Frozen
+   makes no decision at all;
+5. records: `status.lastDecision`, the bounded history `status.decisions`, `status.shadowDecision`
+   and the conditions ScalingActive, MetricsAvailable and ScalingLimited (one status patch,
+   conditional on the resourceVersion); Events on transitions; one JSON log line per decision in the
+   design note's §38 shape; the operator's Prometheus metrics.
+
+The decision state (recent recommendations and scale events) is kept in memory and in the ModelGroup
+annotation `goodput.dev/autoscaler-state`, so an operator restart keeps its stabilisation windows
+and step limits (`decision_record.encode_states`).
+
+Wiring: `register_autoscaler(registry)` next to `handlers.register(registry, settings)`; it reads the
+kopf memo's `runtime` (the Kubernetes client, the metrics registry, the Event poster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import kopf
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from goodput.api.base import GROUP, VERSION, wire_dict
+from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
+from goodput.api.reasons import Reason
+from goodput.controllers.autoscale import decide
+from goodput.controllers.autoscale_model import Decision, DecisionState, GroupMetrics, Mode
+from goodput.controllers.decision_record import (
+    FailureReason,
+    autoscaler_conditions,
+    decision_events,
+    decode_states,
+    encode_states,
+    failed_rescale_event,
+    failure_conditions,
+    failure_event,
+    metrics_health,
+    persist_due,
+    record_decisions,
+)
+from goodput.controllers.groups import EventRecord
+from goodput.controllers.policy import parse_slo_policy
+from goodput.controllers.policy_compile import CompiledPolicy, capacity_profile, compile_policy, profile_key
+from goodput.controllers.template import parse_model_group
+from goodput.estimators.capacity import CapacityProfile
+from goodput.operator.kube import KubeError
+from goodput.operator.metrics_source import (
+    MetricsUnavailableError,
+    PrometheusMetricsSource,
+    build_snapshot,
+    query_windows,
+)
+from goodput.operator.promql import SeriesLabels, Windows
+
+log = logging.getLogger("goodput.autoscaler")
+decision_log = logging.getLogger("goodput.autoscaler.decisions")
+
+MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
+SLO_POLICIES = (GROUP, VERSION, "slopolicies")
+STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
+# The status fields the autoscaler writes; the group controller writes the others.
+DECISION_STATUS_FIELDS = ("lastDecision", "decisions", "shadowDecision", "conditions")
+# A tick that lost a race with another writer runs again this soon.
+CONFLICT_RETRY_SECONDS = 1.0
+DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerSettings:
+    """The autoscaler's settings, from GOODPUT_* environment variables (see `from_environ`)."""
+
+    prometheus_url: str = "http://127.0.0.1:9090"
+    prometheus_timeout_seconds: float = 5.0
+    """A query slower than this counts as Prometheus being down."""
+    rate_window_seconds: float = 60.0
+    """Window of token rates and the request mix; at least two scrape intervals."""
+    state_refresh_seconds: float = 60.0
+    """Longest the persisted decision state may lag while nothing in it changes."""
+    unbound_interval_seconds: float = 15.0
+    """Ticks while the bound policy cannot be used (not found, not accepted)."""
+    labels: SeriesLabels = field(default_factory=SeriesLabels)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> AutoscalerSettings:
+        """GOODPUT_PROMETHEUS_URL, GOODPUT_PROMETHEUS_TIMEOUT_SECONDS,
+        GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS, GOODPUT_AUTOSCALER_STATE_REFRESH_SECONDS and
+        GOODPUT_PROMETHEUS_LABEL_{NAMESPACE,MODEL_GROUP,GROUP}."""
+        defaults = cls()
+        return cls(
+            prometheus_url=environ.get("GOODPUT_PROMETHEUS_URL", defaults.prometheus_url).rstrip("/"),
+            prometheus_timeout_seconds=_positive(
+                environ, "GOODPUT_PROMETHEUS_TIMEOUT_SECONDS", defaults.prometheus_timeout_seconds
+            ),
+            rate_window_seconds=_positive(
+                environ, "GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS", defaults.rate_window_seconds
+            ),
+            state_refresh_seconds=_positive(
+                environ, "GOODPUT_AUTOSCALER_STATE_REFRESH_SECONDS", defaults.state_refresh_seconds
+            ),
+            labels=SeriesLabels.from_environ(environ),
+        )
+
+
+def _positive(environ: Mapping[str, str], key: str, default: float) -> float:
+    raw = environ.get(key)
+    if raw is None:
+        return default
+    value = float(raw)
+    if value <= 0:
+        raise ValueError(f"{key}={raw!r} must be a positive number of seconds")
+    return value
+
+
+class MetricsSource(Protocol):
+    def read(self, namespace: str, model_group: str, windows: Windows) -> dict[str, GroupMetrics]: ...
+
+
+class KubeCalls(Protocol):
+    """The verbs of `kube.KubeApi` the autoscaler uses."""
+
+    def request(self, verb: str, resource: str, path: str, body: Any = None, **kwargs: Any) -> Any: ...
+
+    def patch_custom(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+    ) -> Any: ...
+
+
+class AutoscalerMetrics:
+    """The autoscaler's own series, on the operator's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["namespace", "modelgroup"]
+        self.decisions = Counter(
+            "goodput_autoscaler_decisions_total",
+            "Scaling decisions by policy (active or shadow), mode and reason.",
+            [*labels, "policy", "mode", "reason"],
+            registry=registry,
+        )
+        self.desired_groups = Gauge(
+            "goodput_autoscaler_desired_groups",
+            "Groups the latest decision asked for, by policy (active or shadow).",
+            [*labels, "policy"],
+            registry=registry,
+        )
+        self.ready_groups = Gauge(
+            "goodput_autoscaler_ready_groups",
+            "Ready groups the latest decision counted.",
+            labels,
+            registry=registry,
+        )
+        self.proposed_groups = Gauge(
+            "goodput_autoscaler_proposed_groups",
+            "Groups each signal proposed in the latest decision.",
+            [*labels, "policy", "signal"],
+            registry=registry,
+        )
+        self.metric_age = Gauge(
+            "goodput_autoscaler_metric_age_seconds",
+            "Age of the oldest ready group's engine metrics at the latest decision.",
+            labels,
+            registry=registry,
+        )
+        self.queue_work = Gauge(
+            "goodput_autoscaler_queue_work_seconds",
+            "Estimated remaining work of waiting and running requests, in work-seconds.",
+            labels,
+            registry=registry,
+        )
+        self.arrival_work_rate = Gauge(
+            "goodput_autoscaler_arrival_work_rate",
+            "Estimated arriving work, in work-seconds per second.",
+            labels,
+            registry=registry,
+        )
+        self.earliest_slack = Gauge(
+            "goodput_autoscaler_earliest_slack_seconds",
+            "Estimated first-token slack of a request arriving now.",
+            labels,
+            registry=registry,
+        )
+        self.kv_free = Gauge(
+            "goodput_autoscaler_kv_free_ratio",
+            "Free fraction of the ready groups' KV caches.",
+            labels,
+            registry=registry,
+        )
+        self.policy_info = Gauge(
+            "goodput_autoscaler_policy_info",
+            "The SLOPolicy revision and mode behind the latest decision (value 1).",
+            [*labels, "policy", "slopolicy", "revision", "mode"],
+            registry=registry,
+        )
+        self.metrics_failures = Counter(
+            "goodput_autoscaler_metrics_query_failures_total",
+            "Ticks that could not read the metrics from Prometheus.",
+            labels,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "goodput_autoscaler_decision_duration_seconds",
+            "Time per decision: reading Prometheus ('metrics'), the pure decision ('decide'), and the whole "
+            "tick with its API writes ('total').",
+            ["stage"],
+            registry=registry,
+            buckets=DECISION_BUCKETS,
+        )
+        self._seen: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
+
+    def _set(self, gauge: Gauge, values: tuple[str, ...], value: float) -> None:
+        gauge.labels(*values).set(value)
+        self._seen.setdefault((values[0], values[1]), set()).add((gauge, values))
+
+    def record(self, namespace: str, name: str, decision: Decision, *, policy: str, slo_policy: str) -> None:
+        key = (namespace, name)
+        self.decisions.labels(namespace, name, policy, decision.mode.value, decision.reason).inc()
+        self._set(self.desired_groups, (*key, policy), decision.desired_groups)
+        for proposal in decision.proposals:
+            self._set(self.proposed_groups, (*key, policy, str(proposal.signal)), proposal.groups)
+        for gauge, values in list(self._seen.get(key, ())):
+            if gauge is self.policy_info and values[2] == policy:
+                gauge.remove(*values)
+                self._seen[key].discard((gauge, values))
+        self._set(
+            self.policy_info, (*key, policy, slo_policy, decision.policy_revision, decision.mode.value), 1.0
+        )
+        if policy != "active":
+            return
+        self._set(self.ready_groups, key, decision.counts.ready)
+        estimates = decision.estimates
+        for gauge, value in (
+            (self.queue_work, estimates.queue_work_seconds),
+            (self.arrival_work_rate, estimates.arrival_work_rate),
+            (self.earliest_slack, estimates.earliest_slack_seconds),
+            (self.kv_free, estimates.kv_free_fraction),
+        ):
+            if value is not None and abs(value) != float("inf"):
+                self._set(gauge, key, value)
+
+    def record_age(self, namespace: str, name: str, age_seconds: float | None) -> None:
+        if age_seconds is not None:
+            self._set(self.metric_age, (namespace, name), age_seconds)
+
+    def forget(self, namespace: str, name: str) -> None:
+        for gauge, values in self._seen.pop((namespace, name), set()):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*values)
+
+
+@dataclass
+class Memory:
+    """What the autoscaler remembers about one ModelGroup between ticks (and daemon restarts)."""
+
+    active: DecisionState = field(default_factory=DecisionState.initial)
+    shadow: DecisionState = field(default_factory=DecisionState.initial)
+    shadow_policy: str | None = None
+    loaded: bool = False
+    state_text: str | None = None
+    state_written_at: float | None = None
+    profiles: dict[str, CapacityProfile] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    """A bound policy the autoscaler cannot use, and why."""
+
+    reason: FailureReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutcome:
+    """What one tick decided (None: no decision) and when the next one is due."""
+
+    interval_seconds: float
+    active: Decision | None = None
+    shadow: Decision | None = None
+
+
+PolicyIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
+PostEvents = Callable[[Sequence[EventRecord]], None]
+
+
+class Autoscaler:
+    """The autoscaler of every bound ModelGroup of one operator process."""
+
+    def __init__(
+        self,
+        kube: KubeCalls,
+        source: MetricsSource,
+        metrics: AutoscalerMetrics,
+        settings: AutoscalerSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.source = source
+        self.metrics = metrics
+        self.settings = settings
+        self.clock = clock
+        self.memories: dict[tuple[str, str], Memory] = {}
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.memories.pop((namespace, name), None)
+        self.metrics.forget(namespace, name)
+
+    async def tick(
+        self, namespace: str, name: str, policies: PolicyIndex, post_events: PostEvents
+    ) -> TickOutcome:
+        """One decision for one ModelGroup; see the module docstring. Raises kopf.TemporaryError
+        when Prometheus or the scale write fails."""
+        started = time.perf_counter()
+        now = self.clock()
+        obj = await self._get(namespace, name)
+        if obj is None:
+            return TickOutcome(self.settings.unbound_interval_seconds)
+        memory = self._memory(namespace, name, obj, now)
+        status = ModelGroupStatus.model_validate(obj.get("status") or {})
+        parsed = parse_model_group({key: obj.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
+        if isinstance(parsed, str):
+            await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events)
+            return TickOutcome(self.settings.unbound_interval_seconds)
+
+        spec = parsed.spec
+        active = self._compiled(parsed, spec.policy_ref, policies, memory, shadow=False)
+        shadow = self._compiled(parsed, spec.shadow_policy_ref, policies, memory, shadow=True)
+        shadow_name = shadow.policy_name if isinstance(shadow, CompiledPolicy) else None
+        if shadow_name != memory.shadow_policy:
+            if memory.shadow_policy is not None:
+                memory.shadow = DecisionState.initial()  # another shadow policy: a history of its own
+            memory.shadow_policy = shadow_name
+        interval = next(
+            (c.policy.interval_seconds for c in (active, shadow) if isinstance(c, CompiledPolicy)),
+            self.settings.unbound_interval_seconds,
+        )
+        stopped = _why_no_decision(active)
+        if stopped is not None and stopped.reason == Reason.MODE_FROZEN:
+            # Unfreezing starts from a fresh state, so the first decisions cannot scale in before a
+            # full scale-down window has passed (decide's first-sight rule).
+            memory.active = DecisionState.initial()
+        runs_active = isinstance(active, CompiledPolicy) and stopped is None
+        runs_shadow = isinstance(shadow, CompiledPolicy) and shadow.policy.mode is not Mode.FROZEN
+        if not (runs_active or runs_shadow):
+            if stopped is not None:
+                await self._fail(obj, status, stopped, post_events)
+            await self._persist(namespace, name, memory, now)
+            return TickOutcome(interval)
+
+        compiled = [c for c in (active, shadow) if isinstance(c, CompiledPolicy)]
+        metrics_started = time.perf_counter()
+        try:
+            readings = await self._read_metrics(namespace, name, compiled)
+        except MetricsUnavailableError as error:
+            self.metrics.metrics_failures.labels(namespace, name).inc()
+            message = f"{error}; holding at {spec.replicas} group(s)"
+            log.warning("metrics unavailable: %s", error, extra={"namespace": namespace, "modelgroup": name})
+            await self._fail(obj, status, Unusable(Reason.METRICS_QUERY_FAILED, message), post_events)
+            # A blind spot restarts the stabilisation windows: once the metrics are back, the count
+            # goes down only after a full scale-down window of seeing them (step limits still count).
+            memory.active = _blind(memory.active)
+            memory.shadow = _blind(memory.shadow)
+            raise kopf.TemporaryError(message, delay=interval) from error
+        self.metrics.duration.labels("metrics").observe(time.perf_counter() - metrics_started)
+
+        active_decision = health = shadow_decision = None
+        if runs_active and isinstance(active, CompiledPolicy):
+            snapshot = build_snapshot(parsed, status, active, readings[self._windows(active)], now=now)
+            decide_started = time.perf_counter()
+            active_decision = decide(snapshot, active.policy, memory.active, now)
+            self.metrics.duration.labels("decide").observe(time.perf_counter() - decide_started)
+            health = metrics_health(snapshot, active.policy.staleness.max_age_seconds)
+            ages = [group.metrics.age_seconds for group in snapshot.groups if group.metrics is not None]
+            self.metrics.record_age(namespace, name, max(ages) if ages else None)
+        if runs_shadow and isinstance(shadow, CompiledPolicy):
+            snapshot = build_snapshot(parsed, status, shadow, readings[self._windows(shadow)], now=now)
+            shadow_decision = decide(snapshot, shadow.policy, memory.shadow, now)
+
+        if active_decision is not None and active_decision.changes:
+            scaled = await self._scale(obj, active_decision, post_events, interval)
+            if not scaled:
+                return TickOutcome(CONFLICT_RETRY_SECONDS)
+        if active_decision is not None:
+            memory.active = active_decision.next_state
+        if shadow_decision is not None:
+            memory.shadow = shadow_decision.next_state
+
+        events: list[EventRecord] = []
+        if active_decision is not None and isinstance(active, CompiledPolicy):
+            events += decision_events(status.last_decision, active_decision, policy_name=active.policy_name)
+        elif stopped is not None and (
+            event := failure_event(status.conditions, stopped.reason, stopped.message)
+        ):
+            events.append(event)
+        if shadow_decision is not None and isinstance(shadow, CompiledPolicy):
+            events += decision_events(
+                status.shadow_decision, shadow_decision, policy_name=shadow.policy_name, shadow=True
+            )
+        generation = int((obj.get("metadata") or {}).get("generation") or 0)
+        when = datetime.fromtimestamp(now, UTC)
+
+        def recorded(previous: ModelGroupStatus) -> ModelGroupStatus:
+            new = record_decisions(previous, active=active_decision, shadow=shadow_decision)
+            if active_decision is not None and health is not None:
+                conditions = autoscaler_conditions(
+                    new.conditions, active_decision, health, generation=generation, now=when
+                )
+            elif stopped is not None:
+                conditions = failure_conditions(
+                    new.conditions,
+                    reason=stopped.reason,
+                    message=stopped.message,
+                    generation=generation,
+                    now=when,
+                )
+            else:
+                return new
+            return new.model_copy(update={"conditions": conditions})
+
+        await self._write_status(obj, recorded, clear_shadow=spec.shadow_policy_ref is None)
+        post_events(events)
+        await self._persist(namespace, name, memory, now)
+        for decision, policy, role in (
+            (active_decision, active, "active"),
+            (shadow_decision, shadow, "shadow"),
+        ):
+            if decision is not None and isinstance(policy, CompiledPolicy):
+                self._log(namespace, decision, shadow=role == "shadow")
+                self.metrics.record(namespace, name, decision, policy=role, slo_policy=policy.policy_name)
+        self.metrics.duration.labels("total").observe(time.perf_counter() - started)
+        return TickOutcome(interval, active_decision, shadow_decision)
+
+    def _memory(self, namespace: str, name: str, obj: Mapping[str, Any], now: float) -> Memory:
+        """This ModelGroup's memory; on first sight, the decision states its annotation saved."""
+        memory = self.memories.setdefault((namespace, name), Memory())
+        if not memory.loaded:
+            text = ((obj.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
+            persisted = decode_states(text, now=now, refresh_seconds=self.settings.state_refresh_seconds)
+            memory.active, memory.shadow = persisted.active, persisted.shadow
+            memory.state_text, memory.state_written_at = text, persisted.written_at
+            memory.loaded = True
+        return memory
+
+    def _windows(self, compiled: CompiledPolicy) -> Windows:
+        return query_windows(compiled, self.settings.rate_window_seconds)
+
+    async def _scale(
+        self, obj: Mapping[str, Any], decision: Decision, post_events: PostEvents, interval: float
+    ) -> bool:
+        """Write the decided count through the scale subresource, conditional on the resourceVersion
+        the decision read. False when someone else wrote the ModelGroup in between."""
+        metadata = obj.get("metadata") or {}
+        patch = {
+            "metadata": {"resourceVersion": str(metadata.get("resourceVersion") or "")},
+            "spec": {"replicas": decision.desired_groups},
+        }
+        try:
+            answer = await asyncio.to_thread(
+                self.kube.patch_custom,
+                "modelgroups",
+                str(metadata.get("namespace") or ""),
+                str(metadata["name"]),
+                patch,
+                subresource="scale",
+            )
+        except KubeError as error:
+            if error.status == 409:
+                return False
+            post_events([failed_rescale_event(decision, str(error))])
+            raise kopf.TemporaryError(
+                f"scaling to {decision.desired_groups} group(s) failed: {error}", delay=interval
+            ) from error
+        # The status patch that follows is conditional on the version this write produced.
+        written = ((answer or {}).get("metadata") or {}).get("resourceVersion")
+        if written:
+            metadata["resourceVersion"] = written
+        return True
+
+    # --- policies -------------------------------------------------------------------------------
+
+    def _compiled(
+        self,
+        model_group: ModelGroup,
+        ref: PolicyRef | None,
+        policies: PolicyIndex,
+        memory: Memory,
+        *,
+        shadow: bool,
+    ) -> CompiledPolicy | Unusable | None:
+        if ref is None:
+            return None
+        namespace = model_group.metadata.namespace or ""
+        body = next(iter(policies.get((namespace, ref.name), ())), None)
+        which = "shadowPolicyRef" if shadow else "policyRef"
+        if body is None:
+            return Unusable(
+                Reason.POLICY_NOT_FOUND, f"SLOPolicy {ref.name} ({which}) not found in {namespace}"
+            )
+        policy = parse_slo_policy(body)
+        if isinstance(policy, str):
+            return Unusable(Reason.POLICY_NOT_ACCEPTED, f"SLOPolicy {ref.name} ({which}): {policy}")
+        key = profile_key(model_group.spec, policy.spec)
+        profile = memory.profiles.get(key)
+        if profile is None:
+            built = capacity_profile(model_group.spec, policy.spec)
+            if isinstance(built, str):
+                return Unusable(Reason.INVALID_SPEC, built)
+            profile = built
+            # Two profiles at most: the active and the shadow policy's.
+            memory.profiles = {**dict(list(memory.profiles.items())[-1:]), key: profile}
+        compiled = compile_policy(model_group, policy, shadow=shadow, profile=profile)
+        if isinstance(compiled, str):
+            return Unusable(Reason.POLICY_NOT_ACCEPTED, f"SLOPolicy {ref.name} ({which}): {compiled}")
+        return compiled
+
+    # --- reading and writing --------------------------------------------------------------------
+
+    async def _read_metrics(
+        self, namespace: str, name: str, compiled: Sequence[CompiledPolicy]
+    ) -> dict[Windows, dict[str, GroupMetrics]]:
+        readings: dict[Windows, dict[str, GroupMetrics]] = {}
+        for policy in compiled:
+            windows = self._windows(policy)
+            if windows not in readings:
+                readings[windows] = await asyncio.to_thread(self.source.read, namespace, name, windows)
+        return readings
+
+    def _path(self, namespace: str, name: str) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/modelgroups/{name}"
+
+    async def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found = await asyncio.to_thread(
+                self.kube.request, "GET", "modelgroups", self._path(namespace, name)
+            )
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise kopf.TemporaryError(
+                f"reading ModelGroup {namespace}/{name} failed: {error}", delay=5
+            ) from error
+        return dict(found) if found else None
+
+    async def _write_status(
+        self,
+        obj: Mapping[str, Any],
+        recorded: Callable[[ModelGroupStatus], ModelGroupStatus],
+        *,
+        clear_shadow: bool,
+    ) -> None:
+        """Patch the autoscaler's status fields, conditional on the resourceVersion they were
+        computed from; after a conflict, once more from a fresh read."""
+        metadata = obj.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
+        current: Mapping[str, Any] | None = obj
+        for _ in range(2):
+            if current is None:
+                return
+            previous = ModelGroupStatus.model_validate(current.get("status") or {})
+            new = recorded(previous)
+            if new == previous:
+                return
+            wire = wire_dict(new)
+            patch_status: dict[str, Any] = {
+                key: wire.get(key) for key in DECISION_STATUS_FIELDS if key in wire
+            }
+            if clear_shadow and previous.shadow_decision is not None:
+                patch_status["shadowDecision"] = None
+            resource_version = (current.get("metadata") or {}).get("resourceVersion")
+            patch: dict[str, Any] = {"status": patch_status}
+            if resource_version:
+                patch["metadata"] = {"resourceVersion": resource_version}
+            try:
+                await asyncio.to_thread(
+                    self.kube.patch_custom, "modelgroups", namespace, name, patch, subresource="status"
+                )
+                return
+            except KubeError as error:
+                if error.status != 409:
+                    raise kopf.TemporaryError(f"status write failed: {error}", delay=5) from error
+            current = await self._get(namespace, name)
+        log.info(
+            "status write lost twice to other writers; next tick",
+            extra={"namespace": namespace, "modelgroup": name},
+        )
+
+    async def _fail(
+        self, obj: Mapping[str, Any], status: ModelGroupStatus, unusable: Unusable, post_events: PostEvents
+    ) -> None:
+        """No decision this tick: say why in the conditions, and once as an Event."""
+        metadata = obj.get("metadata") or {}
+        now = datetime.fromtimestamp(self.clock(), UTC)
+
+        def recorded(previous: ModelGroupStatus) -> ModelGroupStatus:
+            return previous.model_copy(
+                update={
+                    "conditions": failure_conditions(
+                        previous.conditions,
+                        reason=unusable.reason,
+                        message=unusable.message,
+                        generation=int(metadata.get("generation") or 0),
+                        now=now,
+                    )
+                }
+            )
+
+        event = failure_event(status.conditions, unusable.reason, unusable.message)
+        await self._write_status(obj, recorded, clear_shadow=False)
+        if event is not None:
+            post_events([event])
+
+    async def _persist(self, namespace: str, name: str, memory: Memory, now: float) -> None:
+        text = encode_states(memory.active, memory.shadow if memory.shadow_policy else None, now=now)
+        if not persist_due(
+            memory.state_text,
+            text,
+            written_at=memory.state_written_at,
+            now=now,
+            refresh_seconds=self.settings.state_refresh_seconds,
+        ):
+            return
+        try:
+            await asyncio.to_thread(
+                self.kube.patch_custom,
+                "modelgroups",
+                namespace,
+                name,
+                {"metadata": {"annotations": {STATE_ANNOTATION: text}}},
+            )
+        except KubeError as error:
+            # The decision stands; the next tick writes the state again.
+            log.warning(
+                "decision state not saved",
+                extra={"namespace": namespace, "modelgroup": name, "error": str(error)},
+            )
+            return
+        memory.state_text, memory.state_written_at = text, now
+
+    def _log(self, namespace: str, decision: Decision, *, shadow: bool) -> None:
+        record = decision.to_record()
+        what = "shadow decision" if shadow else "decision"
+        change = f"{decision.current_groups} -> {decision.desired_groups}"
+        decision_log.info(
+            f"{what} {namespace}/{decision.model_group}: {change} "
+            f"({decision.reason}, revision {decision.policy_revision})",
+            extra={**record, "namespace": namespace, "shadow": shadow},
+        )
+
+    async def unbind(self, namespace: str, name: str) -> None:
+        """The ModelGroup no longer names a policy: ScalingActive=False (NoPolicy), best effort."""
+        obj = await self._get(namespace, name)
+        if obj is None:
+            return
+        message = "no policyRef: spec.replicas is set by hand or by another autoscaler"
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        generation = int((obj.get("metadata") or {}).get("generation") or 0)
+
+        def recorded(previous: ModelGroupStatus) -> ModelGroupStatus:
+            conditions = failure_conditions(
+                previous.conditions, reason=Reason.NO_POLICY, message=message, generation=generation, now=now
+            )
+            return previous.model_copy(update={"conditions": conditions})
+
+        await self._write_status(obj, recorded, clear_shadow=True)
+
+
+def _blind(state: DecisionState) -> DecisionState:
+    """The state after ticks that saw nothing: no recommendation to stabilise on (and the first-sight
+    rule again); scale events and the goodput signal's trial kept."""
+    return dataclasses.replace(state, recommendations=(), started=False)
+
+
+def _why_no_decision(active: CompiledPolicy | Unusable | None) -> Unusable | None:
+    """Why the active policy makes no decision this tick: it cannot be used, or it is Frozen."""
+    if isinstance(active, Unusable):
+        return active
+    if isinstance(active, CompiledPolicy) and active.policy.mode is Mode.FROZEN:
+        return Unusable(
+            Reason.MODE_FROZEN, f"SLOPolicy {active.policy_name} revision {active.policy.revision} is Frozen"
+        )
+    return None
+
+
+def is_bound(spec: Mapping[str, Any]) -> bool:
+    return bool(spec.get("policyRef") or spec.get("shadowPolicyRef"))
+
+
+def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSettings | None = None) -> None:
+    """Register the autoscaler's handlers; `settings` default to the environment's."""
+    chosen = settings if settings is not None else AutoscalerSettings.from_environ(os.environ)
+
+    @kopf.on.startup(id="autoscaler_start", registry=registry)
+    async def start(*, memo: Any, **_: Any) -> None:
+        runtime = memo.runtime
+        source = PrometheusMetricsSource(
+            chosen.prometheus_url, chosen.labels, timeout_seconds=chosen.prometheus_timeout_seconds
+        )
+        memo.autoscaler = Autoscaler(
+            runtime.kube, source, AutoscalerMetrics(runtime.metrics.registry), chosen
+        )
+        log.info("autoscaler reading Prometheus at %s", chosen.prometheus_url)
+
+    @kopf.on.cleanup(id="autoscaler_stop", registry=registry)
+    async def stop(*, memo: Any, **_: Any) -> None:
+        autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
+        if autoscaler is not None and isinstance(autoscaler.source, PrometheusMetricsSource):
+            autoscaler.source.close()
+
+    @kopf.index(*SLO_POLICIES, id="autoscaler_slo_policies", registry=registry)
+    async def slo_policies(
+        *, body: kopf.Body, name: str, namespace: str | None, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        return {
+            (namespace or "", name): {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "metadata": {"name": name, "namespace": namespace, "generation": body.meta.get("generation")},
+                "spec": dict(body.get("spec") or {}),
+            }
+        }
+
+    @kopf.daemon(
+        *MODEL_GROUPS,
+        id="autoscaler",
+        when=lambda spec, **_: is_bound(spec),
+        cancellation_timeout=10,
+        registry=registry,
+    )
+    async def autoscale(
+        *,
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        memo: Any,
+        stopped: kopf.DaemonStopped,
+        **kwargs: Any,
+    ) -> None:
+        autoscaler: Autoscaler = memo.autoscaler
+        policies: PolicyIndex = kwargs["autoscaler_slo_policies"]
+        where = namespace or ""
+
+        def post(events: Sequence[EventRecord]) -> None:
+            memo.runtime.post_events(body, events)
+
+        try:
+            while not stopped:
+                outcome = await autoscaler.tick(where, name, policies, post)
+                await stopped.wait(outcome.interval_seconds)
+        finally:
+            reason = stopped.reason or kopf.DaemonStoppingReason.DONE
+            if kopf.DaemonStoppingReason.RESOURCE_DELETED in reason:
+                autoscaler.forget(where, name)
+            elif kopf.DaemonStoppingReason.FILTERS_MISMATCH in reason:
+                autoscaler.forget(where, name)
+                with contextlib.suppress(kopf.TemporaryError, KubeError, OSError):
+                    await autoscaler.unbind(where, name)

@@ -1,0 +1,283 @@
+"""The autoscaler's observation of one ModelGroup: its groups from the cluster, their engine metrics
+from Prometheus, as one `ModelGroupSnapshot`.
+
+Prometheus is read with prometheus-api-client in one instant query (`promql.snapshot_query`), with
+a timeout and no retries: a Prometheus that is down or slow raises `MetricsUnavailableError` at once and
+the caller decides nothing (it never scales in on what it cannot see). Everything after the query is
+pure: `parse_query_result` splits the answer by group, `group_metrics` turns one group's series into
+`GroupMetrics`, and `build_snapshot` joins them with the group states of `status.groups`.
+
+Nothing is guessed. A ready group whose engine gauges are absent (its target is down, or not scraped
+yet) keeps its place in the snapshot with no metrics, so the decision's missing-metrics guard holds
+the count; a group whose series are old carries their age, for the stale-metrics guard. Groups
+wanted (`spec.replicas`) but not yet created are capacity on its way, like a placing group, and
+unschedulable while the group controller reports that none can be placed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
+from urllib3.util.retry import Retry
+
+from goodput.api.conditions import find_condition
+from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
+from goodput.api.reasons import ConditionType
+from goodput.controllers.autoscale_model import GroupMetrics, GroupObservation, GroupState, ModelGroupSnapshot
+from goodput.controllers.placement import NoFitReason
+from goodput.controllers.policy_compile import CompiledPolicy
+from goodput.estimators.attainment import Histogram
+from goodput.operator.promql import (
+    HISTOGRAM_QUANTITIES,
+    QUERY_LABEL,
+    Quantity,
+    SeriesLabels,
+    Windows,
+    snapshot_query,
+)
+
+# Without these a group has no engine metrics: the gauges every decision reads, and their age.
+REQUIRED_QUANTITIES = (Quantity.WAITING, Quantity.RUNNING, Quantity.KV_USAGE, Quantity.SAMPLE_AGE)
+_PLACEMENT_REASONS = frozenset(reason.value for reason in NoFitReason)
+_NOT_COMING = frozenset({GroupState.DRAINING, GroupState.FAILED})
+
+
+class MetricsUnavailableError(RuntimeError):
+    """Prometheus could not answer (down, slow, or an error): nothing is known about the load."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSeries:
+    """One group's answers: a value per quantity, and (le, count) pairs per histogram."""
+
+    values: dict[Quantity, float] = field(default_factory=dict)
+    buckets: dict[Quantity, list[tuple[float, float]]] = field(default_factory=dict)
+
+
+def _number(text: object) -> float | None:
+    """A sample value; NaN (0/0 over an empty window) is no value."""
+    try:
+        value = float(str(text))
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value
+
+
+def parse_query_result(result: Sequence[Mapping[str, Any]], labels: SeriesLabels) -> dict[str, GroupSeries]:
+    """The answer of `snapshot_query`, by group name. Series without a group or a known quantity
+    (another exporter's labels, a newer query) are ignored."""
+    groups: dict[str, GroupSeries] = {}
+    for series in result:
+        metric = series.get("metric") or {}
+        group = metric.get(labels.group)
+        try:
+            quantity = Quantity(str(metric.get(QUERY_LABEL, "")))
+        except ValueError:
+            continue
+        sample = series.get("value") or (None, None)
+        value = _number(sample[1]) if len(sample) == 2 else None
+        if not group or value is None:
+            continue
+        entry = groups.setdefault(group, GroupSeries())
+        if quantity in HISTOGRAM_QUANTITIES:
+            bound = _number(metric.get("le"))
+            if bound is not None:
+                entry.buckets.setdefault(quantity, []).append((bound, value))
+        else:
+            entry.values[quantity] = value
+    return groups
+
+
+def histogram_from_buckets(pairs: Sequence[tuple[float, float]]) -> Histogram | None:
+    """A window's histogram from its cumulative `le` buckets; None without the +Inf bucket.
+
+    `increase()` extrapolates each bucket series on its own, so neighbouring counts can cross by a
+    fraction; the running maximum restores the cumulative order.
+    """
+    ordered = sorted(pairs)
+    if not ordered or not math.isinf(ordered[-1][0]):
+        return None
+    counts: list[float] = []
+    running = 0.0
+    for _, count in ordered:
+        running = max(running, count, 0.0)
+        counts.append(running)
+    return Histogram(tuple(bound for bound, _ in ordered[:-1]), tuple(counts))
+
+
+def group_metrics(series: GroupSeries) -> GroupMetrics | None:
+    """One group's `GroupMetrics`, or None when its engine gauges are absent."""
+    values = series.values
+    if any(quantity not in values for quantity in REQUIRED_QUANTITIES):
+        return None
+
+    def ratio(numerator: Quantity, denominator: Quantity) -> float | None:
+        below = values.get(denominator, 0.0)
+        return values.get(numerator, 0.0) / below if below > 0 else None
+
+    def histogram(quantity: Quantity) -> Histogram | None:
+        pairs = series.buckets.get(quantity)
+        return histogram_from_buckets(pairs) if pairs else None
+
+    return GroupMetrics(
+        age_seconds=max(0.0, values[Quantity.SAMPLE_AGE]),
+        waiting_requests=max(0.0, values[Quantity.WAITING]),
+        running_requests=max(0.0, values[Quantity.RUNNING]),
+        kv_usage_fraction=min(1.0, max(0.0, values[Quantity.KV_USAGE])),
+        prompt_tokens_per_second=max(0.0, values.get(Quantity.PROMPT_TOKENS_RATE, 0.0)),
+        generation_tokens_per_second=max(0.0, values.get(Quantity.GENERATION_TOKENS_RATE, 0.0)),
+        mean_input_tokens=ratio(Quantity.PROMPT_TOKENS_SUM, Quantity.PROMPT_TOKENS_COUNT),
+        mean_output_tokens=ratio(Quantity.GENERATION_TOKENS_SUM, Quantity.GENERATION_TOKENS_COUNT),
+        prefix_hit_fraction=min(1.0, ratio(Quantity.PREFIX_HITS, Quantity.PREFIX_QUERIES) or 0.0),
+        ttft=histogram(Quantity.TTFT_BUCKETS),
+        itl=histogram(Quantity.ITL_BUCKETS),
+        queue_time=histogram(Quantity.QUEUE_TIME_BUCKETS),
+        tpot=histogram(Quantity.TPOT_BUCKETS),
+        finished_requests=max(0.0, values.get(Quantity.FINISHED, 0.0)),
+        aborted_requests=max(0.0, values.get(Quantity.ABORTED, 0.0)),
+        rejected_requests=max(0.0, values.get(Quantity.REJECTED, 0.0)),
+    )
+
+
+def _common_bounds(histograms: Sequence[Histogram | None]) -> tuple[float, ...] | None:
+    bounds = Counter(histogram.upper_bounds for histogram in histograms if histogram is not None)
+    return bounds.most_common(1)[0][0] if bounds else None
+
+
+def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
+    """Histograms with bounds unlike most groups' are dropped (they cannot be merged), so one engine
+    with custom buckets costs only its own latency evidence, never the decision."""
+    ttft = _common_bounds([group.ttft for group in metrics.values()])
+    itl = _common_bounds([group.itl for group in metrics.values()])
+    queue_time = _common_bounds([group.queue_time for group in metrics.values()])
+    tpot = _common_bounds([group.tpot for group in metrics.values()])
+
+    def keep(histogram: Histogram | None, bounds: tuple[float, ...] | None) -> Histogram | None:
+        return histogram if histogram is not None and histogram.upper_bounds == bounds else None
+
+    return {
+        name: replace(
+            group,
+            ttft=keep(group.ttft, ttft),
+            itl=keep(group.itl, itl),
+            queue_time=keep(group.queue_time, queue_time),
+            tpot=keep(group.tpot, tpot),
+        )
+        for name, group in metrics.items()
+    }
+
+
+def metrics_by_group(result: Sequence[Mapping[str, Any]], labels: SeriesLabels) -> dict[str, GroupMetrics]:
+    """Every group's metrics in a `snapshot_query` answer; groups without engine gauges are left out."""
+    parsed = {group: group_metrics(series) for group, series in parse_query_result(result, labels).items()}
+    return aligned({group: metrics for group, metrics in parsed.items() if metrics is not None})
+
+
+def group_observations(
+    model_group: ModelGroup, status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics], *, now: float
+) -> tuple[GroupObservation, ...]:
+    """The groups of `status.groups` with the metrics of the ready ones, plus the groups wanted but
+    not created yet (see the module docstring)."""
+    observations = [
+        GroupObservation(
+            name=group.name,
+            state=GroupState(group.state),
+            created_at=group.created_at.timestamp(),
+            metrics=metrics.get(group.name) if group.state == GroupState.READY.value else None,
+        )
+        for group in status.groups
+    ]
+    spec = model_group.spec
+    wanted = max(spec.min_replicas, min(spec.replicas, spec.max_replicas))
+    live = sum(1 for group in observations if group.state not in _NOT_COMING)
+    limited = find_condition(status.conditions, ConditionType.SCALING_LIMITED)
+    unplaceable = limited is not None and limited.status == "True" and limited.reason in _PLACEMENT_REASONS
+    observations.extend(
+        GroupObservation(
+            name=f"wanted-{index}", state=GroupState.PLACING, created_at=now, unschedulable=unplaceable
+        )
+        for index in range(max(0, wanted - live))
+    )
+    return tuple(observations)
+
+
+def build_snapshot(
+    model_group: ModelGroup,
+    status: ModelGroupStatus,
+    compiled: CompiledPolicy,
+    metrics: Mapping[str, GroupMetrics],
+    *,
+    now: float,
+) -> ModelGroupSnapshot:
+    return ModelGroupSnapshot(
+        spec_replicas=model_group.spec.replicas,
+        groups=group_observations(model_group, status, metrics, now=now),
+        profile=compiled.profile,
+        name=model_group.metadata.name or "",
+        metrics_window_seconds=compiled.metrics_window_seconds,
+    )
+
+
+def query_windows(compiled: CompiledPolicy, rate_window_seconds: float) -> Windows:
+    """The rate window, never longer than the policy's goodput window."""
+    histogram = max(1, round(compiled.metrics_window_seconds))
+    return Windows(
+        rate_seconds=max(1, min(histogram, round(rate_window_seconds))), histogram_seconds=histogram
+    )
+
+
+class PrometheusMetricsSource:
+    """Reads one ModelGroup's engine series from Prometheus (blocking; call it from a thread)."""
+
+    def __init__(self, url: str, labels: SeriesLabels, *, timeout_seconds: float) -> None:
+        self.url = url
+        self.labels = labels
+        self.timeout_seconds = timeout_seconds
+        # No retries: the decision interval is the retry, and a slow answer is as useless as none.
+        self._client = PrometheusConnect(
+            url=url,
+            retry=Retry(total=0, connect=0, read=0, redirect=0),
+            timeout=timeout_seconds,
+        )
+
+    def read(self, namespace: str, model_group: str, windows: Windows) -> dict[str, GroupMetrics]:
+        query = snapshot_query(self.labels, namespace, model_group, windows)
+        try:
+            result = self._client.custom_query(query)
+        except requests.RequestException as error:
+            raise MetricsUnavailableError(f"Prometheus at {self.url} {self._describe(error)}") from error
+        except (PrometheusApiClientException, ValueError, KeyError) as error:
+            raise MetricsUnavailableError(f"Prometheus at {self.url} failed: {_short(error)}") from error
+        if not isinstance(result, list):
+            raise MetricsUnavailableError(
+                f"Prometheus at {self.url} answered a {type(result).__name__}, not a vector"
+            )
+        return metrics_by_group(result, self.labels)
+
+    def _describe(self, error: requests.RequestException) -> str:
+        """What went wrong, without the query (the URL of a failed request repeats all of it)."""
+        cause = getattr(error.args[0], "reason", None) if error.args else None
+        # urllib3's NewConnectionError (refused, no route) subclasses its ConnectTimeoutError.
+        if isinstance(cause, NewConnectionError):
+            return f"is unreachable: {str(cause).rsplit(': ', 1)[-1]}"
+        if isinstance(error, requests.Timeout) or isinstance(cause, ReadTimeoutError | ConnectTimeoutError):
+            return f"did not answer within {self.timeout_seconds:g}s"
+        if cause is not None:
+            return f"failed: {_short(cause)}"
+        return f"failed: {type(error).__name__}"
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _short(error: BaseException, limit: int = 300) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"

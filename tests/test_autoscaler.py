@@ -1,0 +1,528 @@
+"""The autoscaler's tick against an in-memory API server and a metrics source the test controls.
+
+The API server keeps one ModelGroup with resourceVersion preconditions and JSON merge patches, as the
+real one does for a custom resource; the metrics source returns the `GroupMetrics` a test sets, or
+fails as a Prometheus that is down does. What is checked is what the operator writes, and when not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import pytest
+from prometheus_client import CollectorRegistry
+
+from goodput.controllers.autoscale_model import GroupMetrics
+from goodput.controllers.groups import EventRecord
+from goodput.operator.autoscaler import (
+    STATE_ANNOTATION,
+    Autoscaler,
+    AutoscalerMetrics,
+    AutoscalerSettings,
+    is_bound,
+)
+from goodput.operator.kube import KubeError
+from goodput.operator.metrics_source import MetricsUnavailableError
+from goodput.operator.promql import SeriesLabels, Windows
+
+NAMESPACE, NAME = "serving", "llama"
+START = 1_800_000_000.0
+
+
+def model_group_body(replicas: int = 1, ready: int = 1, **spec: Any) -> dict[str, Any]:
+    groups = [
+        {"name": f"g{index}", "state": "Ready", "createdAt": "2027-01-15T08:00:00Z"} for index in range(ready)
+    ]
+    return {
+        "apiVersion": "goodput.dev/v1alpha1",
+        "kind": "ModelGroup",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "generation": 4, "resourceVersion": "100"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"image": "vllm/vllm-openai:v0.33.0"},
+            "parallelism": {"tensor": 1, "pipeline": 1, "gpusPerPod": 1},
+            "replicas": replicas,
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "policyRef": {"name": "chat"},
+            "profile": {"gpu": "h100-80g", "maxNumSeqs": 2, "maxNumBatchedTokens": 2048},
+            **spec,
+        },
+        "status": {"readyGroups": ready, "groups": groups},
+    }
+
+
+def policy_body(
+    name: str = "chat", *, revision: str = "r1", mode: str = "Active", window: int = 60
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "goodput.dev/v1alpha1",
+        "kind": "SLOPolicy",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "revision": revision,
+            "classes": [{"name": "chat", "ttftSeconds": 1.0, "itlSeconds": 0.05}],
+            "goodput": {"windowSeconds": 30},
+            "autoscaling": {
+                "mode": mode,
+                "intervalSeconds": 10,
+                "signals": {"goodput": {"enabled": False}},
+                "scaleDown": {
+                    "stabilizationWindowSeconds": window,
+                    "policies": [{"type": "Groups", "value": 1, "periodSeconds": 10}],
+                },
+            },
+        },
+    }
+
+
+def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """RFC 7386 JSON merge patch."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+@dataclass
+class MemoryApi:
+    """One ModelGroup behind GET and PATCH, with resourceVersion preconditions."""
+
+    body: dict[str, Any]
+    writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    """Subresources ('scale', 'status', '') whose next write answers 409 whatever its precondition."""
+    failure: KubeError | None = None
+
+    def request(self, verb: str, resource: str, path: str, body: Any = None, **_: Any) -> Any:
+        assert (verb, path) == (
+            "GET",
+            f"/apis/goodput.dev/v1alpha1/namespaces/{NAMESPACE}/modelgroups/{NAME}",
+        )
+        return copy.deepcopy(self.body)
+
+    def patch_custom(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+    ) -> Any:
+        kind = subresource or ""
+        if kind in self.conflicts:
+            self.conflicts.remove(kind)
+            raise KubeError(409, "Conflict", "the object has been modified")
+        if kind == "scale" and self.failure is not None:
+            raise self.failure
+        expected = (patch.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != self.body["metadata"]["resourceVersion"]:
+            raise KubeError(409, "Conflict", "the object has been modified")
+        self.writes.append((kind, copy.deepcopy(dict(patch))))
+        if kind == "scale":
+            self.body["spec"]["replicas"] = patch["spec"]["replicas"]
+            self.body["metadata"]["generation"] += 1
+        elif kind == "status":
+            merge(self.body.setdefault("status", {}), patch["status"])
+        else:
+            merge(self.body["metadata"], patch["metadata"])
+        self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
+        return {"metadata": {"resourceVersion": self.body["metadata"]["resourceVersion"]}}
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [patch for written, patch in self.writes if written == kind]
+
+
+@dataclass
+class Metrics:
+    """What Prometheus would say, per group; `down` makes it fail as an unreachable server does."""
+
+    groups: dict[str, GroupMetrics] = field(default_factory=dict)
+    down: bool = False
+    reads: list[Windows] = field(default_factory=list)
+
+    def read(self, namespace: str, model_group: str, windows: Windows) -> dict[str, GroupMetrics]:
+        self.reads.append(windows)
+        if self.down:
+            raise MetricsUnavailableError(
+                "Prometheus at http://prometheus:9090 is unreachable: Connection refused"
+            )
+        return dict(self.groups)
+
+
+IDLE = GroupMetrics(age_seconds=2.0)
+OVERLOADED = GroupMetrics(
+    age_seconds=2.0,
+    waiting_requests=40.0,
+    running_requests=2.0,
+    kv_usage_fraction=0.01,
+    prompt_tokens_per_second=1536.0,
+    generation_tokens_per_second=384.0,
+    mean_input_tokens=256.0,
+    mean_output_tokens=64.0,
+)
+
+
+@dataclass
+class Clock:
+    now: float = START
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    api: MemoryApi
+    metrics: Metrics
+    policies: dict[tuple[str, str], list[dict[str, Any]]]
+    clock: Clock = field(default_factory=Clock)
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    events: list[EventRecord] = field(default_factory=list)
+    autoscaler: Autoscaler | None = None
+
+    def __post_init__(self) -> None:
+        self.autoscaler = self.new_autoscaler()
+
+    def new_autoscaler(self) -> Autoscaler:
+        """A fresh process: no memory but what the ModelGroup holds."""
+        self.registry = CollectorRegistry()
+        settings = AutoscalerSettings(state_refresh_seconds=30.0)
+        return Autoscaler(
+            self.api, self.metrics, AutoscalerMetrics(self.registry), settings, clock=self.clock
+        )
+
+    def tick(self, at: float | None = None) -> Any:
+        if at is not None:
+            self.clock.now = START + at
+        assert self.autoscaler is not None
+        return asyncio.run(self.autoscaler.tick(NAMESPACE, NAME, self.policies, self.post))
+
+    def post(self, events: Sequence[EventRecord]) -> None:
+        self.events.extend(events)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.api.body.get("status") or {})
+
+    def condition(self, kind: str) -> tuple[str, str] | None:
+        found = next((c for c in self.status.get("conditions", []) if c["type"] == kind), None)
+        return None if found is None else (found["status"], found["reason"])
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+
+def harness(
+    body: dict[str, Any] | None = None, groups: dict[str, GroupMetrics] | None = None, **policies: Any
+) -> Harness:
+    chosen = {(NAMESPACE, "chat"): [policy_body(**policies)]}
+    return Harness(
+        MemoryApi(body or model_group_body()), Metrics(groups if groups is not None else {"g0": IDLE}), chosen
+    )
+
+
+# --- acting and recording ------------------------------------------------------------------------
+
+
+def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_recorded() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    outcome = h.tick()
+    assert outcome.interval_seconds == 10
+    assert outcome.active is not None and outcome.active.desired_groups > 1
+    (scale,) = h.api.of("scale")
+    assert scale == {
+        "metadata": {"resourceVersion": "100"},
+        "spec": {"replicas": outcome.active.desired_groups},
+    }
+    # The status patch is conditional on the version the scale write produced.
+    (status,) = h.api.of("status")
+    assert status["metadata"] == {"resourceVersion": "101"}
+    assert set(status["status"]) == {"lastDecision", "decisions", "conditions"}
+    last = h.status["lastDecision"]
+    assert (last["fromReplicas"], last["toReplicas"], last["policyRevision"]) == (
+        1,
+        h.api.body["spec"]["replicas"],
+        "r1",
+    )
+    assert h.status["decisions"] == [last]
+    assert h.condition("ScalingActive") == ("True", "SignalsComputed")
+    assert h.condition("MetricsAvailable") == ("True", "MetricsFresh")
+    # 40 waiting requests ask for more than the step policy allows (2 groups per period).
+    assert [event.reason for event in h.events] == ["SuccessfulRescale", "ScaleUpLimit"]
+    assert STATE_ANNOTATION in h.api.body["metadata"]["annotations"]
+    assert (
+        h.sample(
+            "goodput_autoscaler_decisions_total",
+            namespace=NAMESPACE,
+            modelgroup=NAME,
+            policy="active",
+            mode="Active",
+            reason=outcome.active.reason,
+        )
+        == 1.0
+    )
+    assert h.sample(
+        "goodput_autoscaler_desired_groups", namespace=NAMESPACE, modelgroup=NAME, policy="active"
+    ) == (outcome.active.desired_groups)
+    for stage in ("metrics", "decide", "total"):
+        assert h.sample("goodput_autoscaler_decision_duration_seconds_count", stage=stage) == 1.0
+
+
+def test_a_held_count_writes_the_record_but_not_the_count() -> None:
+    h = harness()
+    outcome = h.tick()
+    assert outcome.active is not None and outcome.active.desired_groups == 1
+    assert h.api.of("scale") == []
+    assert h.status["lastDecision"]["toReplicas"] == 1 and h.status["decisions"] == []
+    assert h.events == []
+
+
+def test_the_windows_asked_for_are_the_settings_rate_and_the_policy_goodput_window() -> None:
+    h = harness()
+    h.tick()
+    assert h.metrics.reads == [Windows(rate_seconds=30, histogram_seconds=30)]
+
+
+def test_every_decision_is_one_json_ready_log_record(caplog: pytest.LogCaptureFixture) -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    with caplog.at_level(logging.INFO, logger="goodput.autoscaler.decisions"):
+        h.tick()
+    (record,) = [r for r in caplog.records if r.name == "goodput.autoscaler.decisions"]
+    fields = vars(record)
+    assert (fields["model_group"], fields["namespace"], fields["policy_revision"]) == (NAME, NAMESPACE, "r1")
+    assert {"inputs", "estimates", "proposals", "result", "slo_ms"} <= set(fields)
+    assert fields["result"]["desired_groups"] == h.api.body["spec"]["replicas"]
+
+
+def test_advisory_records_without_acting() -> None:
+    h = harness(groups={"g0": OVERLOADED}, mode="Advisory")
+    h.tick()
+    h.tick(at=10)
+    assert h.api.of("scale") == [] and h.api.body["spec"]["replicas"] == 1
+    assert h.status["lastDecision"]["mode"] == "Advisory" and h.status["lastDecision"]["toReplicas"] > 1
+    assert len(h.status["decisions"]) == 1
+    assert h.condition("ScalingActive") == ("True", "ModeAdvisory")
+    assert [event.reason for event in h.events] == ["AdvisoryRescale", "ScaleUpLimit"], "once, not per tick"
+
+
+def test_frozen_makes_no_decision_and_reads_nothing() -> None:
+    h = harness(groups={"g0": OVERLOADED}, mode="Frozen")
+    h.tick()
+    h.tick(at=10)
+    assert h.metrics.reads == [] and h.api.of("scale") == []
+    assert "lastDecision" not in h.status
+    assert h.condition("ScalingActive") == ("False", "ModeFrozen")
+    assert [event.reason for event in h.events] == ["ModeFrozen"]
+
+
+def test_a_shadow_policy_is_recorded_beside_and_cleared_when_unbound() -> None:
+    body = model_group_body(shadowPolicyRef={"name": "next"})
+    h = harness(body, groups={"g0": OVERLOADED}, mode="Frozen")
+    h.policies[(NAMESPACE, "next")] = [policy_body("next", revision="n1")]
+    outcome = h.tick()
+    assert outcome.shadow is not None and outcome.active is None
+    assert h.api.of("scale") == []
+    shadow = h.status["shadowDecision"]
+    assert (shadow["shadow"], shadow["policyRevision"], shadow["mode"]) == (True, "n1", "Advisory")
+    assert shadow["toReplicas"] > 1
+    assert "AdvisoryRescale" in [event.reason for event in h.events]
+    del h.api.body["spec"]["shadowPolicyRef"]
+    h.policies[(NAMESPACE, "chat")] = [policy_body()]
+    h.tick(at=10)
+    assert "shadowDecision" not in h.status
+
+
+# --- what cannot be seen is not acted on ---------------------------------------------------------
+
+
+def test_a_prometheus_that_is_down_holds_the_count_and_says_why() -> None:
+    h = harness(model_group_body(replicas=3, ready=3), groups={f"g{i}": IDLE for i in range(3)}, window=60)
+    h.metrics.down = True
+    with pytest.raises(kopf.TemporaryError) as raised:
+        h.tick()
+    assert raised.value.delay == 10
+    assert h.api.of("scale") == []
+    assert h.condition("MetricsAvailable") == ("False", "MetricsQueryFailed")
+    assert h.condition("ScalingActive") == ("False", "MetricsQueryFailed")
+    assert [(e.type, e.reason) for e in h.events] == [("Warning", "MetricsQueryFailed")]
+    with pytest.raises(kopf.TemporaryError):
+        h.tick(at=10)
+    assert len(h.events) == 1, "the failure is announced once"
+    assert (
+        h.sample("goodput_autoscaler_metrics_query_failures_total", namespace=NAMESPACE, modelgroup=NAME)
+        == 2.0
+    )
+
+
+def test_after_a_blind_spot_the_scale_down_window_starts_again() -> None:
+    h = harness(model_group_body(replicas=3, ready=3), groups={f"g{i}": IDLE for i in range(3)}, window=60)
+    h.tick(at=0)  # the first decision seeds the window with 3
+    h.metrics.down = True
+    for at in (10, 20, 30, 40, 50, 60):
+        with pytest.raises(kopf.TemporaryError):
+            h.tick(at=at)
+    h.metrics.down = False
+    back = h.tick(at=70)
+    assert back.active is not None and back.active.desired_groups == 3  # the seed would have expired
+    assert h.tick(at=125).active.desired_groups == 3  # type: ignore[union-attr]
+    assert h.tick(at=131).active.desired_groups == 2  # type: ignore[union-attr]
+
+
+def test_a_missing_policy_is_reported_once_and_nothing_is_read() -> None:
+    h = harness()
+    h.policies.clear()
+    h.tick()
+    h.tick(at=15)
+    assert h.metrics.reads == []
+    assert h.condition("ScalingActive") == ("False", "PolicyNotFound")
+    assert [e.reason for e in h.events] == ["PolicyNotFound"]
+
+
+def test_a_policy_the_operator_would_not_accept_is_not_acted_on() -> None:
+    h = harness(window=5)  # a scale-down window shorter than the interval
+    h.tick()
+    assert h.condition("ScalingActive") == ("False", "PolicyNotAccepted")
+    assert h.api.of("scale") == []
+
+
+# --- racing other writers ------------------------------------------------------------------------
+
+
+def test_a_count_changed_by_someone_else_meanwhile_wins() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    h.api.conflicts.append("scale")
+    outcome = h.tick()
+    assert outcome.interval_seconds == 1.0
+    assert h.api.writes == [] and h.events == []
+    assert h.autoscaler is not None and not h.autoscaler.memories[(NAMESPACE, NAME)].active.started
+
+
+def test_a_status_written_by_someone_else_meanwhile_is_read_again() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    h.tick()
+    first = h.status["decisions"]
+    assert h.api.body["spec"]["replicas"] == 3
+    h.api.body["status"]["groups"] = model_group_body(ready=3)["status"]["groups"]
+    h.metrics.groups = {f"g{i}": OVERLOADED for i in range(3)}
+    h.api.body["metadata"]["resourceVersion"] = "500"  # another controller wrote after our read
+    h.api.conflicts.append("status")
+    h.tick(at=70)  # past the scale-up period of the first change
+    assert len(h.api.of("status")) == 2
+    assert [(e["fromReplicas"], e["toReplicas"]) for e in h.status["decisions"]] == [(3, 4), (1, 3)]
+    assert h.status["decisions"][1:] == first, "the retry built on the fresh status"
+
+
+def test_a_failed_scale_write_is_announced_and_retried() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    h.api.failure = KubeError(403, "Forbidden", "cannot patch modelgroups/scale")
+    with pytest.raises(kopf.TemporaryError):
+        h.tick()
+    assert [e.reason for e in h.events] == ["FailedRescale"]
+    assert "lastDecision" not in h.status
+
+
+# --- restarts -------------------------------------------------------------------------------------
+
+
+def test_a_restart_keeps_the_scale_down_window() -> None:
+    h = harness(model_group_body(replicas=3, ready=3), groups={f"g{i}": IDLE for i in range(3)}, window=60)
+    for at in (0, 10, 20, 30, 40, 50):
+        assert h.tick(at=at).active.desired_groups == 3  # type: ignore[union-attr]
+    saved = copy.deepcopy(h.api.body)
+    h.autoscaler = h.new_autoscaler()
+    assert h.tick(at=65).active.desired_groups == 2  # type: ignore[union-attr]
+
+    # Without the saved state, a new process would have to watch for a whole window first.
+    del saved["metadata"]["annotations"][STATE_ANNOTATION]
+    h.api.body = saved
+    h.autoscaler = h.new_autoscaler()
+    assert h.tick(at=65).active.desired_groups == 3  # type: ignore[union-attr]
+
+
+def test_the_state_is_saved_when_it_changes_and_refreshed_while_it_holds() -> None:
+    h = harness()
+    h.tick(at=0)
+    h.tick(at=10)
+    h.tick(at=20)
+    assert len(h.api.of("")) == 1, "an unchanged recommendation is not rewritten within the refresh"
+    h.tick(at=30)
+    assert len(h.api.of("")) == 2
+
+
+# --- settings and helpers -------------------------------------------------------------------------
+
+
+def test_settings_come_from_the_environment() -> None:
+    settings = AutoscalerSettings.from_environ(
+        {
+            "GOODPUT_PROMETHEUS_URL": "http://prometheus.monitoring:9090/",
+            "GOODPUT_PROMETHEUS_TIMEOUT_SECONDS": "2.5",
+            "GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS": "30",
+            "GOODPUT_AUTOSCALER_STATE_REFRESH_SECONDS": "20",
+            "GOODPUT_PROMETHEUS_LABEL_GROUP": "replica_group",
+        }
+    )
+    assert settings.prometheus_url == "http://prometheus.monitoring:9090"
+    assert (
+        settings.prometheus_timeout_seconds,
+        settings.rate_window_seconds,
+        settings.state_refresh_seconds,
+    ) == (
+        2.5,
+        30.0,
+        20.0,
+    )
+    assert settings.labels == SeriesLabels(group="replica_group")
+    assert AutoscalerSettings.from_environ({}) == AutoscalerSettings()
+    with pytest.raises(ValueError, match="positive"):
+        AutoscalerSettings.from_environ({"GOODPUT_PROMETHEUS_TIMEOUT_SECONDS": "0"})
+
+
+@pytest.mark.parametrize(
+    ("spec", "bound"),
+    [({"policyRef": {"name": "a"}}, True), ({"shadowPolicyRef": {"name": "b"}}, True), ({}, False)],
+    ids=["a policy", "a shadow policy only", "no policy"],
+)
+def test_which_model_groups_the_autoscaler_runs_for(spec: dict[str, Any], bound: bool) -> None:
+    assert is_bound(spec) is bound
+
+
+def test_forgetting_a_model_group_drops_its_memory_and_series() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    h.tick()
+    assert h.autoscaler is not None
+    h.autoscaler.forget(NAMESPACE, NAME)
+    assert h.autoscaler.memories == {}
+    assert (
+        h.sample("goodput_autoscaler_desired_groups", namespace=NAMESPACE, modelgroup=NAME, policy="active")
+        is None
+    )
+
+
+def test_a_revision_bump_is_named_by_the_next_decision_and_its_series() -> None:
+    h = harness()
+    h.tick()
+    h.policies[(NAMESPACE, "chat")] = [policy_body(revision="r2")]
+    outcome = h.tick(at=10)
+    assert outcome.active is not None and outcome.active.policy_revision == "r2"
+    assert h.status["lastDecision"]["policyRevision"] == "r2"
+    info = {
+        "namespace": NAMESPACE,
+        "modelgroup": NAME,
+        "policy": "active",
+        "slopolicy": "chat",
+        "mode": "Active",
+    }
+    assert h.sample("goodput_autoscaler_policy_info", **info, revision="r2") == 1.0
+    assert h.sample("goodput_autoscaler_policy_info", **info, revision="r1") is None
