@@ -530,6 +530,48 @@ class ScalingDecision(StatusModel):
     """True for a decision of the shadow policy, which is never applied."""
 
 
+DrainOutcome = Literal["Drained", "TimedOut"]
+
+
+class DrainRecord(StatusModel):
+    """How one drained group left: idle after routing stopped, or at `drain.maxSeconds`."""
+
+    group: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    """The group's name."""
+    outcome: DrainOutcome
+    """'Drained' (its leader reported no request running or waiting after routing stopped) or
+    'TimedOut' (requests were still in flight at `drain.maxSeconds`)."""
+    started_at: Timestamp
+    """When the drain began (the readiness gate went False)."""
+    ended_at: Timestamp
+    """When every rank was deleted."""
+    duration_seconds: float = Field(ge=0)
+    """From the start of the drain to the deletion."""
+    requests_finished: int = Field(default=0, ge=0)
+    """Requests the leader finished during the drain."""
+    requests_aborted: int = Field(default=0, ge=0)
+    """Requests still in flight at the deletion, ended by the shutdown: never dropped silently."""
+    on_timeout: Literal["Abort", "Requeue"] | None = None
+    """`drain.onTimeout` as applied, for a drain that timed out."""
+
+
+class DrainSummary(StatusModel):
+    """Every drain of this ModelGroup as seen by the operator: totals and the latest ones."""
+
+    drained: int = Field(default=0, ge=0)
+    """Drains that ended with the leader idle."""
+    timed_out: int = Field(default=0, ge=0)
+    """Drains that reached `drain.maxSeconds` with requests in flight."""
+    cancelled: int = Field(default=0, ge=0)
+    """Drains called off by a scale-out that put the group back in service."""
+    requests_finished: int = Field(default=0, ge=0)
+    """Requests finished by draining groups, over every drain."""
+    requests_aborted: int = Field(default=0, ge=0)
+    """Requests aborted when a drain timed out, over every drain."""
+    recent: tuple[DrainRecord, ...] = Field(default=(), max_length=10)
+    """The latest drains, newest first (at most 10)."""
+
+
 class ModelGroupStatus(StatusModel):
     """Observed state of a ModelGroup, written by the operator."""
 
@@ -555,6 +597,9 @@ class ModelGroupStatus(StatusModel):
     """Groups that failed and await replacement."""
     groups: tuple[GroupStatus, ...] = Field(default=(), json_schema_extra=list_map("name"))
     """Every group and its state."""
+    drain: DrainSummary | None = None
+    """Scale-in drains: how many ended idle, timed out or were cancelled, and the requests they
+    finished and aborted."""
     last_decision: ScalingDecision | None = None
     """The latest decision of the bound policy."""
     decisions: tuple[ScalingDecision, ...] = Field(default=(), max_length=10)

@@ -73,6 +73,14 @@ class Reason:
     INSUFFICIENT_CAPACITY: Final = "InsufficientCapacity"
     """No topology domain can hold a whole new group."""
 
+    # Placement of a new group (ScalingLimited, set by the group controller)
+    INSUFFICIENT_GPUS: Final = "InsufficientGPUs"
+    """No eligible topology domain has enough free GPUs for a whole group."""
+    DOMAINS_BACKED_OFF: Final = "DomainsBackedOff"
+    """The domains that would fit are avoided after a group failed to schedule there."""
+    NO_ELIGIBLE_NODES: Final = "NoEligibleNodes"
+    """No node matches the placement's selector, tolerations and topology key."""
+
     # Metrics
     METRICS_FRESH: Final = "MetricsFresh"
     METRICS_STALE: Final = "MetricsStale"
@@ -126,10 +134,16 @@ class EventReason:
     GROUP_PLACED: Final = "GroupPlaced"
     GROUP_READY: Final = "GroupReady"
     GROUP_FAILED: Final = "GroupFailed"
-    GROUP_DRAINING: Final = "GroupDraining"
     GROUP_DELETED: Final = "GroupDeleted"
     SCHEDULE_TIMEOUT: Final = "ScheduleTimeout"
-    DRAIN_TIMEOUT: Final = "DrainTimeout"
+    DRAIN_STARTED: Final = "DrainStarted"
+    """A ready group was chosen for scale-in: its gate went False on every rank."""
+    DRAIN_FINISHED: Final = "DrainFinished"
+    """A draining group's leader went idle after routing stopped; every rank was deleted."""
+    DRAIN_TIMED_OUT: Final = "DrainTimedOut"
+    """A draining group reached `drain.maxSeconds` with requests in flight; they were aborted."""
+    DRAIN_CANCELLED: Final = "DrainCancelled"
+    """A scale-out put a whole, healthy draining group back in service instead of creating one."""
     INVALID_SPEC: Final = "InvalidSpec"
     POLICY_ACCEPTED: Final = "PolicyAccepted"
 

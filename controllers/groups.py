@@ -13,7 +13,8 @@ Lifecycle per group, from its pods alone:
 - Warming: every rank running; waiting for NCCL health, the reported revision and a warm-up
   completion through the leader.
 - Ready: the group-ready gate is True on every rank.
-- Draining: chosen for scale-in; gate False, waiting for in-flight requests to finish.
+- Draining: chosen for scale-in; gate False, waiting for in-flight requests to finish
+  (the protocol and the victim choice are in `drain`).
 - Failed: a rank failed, restarted, lost NCCL health or its node; or placement or start-up timed out.
 """
 
@@ -24,10 +25,25 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from goodput.api.modelgroup import DrainOutcome
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
+from goodput.controllers.drain import (
+    Candidate,
+    CandidateState,
+    DrainPolicy,
+    DrainProgress,
+    DrainView,
+    LeaderReading,
+    LeaderSample,
+    OnTimeout,
+    RemoveGroup,
+    choose_victims,
+    stale_loads,
+    step_drain,
+)
 from goodput.controllers.observation import PodView, parse_pod, parse_time
 from goodput.controllers.placement import (
     GroupShape,
@@ -38,12 +54,11 @@ from goodput.controllers.placement import (
     PlacementRules,
     place_group,
 )
-from goodput.controllers.pods import GroupTemplate, render_group
+from goodput.controllers.pods import SHUTDOWN_MARGIN_SECONDS, GroupTemplate, render_group
 
 GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]
-# Victims for scale-in, cheapest first: a group that serves nothing yet costs nothing to drop.
-_SCALE_IN_ORDER: dict[str, int] = {"Placing": 0, "Provisioning": 1, "Warming": 2, "Ready": 3}
-_ACTIVE_STATES = frozenset(_SCALE_IN_ORDER)
+# Groups that count toward `replicas`: serving, or on their way to serving.
+_ACTIVE_STATES = frozenset({"Placing", "Provisioning", "Warming", "Ready"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +75,17 @@ class ReadinessRules:
     warmup_max_tokens: int = 8
     warmup_timeout_seconds: float = 60
     drain_max_seconds: float = 600
+    drain_on_timeout: OnTimeout = "Abort"
+    drain_settle_seconds: float = 5
     min_lifetime_seconds: float = 300
     backoff_seconds: float = 300
+
+    def drain_policy(self) -> DrainPolicy:
+        return DrainPolicy(
+            max_seconds=self.drain_max_seconds,
+            on_timeout=self.drain_on_timeout,
+            settle_seconds=self.drain_settle_seconds,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +115,11 @@ class World:
     ready_nodes: names of the nodes whose Ready condition is True.
     group_counter: the next group ordinal recorded on the ModelGroup (survives restarts).
     warmups: the latest warm-up outcome per group; warmups_in_flight: groups being warmed now.
-    leader_requests: requests running or waiting at the leader of each draining group, when known.
+    leader_readings: the latest read of each probed leader's /metrics (or why it failed);
+    leader_samples: the latest successful one.
+    routed_pods: our pods that some Service lists as ready endpoints (from its EndpointSlices).
+    max_replicas: `spec.maxReplicas`; deleting: the ModelGroup is being deleted. Either lets
+    scale-in take groups younger than the minimum lifetime (DESIGN §7).
     """
 
     now: datetime
@@ -106,7 +134,11 @@ class World:
     backoffs: tuple[Backoff, ...] = ()
     warmups: Mapping[str, WarmupOutcome] = field(default_factory=dict)
     warmups_in_flight: frozenset[str] = frozenset()
-    leader_requests: Mapping[str, int] = field(default_factory=dict)
+    leader_readings: Mapping[str, LeaderReading] = field(default_factory=dict)
+    leader_samples: Mapping[str, LeaderSample] = field(default_factory=dict)
+    routed_pods: frozenset[str] = frozenset()
+    max_replicas: int | None = None
+    deleting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +166,7 @@ class Assessment:
     running_at: datetime | None = None
     ready_at: datetime | None = None
     draining_since: datetime | None = None
+    drain_progress: DrainProgress | None = None
     # Placing: the gang gate is still on some pod.
     gated: bool = False
     # Warming: NCCL and revision checks passed; only the warm-up is left.
@@ -178,11 +211,35 @@ class GateChange:
 
 @dataclass(frozen=True, slots=True)
 class DrainMark:
-    """Record (or clear, with since=None) on every rank when the group started draining."""
+    """Record on every rank when the group started draining; since=None ends the drain (and
+    clears its progress) because the group goes back in service."""
 
     group: str
     pods: tuple[str, ...]
     since: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DrainProgressMark:
+    """Record on the leader what a drain has established, so a restarted operator resumes it."""
+
+    group: str
+    leader: str
+    progress: DrainProgress
+
+
+@dataclass(frozen=True, slots=True)
+class DrainEnded:
+    """A drain that ended with the group's removal, for status, metrics and Events."""
+
+    group: str
+    outcome: DrainOutcome
+    started_at: datetime
+    ended_at: datetime
+    duration_seconds: float
+    requests_finished: int | None
+    requests_aborted: int | None
+    on_timeout: OnTimeout | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +287,8 @@ class WarmupRequest:
 
 @dataclass(frozen=True, slots=True)
 class LeaderProbe:
-    """Read the leader's in-flight requests of a draining group (vLLM /metrics)."""
+    """Read a leader's vLLM /metrics: in-flight requests of a draining group, or the load of a
+    ready group that may be chosen for scale-in."""
 
     group: str
     url: str
@@ -253,10 +311,13 @@ class Plan:
     creations: tuple[GroupCreation, ...] = ()
     gate_releases: tuple[GateRelease, ...] = ()
     drain_marks: tuple[DrainMark, ...] = ()
+    drain_progress: tuple[DrainProgressMark, ...] = ()
     ready: tuple[GateChange, ...] = ()
     warmups: tuple[WarmupRequest, ...] = ()
     leader_probes: tuple[LeaderProbe, ...] = ()
     events: tuple[EventRecord, ...] = ()
+    drains_ended: tuple[DrainEnded, ...] = ()
+    drains_cancelled: tuple[str, ...] = ()
     groups: tuple[Assessment, ...] = ()
     placement_limit: NoFit | None = None
     became_ready: tuple[Assessment, ...] = ()
@@ -283,6 +344,7 @@ def assess_group(name: str, pods: Iterable[PodView], world: World) -> Assessment
         replaces=next((pod.replaces for pod in live if pod.replaces), None),
         outdated=any(pod.revision != world.template.revision for pod in live),
         draining_since=min((pod.draining_since for pod in live if pod.draining_since), default=None),
+        drain_progress=next((pod.drain_progress for pod in live if pod.rank == 0), None),
     )
 
     def failed(reason: str, message: str, *, schedule_timed_out: bool = False) -> Assessment:
@@ -393,10 +455,13 @@ def plan_model_group(world: World) -> Plan:
     creations: list[GroupCreation] = []
     releases: list[GateRelease] = []
     drain_marks: list[DrainMark] = []
+    progress_marks: list[DrainProgressMark] = []
     ready: list[GateChange] = []
     warmups: list[WarmupRequest] = []
     probes: list[LeaderProbe] = []
     became_ready: list[Assessment] = []
+    drains_ended: list[DrainEnded] = []
+    cancelled: list[str] = []
     backoffs = [b for b in world.backoffs if b.until > now]
     final: dict[str, Assessment] = {}
 
@@ -467,55 +532,91 @@ def plan_model_group(world: World) -> Plan:
                     warmups.append(request)
         final.setdefault(group.name, group)
 
-    # 3. Draining groups leave when their leader is idle or the drain time is up.
+    # 3. Draining groups leave when their leader is idle after routing stopped, or at the time limit.
+    policy = world.rules.drain_policy()
     still_draining: list[Assessment] = []
     for group in (a for a in assessments if a.state == "Draining"):
-        in_flight = world.leader_requests.get(group.name)
-        overdue = _seconds(group.draining_since or now, now) >= world.rules.drain_max_seconds
-        if in_flight == 0 or overdue:
+        leader = group.pods[0]
+        started_at = group.draining_since or now
+        progress = group.drain_progress or DrainProgress()
+        step = step_drain(
+            DrainView(
+                group=group.name,
+                started_at=started_at,
+                routed_pods=tuple(pod.name for pod in group.pods if pod.name in world.routed_pods),
+                progress=progress,
+                reading=world.leader_readings.get(group.name),
+                last_sample=world.leader_samples.get(group.name),
+                leader_reachable=leader.ip is not None,
+            ),
+            policy,
+            now,
+        )
+        if isinstance(step, RemoveGroup):
             delete(group)
             del final[group.name]
-            if in_flight == 0:
-                events.append(
-                    EventRecord(
-                        "Normal", EventReason.GROUP_DELETED, f"group {group.name} drained and deleted"
-                    )
+            timed_out = step.outcome == "TimedOut"
+            drains_ended.append(
+                DrainEnded(
+                    group=group.name,
+                    outcome=step.outcome,
+                    started_at=started_at,
+                    ended_at=now,
+                    duration_seconds=step.duration_seconds,
+                    requests_finished=step.requests_finished,
+                    requests_aborted=step.requests_aborted,
+                    on_timeout=policy.on_timeout if timed_out else None,
                 )
-            else:
-                events.append(
-                    EventRecord(
-                        "Warning",
-                        EventReason.DRAIN_TIMEOUT,
-                        f"group {group.name} deleted after draining for "
-                        f"{world.rules.drain_max_seconds:g}s with "
-                        f"{'unknown' if in_flight is None else in_flight} requests in flight",
-                    )
+            )
+            grace = template.shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS
+            events.append(
+                EventRecord(
+                    "Warning" if timed_out else "Normal",
+                    EventReason.DRAIN_TIMED_OUT if timed_out else EventReason.DRAIN_FINISHED,
+                    f"{step.message}; {len(group.pods)} pod(s) deleted together with a "
+                    f"{grace}s grace period (vLLM --shutdown-timeout {template.shutdown_timeout_seconds}s)",
                 )
-        else:
-            still_draining.append(group)
-            leader = group.pods[0]
-            if leader.ip:
-                probes.append(LeaderProbe(group.name, f"http://{leader.ip}:{template.port}/metrics"))
+            )
+            continue
+        draining = replace(group, message=step.message, drain_progress=step.progress)
+        still_draining.append(draining)
+        final[group.name] = draining
+        if step.progress != group.drain_progress:
+            progress_marks.append(DrainProgressMark(group.name, leader.name, step.progress))
+        if step.probe and leader.ip:
+            probes.append(LeaderProbe(group.name, _metrics_url(leader.ip, template.port)))
 
     # 4. Scale: make up the shortfall, or remove the surplus.
     active = [
         final[a.name] for a in assessments if final.get(a.name) and final[a.name].state in _ACTIVE_STATES
     ]
     shortfall = world.desired_groups - len(active)
-    # A draining group is warm: putting it back in service beats creating a new one.
-    for group in sorted(still_draining, key=lambda g: -g.ordinal)[: max(0, shortfall)]:
+    # A draining group is warm, whole and healthy (else it would be Failed): putting it back in
+    # service always beats creating a new one. The drain begun last has lost the least.
+    reused = sorted(still_draining, key=lambda g: (g.draining_since or now, g.ordinal), reverse=True)
+    for group in reused[: max(0, shortfall)]:
         drain_marks.append(DrainMark(group.name, group.pod_names, None))
-        ready.append(
-            GateChange(
-                group.name, group.pod_names, True, Reason.GROUPS_READY, f"group {group.name} back in service"
-            )
+        message = (
+            f"group {group.name} back in service after "
+            f"{_seconds(group.draining_since or now, now):.1f}s of draining: a scale-out needs it, "
+            "and it is whole, healthy and warm"
         )
+        ready.append(GateChange(group.name, group.pod_names, True, Reason.GROUPS_READY, message))
         probes = [probe for probe in probes if probe.group != group.name]
-        restored = replace(group, state="Ready", draining_since=None, reason=Reason.GROUPS_READY, message="")
+        progress_marks = [mark for mark in progress_marks if mark.group != group.name]
+        restored = replace(
+            group,
+            state="Ready",
+            draining_since=None,
+            drain_progress=None,
+            reason=Reason.GROUPS_READY,
+            message="",
+        )
         final[group.name] = restored
         active.append(restored)
         shortfall -= 1
-        events.append(EventRecord("Normal", EventReason.GROUP_READY, f"group {group.name} back in service"))
+        cancelled.append(group.name)
+        events.append(EventRecord("Normal", EventReason.DRAIN_CANCELLED, message))
 
     # Terminating groups count too: a name is never reused while a pod of it may still exist.
     counter = max(world.group_counter, max(((naming.group_ordinal(g) or 0) + 1 for g in by_group), default=0))
@@ -562,44 +663,71 @@ def plan_model_group(world: World) -> Plan:
                 )
             )
     elif shortfall < 0:
-        for victim in choose_victims(active, -shortfall, now, world.rules.min_lifetime_seconds):
-            if victim.state == "Ready":
+        candidates = [
+            Candidate(
+                name=group.name,
+                state=cast(CandidateState, group.state),
+                ordinal=group.ordinal,
+                ready_at=group.ready_at,
+                outdated=group.outdated,
+                load=_sample(world.leader_readings.get(group.name)),
+            )
+            for group in active
+        ]
+        over_max = max(0, len(active) - world.max_replicas) if world.max_replicas is not None else 0
+        victims = choose_victims(
+            candidates,
+            -shortfall,
+            now=now,
+            min_lifetime_seconds=world.rules.min_lifetime_seconds,
+            may_ignore_lifetime=len(active) if world.deleting else over_max,
+        )
+        # Ready groups are compared by their leaders' load: when a ready group would be chosen,
+        # read every ready leader not read lately first, and choose among ready groups next pass.
+        unread = stale_loads(candidates, world.leader_readings, now)
+        if unread and any(victim.state == "Ready" for victim in victims):
+            by_name = {group.name: group for group in active}
+            for name in unread:
+                leader = by_name[name].pods[0]
+                if leader.ip:
+                    probes.append(LeaderProbe(name, _metrics_url(leader.ip, template.port)))
+            victims = tuple(victim for victim in victims if victim.state != "Ready")
+        for victim in victims:
+            chosen = final[victim.name]
+            if chosen.state == "Ready":
+                message = f"group {chosen.name} draining for scale-in: {_why_chosen(victim)}"
                 unready.append(
-                    GateChange(
-                        victim.name,
-                        victim.pod_names,
-                        False,
-                        Reason.GROUPS_DRAINING,
-                        f"group {victim.name} draining for scale-in",
-                    )
+                    GateChange(chosen.name, chosen.pod_names, False, Reason.GROUPS_DRAINING, message)
                 )
-                drain_marks.append(DrainMark(victim.name, victim.pod_names, now))
+                drain_marks.append(DrainMark(chosen.name, chosen.pod_names, now))
                 # Chosen the moment it became ready (no minimum lifetime): it must not be marked ready.
-                ready = [change for change in ready if change.group != victim.name]
-                final[victim.name] = replace(
-                    victim,
+                ready = [change for change in ready if change.group != chosen.name]
+                final[chosen.name] = replace(
+                    chosen,
                     state="Draining",
                     draining_since=now,
+                    drain_progress=DrainProgress(),
                     reason=Reason.GROUPS_DRAINING,
-                    message="draining for scale-in",
+                    message="draining: closing admission",
                 )
-                events.append(
-                    EventRecord(
-                        "Normal", EventReason.GROUP_DRAINING, f"group {victim.name} draining for scale-in"
-                    )
-                )
+                events.append(EventRecord("Normal", EventReason.DRAIN_STARTED, message))
+                # The drain's baseline: the leader's counters as admission closes.
+                leader = chosen.pods[0]
+                if leader.ip:
+                    probes = [probe for probe in probes if probe.group != chosen.name]
+                    probes.append(LeaderProbe(chosen.name, _metrics_url(leader.ip, template.port)))
             else:
-                delete(victim)
-                del final[victim.name]
+                delete(chosen)
+                del final[chosen.name]
                 # A group removed before it served anything must not reach the gate-setting steps.
-                ready = [change for change in ready if change.group != victim.name]
-                warmups = [request for request in warmups if request.group != victim.name]
-                releases = [release for release in releases if release.group != victim.name]
+                ready = [change for change in ready if change.group != chosen.name]
+                warmups = [request for request in warmups if request.group != chosen.name]
+                releases = [release for release in releases if release.group != chosen.name]
                 events.append(
                     EventRecord(
                         "Normal",
                         EventReason.GROUP_DELETED,
-                        f"group {victim.name} ({victim.state.lower()}) deleted for scale-in",
+                        f"group {chosen.name} ({chosen.state.lower()}) deleted for scale-in",
                     )
                 )
 
@@ -617,10 +745,13 @@ def plan_model_group(world: World) -> Plan:
         creations=tuple(creations),
         gate_releases=tuple(releases),
         drain_marks=tuple(drain_marks),
+        drain_progress=tuple(progress_marks),
         ready=tuple(ready),
         warmups=tuple(warmups),
         leader_probes=tuple(probes),
         events=tuple(events),
+        drains_ended=tuple(drains_ended),
+        drains_cancelled=tuple(cancelled),
         groups=groups,
         placement_limit=placement_limit,
         became_ready=tuple(became_ready),
@@ -628,26 +759,27 @@ def plan_model_group(world: World) -> Plan:
     )
 
 
-def choose_victims(
-    active: Iterable[Assessment], count: int, now: datetime, min_lifetime_seconds: float
-) -> list[Assessment]:
-    """Groups to remove for scale-in, cheapest first.
+def _sample(reading: LeaderReading | None) -> LeaderSample | None:
+    return reading if isinstance(reading, LeaderSample) else None
 
-    Not-yet-ready groups go first (the latest-created first), then ready groups of an outdated
-    template, then the ready groups that became ready last. A ready group younger than the minimum
-    lifetime is never chosen, so a burst of scaling cannot churn freshly warmed groups.
-    """
 
-    def eligible(group: Assessment) -> bool:
-        if group.state != "Ready":
-            return True
-        return group.ready_at is None or _seconds(group.ready_at, now) >= min_lifetime_seconds
+def _why_chosen(victim: Candidate) -> str:
+    """The facts the victim choice weighed, for the DrainStarted Event."""
+    parts = ["an outdated template"] if victim.outdated else []
+    load = victim.load
+    if load is None:
+        parts.append("its leader's load could not be read")
+    else:
+        parts.append(f"{load.running} running and {load.waiting} waiting request(s) at its leader")
+        if load.kv_cache_usage is not None:
+            parts.append(f"KV cache {load.kv_cache_usage:.0%} used")
+        if load.prefix_cache_hit_ratio is not None:
+            parts.append(f"prefix-cache hit ratio {load.prefix_cache_hit_ratio:.0%}")
+    return "the cheapest ready group to remove: " + ", ".join(parts)
 
-    def cost(group: Assessment) -> tuple[int, int, float, int]:
-        ready_at = group.ready_at.timestamp() if group.ready_at else 0.0
-        return (_SCALE_IN_ORDER[group.state], 0 if group.outdated else 1, -ready_at, -group.ordinal)
 
-    return sorted((g for g in active if eligible(g)), key=cost)[: max(0, count)]
+def _metrics_url(ip: str, port: int) -> str:
+    return f"http://{ip}:{port}/metrics"
 
 
 def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:

@@ -32,6 +32,8 @@ ANNOTATION_TOPOLOGY_DOMAIN: Final = f"{DOMAIN}/topology-domain"
 ANNOTATION_REPLACES: Final = f"{DOMAIN}/replaces"
 # Pod annotation written when a group starts draining (RFC 3339).
 ANNOTATION_DRAINING_SINCE: Final = f"{DOMAIN}/draining-since"
+# Leader annotation: what a drain has established (its baseline counters, when routing stopped).
+ANNOTATION_DRAIN_PROGRESS: Final = f"{DOMAIN}/drain-progress"
 # Pod annotation written by the in-pod health agent: the model revision the rank loaded.
 ANNOTATION_MODEL_REVISION: Final = f"{DOMAIN}/model-revision"
 
@@ -54,6 +56,7 @@ MODEL_GROUP_KIND: Final = "ModelGroup"
 _MAX_DNS_LABEL: Final = 63
 _LONGEST_SUFFIX: Final = len("-g99999-999")
 _GROUP_NAME = re.compile(r"^g(?P<ordinal>[0-9]+)$")
+_POD_NAME = re.compile(r"^(?P<model_group>.+)-(?P<group>g[0-9]+)-(?P<rank>[0-9]+)$")
 
 
 def group_name(ordinal: int) -> str:
@@ -72,6 +75,12 @@ def service_name(model_group: str, group: str) -> str:
 
 def pod_name(model_group: str, group: str, rank: int) -> str:
     return f"{model_group}-{group}-{rank}"
+
+
+def model_group_of_pod(pod: str) -> str | None:
+    """The ModelGroup a pod name written by `pod_name` belongs to, None for any other name."""
+    match = _POD_NAME.match(pod)
+    return match["model_group"] if match else None
 
 
 def max_model_group_name_length() -> int:

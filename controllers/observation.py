@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from goodput.controllers import naming
+from goodput.controllers.drain import DrainProgress, parse_progress
 from goodput.controllers.placement import GpuClaim, NodeInventory, Taint
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -51,6 +52,7 @@ class PodView:
     group_ready: ConditionView | None
     nccl_healthy: ConditionView | None
     reported_model_revision: str | None
+    drain_progress: DrainProgress | None = None
 
     @property
     def terminated(self) -> bool:
@@ -64,6 +66,16 @@ class PodView:
     @property
     def marked_group_ready(self) -> bool:
         return _is_true(self.group_ready)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteView:
+    """One of our pods as an endpoint of a Service (from its EndpointSlice)."""
+
+    pod: str
+    service: str
+    ready: bool
+    """What kube-proxy and Service-following routers act on: a ready endpoint gets traffic."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +168,31 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         group_ready=_condition(conditions.get(naming.CONDITION_GROUP_READY)),
         nccl_healthy=_condition(conditions.get(naming.CONDITION_NCCL_HEALTHY)),
         reported_model_revision=annotations.get(naming.ANNOTATION_MODEL_REVISION),
+        drain_progress=parse_progress(annotations.get(naming.ANNOTATION_DRAIN_PROGRESS)),
     )
+
+
+def parse_endpoint_slice(endpoint_slice: Mapping[str, Any]) -> tuple[RouteView, ...]:
+    """The endpoints of a Service that are group pods (by their name), with their readiness.
+
+    A group's own rendezvous Service is left out: it publishes not-ready addresses (followers must
+    find the leader while it starts) and carries no traffic.
+    """
+    metadata = endpoint_slice.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if naming.LABEL_GROUP in labels:
+        return ()
+    service = labels.get("kubernetes.io/service-name") or metadata.get("name") or ""
+    routes = []
+    for endpoint in endpoint_slice.get("endpoints") or ():
+        target = endpoint.get("targetRef") or {}
+        name = target.get("name")
+        if target.get("kind") != "Pod" or not name or naming.model_group_of_pod(name) is None:
+            continue
+        # An absent ready condition means ready (EndpointSlice API: "unknown state ... as ready").
+        ready = (endpoint.get("conditions") or {}).get("ready") is not False
+        routes.append(RouteView(pod=name, service=service, ready=ready))
+    return tuple(routes)
 
 
 def parse_node(node: Mapping[str, Any]) -> NodeView:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from goodput.api.modelgroup import Toleration
+from goodput.api.reasons import Reason
 from goodput.controllers.pods import PlacementMode
 
 # How many domains a "no fit" message lists before summarising the rest.
@@ -28,9 +29,11 @@ _DOMAINS_IN_MESSAGE = 6
 
 
 class NoFitReason(StrEnum):
-    INSUFFICIENT_GPUS = "InsufficientGPUs"
-    DOMAINS_BACKED_OFF = "DomainsBackedOff"
-    NO_ELIGIBLE_NODES = "NoEligibleNodes"
+    """Why no domain can take a new group: the shared vocabulary's placement reasons, as one type."""
+
+    INSUFFICIENT_GPUS = Reason.INSUFFICIENT_GPUS
+    DOMAINS_BACKED_OFF = Reason.DOMAINS_BACKED_OFF
+    NO_ELIGIBLE_NODES = Reason.NO_ELIGIBLE_NODES
 
 
 @dataclass(frozen=True, slots=True)

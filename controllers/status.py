@@ -10,18 +10,20 @@ difference, so an idle ModelGroup costs no writes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
 from goodput.api.labels import leader_label_selector
-from goodput.api.modelgroup import GroupStatus, ModelGroupStatus, ReadyTime
+from goodput.api.modelgroup import DrainRecord, DrainSummary, GroupStatus, ModelGroupStatus, ReadyTime
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.groups import Assessment, Plan
+from goodput.controllers.groups import Assessment, DrainEnded, Plan
 from goodput.controllers.placement import NoFitReason
 
 # The ScalingLimited reasons this controller sets, and so may clear.
 _PLACEMENT_REASONS = frozenset({*(reason.value for reason in NoFitReason), Reason.SCHEDULE_TIMEOUT})
+# Drains kept in `status.drain.recent`, newest first.
+RECENT_DRAINS = 10
 # Progressing reports the earliest phase any group is in.
 _PHASES = (
     ("Placing", Reason.GROUPS_PLACING),
@@ -62,8 +64,12 @@ def model_group_status(
     desired_groups: int,
     plan: Plan,
     now: datetime,
+    unrecorded_drains: Sequence[DrainEnded] = (),
 ) -> ModelGroupStatus:
-    """The status after applying `plan`, keeping what other controllers wrote."""
+    """The status after applying `plan`, keeping what other controllers wrote.
+
+    unrecorded_drains: drains that ended in an earlier pass whose status write did not land.
+    """
     counts: Counter[str] = Counter(group.state for group in plan.groups)
     ready = counts["Ready"]
     conditions = previous.conditions
@@ -140,8 +146,53 @@ def model_group_status(
             "draining_groups": counts["Draining"],
             "failed_groups": counts["Failed"],
             "groups": tuple(group_status(group) for group in plan.groups),
+            "drain": drain_summary(
+                previous.drain, [*unrecorded_drains, *plan.drains_ended], len(plan.drains_cancelled)
+            ),
             "conditions": conditions,
         }
+    )
+
+
+def drain_summary(
+    previous: DrainSummary | None, ended: Iterable[DrainEnded], cancelled: int
+) -> DrainSummary | None:
+    """The drain totals with these drains added; a drain already recorded (same group, which is
+    never renamed or reused) is not counted twice."""
+    recorded = {record.group for record in previous.recent} if previous is not None else set()
+    new = []
+    for drain in ended:
+        if drain.group not in recorded:
+            recorded.add(drain.group)
+            new.append(drain)
+    if not new and not cancelled:
+        return previous
+    summary = previous or DrainSummary()
+    records = [drain_record(drain) for drain in new]
+    return summary.model_copy(
+        update={
+            "drained": summary.drained + sum(1 for r in records if r.outcome == "Drained"),
+            "timed_out": summary.timed_out + sum(1 for r in records if r.outcome == "TimedOut"),
+            "cancelled": summary.cancelled + cancelled,
+            "requests_finished": summary.requests_finished + sum(r.requests_finished for r in records),
+            "requests_aborted": summary.requests_aborted + sum(r.requests_aborted for r in records),
+            "recent": tuple(
+                sorted([*records, *summary.recent], key=lambda r: r.ended_at, reverse=True)[:RECENT_DRAINS]
+            ),
+        }
+    )
+
+
+def drain_record(drain: DrainEnded) -> DrainRecord:
+    return DrainRecord(
+        group=drain.group,
+        outcome=drain.outcome,
+        started_at=drain.started_at,
+        ended_at=drain.ended_at,
+        duration_seconds=round(drain.duration_seconds, 1),
+        requests_finished=drain.requests_finished or 0,
+        requests_aborted=drain.requests_aborted or 0,
+        on_timeout=drain.on_timeout,
     )
 
 

@@ -1,22 +1,29 @@
-"""HTTP calls to a group's leader: the warm-up completion and the in-flight request count.
+"""HTTP calls to a group's leader: the warm-up completion and the read of its vLLM /metrics.
 
 Both go to the leader pod's IP and port directly (the production path, not through a Service):
-the warm-up proves the whole group produces tokens at its shape, and the in-flight count tells a
-draining group when its last request has finished.
+the warm-up proves the whole group produces tokens at its shape; the metrics tell a draining group
+when its last request has finished, and tell scale-in which ready group holds the least.
 """
 
 from __future__ import annotations
 
-import re
+from collections import defaultdict
 from datetime import UTC, datetime
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
+from goodput.controllers.drain import LeaderReading, LeaderSample, ProbeFailure
 from goodput.controllers.groups import WarmupOutcome, WarmupRequest
 
-# Requests the leader still holds: running in a batch or waiting for one (vLLM metric names).
-_IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.MULTILINE)
 PROBE_TIMEOUT_SECONDS = 3.0
+# vLLM's metric names (vllm-contract §1.2); every series is summed over the engines (DP ranks).
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+FINISHED = "vllm:request_success_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
 
 
 def generated_tokens(answer: object) -> int:
@@ -32,10 +39,36 @@ def generated_tokens(answer: object) -> int:
     return 0
 
 
-def in_flight_requests(exposition: str) -> int | None:
-    """Running plus waiting requests from a vLLM /metrics page; None when it has neither metric."""
-    values = [float(value) for value in _IN_FLIGHT.findall(exposition)]
-    return round(sum(values)) if values else None
+def parse_leader_metrics(exposition: str, at: datetime) -> LeaderSample | None:
+    """A leader's load from its /metrics page; None when it has no request gauge (not vLLM, or
+    started with --disable-log-stats)."""
+    sums: defaultdict[str, float] = defaultdict(float)
+    aborted = 0.0
+    seen: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(exposition):
+            for sample in family.samples:
+                if sample.name == FINISHED and sample.labels.get("finished_reason") == "abort":
+                    aborted += sample.value
+                elif sample.name == KV_USAGE:
+                    sums[KV_USAGE] = max(sums[KV_USAGE], sample.value)
+                else:
+                    sums[sample.name] += sample.value
+                seen.add(sample.name)
+    except ValueError:
+        return None
+    if RUNNING not in seen and WAITING not in seen:
+        return None
+    queries = sums[PREFIX_QUERIES]
+    return LeaderSample(
+        at=at,
+        running=round(sums[RUNNING]),
+        waiting=round(sums[WAITING]),
+        finished_total=round(sums[FINISHED]),
+        aborted_total=round(aborted),
+        kv_cache_usage=sums[KV_USAGE] if KV_USAGE in seen else None,
+        prefix_cache_hit_ratio=sums[PREFIX_HITS] / queries if queries > 0 else None,
+    )
 
 
 async def warm_up(session: aiohttp.ClientSession, request: WarmupRequest) -> WarmupOutcome:
@@ -54,13 +87,16 @@ async def warm_up(session: aiohttp.ClientSession, request: WarmupRequest) -> War
     return WarmupOutcome(True, datetime.now(UTC), f"{tokens} token(s)")
 
 
-async def leader_in_flight(session: aiohttp.ClientSession, url: str) -> int | None:
-    """The leader's in-flight requests, or None when it cannot be read."""
+async def read_leader(session: aiohttp.ClientSession, url: str) -> LeaderReading:
+    """The leader's load now, or why it could not be read."""
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
         async with session.get(url, timeout=timeout) as response:
             if response.status != 200:
-                return None
-            return in_flight_requests(await response.text())
-    except (TimeoutError, aiohttp.ClientError):
-        return None
+                return ProbeFailure(datetime.now(UTC), f"HTTP {response.status}")
+            text = await response.text()
+    except (TimeoutError, aiohttp.ClientError) as error:
+        return ProbeFailure(datetime.now(UTC), f"{type(error).__name__}: {error}".rstrip(": "))
+    at = datetime.now(UTC)
+    sample = parse_leader_metrics(text, at)
+    return sample if sample is not None else ProbeFailure(at, "no vLLM request metrics on the page")

@@ -3,8 +3,9 @@
 - Indexes keep compact views of the group pods (by ModelGroup), of every GPU claim in the cluster,
   of the nodes, and of the ModelGroups by the SLOPolicy they bind to, so no handler LISTs anything.
 - One async daemon per ModelGroup runs its reconcile loop: every `reconcile_interval_seconds`, and
-  at once when one of its pods or the ModelGroup itself changes. Each pass builds a `World`, calls
-  `plan_model_group`, applies the plan, and patches the status only when it changed.
+  at once when one of its pods, an EndpointSlice listing them, or the ModelGroup itself changes.
+  Each pass builds a `World`, calls `plan_model_group`, applies the plan, and patches the status
+  only when it changed. The daemon leaves as soon as kopf asks it to stop.
 - One timer per SLOPolicy validates it and lists the ModelGroups bound to it.
 - A spec the controller cannot act on is reported by `validate_model_group` (an `InvalidSpec`
   Event, then kopf.PermanentError) and by the daemon's status; nothing is created for it.
@@ -13,13 +14,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import kopf
@@ -30,8 +30,10 @@ from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
 from goodput.controllers import naming
+from goodput.controllers.drain import LeaderReading, LeaderSample, encode_progress
 from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
 from goodput.controllers.groups import (
+    DrainEnded,
     EventRecord,
     GateChange,
     Plan,
@@ -45,7 +47,9 @@ from goodput.controllers.observation import (
     ConditionView,
     NodeView,
     PodView,
+    RouteView,
     gpu_claim,
+    parse_endpoint_slice,
     parse_node,
     parse_pod,
     pod_gpus,
@@ -61,12 +65,13 @@ from goodput.controllers.template import (
     readiness_rules,
     spec_problems,
 )
-from goodput.operator.engine import leader_in_flight, warm_up
+from goodput.operator.engine import read_leader, warm_up
 from goodput.operator.kube import STRATEGIC_MERGE_PATCH, KubeApi, KubeError
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
 
 MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
+ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
 SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 # The status fields the group controller owns; everything else in status belongs to others.
 OWNED_STATUS_FIELDS = (
@@ -81,6 +86,7 @@ OWNED_STATUS_FIELDS = (
     "drainingGroups",
     "failedGroups",
     "groups",
+    "drain",
     "conditions",
 )
 POLICY_STATUS_FIELDS = ("observedGeneration", "observedRevision", "conditions", "boundModelGroups")
@@ -91,6 +97,8 @@ StatusT = TypeVar("StatusT", bound=BaseModel)
 RESERVATION_SECONDS = 60.0
 # How long a status we wrote may go unseen on the watched object before we stop trusting it.
 STATUS_ECHO_TIMEOUT = timedelta(seconds=30)
+# How long kopf lets a stopping ModelGroup loop finish its pass before cancelling it.
+LOOP_STOP_GRACE_SECONDS = 10.0
 
 
 def post_events_with_kopf(body: kopf.Body, events: Iterable[EventRecord]) -> None:
@@ -195,6 +203,16 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         claim = gpu_claim(body)
         return {"cluster": (f"{namespace}/{name}", claim)} if claim is not None else {}
 
+    @kopf.index(*ENDPOINT_SLICES, id="service_routes", registry=registry)
+    async def service_routes(
+        *, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
+    ) -> dict[str, tuple[RouteView, ...]]:
+        """Our pods as Service endpoints: a draining group's ranks must have left them all."""
+        routes = parse_endpoint_slice(body)
+        for model_group in {naming.model_group_of_pod(route.pod) for route in routes}:
+            memo.runtime.wake(namespace, model_group)
+        return {namespace or "": routes} if routes else {}
+
     @kopf.index("nodes", id="cluster_nodes", registry=registry)
     async def cluster_nodes(*, body: kopf.Body, **_: Any) -> dict[str, NodeView]:
         return {"nodes": parse_node(body)}
@@ -217,12 +235,17 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
             kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=problems)
             raise kopf.PermanentError(f"invalid spec: {problems}")
 
-    @kopf.daemon(*MODEL_GROUPS, cancellation_timeout=10, id="model_group_loop", registry=registry)
+    @kopf.daemon(
+        *MODEL_GROUPS,
+        cancellation_backoff=LOOP_STOP_GRACE_SECONDS,
+        cancellation_timeout=10,
+        id="model_group_loop",
+        registry=registry,
+    )
     async def model_group_loop(
         *,
         body: kopf.Body,
         name: str,
-        namespace: str | None,
         memo: Any,
         stopped: kopf.DaemonStopped,
         logger: kopf.Logger,
@@ -230,37 +253,7 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
     ) -> None:
         runtime: Runtime = memo.runtime
         loop = ModelGroupLoop(runtime, body, Indexes.of(kwargs), logger)
-        wake = runtime.wakeup(loop.namespace, name)
-        failures_in_a_row = 0
-        try:
-            while not stopped:
-                wake.clear()
-                started = time.monotonic()
-                try:
-                    await loop.reconcile()
-                    runtime.metrics.reconciles.labels("modelgroup", "success").inc()
-                    failures_in_a_row = 0
-                except Exception as error:  # the loop outlives any one failed pass
-                    runtime.metrics.reconciles.labels("modelgroup", "error").inc()
-                    runtime.metrics.reconcile_errors.labels("modelgroup", "internal").inc()
-                    failures_in_a_row += 1
-                    logger.warning(
-                        "reconcile failed, retrying",
-                        exc_info=not isinstance(error, KubeError),
-                        extra={"error": str(error)},
-                    )
-                    # Back off like kopf does for failing handlers; wake-ups do not shorten it.
-                    await asyncio.sleep(min(30.0, 2.0**failures_in_a_row))
-                finally:
-                    elapsed = time.monotonic() - started
-                    runtime.metrics.reconcile_duration.labels("modelgroup").observe(elapsed)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=runtime.settings.reconcile_interval_seconds)
-                await asyncio.sleep(runtime.settings.min_reconcile_gap_seconds)
-        finally:
-            loop.stop()
-            runtime.wakeups.pop((loop.namespace, name), None)
-            runtime.metrics.forget_model_group(loop.namespace, name)
+        await run_model_group_loop(runtime, loop, stopped)
 
     # SLOPolicies
 
@@ -305,6 +298,72 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         runtime.metrics.reconcile_duration.labels("slopolicy").observe(time.monotonic() - started)
 
 
+class StopFlag(Protocol):
+    """What the loop needs of kopf's `stopped` flag: truthy once set, and awaitable until then."""
+
+    def __bool__(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> Awaitable[Any]: ...
+
+
+async def run_model_group_loop(runtime: Runtime, loop: ModelGroupLoop, stopped: StopFlag) -> None:
+    """Reconcile one ModelGroup until kopf stops the daemon (it is deleted, or the operator exits).
+
+    Every wait also ends when `stopped` is set, so the daemon returns at once instead of being
+    cancelled mid-sleep; a pass already running finishes first (its writes are bounded by the
+    Kubernetes client's timeouts, well within kopf's cancellation backoff).
+    """
+    name = loop.name
+    wake = runtime.wakeup(loop.namespace, name)
+    failures_in_a_row = 0
+    try:
+        while not stopped:
+            wake.clear()
+            started = time.monotonic()
+            try:
+                await loop.reconcile()
+                runtime.metrics.reconciles.labels("modelgroup", "success").inc()
+                failures_in_a_row = 0
+            except Exception as error:  # the loop outlives any one failed pass
+                runtime.metrics.reconciles.labels("modelgroup", "error").inc()
+                runtime.metrics.reconcile_errors.labels("modelgroup", "internal").inc()
+                failures_in_a_row += 1
+                loop.logger.warning(
+                    "reconcile failed, retrying",
+                    exc_info=not isinstance(error, KubeError),
+                    extra={"error": str(error)},
+                )
+                # Back off like kopf does for failing handlers; wake-ups do not shorten it.
+                await _wait_until(stopped, None, min(30.0, 2.0**failures_in_a_row))
+            finally:
+                elapsed = time.monotonic() - started
+                runtime.metrics.reconcile_duration.labels("modelgroup").observe(elapsed)
+            await _wait_until(stopped, wake, runtime.settings.reconcile_interval_seconds)
+            await _wait_until(stopped, None, runtime.settings.min_reconcile_gap_seconds)
+    except asyncio.CancelledError:
+        # kopf cancels a daemon that outlived its stop grace: that is the end it asked for.
+        if not stopped:
+            raise
+    finally:
+        loop.stop()
+        runtime.wakeups.pop((loop.namespace, name), None)
+        runtime.metrics.forget_model_group(loop.namespace, name)
+
+
+async def _wait_until(stopped: StopFlag, wake: asyncio.Event | None, timeout_seconds: float) -> None:
+    """Sleep up to `timeout_seconds`, less if `wake` is set, not at all once `stopped` is set."""
+    if stopped or timeout_seconds <= 0:
+        return
+    waiters = [asyncio.ensure_future(stopped.wait())]
+    if wake is not None:
+        waiters.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout_seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
 @dataclass(frozen=True, slots=True)
 class Indexes:
     """The indexes a ModelGroup pass reads (kopf passes every index to every handler by name)."""
@@ -312,11 +371,21 @@ class Indexes:
     group_pods: Mapping[tuple[str, str], Iterable[PodView]]
     gpu_claims: Mapping[str, Iterable[tuple[str, GpuClaim]]]
     cluster_nodes: Mapping[str, Iterable[NodeView]]
+    service_routes: Mapping[str, Iterable[tuple[RouteView, ...]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, handler_kwargs: Mapping[str, Any]) -> Indexes:
         return cls(
-            handler_kwargs["group_pods"], handler_kwargs["gpu_claims"], handler_kwargs["cluster_nodes"]
+            handler_kwargs["group_pods"],
+            handler_kwargs["gpu_claims"],
+            handler_kwargs["cluster_nodes"],
+            handler_kwargs["service_routes"],
+        )
+
+    def routed_pods(self, namespace: str) -> frozenset[str]:
+        """Pods some Service in the namespace lists as ready endpoints."""
+        return frozenset(
+            route.pod for routes in self.service_routes.get(namespace, ()) for route in routes if route.ready
         )
 
     def nodes(self) -> list[NodeView]:
@@ -339,7 +408,9 @@ class ModelGroupLoop:
     """The reconcile loop of one ModelGroup, and its memory between passes.
 
     The memory is what the cluster cannot tell yet: writes the watch has not echoed (pods created,
-    gates set, annotations, status), warm-ups and leader probes in flight, and their results.
+    gates set, annotations, status), warm-ups and leader probes in flight, their results, and
+    drains that ended but are not in a written status yet. Everything a drain needs to resume
+    after a restart is in the cluster (pod annotations); this memory only makes it quicker.
     """
 
     def __init__(self, runtime: Runtime, body: kopf.Body, indexes: Indexes, logger: kopf.Logger) -> None:
@@ -353,8 +424,10 @@ class ModelGroupLoop:
         self.annotations: dict[str, str] = {}
         self.warmups: dict[str, WarmupOutcome] = {}
         self.warmups_in_flight: set[str] = set()
-        self.leader_requests: dict[str, int] = {}
+        self.leader_readings: dict[str, LeaderReading] = {}
+        self.leader_samples: dict[str, LeaderSample] = {}
         self.probes_in_flight: set[str] = set()
+        self.unrecorded_drains: list[DrainEnded] = []
         self.written_status: dict[str, Any] | None = None
         self.written_status_model: ModelGroupStatus | None = None
         self.written_at: datetime | None = None
@@ -379,7 +452,7 @@ class ModelGroupLoop:
             self.runtime.metrics.reconcile_errors.labels("modelgroup", "spec").inc()
             return
 
-        world = self.build_world(parsed, nodes, now)
+        world = self.build_world(parsed, nodes, now, deleting=bool(metadata.get("deletionTimestamp")))
         plan = plan_model_group(world)
         for creation in plan.creations:
             for manifest in creation.pods:
@@ -399,10 +472,16 @@ class ModelGroupLoop:
             desired_groups=world.desired_groups,
             plan=plan,
             now=now,
+            unrecorded_drains=self.unrecorded_drains,
         )
-        await self._patch_status(resource_version or metadata.get("resourceVersion"), previous, status, now)
+        if await self._patch_status(
+            resource_version or metadata.get("resourceVersion"), previous, status, now
+        ):
+            self.unrecorded_drains = []
 
-    def build_world(self, model_group: ModelGroup, nodes: list[NodeView], now: datetime) -> World:
+    def build_world(
+        self, model_group: ModelGroup, nodes: list[NodeView], now: datetime, *, deleting: bool = False
+    ) -> World:
         spec = model_group.spec
         settings = self.runtime.settings
         template = group_template(model_group)
@@ -414,17 +493,23 @@ class ModelGroupLoop:
         annotations.update(self.annotations)
         counter_text = annotations.get(naming.ANNOTATION_GROUP_COUNTER, "0")
         live_groups = {pod.group for pod in pods}
-        for memory in (self.warmups, self.leader_requests):
+        memories: tuple[dict[str, Any], ...] = (self.warmups, self.leader_readings, self.leader_samples)
+        for memory in memories:
             for group in [g for g in memory if g not in live_groups]:
                 del memory[group]
         tuning = ControllerTuning(
             warmup_retry_seconds=settings.warmup_retry_seconds,
             placement_backoff_seconds=settings.placement_backoff_seconds,
         )
+        rules = replace(
+            readiness_rules(spec, tuning),
+            drain_on_timeout=spec.drain.on_timeout,
+            drain_settle_seconds=settings.drain_settle_seconds,
+        )
         return World(
             now=now,
             template=template,
-            rules=readiness_rules(spec, tuning),
+            rules=rules,
             placement=placement_rules(spec),
             # Bounds moved past `replicas` (which the API allows) converge to the nearest bound.
             desired_groups=max(spec.min_replicas, min(spec.replicas, spec.max_replicas)),
@@ -435,7 +520,11 @@ class ModelGroupLoop:
             backoffs=parse_backoffs(annotations.get(naming.ANNOTATION_PLACEMENT_BACKOFF)),
             warmups=dict(self.warmups),
             warmups_in_flight=frozenset(self.warmups_in_flight),
-            leader_requests=dict(self.leader_requests),
+            leader_readings=dict(self.leader_readings),
+            leader_samples=dict(self.leader_samples),
+            routed_pods=self.indexes.routed_pods(self.namespace),
+            max_replicas=spec.max_replicas,
+            deleting=deleting,
         )
 
     async def apply(self, plan: Plan, world: World) -> str | None:
@@ -497,6 +586,21 @@ class ModelGroupLoop:
                 self.expectations = expect_deleted(self.expectations, pod, world.now)
             if deletion.service:
                 await asyncio.to_thread(kube.delete_service, namespace, deletion.service)
+        metrics = self.runtime.metrics
+        for drain in plan.drains_ended:
+            # Kept until a status write carries it, even if a later step of this pass fails.
+            self.unrecorded_drains.append(drain)
+            metrics.drain_ended(namespace, self.name, drain)
+            self.logger.info(
+                "drain ended",
+                extra={
+                    "group": drain.group,
+                    "outcome": drain.outcome,
+                    "duration_seconds": round(drain.duration_seconds, 3),
+                    "requests_finished": drain.requests_finished,
+                    "requests_aborted": drain.requests_aborted,
+                },
+            )
         for creation in plan.creations:
             if creation.service is not None:
                 await asyncio.to_thread(kube.create_service, creation.service)
@@ -511,18 +615,34 @@ class ModelGroupLoop:
         for gate_release in plan.gate_releases:
             await release_gates(gate_release.pods)
         for mark in plan.drain_marks:
-            patch = {
-                "metadata": {
-                    "annotations": {
-                        naming.ANNOTATION_DRAINING_SINCE: _rfc3339(mark.since) if mark.since else None
-                    }
-                }
+            annotations: dict[str, str | None] = {
+                naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(mark.since) if mark.since else None
             }
+            if mark.since is None:
+                # Back in service: a later drain starts from scratch.
+                annotations[naming.ANNOTATION_DRAIN_PROGRESS] = None
+            patch = {"metadata": {"annotations": annotations}}
             await _gather(kube.patch_pod, [(namespace, pod, patch) for pod in mark.pods])
             for pod in mark.pods:
-                remember(pod, "draining_since", draining_since=mark.since)
+                if mark.since is None:
+                    remember(
+                        pod, "draining_since", "drain_progress", draining_since=None, drain_progress=None
+                    )
+                else:
+                    remember(pod, "draining_since", draining_since=mark.since)
+        for progress in plan.drain_progress:
+            patch = {
+                "metadata": {
+                    "annotations": {naming.ANNOTATION_DRAIN_PROGRESS: encode_progress(progress.progress)}
+                }
+            }
+            await asyncio.to_thread(kube.patch_pod, namespace, progress.leader, patch)
+            if progress.leader in views:
+                remember(progress.leader, "drain_progress", drain_progress=progress.progress)
         for change in plan.ready:
             await set_gates(change)
+        for _ in plan.drains_cancelled:
+            metrics.drain_cancelled(namespace, self.name)
 
         for request in plan.warmups:
             self.warmups_in_flight.add(request.group)
@@ -554,17 +674,22 @@ class ModelGroupLoop:
             self.runtime.wake(self.namespace, self.name)
 
     async def _probe_leader(self, group: str, url: str) -> None:
+        previous = self.leader_readings.get(group)
+        reading: LeaderReading | None = None
         try:
             if self.runtime.http is None:
                 return
-            requests = await leader_in_flight(self.runtime.http, url)
-            if requests is None:
-                self.leader_requests.pop(group, None)
-            else:
-                self.leader_requests[group] = requests
+            reading = await read_leader(self.runtime.http, url)
+            self.leader_readings[group] = reading
+            if isinstance(reading, LeaderSample):
+                self.leader_samples[group] = reading
         finally:
             self.probes_in_flight.discard(group)
-            if self.leader_requests.get(group) == 0:
+            # Act at once on what may end a drain or pick a victim: a first reading, or an idle leader.
+            first = not isinstance(previous, LeaderSample)
+            if reading is not None and (
+                first or (isinstance(reading, LeaderSample) and reading.in_flight == 0)
+            ):
                 self.runtime.wake(self.namespace, self.name)
 
     def _previous_status(self, raw_status: Mapping[str, Any], now: datetime) -> ModelGroupStatus:
@@ -584,9 +709,10 @@ class ModelGroupLoop:
         previous: ModelGroupStatus,
         status: ModelGroupStatus,
         now: datetime,
-    ) -> None:
+    ) -> bool:
+        """Write the status if it changed; False when the write lost a conflict (retried next pass)."""
         if status == previous:
-            return
+            return True
         owned = {key: value for key, value in wire_dict(status).items() if key in OWNED_STATUS_FIELDS}
         patch: dict[str, Any] = {"status": owned}
         if resource_version:
@@ -605,8 +731,9 @@ class ModelGroupLoop:
                 raise
             # Changed since we read it (by someone else, or by our own write not yet seen): next pass.
             self.runtime.wake(self.namespace, self.name)
-            return
+            return False
         self.written_status, self.written_status_model, self.written_at = owned, status, now
+        return True
 
 
 async def _gather(call: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> None:
@@ -624,6 +751,11 @@ def _readable_status(model: type[StatusT], raw: Mapping[str, Any]) -> StatusT:
 
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rfc3339_millis(moment: datetime) -> str:
+    """For annotations: a drain's timings are read back to the sub-second."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _record(metrics: OperatorMetrics, namespace: str, name: str, world: World, plan: Plan) -> None:

@@ -11,9 +11,14 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from goodput.controllers.groups import DrainEnded
+
 GROUP_STATES = ("Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed")
 # Ready time spans seconds (a warm image on a small model) to an hour (a cold 405B load).
 READY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+# A drain lasts from one settle period (an idle group) to drain.maxSeconds (default 600 s).
+DRAIN_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+DRAIN_OUTCOMES = ("Drained", "TimedOut", "Cancelled")
 
 
 class OperatorMetrics:
@@ -73,6 +78,31 @@ class OperatorMetrics:
             ["result"],
             registry=r,
         )
+        self.drain_duration = Histogram(
+            "goodput_drain_duration_seconds",
+            "From a group's drain start to the deletion of its ranks, by outcome (Drained or TimedOut).",
+            ["namespace", "model_group", "outcome"],
+            registry=r,
+            buckets=DRAIN_BUCKETS,
+        )
+        self.drains = Counter(
+            "goodput_drains_total",
+            "Drains by outcome: Drained (leader idle), TimedOut (at drain.maxSeconds) or Cancelled.",
+            ["namespace", "model_group", "outcome"],
+            registry=r,
+        )
+        self.drain_requests_finished = Counter(
+            "goodput_drain_requests_finished_total",
+            "Requests draining groups finished after their admission closed.",
+            ["namespace", "model_group"],
+            registry=r,
+        )
+        self.drain_requests_aborted = Counter(
+            "goodput_drain_requests_aborted_total",
+            "Requests still in flight when a drain timed out and its group was deleted.",
+            ["namespace", "model_group"],
+            registry=r,
+        )
         self.kube_requests = Counter(
             "goodput_kube_requests_total",
             "Kubernetes API writes by verb, resource, code.",
@@ -88,12 +118,28 @@ class OperatorMetrics:
         for state in GROUP_STATES:
             self.groups.labels(namespace, name, state).set(counts.get(state, 0))
 
+    def drain_ended(self, namespace: str, name: str, drain: DrainEnded) -> None:
+        self.drain_duration.labels(namespace, name, drain.outcome).observe(drain.duration_seconds)
+        self.drains.labels(namespace, name, drain.outcome).inc()
+        self.drain_requests_finished.labels(namespace, name).inc(drain.requests_finished or 0)
+        self.drain_requests_aborted.labels(namespace, name).inc(drain.requests_aborted or 0)
+
+    def drain_cancelled(self, namespace: str, name: str) -> None:
+        self.drains.labels(namespace, name, "Cancelled").inc()
+
     def forget_model_group(self, namespace: str, name: str) -> None:
         for state in GROUP_STATES:
             with contextlib.suppress(KeyError):
                 self.groups.remove(namespace, name, state)
         with contextlib.suppress(KeyError):
             self.desired_groups.remove(namespace, name)
+        for outcome in DRAIN_OUTCOMES:
+            for family in (self.drain_duration, self.drains):
+                with contextlib.suppress(KeyError):
+                    family.remove(namespace, name, outcome)
+        for counter in (self.drain_requests_finished, self.drain_requests_aborted):
+            with contextlib.suppress(KeyError):
+                counter.remove(namespace, name)
 
     def serve(self, address: str, port: int) -> None:
         """Expose the registry over HTTP from a daemon thread."""

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 LogFormat = Literal["json", "plain", "full"]
+# GOODPUT_PRIORITY / --priority value asking for a priority derived from the pod's name.
+AUTO_PRIORITY = "auto"
+POD_ID_ENV = "POD_ID"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +28,8 @@ class Settings:
     peering_name: str = "goodput"
     """kopf peering object shared by the replicas; only the highest-priority replica acts."""
     priority: int = 0
-    """This replica's peering priority; replicas must have distinct priorities."""
+    """This replica's peering priority; replicas must have distinct priorities ('auto': derived
+    from the pod name in POD_ID, stable across restarts and distinct between replicas)."""
     log_format: LogFormat = "json"
     """Log line format: 'json' (one object per line), 'plain' or 'full'."""
     verbose: bool = False
@@ -45,6 +50,9 @@ class Settings:
     """Wait before retrying a failed warm-up request."""
     placement_backoff_seconds: float = 300.0
     """How long a topology domain is avoided after a group failed to schedule there."""
+    drain_settle_seconds: float = 5.0
+    """After a draining group's pods are verified gone from every Service's endpoints, how long
+    routers get to notice before the leader's in-flight count is trusted to stay at zero."""
     kube_timeout_seconds: float = 15.0
     """Timeout of one Kubernetes API request made by the controllers."""
 
@@ -59,12 +67,35 @@ class Settings:
                 values[spec.name] = flag
             elif raw is not None:
                 values[spec.name] = _parse(spec.name, raw, getattr(cls(), spec.name))
+        if values.get("priority") == AUTO_PRIORITY:
+            values["priority"] = auto_priority(environ.get(POD_ID_ENV, ""))
         if values.get("liveness_endpoint") == "":
             values["liveness_endpoint"] = None
         return cls(**values)
 
 
+def auto_priority(pod_id: str) -> int:
+    """A peering priority of one replica's own: a CRC-32 of its pod name, so replicas of one
+    Deployment differ (kopf pauses every replica when the highest priority is shared) and a
+    restarted pod keeps its priority."""
+    if not pod_id:
+        raise ValueError(f"GOODPUT_PRIORITY={AUTO_PRIORITY} needs the pod name in ${POD_ID_ENV}")
+    return zlib.crc32(pod_id.encode()) & 0x7FFFFFFF
+
+
+def _priority(raw: str) -> int | str:
+    """--priority: an integer, or 'auto'."""
+    if raw == AUTO_PRIORITY:
+        return raw
+    try:
+        return int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is neither an integer nor {AUTO_PRIORITY!r}") from None
+
+
 def _parse(name: str, raw: str, default: object) -> object:
+    if name == "priority" and raw == AUTO_PRIORITY:
+        return raw
     if name == "namespaces":
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     if isinstance(default, bool):
@@ -94,7 +125,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run without peering (tests, single replica) [GOODPUT_STANDALONE]",
     )
     parser.add_argument("--peering-name", help="kopf peering name shared by replicas [GOODPUT_PEERING_NAME]")
-    parser.add_argument("--priority", type=int, help="peering priority of this replica [GOODPUT_PRIORITY]")
+    parser.add_argument(
+        "--priority",
+        type=_priority,
+        help="peering priority of this replica, or 'auto' to derive it from $POD_ID [GOODPUT_PRIORITY]",
+    )
     parser.add_argument(
         "--log-format", choices=["json", "plain", "full"], help="log format [GOODPUT_LOG_FORMAT]"
     )

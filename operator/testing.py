@@ -8,6 +8,11 @@ For end-to-end tests and benchmarks (as `kopf.testing` is for kopf operators):
   It logs each completion with the pod IP it was sent to.
 - `HealthAgent`: what the in-pod health agent does on each running rank: report NCCL health (the
   `goodput.dev/NCCLHealthy` pod condition) and the model revision it loaded.
+- `EmulatorProcess`: `goodput emulate` for one namespace: every leader a live emulated vLLM at its
+  pod IP (timed like the model on its GPU, draining on SIGTERM for its --shutdown-timeout), and
+  the health agent's reports on every rank.
+- `LoadProcess`: `goodput load` replaying a trace against a Service's ready endpoints in the
+  background; `operator_metric` reads one of the operator's own metrics.
 - `local_cluster`: a running cluster for a benchmark: the one in a given state directory, or a
   throwaway one started for the block.
 Every loop here is bounded in time, and every process started here is stopped on exit.
@@ -24,11 +29,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.cluster import controlplane
 from goodput.cluster.binaries import ensure_binaries
@@ -223,6 +231,126 @@ def health_agent(cluster: LocalCluster, namespace: str, revision: str = "main") 
     finally:
         agent.stopped.set()
         thread.join(timeout=10)
+
+
+@dataclass
+class EmulatorProcess:
+    """`goodput emulate` watching one namespace, as a separate process (stopped by SIGTERM on exit)."""
+
+    cluster: LocalCluster
+    namespace: str
+    log_path: Path
+    load_seconds: float = 1.0
+    nccl_check_seconds: float = 0.5
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "goodput.simulator.cli_emulate",
+            "--kubeconfig",
+            self.cluster.kubeconfig,
+            "--netns",
+            self.cluster.netns,
+            "--namespace",
+            self.namespace,
+            "--load-seconds",
+            str(self.load_seconds),
+            "--nccl-check-seconds",
+            str(self.nccl_check_seconds),
+            "--log-level",
+            "INFO",
+        ]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=45)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(timeout=5)
+
+    def log_tail(self, lines: int = 15) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> EmulatorProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+@dataclass
+class LoadProcess:
+    """`goodput load` replaying `trace` against the ready endpoints of Service `service`, in the
+    background; `report()` waits for it (bounded) and returns its JSON report."""
+
+    cluster: LocalCluster
+    service: str
+    trace: str
+    out_path: Path
+    duration_seconds: float
+    request_timeout_seconds: float = 120.0
+    process: subprocess.Popen[str] | None = None
+
+    def start(self) -> LoadProcess:
+        argv = [
+            sys.executable,
+            "-m",
+            "goodput.simulator.cli_load",
+            "--trace",
+            self.trace,
+            "--service",
+            self.service,
+            "--kubeconfig",
+            self.cluster.kubeconfig,
+            "--duration-seconds",
+            str(self.duration_seconds),
+            "--request-timeout-seconds",
+            str(self.request_timeout_seconds),
+            "--out",
+            str(self.out_path),
+        ]
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return self
+
+    def report(self) -> dict[str, Any]:
+        if self.process is None:
+            raise RuntimeError("the load was not started")
+        budget = self.duration_seconds + self.request_timeout_seconds + 30
+        try:
+            output, _ = self.process.communicate(timeout=budget)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            output, _ = self.process.communicate(timeout=10)
+        if self.process.returncode != 0 or not self.out_path.exists():
+            raise RuntimeError(f"goodput load failed ({self.process.returncode}):\n{output}")
+        report: dict[str, Any] = json.loads(self.out_path.read_text())
+        return report
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def operator_metric(port: int, name: str, labels: dict[str, str]) -> float | None:
+    """One sample of the operator's own metrics (`name` with at least `labels`), or None."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                return float(sample.value)
+    return None
 
 
 @contextlib.contextmanager

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
+from goodput.controllers.drain import DrainBaseline, DrainProgress, LeaderSample
 from goodput.controllers.groups import (
     Backoff,
     Plan,
     ReadinessRules,
     WarmupOutcome,
     World,
-    choose_victims,
     encode_backoffs,
     parse_backoffs,
     plan_model_group,
@@ -469,15 +469,60 @@ def test_scale_in_removes_groups_that_serve_nothing_first() -> None:
     assert states(plan) == {"g0": "Ready"}
 
 
+def idle(*names: str, at: datetime = NOW) -> dict[str, LeaderSample]:
+    return {name: LeaderSample(at=at, running=0, waiting=0) for name in names}
+
+
 def test_scale_in_of_ready_groups_drains_them_first() -> None:
     old = NOW - timedelta(hours=1)
     plan = plan_model_group(
-        world(group("g0", "ready", created=old), group("g1", "ready", domain="c", created=old), desired=1)
+        world(
+            group("g0", "ready", created=old),
+            group("g1", "ready", domain="c", created=old),
+            desired=1,
+            leader_readings=idle("g0", "g1"),
+        )
     )
     assert [(c.group, c.ready) for c in plan.unready] == [("g1", False)]
     assert [(m.group, m.since) for m in plan.drain_marks] == [("g1", NOW)]
     assert plan.deletions == ()
     assert states(plan) == {"g0": "Ready", "g1": "Draining"}
+    assert event_reasons(plan) == [EventReason.DRAIN_STARTED]
+    # The drain's baseline is read as admission closes.
+    assert [p.group for p in plan.leader_probes] == ["g1"]
+
+
+def test_ready_leaders_are_read_before_one_is_chosen_for_scale_in() -> None:
+    old = NOW - timedelta(hours=1)
+    groups = (
+        group("g0", "ready", created=old),
+        group("g1", "ready", domain="c", created=old),
+        group("g2", "healthy", domain="b"),
+    )
+    plan = plan_model_group(world(*groups, desired=1, leader_readings=idle("g0")))
+    # The not-ready group goes at once; the ready victim waits for g1's leader to be read.
+    assert [d.group for d in plan.deletions] == ["g2"]
+    assert plan.unready == () and plan.drain_marks == ()
+    assert [p.group for p in plan.leader_probes] == ["g1"]
+    assert states(plan) == {"g0": "Ready", "g1": "Ready"}
+
+
+def test_the_ready_group_holding_the_least_work_is_drained() -> None:
+    old = NOW - timedelta(hours=1)
+    readings = {
+        "g0": LeaderSample(at=NOW, running=1, waiting=0),
+        "g1": LeaderSample(at=NOW, running=9, waiting=4),
+    }
+    plan = plan_model_group(
+        world(
+            group("g0", "ready", created=old),
+            group("g1", "ready", domain="c", created=old),
+            desired=1,
+            leader_readings=readings,
+        )
+    )
+    assert [m.group for m in plan.drain_marks] == ["g0"]
+    assert "1 running and 0 waiting" in plan.events[0].message
 
 
 def test_groups_younger_than_the_minimum_lifetime_are_not_drained() -> None:
@@ -485,57 +530,157 @@ def test_groups_younger_than_the_minimum_lifetime_are_not_drained() -> None:
     plan = plan_model_group(
         world(group("g0", "ready", created=young), group("g1", "ready", created=young), desired=1)
     )
-    assert plan.unready == () and plan.deletions == ()
+    assert plan.unready == () and plan.deletions == () and plan.leader_probes == ()
 
 
 @pytest.mark.parametrize(
-    ("leader_requests", "since_seconds", "deleted", "event"),
+    ("change", "drained"),
     [
-        ({"g1": 0}, 10, ["g1"], EventReason.GROUP_DELETED),
-        ({"g1": 3}, 10, [], None),
-        ({}, 10, [], None),
-        ({"g1": 3}, 600, ["g1"], EventReason.DRAIN_TIMEOUT),
+        ({"max_replicas": 1}, ["g1"]),
+        ({"deleting": True}, ["g1"]),
+        ({"max_replicas": 2}, []),
     ],
-    ids=["idle leader", "requests in flight", "unknown load", "drain time is up"],
+    ids=["over maxReplicas", "model group deleted", "within maxReplicas"],
 )
-def test_draining_groups_leave_when_idle_or_out_of_time(
-    leader_requests: dict[str, int], since_seconds: int, deleted: list[str], event: str | None
+def test_young_groups_are_drained_only_over_max_replicas_or_on_deletion(
+    change: dict[str, Any], drained: list[str]
 ) -> None:
-    draining = group(
-        "g1",
+    young = NOW - timedelta(seconds=100)
+    plan = plan_model_group(
+        world(
+            group("g0", "ready", created=young),
+            group("g1", "ready", created=young, domain="c"),
+            desired=1,
+            leader_readings=idle("g0", "g1"),
+            **change,
+        )
+    )
+    assert [m.group for m in plan.drain_marks] == drained
+
+
+def draining(name: str, since_seconds: float, **changes: Any) -> list[PodView]:
+    return group(
+        name,
         "ready",
         domain="c",
         draining_since=NOW - timedelta(seconds=since_seconds),
         group_ready=condition("False", NOW),
+        **changes,
     )
-    plan = plan_model_group(world(group("g0", "ready"), draining, desired=1, leader_requests=leader_requests))
-    assert [d.group for d in plan.deletions] == deleted
-    assert ([p.group for p in plan.leader_probes] == ["g1"]) is (not deleted)
-    assert (event_reasons(plan) == [event]) if event else (plan.events == ())
+
+
+@dataclass(frozen=True)
+class DrainCase:
+    name: str
+    since_seconds: float
+    readings: dict[str, LeaderSample] = field(default_factory=dict)
+    routed: frozenset[str] = frozenset()
+    progress: DrainProgress | None = None
+    deleted: bool = False
+    event: str | None = None
+    probed: bool = True
+
+
+ROUTES_STOPPED = DrainProgress(
+    baseline=DrainBaseline(NOW - timedelta(seconds=30), finished_total=40, aborted_total=0, in_flight=3),
+    routes_stopped_at=NOW - timedelta(seconds=20),
+)
+DRAIN_CASES = [
+    DrainCase(
+        "idle leader after routing stopped and settled: deleted",
+        30,
+        {"g1": LeaderSample(NOW, 0, 0, finished_total=43)},
+        progress=ROUTES_STOPPED,
+        deleted=True,
+        event=EventReason.DRAIN_FINISHED,
+        probed=False,
+    ),
+    DrainCase(
+        "requests in flight: keeps draining",
+        30,
+        {"g1": LeaderSample(NOW, 2, 1)},
+        progress=ROUTES_STOPPED,
+    ),
+    DrainCase("load unknown: keeps draining", 30, progress=ROUTES_STOPPED),
+    DrainCase(
+        "idle but still a ready endpoint: keeps draining",
+        30,
+        {"g1": LeaderSample(NOW, 0, 0)},
+        routed=frozenset({"llama-70b-g1-0"}),
+        progress=ROUTES_STOPPED,
+    ),
+    DrainCase(
+        "idle but routers not settled yet: keeps draining",
+        3,
+        {"g1": LeaderSample(NOW, 0, 0)},
+        progress=DrainProgress(routes_stopped_at=NOW - timedelta(seconds=1)),
+    ),
+    DrainCase(
+        "drain time is up with requests in flight: deleted, counted",
+        600,
+        {"g1": LeaderSample(NOW, 3, 0, finished_total=41)},
+        progress=ROUTES_STOPPED,
+        deleted=True,
+        event=EventReason.DRAIN_TIMED_OUT,
+        probed=False,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", DRAIN_CASES, ids=lambda case: case.name)
+def test_draining_groups_leave_when_idle_or_out_of_time(case: DrainCase) -> None:
+    pods = draining("g1", case.since_seconds)
+    if case.progress is not None:
+        pods[0] = replace(pods[0], drain_progress=case.progress)
+    plan = plan_model_group(
+        world(
+            group("g0", "ready"),
+            pods,
+            desired=1,
+            leader_readings=case.readings,
+            routed_pods=case.routed,
+        )
+    )
+    assert [d.group for d in plan.deletions] == (["g1"] if case.deleted else [])
+    assert ([p.group for p in plan.leader_probes] == ["g1"]) is case.probed
+    assert event_reasons(plan) == ([case.event] if case.event else [])
+    if case.deleted:
+        (ended,) = plan.drains_ended
+        assert ended.requests_finished == case.readings["g1"].finished_total - 40
+        assert ended.requests_aborted == case.readings["g1"].in_flight
+    else:
+        assert "g1" in states(plan) and plan.drains_ended == ()
+
+
+def test_a_draining_groups_progress_is_recorded_on_its_leader() -> None:
+    reading = LeaderSample(NOW, 2, 0, finished_total=7, aborted_total=1)
+    plan = plan_model_group(
+        world(group("g0", "ready"), draining("g1", 2), desired=1, leader_readings={"g1": reading})
+    )
+    (mark,) = plan.drain_progress
+    assert mark.leader == "llama-70b-g1-0"
+    assert mark.progress == DrainProgress(DrainBaseline(NOW, 7, 1, 2), routes_stopped_at=NOW)
 
 
 def test_scale_out_puts_a_draining_group_back_in_service() -> None:
-    draining = group(
-        "g1",
-        "ready",
-        domain="c",
-        draining_since=NOW - timedelta(seconds=10),
-        group_ready=condition("False", NOW),
-    )
-    plan = plan_model_group(world(group("g0", "ready"), draining, desired=2))
+    plan = plan_model_group(world(group("g0", "ready"), draining("g1", 10), draining("g2", 5), desired=2))
     assert plan.creations == ()
-    assert [(c.group, c.ready) for c in plan.ready] == [("g1", True)]
-    assert [(m.group, m.since) for m in plan.drain_marks] == [("g1", None)]
-    assert states(plan) == {"g0": "Ready", "g1": "Ready"}
+    # The drain begun last has lost the least: it is the one reused.
+    assert [(c.group, c.ready) for c in plan.ready] == [("g2", True)]
+    assert [(m.group, m.since) for m in plan.drain_marks] == [("g2", None)]
+    assert states(plan) == {"g0": "Ready", "g1": "Draining", "g2": "Ready"}
+    assert event_reasons(plan) == [EventReason.DRAIN_CANCELLED]
+    assert plan.drains_cancelled == ("g2",)
+    assert [p.group for p in plan.leader_probes] == ["g1"]
 
 
-def test_victims_prefer_outdated_groups_among_ready_ones() -> None:
-    old = NOW - timedelta(hours=1)
-    current = replace(plan_model_group(world(group("g0", "ready", created=old), desired=1)).groups[0])
-    outdated = replace(current, name="g1", outdated=True)
-    newest = replace(current, name="g2", ready_at=NOW - timedelta(minutes=10))
-    assert [v.name for v in choose_victims([current, outdated, newest], 1, NOW, 300)] == ["g1"]
-    assert [v.name for v in choose_victims([current, newest], 1, NOW, 300)] == ["g2"]
+def test_a_draining_group_that_lost_a_rank_is_replaced_not_reused() -> None:
+    broken = draining("g1", 10)
+    broken[1] = replace(broken[1], restarts=1)
+    plan = plan_model_group(world(group("g0", "ready"), broken, desired=2))
+    assert plan.ready == ()
+    assert [d.group for d in plan.deletions] == ["g1"]
+    assert len(plan.creations) == 1
 
 
 def test_backoffs_round_trip_and_tolerate_garbage() -> None:
@@ -632,6 +777,10 @@ def test_a_group_drained_the_moment_it_became_ready_is_not_marked_ready() -> Non
             desired=1,
             rules=replace(RULES, min_lifetime_seconds=0),
             warmups={"g1": WarmupOutcome(True, NOW)},
+            leader_readings={
+                "g0": LeaderSample(NOW, running=5, waiting=0),
+                "g1": LeaderSample(NOW, running=0, waiting=0),
+            },
         )
     )
     assert [c.group for c in plan.ready] == []

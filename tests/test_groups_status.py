@@ -11,9 +11,9 @@ import pytest
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.groups import Assessment, Backoff, Plan
+from goodput.controllers.groups import Assessment, Backoff, DrainEnded, Plan
 from goodput.controllers.placement import NoFit, NoFitReason
-from goodput.controllers.status import invalid_spec_status, model_group_status
+from goodput.controllers.status import RECENT_DRAINS, drain_summary, invalid_spec_status, model_group_status
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=5)
@@ -209,3 +209,87 @@ def test_a_backed_off_domain_keeps_scaling_limited_until_it_expires() -> None:
     assert "clique-a" in limited.message
     later = status_of(assessment("g1", "Ready"), desired=1, previous=status)
     assert condition(later, ConditionType.SCALING_LIMITED) == ("False", Reason.DESIRED_WITHIN_RANGE)
+
+
+# Drain totals.
+
+
+def ended(
+    group: str,
+    outcome: str = "Drained",
+    *,
+    finished: int | None = 3,
+    aborted: int | None = 0,
+    at: datetime = NOW,
+) -> DrainEnded:
+    return DrainEnded(
+        group=group,
+        outcome=outcome,  # type: ignore[arg-type]
+        started_at=at - timedelta(seconds=20),
+        ended_at=at,
+        duration_seconds=20.04,
+        requests_finished=finished,
+        requests_aborted=aborted,
+        on_timeout="Abort" if outcome == "TimedOut" else None,
+    )
+
+
+def test_ended_drains_are_added_to_the_totals_newest_first() -> None:
+    first = drain_summary(None, [ended("g1")], cancelled=0)
+    second = drain_summary(
+        first, [ended("g2", "TimedOut", finished=1, aborted=4, at=NOW + timedelta(minutes=1))], cancelled=1
+    )
+    assert second is not None
+    assert (second.drained, second.timed_out, second.cancelled) == (1, 1, 1)
+    assert (second.requests_finished, second.requests_aborted) == (4, 4)
+    assert [(r.group, r.outcome, r.requests_aborted) for r in second.recent] == [
+        ("g2", "TimedOut", 4),
+        ("g1", "Drained", 0),
+    ]
+    assert second.recent[0].on_timeout == "Abort" and second.recent[1].duration_seconds == 20.0
+
+
+def test_a_drain_recorded_once_is_not_counted_again() -> None:
+    once = drain_summary(None, [ended("g1")], cancelled=0)
+    assert drain_summary(once, [ended("g1")], cancelled=0) == once
+
+
+def test_no_drain_no_summary_and_no_change() -> None:
+    assert drain_summary(None, [], cancelled=0) is None
+    summary = drain_summary(None, [ended("g1")], cancelled=0)
+    assert drain_summary(summary, [], cancelled=0) is summary
+
+
+def test_unknown_counts_are_recorded_as_zero_not_dropped() -> None:
+    summary = drain_summary(None, [ended("g1", "TimedOut", finished=None, aborted=None)], cancelled=0)
+    assert summary is not None and summary.timed_out == 1 and summary.recent[0].requests_aborted == 0
+
+
+def test_only_the_latest_drains_are_kept_but_every_one_is_counted() -> None:
+    summary = None
+    for index in range(RECENT_DRAINS + 3):
+        summary = drain_summary(summary, [ended(f"g{index}", at=NOW + timedelta(minutes=index))], cancelled=0)
+    assert summary is not None and summary.drained == RECENT_DRAINS + 3
+    assert [r.group for r in summary.recent] == [f"g{i}" for i in range(RECENT_DRAINS + 2, 2, -1)]
+
+
+def test_the_status_carries_the_drains_of_the_plan_and_earlier_unwritten_ones() -> None:
+    plan = Plan(
+        annotations={}, drains_ended=(ended("g2", at=NOW + timedelta(seconds=5)),), drains_cancelled=("g3",)
+    )
+    status = model_group_status(
+        ModelGroupStatus(),
+        name="llama",
+        generation=3,
+        desired_groups=1,
+        plan=plan,
+        now=NOW,
+        unrecorded_drains=[ended("g1")],
+    )
+    assert status.drain is not None
+    assert [r.group for r in status.drain.recent] == ["g2", "g1"] and status.drain.cancelled == 1
+
+
+def test_a_drain_listed_twice_in_one_pass_is_counted_once() -> None:
+    summary = drain_summary(None, [ended("g1"), ended("g1")], cancelled=0)
+    assert summary is not None and summary.drained == 1 and len(summary.recent) == 1

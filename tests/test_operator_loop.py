@@ -9,16 +9,19 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
 
 from goodput.controllers import naming
+from goodput.controllers.drain import LeaderSample, parse_progress
 from goodput.controllers.groups import EventRecord
-from goodput.controllers.observation import parse_node, parse_pod
+from goodput.controllers.observation import RouteView, parse_node, parse_pod
 from goodput.controllers.placement import GpuClaim
-from goodput.operator.handlers import Indexes, ModelGroupLoop, Runtime
+from goodput.operator.handlers import Indexes, ModelGroupLoop, Runtime, run_model_group_loop
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
@@ -62,6 +65,7 @@ NODES = [node(f"{c}-{i}", c, z) for c, z in (("a", "z1"), ("b", "z2"), ("c", "z1
 class FakeKube:
     calls: list[tuple[str, ...]] = field(default_factory=list)
     status_writes: list[dict[str, Any]] = field(default_factory=list)
+    pod_patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     conflict_on_status: bool = False
 
     def patch_custom(
@@ -89,6 +93,7 @@ class FakeKube:
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any], content_type: str = "") -> None:
         kind = "release-gate" if "spec" in patch else "annotate-pod"
         self.calls.append((kind, name))
+        self.pod_patches.append((name, patch))
 
     def patch_pod_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         (condition,) = patch["status"]["conditions"]
@@ -108,6 +113,7 @@ class Harness:
     pods: dict[tuple[str, str], list[Any]]
     claims: dict[str, list[tuple[str, GpuClaim]]]
     events: list[EventRecord]
+    routes: dict[str, list[tuple[RouteView, ...]]] = field(default_factory=dict)
 
     def run(self) -> list[tuple[str, ...]]:
         before = len(self.kube.calls)
@@ -131,12 +137,16 @@ def harness(
     kube = runtime.kube  # type: ignore[assignment]
     pods: dict[tuple[str, str], list[Any]] = {}
     claims = claims if claims is not None else {"cluster": []}
+    routes: dict[str, list[tuple[RouteView, ...]]] = {}
     indexes = Indexes(
-        group_pods=pods, gpu_claims=claims, cluster_nodes={"nodes": [parse_node(n) for n in NODES]}
+        group_pods=pods,
+        gpu_claims=claims,
+        cluster_nodes={"nodes": [parse_node(n) for n in NODES]},
+        service_routes=routes,
     )
     raw_body: Any = copy.deepcopy(body or MODEL_GROUP)
     loop = ModelGroupLoop(runtime, kopf.Body(raw_body), indexes, logging.getLogger("test"))
-    return Harness(kube, loop, pods, claims, events)
+    return Harness(kube, loop, pods, claims, events, routes)
 
 
 def test_a_scale_out_records_the_counter_first_then_creates_and_releases_whole_groups() -> None:
@@ -272,3 +282,197 @@ def test_two_model_groups_planning_a_moment_apart_never_book_the_same_gpus() -> 
         c for c in second.kube.status_writes[-1]["status"]["conditions"] if c["type"] == "ScalingLimited"
     )
     assert (limited["status"], limited["reason"]) == ("True", "InsufficientGPUs")
+
+
+# Scale-in through the loop: drain, verify, remove, record.
+
+
+def two_ready_groups(settings: Settings | None = None, replicas: int = 1) -> Harness:
+    """A harness whose index shows groups g0 and g1 whole and ready, and `replicas` wanted."""
+    runtime = None
+    if settings is not None:
+        events: list[EventRecord] = []
+        runtime = Runtime(
+            settings=settings,
+            kube=FakeKube(),  # type: ignore[arg-type]
+            metrics=OperatorMetrics(),
+            post_events=lambda _body, posted: events.extend(posted),
+        )
+    h = harness(runtime=runtime)
+    if runtime is not None:
+        h.events = events
+    h.run()
+    views = []
+    for index, group in enumerate(("g0", "g1")):
+        for rank in range(2):
+            raw = _ready(_pod_manifest(h, group, rank), f"{'ab'[index]}-{rank}", restarts=0)
+            raw["status"]["podIP"] = f"10.200.{index}.{5 + rank}"
+            view = parse_pod(raw)
+            assert view is not None
+            views.append(view)
+    h.pods[("serving", "llama")] = views
+    h.claims["cluster"] = [(f"serving/{p.name}", GpuClaim(8, p.node_name)) for p in views]
+    scaled: Any = copy.deepcopy(MODEL_GROUP)
+    scaled["metadata"]["annotations"] = {naming.ANNOTATION_GROUP_COUNTER: "2"}
+    scaled["spec"].update(replicas=replicas, drain={"maxSeconds": 60, "minLifetimeSeconds": 0})
+    h.loop.body = kopf.Body(scaled)
+    h.kube.calls.clear()
+    return h
+
+
+def read(h: Harness, group: str, running: int, *, finished: int, aborted: int = 0) -> None:
+    """What the leader's /metrics said just now (as the loop's probe would record it)."""
+    sample = LeaderSample(datetime.now(UTC), running, 0, finished_total=finished, aborted_total=aborted)
+    h.loop.leader_readings[group] = h.loop.leader_samples[group] = sample
+
+
+def test_scale_in_closes_admission_then_waits_for_the_endpoints_to_go_and_the_leader_to_idle() -> None:
+    h = two_ready_groups(Settings(drain_settle_seconds=0))
+    read(h, "g0", 3, finished=10)
+    read(h, "g1", 1, finished=20)
+
+    calls = h.run()
+    # The group with less in flight goes: its gate goes False on every rank, then it is marked.
+    assert calls[:2] == [("gate", "llama-g1-0", "False"), ("gate", "llama-g1-1", "False")]
+    assert {c[1] for c in calls[2:4]} == {"llama-g1-0", "llama-g1-1"}
+    assert [e.reason for e in h.events[-1:]] == ["DrainStarted"]
+    status = h.kube.status_writes[-1]["status"]
+    assert (status["drainingGroups"], status["readyGroups"]) == (1, 1)
+    drained = next(g for g in status["groups"] if g["name"] == "g1")
+    assert drained["state"] == "Draining" and "drainStartedAt" in drained
+
+    # A Service still lists the leader as ready: nothing is deleted, however idle the leader.
+    h.routes["serving"] = [(RouteView("llama-g1-0", "llama", ready=True),)]
+    read(h, "g1", 0, finished=21)
+    assert not any(c[0] == "delete-pod" for c in h.run())
+    progress = parse_progress(
+        h.kube.pod_patches[-1][1]["metadata"]["annotations"][naming.ANNOTATION_DRAIN_PROGRESS]
+    )
+    assert progress is not None and progress.baseline is not None
+    assert progress.baseline.finished_total == 21 and progress.routes_stopped_at is None
+
+    # Out of the endpoints, and the leader idle since: every rank goes, and the drain is recorded.
+    h.routes["serving"] = [(RouteView("llama-g1-0", "llama", ready=False),)]
+    h.run()
+    read(h, "g1", 0, finished=23)
+    calls = h.run()
+    assert {c[1] for c in calls if c[0] == "delete-pod"} == {"llama-g1-0", "llama-g1-1"}
+    assert ("delete-service", "llama-g1") in calls
+    assert h.events[-1].reason == "DrainFinished" and "2 request(s) finished" in h.events[-1].message
+    drain = h.kube.status_writes[-1]["status"]["drain"]
+    assert (drain["drained"], drain["requestsFinished"], drain["requestsAborted"]) == (1, 2, 0)
+    assert drain["recent"][0]["group"] == "g1" and drain["recent"][0]["outcome"] == "Drained"
+    metrics = h.loop.runtime.metrics.registry
+    labels = {"namespace": "serving", "model_group": "llama"}
+    assert metrics.get_sample_value("goodput_drain_requests_finished_total", labels) == 2
+    assert metrics.get_sample_value("goodput_drains_total", {**labels, "outcome": "Drained"}) == 1
+    assert (
+        metrics.get_sample_value("goodput_drain_duration_seconds_count", {**labels, "outcome": "Drained"})
+        == 1
+    )
+
+
+def test_a_timed_out_drain_counts_its_aborted_requests_even_when_the_status_write_conflicts() -> None:
+    h = two_ready_groups(Settings(drain_settle_seconds=0))
+    read(h, "g0", 3, finished=10)
+    read(h, "g1", 1, finished=20)
+    h.run()
+    # The drain started long ago (as a restarted operator would read it from the pods).
+    started = datetime.now(UTC) - timedelta(seconds=61)
+    h.pods[("serving", "llama")] = [
+        replace(pod, draining_since=started) if pod.group == "g1" else pod
+        for pod in h.pods[("serving", "llama")]
+    ]
+    h.loop.expectations.clear()
+    read(h, "g1", 4, finished=20)
+    h.kube.conflict_on_status = True
+    calls = h.run()
+    assert {c[1] for c in calls if c[0] == "delete-pod"} == {"llama-g1-0", "llama-g1-1"}
+    assert h.events[-1].reason == "DrainTimedOut" and "4 request(s) aborted" in h.events[-1].message
+    assert h.kube.status_writes == [] or "drain" not in h.kube.status_writes[-1]["status"]
+
+    # The next pass writes what the conflicting one could not, once.
+    h.kube.conflict_on_status = False
+    h.run()
+    h.run()
+    writes = [w["status"]["drain"] for w in h.kube.status_writes if "drain" in w["status"]]
+    assert writes and writes[-1]["timedOut"] == 1 and writes[-1]["requestsAborted"] == 4
+    assert writes[-1]["recent"][0]["onTimeout"] == "Abort"
+    labels = {"namespace": "serving", "model_group": "llama"}
+    assert (
+        h.loop.runtime.metrics.registry.get_sample_value("goodput_drain_requests_aborted_total", labels) == 4
+    )
+
+
+def test_a_scale_out_during_a_drain_puts_the_group_back_instead_of_creating_one() -> None:
+    h = two_ready_groups(Settings(drain_settle_seconds=0))
+    read(h, "g0", 3, finished=10)
+    read(h, "g1", 1, finished=20)
+    h.run()
+    h.loop.body = kopf.Body({**h.loop.body, "spec": {**h.loop.body["spec"], "replicas": 2}})
+    calls = h.run()
+    assert not any(c[0] in ("create-pod", "delete-pod") for c in calls)
+    assert [c for c in calls if c[0] == "gate"] == [
+        ("gate", "llama-g1-0", "True"),
+        ("gate", "llama-g1-1", "True"),
+    ]
+    cleared = [patch["metadata"]["annotations"] for name, patch in h.kube.pod_patches[-2:]]
+    assert all(a[naming.ANNOTATION_DRAINING_SINCE] is None for a in cleared)
+    assert all(a[naming.ANNOTATION_DRAIN_PROGRESS] is None for a in cleared)
+    assert h.events[-1].reason == "DrainCancelled"
+    status = h.kube.status_writes[-1]["status"]
+    assert (status["readyGroups"], status["drainingGroups"], status["drain"]["cancelled"]) == (2, 0, 1)
+
+
+class Flag:
+    """kopf's `stopped` flag as the loop uses it."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self, timeout: float | None = None) -> Flag:
+        await self.event.wait()
+        return self
+
+
+def test_a_stopped_loop_returns_at_once_instead_of_sleeping_out_its_interval() -> None:
+    h = harness(
+        runtime=Runtime(
+            settings=Settings(reconcile_interval_seconds=600),
+            kube=FakeKube(),  # type: ignore[arg-type]
+            metrics=OperatorMetrics(),
+            post_events=lambda _body, _events: None,
+        )
+    )
+
+    async def scenario() -> float:
+        stopped = Flag()
+        task = asyncio.create_task(run_model_group_loop(h.loop.runtime, h.loop, stopped))
+        while not h.loop.runtime.kube.calls:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.01)
+        began = time.monotonic()
+        stopped.event.set()
+        await asyncio.wait_for(task, timeout=5)
+        return time.monotonic() - began
+
+    assert asyncio.run(scenario()) < 1.0
+    assert ("serving", "llama") not in h.loop.runtime.wakeups
+
+
+def test_a_loop_cancelled_after_it_was_told_to_stop_ends_quietly() -> None:
+    h = harness()
+
+    async def scenario() -> asyncio.Task[None]:
+        stopped = Flag()
+        task = asyncio.create_task(run_model_group_loop(h.loop.runtime, h.loop, stopped))
+        await asyncio.sleep(0.05)
+        stopped.event.set()
+        task.cancel()
+        await asyncio.wait([task], timeout=5)
+        return task
+
+    task = asyncio.run(scenario())
+    assert task.done() and not task.cancelled() and task.exception() is None
