@@ -56,6 +56,27 @@ def group_status(group: Assessment) -> GroupStatus:
     )
 
 
+_OWN_CONDITION_TYPES = frozenset({ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED})
+
+
+def is_own_condition(condition: Condition) -> bool:
+    """Whether this controller wrote `condition`: its own types, and ScalingLimited for placement."""
+    if condition.type in _OWN_CONDITION_TYPES:
+        return True
+    return condition.type == ConditionType.SCALING_LIMITED and (
+        condition.reason in _PLACEMENT_REASONS or condition.reason == Reason.DESIRED_WITHIN_RANGE
+    )
+
+
+def with_others_conditions(ours: ModelGroupStatus, observed: ModelGroupStatus) -> ModelGroupStatus:
+    """`ours` (a status this controller wrote, not yet echoed by the watch) with every condition
+    another controller wrote since taken from `observed`, so building on it never erases them."""
+    others = [condition for condition in observed.conditions if not is_own_condition(condition)]
+    other_types = {condition.type for condition in others}
+    kept = [c for c in ours.conditions if is_own_condition(c) and c.type not in other_types]
+    return ours.model_copy(update={"conditions": [*kept, *others]})
+
+
 def model_group_status(
     previous: ModelGroupStatus,
     *,

@@ -26,6 +26,7 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from goodput.api.base import GROUP, VERSION, wire_dict
+from goodput.api.conditions import Condition
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
@@ -56,7 +57,12 @@ from goodput.controllers.observation import (
 )
 from goodput.controllers.placement import GpuClaim, Inventory
 from goodput.controllers.policy import parse_slo_policy, reconcile_policy
-from goodput.controllers.status import invalid_spec_status, model_group_status
+from goodput.controllers.status import (
+    invalid_spec_status,
+    is_own_condition,
+    model_group_status,
+    with_others_conditions,
+)
 from goodput.controllers.template import (
     ControllerTuning,
     group_template,
@@ -697,11 +703,12 @@ class ModelGroupLoop:
         observed = _readable_status(ModelGroupStatus, raw_status)
         if self.written_status_model is None or self.written_at is None:
             return observed
-        owned = {key: value for key, value in raw_status.items() if key in OWNED_STATUS_FIELDS}
+        owned = _own_fields(wire_dict(observed))
         if owned == self.written_status or now - self.written_at > STATUS_ECHO_TIMEOUT:
             self.written_status = self.written_status_model = self.written_at = None
             return observed
-        return self.written_status_model
+        # Our write is not echoed yet: build on it, but keep what the autoscaler wrote meanwhile.
+        return with_others_conditions(self.written_status_model, observed)
 
     async def _patch_status(
         self,
@@ -732,8 +739,20 @@ class ModelGroupLoop:
             # Changed since we read it (by someone else, or by our own write not yet seen): next pass.
             self.runtime.wake(self.namespace, self.name)
             return False
-        self.written_status, self.written_status_model, self.written_at = owned, status, now
+        self.written_status, self.written_status_model, self.written_at = _own_fields(owned), status, now
         return True
+
+
+def _own_fields(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields and conditions this controller writes, to tell when the watch echoed our write."""
+    owned = {key: value for key, value in status.items() if key in OWNED_STATUS_FIELDS}
+    if "conditions" in owned:
+        owned["conditions"] = [
+            condition
+            for condition in owned["conditions"]
+            if is_own_condition(Condition.model_validate(condition))
+        ]
+    return owned
 
 
 async def _gather(call: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> None:

@@ -13,7 +13,13 @@ from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.groups import Assessment, Backoff, DrainEnded, Plan
 from goodput.controllers.placement import NoFit, NoFitReason
-from goodput.controllers.status import RECENT_DRAINS, drain_summary, invalid_spec_status, model_group_status
+from goodput.controllers.status import (
+    RECENT_DRAINS,
+    drain_summary,
+    invalid_spec_status,
+    model_group_status,
+    with_others_conditions,
+)
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=5)
@@ -293,3 +299,46 @@ def test_the_status_carries_the_drains_of_the_plan_and_earlier_unwritten_ones() 
 def test_a_drain_listed_twice_in_one_pass_is_counted_once() -> None:
     summary = drain_summary(None, [ended("g1"), ended("g1")], cancelled=0)
     assert summary is not None and summary.drained == 1 and len(summary.recent) == 1
+
+
+def cond(kind: str, status: str, reason: str) -> Condition:
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message="m",
+        last_transition_time=EARLIER,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("ours", "observed", "expected"),
+    [
+        pytest.param(
+            [cond(ConditionType.READY, "True", Reason.GROUPS_READY)],
+            [
+                cond(ConditionType.READY, "False", Reason.GROUPS_NOT_READY),
+                cond("MetricsAvailable", "False", "X"),
+            ],
+            {ConditionType.READY: "True", "MetricsAvailable": "False"},
+            id="the autoscaler's condition written meanwhile is kept; our own stays ours",
+        ),
+        pytest.param(
+            [cond(ConditionType.SCALING_LIMITED, "False", Reason.DESIRED_WITHIN_RANGE)],
+            [cond(ConditionType.SCALING_LIMITED, "True", "TooManyReplicas")],
+            {ConditionType.SCALING_LIMITED: "True"},
+            id="ScalingLimited set by the autoscaler wins over our cleared one",
+        ),
+        pytest.param(
+            [cond(ConditionType.SCALING_LIMITED, "True", NoFitReason.INSUFFICIENT_GPUS.value)],
+            [cond(ConditionType.SCALING_LIMITED, "False", Reason.DESIRED_WITHIN_RANGE)],
+            {ConditionType.SCALING_LIMITED: "True"},
+            id="our placement limit stays until the watch echoes it",
+        ),
+    ],
+)
+def test_building_on_our_unechoed_write_keeps_other_controllers_conditions(
+    ours: list[Condition], observed: list[Condition], expected: dict[str, str]
+) -> None:
+    merged = with_others_conditions(ModelGroupStatus(conditions=ours), ModelGroupStatus(conditions=observed))
+    assert {c.type: c.status for c in merged.conditions} == expected
