@@ -74,7 +74,7 @@ def with_others_conditions(ours: ModelGroupStatus, observed: ModelGroupStatus) -
     others = [condition for condition in observed.conditions if not is_own_condition(condition)]
     other_types = {condition.type for condition in others}
     kept = [c for c in ours.conditions if is_own_condition(c) and c.type not in other_types]
-    return ours.model_copy(update={"conditions": [*kept, *others]})
+    return ours.model_copy(update={"conditions": (*kept, *others)})
 
 
 def model_group_status(
