@@ -23,8 +23,9 @@ The decision state (recent recommendations and scale events) is kept in memory a
 annotation `goodput.dev/autoscaler-state`, so an operator restart keeps its stabilisation windows
 and step limits (`decision_record.encode_states`).
 
-Wiring: `register_autoscaler(registry)` next to `handlers.register(registry, settings)`; it reads the
-kopf memo's `runtime` (the Kubernetes client, the metrics registry, the Event poster).
+Wiring: `register_autoscaler(registry, AutoscalerSettings.from_settings(settings))` next to
+`handlers.register(registry, settings)`; it reads the kopf memo's `runtime` (the Kubernetes client,
+the metrics registry, the Event poster).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +74,7 @@ from goodput.operator.metrics_source import (
     query_windows,
 )
 from goodput.operator.promql import SeriesLabels, Windows
+from goodput.operator.settings import Settings
 
 log = logging.getLogger("goodput.autoscaler")
 decision_log = logging.getLogger("goodput.autoscaler.decisions")
@@ -90,7 +91,7 @@ DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 @dataclass(frozen=True, slots=True)
 class AutoscalerSettings:
-    """The autoscaler's settings, from GOODPUT_* environment variables (see `from_environ`)."""
+    """The autoscaler's part of the operator's settings (`operator/settings.py`)."""
 
     prometheus_url: str = "http://127.0.0.1:9090"
     prometheus_timeout_seconds: float = 5.0
@@ -104,34 +105,26 @@ class AutoscalerSettings:
     labels: SeriesLabels = field(default_factory=SeriesLabels)
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> AutoscalerSettings:
-        """GOODPUT_PROMETHEUS_URL, GOODPUT_PROMETHEUS_TIMEOUT_SECONDS,
-        GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS, GOODPUT_AUTOSCALER_STATE_REFRESH_SECONDS and
-        GOODPUT_PROMETHEUS_LABEL_{NAMESPACE,MODEL_GROUP,GROUP}."""
-        defaults = cls()
+    def from_settings(cls, settings: Settings) -> AutoscalerSettings:
+        """The autoscaler's part of the operator's settings (GOODPUT_PROMETHEUS_*, flags)."""
+        for name in (
+            "prometheus_timeout_seconds",
+            "prometheus_rate_window_seconds",
+            "autoscaler_state_refresh_seconds",
+        ):
+            if getattr(settings, name) <= 0:
+                raise ValueError(f"GOODPUT_{name.upper()}={getattr(settings, name)!r} must be positive")
         return cls(
-            prometheus_url=environ.get("GOODPUT_PROMETHEUS_URL", defaults.prometheus_url).rstrip("/"),
-            prometheus_timeout_seconds=_positive(
-                environ, "GOODPUT_PROMETHEUS_TIMEOUT_SECONDS", defaults.prometheus_timeout_seconds
+            prometheus_url=settings.prometheus_url.rstrip("/"),
+            prometheus_timeout_seconds=settings.prometheus_timeout_seconds,
+            rate_window_seconds=settings.prometheus_rate_window_seconds,
+            state_refresh_seconds=settings.autoscaler_state_refresh_seconds,
+            labels=SeriesLabels(
+                namespace=settings.prometheus_label_namespace,
+                model_group=settings.prometheus_label_model_group,
+                group=settings.prometheus_label_group,
             ),
-            rate_window_seconds=_positive(
-                environ, "GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS", defaults.rate_window_seconds
-            ),
-            state_refresh_seconds=_positive(
-                environ, "GOODPUT_AUTOSCALER_STATE_REFRESH_SECONDS", defaults.state_refresh_seconds
-            ),
-            labels=SeriesLabels.from_environ(environ),
         )
-
-
-def _positive(environ: Mapping[str, str], key: str, default: float) -> float:
-    raw = environ.get(key)
-    if raw is None:
-        return default
-    value = float(raw)
-    if value <= 0:
-        raise ValueError(f"{key}={raw!r} must be a positive number of seconds")
-    return value
 
 
 class MetricsSource(Protocol):
@@ -711,9 +704,9 @@ def is_bound(spec: Mapping[str, Any]) -> bool:
     return bool(spec.get("policyRef") or spec.get("shadowPolicyRef"))
 
 
-def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSettings | None = None) -> None:
-    """Register the autoscaler's handlers; `settings` default to the environment's."""
-    chosen = settings if settings is not None else AutoscalerSettings.from_environ(os.environ)
+def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSettings) -> None:
+    """Register the autoscaler's handlers."""
+    chosen = settings
 
     @kopf.on.startup(id="autoscaler_start", registry=registry)
     async def start(*, memo: Any, **_: Any) -> None:

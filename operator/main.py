@@ -8,7 +8,7 @@ import logging
 import kopf
 
 from goodput.operator import settings as settings_module
-from goodput.operator.autoscaler import register_autoscaler
+from goodput.operator.autoscaler import AutoscalerSettings, register_autoscaler
 from goodput.operator.handlers import Runtime, register
 from goodput.operator.kube import KubeApi
 from goodput.operator.metrics import OperatorMetrics
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     )
     registry = kopf.OperatorRegistry()
     register(registry, settings)
-    register_autoscaler(registry)
+    register_autoscaler(registry, AutoscalerSettings.from_settings(settings))
     kopf.run(
         registry=registry,
         standalone=settings.standalone,

@@ -16,7 +16,6 @@ settings (`SeriesLabels`): by default the ones the project's manifests and local
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
@@ -70,16 +69,6 @@ class SeriesLabels:
             value = getattr(self, spec.name)
             if not _LABEL_NAME.match(value):
                 raise ValueError(f"{value!r} is not a Prometheus label name (label for {spec.name})")
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> SeriesLabels:
-        """GOODPUT_PROMETHEUS_LABEL_NAMESPACE, _MODEL_GROUP and _GROUP override the defaults."""
-        values = {
-            spec.name: environ[key]
-            for spec in fields(cls)
-            if (key := f"GOODPUT_PROMETHEUS_LABEL_{spec.name.upper()}") in environ
-        }
-        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,20 @@ class Settings:
     routers get to notice before the leader's in-flight count is trusted to stay at zero."""
     kube_timeout_seconds: float = 15.0
     """Timeout of one Kubernetes API request made by the controllers."""
+    prometheus_url: str = "http://127.0.0.1:9090"
+    """Prometheus that scrapes the vLLM leaders; the autoscaler's only source of load."""
+    prometheus_timeout_seconds: float = 5.0
+    """A query slower than this counts as Prometheus being down (no scale-in, retried)."""
+    prometheus_rate_window_seconds: float = 60.0
+    """Window of token rates and the request mix; at least two scrape intervals."""
+    prometheus_label_namespace: str = "namespace"
+    """Series label holding the pod's namespace, as the user's Prometheus relabels it."""
+    prometheus_label_model_group: str = "model_group"
+    """Series label holding the pod's ModelGroup (from pod label goodput.dev/model-group)."""
+    prometheus_label_group: str = "group"
+    """Series label holding the pod's group (from pod label goodput.dev/group)."""
+    autoscaler_state_refresh_seconds: float = 60.0
+    """Longest the persisted decision state may lag while nothing in it changes."""
 
     @classmethod
     def from_sources(cls, flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:

@@ -30,6 +30,7 @@ from goodput.operator.autoscaler import (
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics_source import MetricsUnavailableError
 from goodput.operator.promql import SeriesLabels, Windows
+from goodput.operator.settings import Settings
 
 NAMESPACE, NAME = "serving", "llama"
 START = 1_800_000_000.0
@@ -463,8 +464,12 @@ def test_the_state_is_saved_when_it_changes_and_refreshed_while_it_holds() -> No
 # --- settings and helpers -------------------------------------------------------------------------
 
 
-def test_settings_come_from_the_environment() -> None:
-    settings = AutoscalerSettings.from_environ(
+def autoscaler_settings(environ: dict[str, str]) -> AutoscalerSettings:
+    return AutoscalerSettings.from_settings(Settings.from_sources({}, environ))
+
+
+def test_settings_come_from_the_operators_settings() -> None:
+    settings = autoscaler_settings(
         {
             "GOODPUT_PROMETHEUS_URL": "http://prometheus.monitoring:9090/",
             "GOODPUT_PROMETHEUS_TIMEOUT_SECONDS": "2.5",
@@ -484,9 +489,11 @@ def test_settings_come_from_the_environment() -> None:
         20.0,
     )
     assert settings.labels == SeriesLabels(group="replica_group")
-    assert AutoscalerSettings.from_environ({}) == AutoscalerSettings()
+    assert autoscaler_settings({}) == AutoscalerSettings()
     with pytest.raises(ValueError, match="positive"):
-        AutoscalerSettings.from_environ({"GOODPUT_PROMETHEUS_TIMEOUT_SECONDS": "0"})
+        autoscaler_settings({"GOODPUT_PROMETHEUS_TIMEOUT_SECONDS": "0"})
+    with pytest.raises(ValueError, match="label name"):
+        autoscaler_settings({"GOODPUT_PROMETHEUS_LABEL_GROUP": "replica-group"})
 
 
 @pytest.mark.parametrize(

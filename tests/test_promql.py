@@ -95,18 +95,6 @@ def test_a_label_name_prometheus_cannot_store_is_refused(name: str) -> None:
         SeriesLabels(group=name)
 
 
-def test_label_names_come_from_the_environment() -> None:
-    environ = {
-        "GOODPUT_PROMETHEUS_LABEL_NAMESPACE": "kubernetes_namespace",
-        "GOODPUT_PROMETHEUS_LABEL_GROUP": "replica_group",
-        "GOODPUT_PROMETHEUS_URL": "http://prometheus:9090",
-    }
-    assert SeriesLabels.from_environ(environ) == SeriesLabels(
-        namespace="kubernetes_namespace", model_group="model_group", group="replica_group"
-    )
-    assert SeriesLabels.from_environ({}) == SeriesLabels()
-
-
 def test_windows_are_whole_positive_seconds() -> None:
     with pytest.raises(ValueError, match="at least one second"):
         Windows(rate_seconds=0, histogram_seconds=60)
