@@ -2,9 +2,9 @@
 
 Run: .venv/bin/python bench/bench_decision.py [--repeats 7] [--groups-per-model 4] [--queued 200]
 
-Each ModelGroup has ready groups reporting every metric a decision reads, including TTFT, ITL and
-queue-time histograms with vLLM's default buckets. Prints medians (and the fastest and slowest
-repeat) measured with time.perf_counter; nothing is asserted.
+Each ModelGroup has ready groups reporting every metric a decision reads, including TTFT, ITL, TPOT
+and queue-time histograms with vLLM's default buckets (so the goodput signal's checks run). Prints
+medians (and the fastest and slowest repeat) measured with time.perf_counter; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def group_metrics(rng: random.Random) -> GroupMetrics:
         queue_time=Histogram.from_observations(
             LATENCY_BUCKETS, (rng.expovariate(4.0) for _ in range(observations))
         ),
+        tpot=Histogram.from_observations(ITL_BUCKETS, (rng.expovariate(30.0) for _ in range(observations))),
         finished_requests=observations * 0.98,
         aborted_requests=observations * 0.02,
     )

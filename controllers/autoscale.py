@@ -7,7 +7,8 @@
 2. estimate: λ_w, Q_work, C for the current mix, predicted queue wait, queue budget, slack, KV
    demand, attainment and goodput (`goodput.estimators`);
 3. propose, one count per signal: queueWork, slack, kvCache, goodput, scaleFromZero, warmFloor,
-   minReplicas;
+   minReplicas; goodput adds a group only for load-driven SLO misses, one trial at a time, and stops
+   after scale-outs that brought no improvement (GoodputAwaitingEvidence, GoodputNotImproving);
 4. combine: proportional proposals inside the tolerance band count as no change (per signal, as
    the HPA does per metric), then the largest proposal wins and names the decision's signal;
 5. knowledge: with stale or missing metrics the count never goes down (HoldScaleIn), or does not
@@ -24,14 +25,17 @@ The operator and the simulator call the same function; it does no I/O and reads 
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import TypeGuard, TypeVar
+from typing import NamedTuple, TypeGuard, TypeVar
 
 from goodput.controllers.autoscale_model import (
     COMING_STATES,
     Decision,
     DecisionState,
     Estimates,
+    GoodputSignal,
+    GoodputTrial,
     GroupCounts,
     GroupMetrics,
     GroupObservation,
@@ -45,6 +49,7 @@ from goodput.controllers.autoscale_model import (
     ScaleEvent,
     ScalingPolicy,
     Signal,
+    SloCheck,
     StaleMetricsAction,
 )
 from goodput.controllers.scaling_behavior import clamp, limit_rate, stabilize, tolerated_groups
@@ -55,6 +60,7 @@ from goodput.estimators.attainment import (
     goodput_from_histograms,
     histogram_quantile,
     merge_histograms,
+    rose_beyond_noise,
 )
 from goodput.estimators.proposals import (
     arrival_demand_groups,
@@ -128,6 +134,7 @@ class _Observation:
         "generation_rate",
         "itl",
         "kv_used_tokens",
+        "max_fresh_age",
         "missing",
         "mix",
         "prompt_rate",
@@ -138,6 +145,7 @@ class _Observation:
         "rejected",
         "running",
         "stale",
+        "tpot",
         "ttft",
         "unschedulable",
         "waiting",
@@ -150,11 +158,12 @@ class _Observation:
         self.current = snapshot.spec_replicas
         ready = coming = draining = failed = unschedulable = fresh = stale = missing = 0
         waiting = running = prompt_rate = generation_rate = kv_used = 0.0
-        finished = aborted = rejected = 0.0
+        finished = aborted = rejected = max_fresh_age = 0.0
         mix_weight = mix_input = mix_output = hit_tokens = 0.0
         ttft: list[Histogram] = []
         itl: list[Histogram] = []
         queue_time: list[Histogram] = []
+        tpot: list[Histogram] = []
         for group in snapshot.groups:
             if group.unschedulable:
                 unschedulable += 1
@@ -179,6 +188,7 @@ class _Observation:
                 stale += 1
                 continue
             fresh += 1
+            max_fresh_age = max(max_fresh_age, metrics.age_seconds)
             waiting += metrics.waiting_requests
             running += metrics.running_requests
             prompt_rate += metrics.prompt_tokens_per_second
@@ -203,12 +213,15 @@ class _Observation:
                 itl.append(metrics.itl)
             if metrics.queue_time is not None:
                 queue_time.append(metrics.queue_time)
+            if metrics.tpot is not None:
+                tpot.append(metrics.tpot)
         self.ready, self.coming, self.draining, self.failed = ready, coming, draining, failed
         self.unschedulable, self.fresh, self.stale, self.missing = unschedulable, fresh, stale, missing
         self.waiting, self.running = waiting, running
         self.prompt_rate, self.generation_rate, self.kv_used_tokens = prompt_rate, generation_rate, kv_used
         self.finished, self.aborted, self.rejected = finished, aborted, rejected
-        self.ttft, self.itl, self.queue_time = ttft, itl, queue_time
+        self.ttft, self.itl, self.queue_time, self.tpot = ttft, itl, queue_time, tpot
+        self.max_fresh_age = max_fresh_age
         self.mix = TrafficMix(
             mean_input_tokens=mix_input / mix_weight if mix_weight > 0 else profile.reference_input_tokens,
             mean_output_tokens=mix_output / mix_weight if mix_weight > 0 else profile.reference_output_tokens,
@@ -324,16 +337,44 @@ def _kv_demand(observation: _Observation, kv_capacity: int) -> tuple[float | Non
     return None, None
 
 
+class _Attainment(NamedTuple):
+    """What the engine histograms say about the SLO of the primary class over the window."""
+
+    ttft: float | None
+    itl: float | None
+    tpot: float | None
+    itl_tail_seconds: float | None
+    queue_time_p90_seconds: float | None
+    queue_within_budget: float | None
+    goodput: GoodputReport | None
+    checks: tuple[SloCheck, ...]
+
+
 def _attainment(
-    observation: _Observation, policy: ScalingPolicy, window_seconds: float
-) -> tuple[float | None, float | None, float | None, GoodputReport | None]:
-    """TTFT and ITL attainment of the primary class, measured queue time p90, and goodput."""
+    observation: _Observation,
+    policy: ScalingPolicy,
+    window_seconds: float,
+    queue_budget_seconds: float,
+) -> _Attainment:
+    """TTFT, TPOT and token-gap attainment of the primary class, its queue times, and goodput.
+
+    Engine histograms carry no class, so they are read against the primary class's targets.
+    """
     if observation.fresh == 0:
-        return None, None, None, None
+        return _Attainment(None, None, None, None, None, None, None, ())
     target = policy.primary_class
-    ttft = fraction_within(merge_histograms(observation.ttft), target.ttft_seconds)
-    itl = fraction_within(merge_histograms(observation.itl), target.itl_seconds)
-    queue_time_p90 = histogram_quantile(merge_histograms(observation.queue_time), 0.9)
+    ttft_histogram = merge_histograms(observation.ttft)
+    itl_histogram = merge_histograms(observation.itl)
+    tpot_histogram = merge_histograms(observation.tpot)
+    queue_histogram = merge_histograms(observation.queue_time)
+    ttft = fraction_within(ttft_histogram, target.ttft_seconds)
+    itl = fraction_within(itl_histogram, target.itl_seconds)
+    tpot = fraction_within(tpot_histogram, target.itl_seconds)
+    # A wait beyond the queue budget leaves too little of the TTFT target for prefill and the first
+    # step; with no budget at all, no number of groups gets a request its first token in time.
+    queue_within = (
+        fraction_within(queue_histogram, queue_budget_seconds) if queue_budget_seconds > 0 else None
+    )
     goodput = goodput_from_histograms(
         window_seconds=window_seconds,
         ttft_within_target=ttft,
@@ -343,7 +384,59 @@ def _attainment(
         rejected_requests=observation.rejected,
         generated_tokens=observation.generation_rate * window_seconds,
     )
-    return ttft, itl, queue_time_p90, goodput
+    signal = policy.signals.goodput
+    checks: tuple[SloCheck, ...] = ()
+    if signal is not None:
+        checks = _slo_checks(
+            signal,
+            target.percentile,
+            ttft=(ttft, _observed(ttft_histogram)),
+            tpot=(tpot, _observed(tpot_histogram)),
+            itl_share=itl,
+            finished_requests=observation.finished,
+        )
+    return _Attainment(
+        ttft=ttft,
+        itl=itl,
+        tpot=tpot,
+        itl_tail_seconds=histogram_quantile(itl_histogram, target.percentile),
+        queue_time_p90_seconds=histogram_quantile(queue_histogram, 0.9),
+        queue_within_budget=queue_within,
+        goodput=goodput,
+        checks=checks,
+    )
+
+
+def _slo_checks(
+    signal: GoodputSignal,
+    percentile: float,
+    *,
+    ttft: tuple[float | None, float],
+    tpot: tuple[float | None, float],
+    itl_share: float | None,
+    finished_requests: float,
+) -> tuple[SloCheck, ...]:
+    """The SLO conditions the window measured with enough observations, each against its own bar.
+
+    Per request: the share within the TTFT target must reach the attainment floor and the class
+    percentile (it is both a per-request and a percentile condition); the share whose TPOT is
+    within the ITL target must reach the floor. Per token gap: the share within the ITL target must
+    reach the class percentile. Gaps come in correlated runs (every sequence of a slow step has a
+    slow gap), so their share rests on about as many observations as requests finished, not gaps.
+    """
+    floor = signal.attainment_floor
+    enough = signal.min_observations
+    checks = []
+    ttft_share, ttft_observations = ttft
+    if ttft_share is not None and ttft_observations >= enough:
+        checks.append(SloCheck("ttft", ttft_share, max(floor, percentile), ttft_observations))
+    tpot_share, tpot_observations = tpot
+    if tpot_share is not None and tpot_observations >= enough:
+        checks.append(SloCheck("tpot", tpot_share, floor, tpot_observations))
+    requests = finished_requests or ttft_observations
+    if itl_share is not None and requests >= enough:
+        checks.append(SloCheck("itl_tail", itl_share, percentile, requests))
+    return tuple(checks)
 
 
 def _estimate(
@@ -377,7 +470,9 @@ def _estimate(
     else:
         earliest_slack = None if predicted_wait is None else budget - predicted_wait
     kv_demand, kv_free = _kv_demand(observation, profile.kv_capacity_tokens)
-    ttft, itl, queue_time_p90, goodput = _attainment(observation, policy, snapshot.metrics_window_seconds)
+    attainment = _attainment(observation, policy, snapshot.metrics_window_seconds, budget)
+    running_per_group = observation.running / observation.fresh if observation.fresh > 0 else None
+    slo_batch = profile.slo_batch_per_group(mix.mean_input_tokens, mix.mean_output_tokens)
     estimates = Estimates(
         mean_input_tokens=mix.mean_input_tokens,
         mean_output_tokens=mix.mean_output_tokens,
@@ -395,12 +490,44 @@ def _estimate(
         low_slack_fraction=None if slack_summary is None else slack_summary.low_slack_fraction,
         kv_demand_tokens=kv_demand,
         kv_free_fraction=kv_free,
-        ttft_attainment=ttft,
-        itl_attainment=itl,
-        queue_time_p90_seconds=queue_time_p90,
-        goodput=goodput,
+        ttft_attainment=attainment.ttft,
+        itl_attainment=attainment.itl,
+        queue_time_p90_seconds=attainment.queue_time_p90_seconds,
+        goodput=attainment.goodput,
+        tpot_attainment=attainment.tpot,
+        itl_tail_seconds=attainment.itl_tail_seconds,
+        queue_within_budget=attainment.queue_within_budget,
+        running_per_group=running_per_group,
+        slo_batch_per_group=slo_batch,
+        slo_checks=attainment.checks,
+        load_driven=_load_driven(attainment, running_per_group, slo_batch),
     )
     return estimates, slack_summary
+
+
+def _worst(checks: tuple[SloCheck, ...]) -> SloCheck | None:
+    """The SLO condition furthest below its bar."""
+    return max(checks, key=lambda check: check.shortfall, default=None)
+
+
+def _load_driven(attainment: _Attainment, running_per_group: float | None, slo_batch: float) -> bool | None:
+    """Whether the SLO misses come from load, so that more groups would remove them.
+
+    Two causes are load: requests waiting in the engine queue beyond the queue budget, when they
+    alone break the bar or account for the shortfall; and groups running more sequences than the ITL
+    budget allows (longer steps for every token and every prefill chunk). What remains, such as the
+    stall a long prefill chunk puts into every decode of its step, is there at any count. None when
+    nothing is missed (or nothing measured).
+    """
+    worst = _worst(attainment.checks)
+    if worst is None or worst.shortfall <= 0:
+        return None
+    if running_per_group is not None and running_per_group >= slo_batch:
+        return True
+    if attainment.queue_within_budget is None:
+        return False
+    queue_misses = 1.0 - attainment.queue_within_budget
+    return queue_misses > 0 and queue_misses >= min(1.0 - worst.required, worst.shortfall)
 
 
 def _proposals(
@@ -409,8 +536,13 @@ def _proposals(
     slack_summary: SlackSummary | None,
     snapshot: ModelGroupSnapshot,
     policy: ScalingPolicy,
-) -> list[Proposal]:
-    """One proposal per signal that has something to say; unknown signals stay silent."""
+    *,
+    trial: GoodputTrial | None,
+) -> tuple[list[Proposal], Guard | None]:
+    """One proposal per signal that has something to say; unknown signals stay silent.
+
+    Also returns the guard that held the goodput signal back, if its trial did.
+    """
     signals = policy.signals
     capacity = estimates.capacity_per_group
     proposals: list[Proposal] = []
@@ -481,17 +613,11 @@ def _proposals(
         )
 
     goodput = signals.goodput
+    held: Guard | None = None
     if goodput is not None:
-        attainment = _measured_attainment(observation, estimates, goodput.min_observations)
-        if attainment is not None and attainment < goodput.attainment_floor:
-            proposals.append(
-                Proposal(
-                    Signal.GOODPUT,
-                    observation.current + 1,
-                    attainment,
-                    f"attainment={attainment:.4g} < floor={goodput.attainment_floor:g}",
-                )
-            )
+        proposal, held = _goodput_proposal(estimates, observation.current, trial, goodput)
+        if proposal is not None:
+            proposals.append(proposal)
 
     if observation.current == 0 and observation.has_demand:
         proposals.append(
@@ -502,7 +628,7 @@ def _proposals(
             Proposal(Signal.WARM_FLOOR, policy.warm_groups, float(policy.warm_groups), "warm floor")
         )
     proposals.append(Proposal(Signal.MIN_REPLICAS, policy.min_groups, float(policy.min_groups), "minimum"))
-    return proposals
+    return proposals, held
 
 
 def _unless_urgent(demand_groups: float, at_risk: bool, current: int) -> float | None:
@@ -513,20 +639,107 @@ def _unless_urgent(demand_groups: float, at_risk: bool, current: int) -> float |
     return demand_groups
 
 
-def _measured_attainment(
-    observation: _Observation, estimates: Estimates, min_observations: int
-) -> float | None:
-    """The worse of TTFT and ITL attainment, each only when enough observations back it."""
-    measured = []
-    if estimates.ttft_attainment is not None and _observed(observation.ttft) >= min_observations:
-        measured.append(estimates.ttft_attainment)
-    if estimates.itl_attainment is not None and _observed(observation.itl) >= min_observations:
-        measured.append(estimates.itl_attainment)
-    return min(measured) if measured else None
+def _goodput_proposal(
+    estimates: Estimates, current: int, trial: GoodputTrial | None, signal: GoodputSignal
+) -> tuple[Proposal | None, Guard | None]:
+    """One more group for load-driven SLO misses, with each scale-out a trial.
+
+    While a trial waits for its evidence the signal holds the trial's count (no other signal may
+    undo the experiment) and asks for nothing more (GoodputAwaitingEvidence). Once judged, it may
+    try one more group only from the trial's own count and only while fewer than
+    `max_fruitless_steps` trials in a row were fruitless; otherwise it asks for nothing
+    (GoodputNotImproving), also at lower counts other signals scale in to, so that it cannot climb
+    back up to a count that has already shown no improvement.
+    """
+    worst = _worst(estimates.slo_checks)
+    wants_more = worst is not None and worst.shortfall > 0 and bool(estimates.load_driven)
+    if trial is not None and not trial.judged:
+        hold = Proposal(
+            Signal.GOODPUT,
+            trial.groups,
+            None if worst is None else worst.within,
+            f"holding {trial.groups} groups until the last goodput scale-out has served a full window",
+        )
+        return hold, Guard.GOODPUT_AWAITING_EVIDENCE if wants_more else None
+    if not wants_more or worst is None:
+        return None, None
+    if trial is not None and (current < trial.groups or trial.fruitless >= signal.max_fruitless_steps):
+        return None, Guard.GOODPUT_NOT_IMPROVING
+    detail = (
+        f"{worst.name} within target {worst.within:.4g} < {worst.required:g} over "
+        f"{worst.observations:.0f} observations; load-driven: queue within budget "
+        f"{_figure(estimates.queue_within_budget)}, running/group {_figure(estimates.running_per_group)} "
+        f"vs SLO batch {_figure(estimates.slo_batch_per_group)}"
+    )
+    return Proposal(Signal.GOODPUT, current + 1, worst.within, detail), None
 
 
-def _observed(histograms: list[Histogram]) -> float:
-    return sum(histogram.total for histogram in histograms)
+def _judge_trial(
+    trial: GoodputTrial | None,
+    observation: _Observation,
+    estimates: Estimates,
+    window_seconds: float,
+    now: float,
+) -> GoodputTrial | None:
+    """The goodput trial after this tick's evidence.
+
+    A trial waiting for evidence holds only at the count it scaled out to (a count moved by
+    anything else confounds it). It settles when all its groups are ready, and is judged on the
+    first metrics window that starts after that: it is dropped when the SLO is met or the worst
+    check of the time rose beyond its sampling error (the signal may try again), and counted as
+    fruitless otherwise. A judged trial is kept while the SLO is still missed and the count has not
+    risen above it: what it showed holds for its count and every lower one.
+    """
+    if trial is None:
+        return None
+    current = observation.current
+    worst = _worst(estimates.slo_checks)
+    if trial.judged:
+        if current > trial.groups or (worst is not None and worst.shortfall <= 0):
+            return None
+        return trial
+    if current != trial.groups or observation.unschedulable > 0:
+        return None  # confounded, or a group that cannot be placed: the trial cannot run
+    settled_at = trial.settled_at
+    if settled_at is None and observation.ready >= trial.groups and observation.coming == 0:
+        settled_at = now
+    window_start = now - observation.max_fresh_age - window_seconds
+    if settled_at is None or window_start < settled_at or worst is None:
+        return trial if settled_at == trial.settled_at else dataclasses.replace(trial, settled_at=settled_at)
+    if worst.shortfall <= 0:
+        return None
+    before = trial.baseline
+    after = next((check for check in estimates.slo_checks if check.name == before.name), worst)
+    if rose_beyond_noise(before.within, before.observations, after.within, after.observations):
+        return None
+    return dataclasses.replace(trial, settled_at=settled_at, judged=True, fruitless=trial.fruitless + 1)
+
+
+def _next_trial(
+    trial: GoodputTrial | None,
+    estimates: Estimates,
+    signal: Signal,
+    *,
+    current: int,
+    desired: int,
+    applies: bool,
+    now: float,
+) -> GoodputTrial | None:
+    """A goodput scale-out that is applied starts a trial; earlier fruitless ones are carried."""
+    worst = _worst(estimates.slo_checks)
+    if not (applies and signal is Signal.GOODPUT and desired > current and worst is not None):
+        return trial
+    return GoodputTrial(
+        groups=desired, baseline=worst, acted_at=now, fruitless=trial.fruitless if trial is not None else 0
+    )
+
+
+def _observed(histogram: Histogram | None) -> float:
+    return 0.0 if histogram is None else histogram.total
+
+
+def _figure(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.4g}"
 
 
 def _seconds(value: float | None) -> str:
@@ -662,6 +875,7 @@ def _next_state(
     applies: bool,
     policy: ScalingPolicy,
     now: float,
+    goodput_trial: GoodputTrial | None,
 ) -> DecisionState:
     """Remember this tick's recommendation and, if applied, its change; forget what no window needs."""
     up_rules, down_rules = policy.scale_up, policy.scale_down
@@ -680,6 +894,7 @@ def _next_state(
         scale_up_events=up_events,
         scale_down_events=down_events,
         started=True,
+        goodput_trial=goodput_trial,
     )
 
 
@@ -687,7 +902,8 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
     """Decide how many complete groups `snapshot`'s ModelGroup should run; see the module docstring."""
     observation = _Observation(snapshot, policy)
     estimates, slack_summary = _estimate(observation, snapshot, policy, now)
-    proposals = _proposals(observation, estimates, slack_summary, snapshot, policy)
+    trial = _judge_trial(state.goodput_trial, observation, estimates, snapshot.metrics_window_seconds, now)
+    proposals, goodput_held = _proposals(observation, estimates, slack_summary, snapshot, policy, trial=trial)
     current = observation.current
     up_rules, down_rules = policy.scale_up, policy.scale_down
 
@@ -695,6 +911,8 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
     trail = _Trail(desired, str(signal))
     if banded:
         trail.note(Guard.TOLERANCE)
+    if goodput_held is not None and current + 1 > desired:
+        trail.note(goodput_held)  # the goodput signal's group would have been the largest proposal
     trail.apply(_knowledge_guard(trail.desired, current, observation, policy))
 
     # The HPA seeds its history with the current count on first sight, so that a restart never
@@ -751,6 +969,9 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
             applies=applies,
             policy=policy,
             now=now,
+            goodput_trial=_next_trial(
+                trial, estimates, signal, current=current, desired=trail.desired, applies=applies, now=now
+            ),
         ),
         policy_revision=policy.revision,
         mode=policy.mode,

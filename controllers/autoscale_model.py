@@ -87,6 +87,8 @@ class Guard(StrEnum):
     CAPACITY_COMING = "CapacityComing"
     UNSCHEDULABLE = "Unschedulable"
     SCALE_IN_UNSAFE = "ScaleInUnsafe"
+    GOODPUT_AWAITING_EVIDENCE = "GoodputAwaitingEvidence"
+    GOODPUT_NOT_IMPROVING = "GoodputNotImproving"
     FROZEN = "Frozen"
 
 
@@ -95,12 +97,18 @@ class Guard(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SloTargets:
-    """One request class's targets."""
+    """One request class's targets.
+
+    attainment: the share of requests that must meet every target.
+    percentile: the share of first-token times and of token gaps that must each be within target
+    (the tail a mean TPOT hides).
+    """
 
     name: str
     ttft_seconds: float
     itl_seconds: float
     attainment: float = 0.99
+    percentile: float = 0.99
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +145,30 @@ class KvCacheSignal:
 
 @dataclass(frozen=True, slots=True)
 class GoodputSignal:
-    """One more group while measured attainment is below the floor, once enough requests are measured."""
+    """The feedback signal: one more group while measured attainment misses the SLO and the misses
+    come from load, which more groups relieve.
+
+    The SLO is judged as it is defined: per request (the share of requests within the TTFT target,
+    and within the ITL target on their TPOT) against `attainment_floor`, and per percentile (the
+    class's percentile of first-token times and of token gaps) against the class's targets. Misses
+    are load-driven when requests wait in the engine queue beyond the queue budget, or when the
+    groups run more sequences than the ITL budget allows; a stall that every step with a long
+    prefill chunk causes is not, and more groups would not remove it.
+
+    Each scale-out is a trial: the signal waits until the added group has served a full metrics
+    window, and after `max_fruitless_steps` consecutive scale-outs that did not raise the worst
+    measure by more than its sampling error, it stops asking for more at that count.
+    """
 
     attainment_floor: float = 0.95
     min_observations: int = 20
+    max_fruitless_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.attainment_floor <= 1:
+            raise ValueError("attainment_floor must be in (0, 1]")
+        if self.max_fruitless_steps < 1:
+            raise ValueError("max_fruitless_steps must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +261,8 @@ class ScalingPolicy:
             raise ValueError("a policy needs at least one SLO class")
         if any(target.ttft_seconds <= 0 or target.itl_seconds <= 0 for target in self.classes):
             raise ValueError("TTFT and ITL targets must be positive")
+        if any(not (0 < target.attainment <= 1 and 0 < target.percentile <= 1) for target in self.classes):
+            raise ValueError("attainment and percentile targets must be in (0, 1]")
         if self.interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
 
@@ -260,6 +290,8 @@ class GroupMetrics:
     mean_input_tokens / mean_output_tokens: per finished request over the window, if known.
     prefix_hit_fraction: prefix-cache hits / queries over the window.
     ttft / itl / queue_time: window deltas of vLLM's histograms (its default buckets).
+    tpot: window delta of vllm:request_time_per_output_token_seconds, one observation per finished
+    request (its decode time over its tokens after the first); None where the engine does not export it.
     finished_requests: finished with stop or length; aborted_requests: abort or error;
     rejected_requests: admission rejections (HTTP 503s).
     """
@@ -276,6 +308,7 @@ class GroupMetrics:
     ttft: Histogram | None = None
     itl: Histogram | None = None
     queue_time: Histogram | None = None
+    tpot: Histogram | None = None
     finished_requests: float = 0.0
     aborted_requests: float = 0.0
     rejected_requests: float = 0.0
@@ -337,13 +370,52 @@ class ScaleEvent(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class SloCheck:
+    """One SLO condition as measured: the share within target, the share required, and how many
+    independent observations the share rests on (for its sampling error)."""
+
+    name: str
+    within: float
+    required: float
+    observations: float
+
+    @property
+    def shortfall(self) -> float:
+        """How far the share is below what is required (negative: met with room to spare)."""
+        return self.required - self.within
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputTrial:
+    """The goodput signal's last scale-out and what it has shown so far.
+
+    groups: the count it scaled out to; the trial holds only while the count stays there (any
+    other change makes its evidence about another fleet).
+    baseline: the worst SLO check when it acted, to compare the same check against afterwards.
+    settled_at: the first tick at which all `groups` groups were ready (None: not yet). Evidence
+    counts only from a metrics window that starts after it.
+    judged: whether the scale-out has been judged; fruitless: how many consecutive goodput
+    scale-outs, this one included once judged, brought no improvement.
+    """
+
+    groups: int
+    baseline: SloCheck
+    acted_at: float
+    settled_at: float | None = None
+    judged: bool = False
+    fruitless: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionState:
-    """What a decision remembers between ticks: recent recommendations and applied changes."""
+    """What a decision remembers between ticks: recent recommendations and applied changes, and the
+    goodput signal's trial."""
 
     recommendations: tuple[Recommendation, ...] = ()
     scale_up_events: tuple[ScaleEvent, ...] = ()
     scale_down_events: tuple[ScaleEvent, ...] = ()
     started: bool = False
+    goodput_trial: GoodputTrial | None = None
 
     @classmethod
     def initial(cls) -> DecisionState:
@@ -384,6 +456,13 @@ class Estimates:
 
     None means unknown (no fresh data). `predicted_queue_wait_seconds` is infinite when work waits
     and no group serves it.
+
+    ttft / itl / tpot_attainment: shares within the primary class's targets (of requests, of token
+    gaps, of requests by their TPOT); itl_tail_seconds: the token gap at the class percentile.
+    queue_within_budget: share of requests whose engine queue time was within the queue budget.
+    running_per_group / slo_batch_per_group: sequences each fresh group runs, and the most its steps
+    carry within the ITL budget for this mix. slo_checks: the goodput signal's SLO conditions with
+    enough observations; load_driven: whether their misses come from load (None: nothing missed).
     """
 
     mean_input_tokens: float
@@ -406,6 +485,13 @@ class Estimates:
     itl_attainment: float | None
     queue_time_p90_seconds: float | None
     goodput: GoodputReport | None
+    tpot_attainment: float | None = None
+    itl_tail_seconds: float | None = None
+    queue_within_budget: float | None = None
+    running_per_group: float | None = None
+    slo_batch_per_group: float | None = None
+    slo_checks: tuple[SloCheck, ...] = ()
+    load_driven: bool | None = None
 
 
 def _json_number(value: float | None) -> float | None:
@@ -490,7 +576,22 @@ class Decision:
                 "kv_free_fraction": _json_number(estimates.kv_free_fraction),
                 "ttft_attainment": _json_number(estimates.ttft_attainment),
                 "itl_attainment": _json_number(estimates.itl_attainment),
+                "tpot_attainment": _json_number(estimates.tpot_attainment),
+                "itl_tail_seconds": _json_number(estimates.itl_tail_seconds),
                 "queue_time_p90_seconds": _json_number(estimates.queue_time_p90_seconds),
+                "queue_within_budget": _json_number(estimates.queue_within_budget),
+                "running_per_group": _json_number(estimates.running_per_group),
+                "slo_batch_per_group": _json_number(estimates.slo_batch_per_group),
+                "slo_checks": [
+                    {
+                        "name": check.name,
+                        "within": _json_number(check.within),
+                        "required": _json_number(check.required),
+                        "observations": _json_number(check.observations),
+                    }
+                    for check in estimates.slo_checks
+                ],
+                "load_driven": estimates.load_driven,
                 "goodput": None
                 if goodput is None
                 else {

@@ -2,8 +2,8 @@
 
 Each stage is a pure function of plain values, in the HPA's documented order:
 
-1. tolerance: a proportional proposal within the band around the current count is no change, and
-   one below it scales in only to a count with the band's headroom;
+1. tolerance: a proportional proposal within the band around the current count is no change; one
+   outside it is the demand rounded up, in either direction;
 2. stabilisation: scaling up acts on the lowest recommendation of its window, scaling down on the
    highest of its window (the current one included), so a dip shorter than the window never scales in;
 3. step policies: per direction, each policy allows `value` groups (or percent of the count at the
@@ -39,10 +39,14 @@ def tolerated_groups(
 ) -> int:
     """A proportional proposal after the tolerance band.
 
-    Inside [1 - down tolerance, 1 + up tolerance] of the current count it is no change. Above, it
-    is the demand rounded up. Below, it is the fewest groups the demand fills to at most 1 - down
-    tolerance: scale-out and scale-in thresholds differ (§33), so noise the band absorbs can never
-    carry a scaled-in count back out, nor a steady count down.
+    Inside [1 - down tolerance, 1 + up tolerance] of the current count it is no change; outside, it
+    is the demand rounded up, as the HPA computes it. The band decides whether to move, not how far:
+    the headroom is already in the demand (the safety factor on the arrival rate), and a scaled-in
+    count M = ceil(d) >= d is carried back out only by a rise beyond the upper band, so noise the
+    band absorbs cannot make it flap. Noise that dips below the lower band is the scale-down
+    stabilisation window's to filter (it takes the highest recommendation of the window). Adding
+    the band's width to the scale-in target as well would keep s/(1 - tolerance) of headroom at
+    steady state instead of s: a third of a group per group at s = 1.2.
     """
     if current_groups <= 0:
         return ceil_groups(demand_groups)
@@ -50,7 +54,7 @@ def tolerated_groups(
     if ratio > 1.0 + scale_up.tolerance + _TOLERANCE_SLACK:
         return ceil_groups(demand_groups)
     if ratio < 1.0 - scale_down.tolerance - _TOLERANCE_SLACK:
-        return min(current_groups, ceil_groups(demand_groups / (1.0 - scale_down.tolerance)))
+        return min(current_groups, ceil_groups(demand_groups))
     return current_groups
 
 

@@ -16,6 +16,7 @@ outcomes (a gateway, the simulator) give the joint figures exactly.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -83,17 +84,18 @@ def histogram_delta(later: Histogram, earlier: Histogram | None) -> Histogram:
 
 def merge_histograms(histograms: Iterable[Histogram]) -> Histogram | None:
     """Sum histograms with the same bounds (one per group); None when there are none."""
-    merged: list[float] | None = None
-    bounds: tuple[float, ...] = ()
-    for histogram in histograms:
-        if merged is None:
-            bounds = histogram.upper_bounds
-            merged = list(histogram.cumulative_counts)
-            continue
+    parts = list(histograms)
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    bounds = parts[0].upper_bounds
+    for histogram in parts:
         if histogram.upper_bounds is not bounds and histogram.upper_bounds != bounds:
             raise ValueError("histograms with different bucket bounds cannot be merged")
-        merged = [total + count for total, count in zip(merged, histogram.cumulative_counts, strict=True)]
-    return None if merged is None else Histogram(bounds, tuple(merged))
+    # One pass over the columns; equal bounds mean equal lengths (a Histogram checks its own shape).
+    columns = zip(*(histogram.cumulative_counts for histogram in parts), strict=True)
+    return Histogram(bounds, tuple(map(sum, columns)))
 
 
 def fraction_within(
@@ -139,6 +141,21 @@ def histogram_quantile(histogram: Histogram | None, quantile: float) -> float | 
     if in_bucket <= 0:
         return bounds[index]
     return lower_bound + (bounds[index] - lower_bound) * (rank - below) / in_bucket
+
+
+def rose_beyond_noise(
+    before_share: float, before_observations: float, after_share: float, after_observations: float
+) -> bool:
+    """Whether a measured share rose by more than one standard error of the difference.
+
+    Each share is a binomial estimate from its observations; two samples of an unchanged share
+    differ by more than one standard error only about one time in six, so a rise smaller than that
+    is not evidence that anything improved.
+    """
+    variance = before_share * (1.0 - before_share) / max(before_observations, 1.0) + after_share * (
+        1.0 - after_share
+    ) / max(after_observations, 1.0)
+    return after_share - before_share > math.sqrt(max(variance, 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,7 @@ class CapacityProfile:
     input_grid_log2: tuple[float, ...]
     output_grid_log2: tuple[float, ...]
     capacity_grid: tuple[tuple[float, ...], ...]
+    batch_grid: tuple[tuple[float, ...], ...]
     prefill_seconds_p90: float
     output_tokens_p90_over_mean: float
     work_error: WorkErrorProfile
@@ -154,11 +155,25 @@ class CapacityProfile:
 
     def capacity_per_group(self, mean_input_tokens: float, mean_output_tokens: float) -> float:
         """C in work-seconds per second for this mix: bilinear in log2 lengths, clamped to the grid."""
+        return self._interpolate(self.capacity_grid, mean_input_tokens, mean_output_tokens)
+
+    def slo_batch_per_group(self, mean_input_tokens: float, mean_output_tokens: float) -> float:
+        """The steady decode batch of the operating point for this mix: the most sequences one group
+        runs while its steps stay within the ITL budget (or a hard limit: seats, KV, token budget).
+
+        A group running more sequences than this runs steps longer than the ITL budget, so its ITL
+        misses come from load and fewer sequences per group (more groups) shorten them. It is a
+        property of the step model, so calibrating C to a measured envelope leaves it unchanged.
+        """
+        return self._interpolate(self.batch_grid, mean_input_tokens, mean_output_tokens)
+
+    def _interpolate(
+        self, grid: tuple[tuple[float, ...], ...], mean_input_tokens: float, mean_output_tokens: float
+    ) -> float:
         x = math.log2(max(1.0, mean_input_tokens))
         y = math.log2(max(1.0, mean_output_tokens))
         i, tx = _cell(self.input_grid_log2, x)
         j, ty = _cell(self.output_grid_log2, y)
-        grid = self.capacity_grid
         low = grid[i][j] + (grid[i][j + 1] - grid[i][j]) * ty
         high = grid[i + 1][j] + (grid[i + 1][j + 1] - grid[i + 1][j]) * ty
         return low + (high - low) * tx
@@ -234,6 +249,10 @@ def build_capacity_profile(
         )
 
     p90_input = input_tokens_p90 if input_tokens_p90 is not None else 2.5 * reference_input_tokens
+    grid = tuple(
+        tuple(point(input_tokens, output_tokens) for output_tokens in output_grid_tokens)
+        for input_tokens in input_grid_tokens
+    )
     return CapacityProfile(
         step_model=model,
         pricing=pricing,
@@ -247,10 +266,8 @@ def build_capacity_profile(
         reference=point(reference_input_tokens, reference_output_tokens),
         input_grid_log2=tuple(math.log2(tokens) for tokens in input_grid_tokens),
         output_grid_log2=tuple(math.log2(tokens) for tokens in output_grid_tokens),
-        capacity_grid=tuple(
-            tuple(point(input_tokens, output_tokens).work_per_second for output_tokens in output_grid_tokens)
-            for input_tokens in input_grid_tokens
-        ),
+        capacity_grid=tuple(tuple(cell.work_per_second for cell in row) for row in grid),
+        batch_grid=tuple(tuple(float(cell.batch) for cell in row) for row in grid),
         prefill_seconds_p90=model.prefill_seconds(math.ceil(p90_input)),
         output_tokens_p90_over_mean=output_tokens_p90_over_mean,
         work_error=work_error if work_error is not None else WorkErrorProfile(),

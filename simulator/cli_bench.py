@@ -97,7 +97,8 @@ def _preamble(bench: Any, reports: Mapping[str, Mapping[str, Any]]) -> str:
     workload = bench.workload
     envelope = bench.calibrated_envelope
     lines: Sequence[str] = [
-        f"trace {bench.options.trace}: {len(workload)} requests over {bench.horizon_seconds:.0f} s "
+        f"trace {bench.options.trace}{_window(bench.options)}: {len(workload)} requests over "
+        f"{bench.horizon_seconds:.0f} s "
         f"(rate x{bench.options.rate_multiplier:g}, seed {bench.options.seed}); {bench.setup.model_name} on "
         f"{bench.setup.gpus_per_group} x {bench.setup.gpu_name} per group, ready time median "
         f"{bench.setup.ready_time_seconds:.0f} s, {bench.setup.min_groups}..{bench.setup.max_groups} groups, "
@@ -110,3 +111,11 @@ def _preamble(bench: Any, reports: Mapping[str, Mapping[str, Any]]) -> str:
             f"(~{envelope.requests_per_second:.1f} req/s at attainment {envelope.attainment_goal})",
         ]
     return "\n".join(lines)
+
+
+def _window(options: Any) -> str:
+    start = options.start_seconds
+    if start is None:
+        return ""
+    duration = options.duration_seconds
+    return f" [{start:g} s, {'end' if duration is None else f'{start + duration:g} s'})"

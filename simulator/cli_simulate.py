@@ -40,7 +40,17 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-compression", type=float, default=1.0, help="divide arrival times by this factor"
     )
-    parser.add_argument("--duration-seconds", type=float, help="keep the first S seconds (after compression)")
+    parser.add_argument(
+        "--start-seconds",
+        type=float,
+        help="replay the trace from this second on (after compression), restarting the clock there; "
+        "with --duration-seconds D the window [S, S+D) is replayed",
+    )
+    parser.add_argument(
+        "--duration-seconds",
+        type=float,
+        help="keep D seconds of arrivals (after compression): the first D, or D from --start-seconds",
+    )
     parser.add_argument(
         "--ready-time-seconds",
         type=float,
@@ -117,6 +127,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         rate_multiplier=args.rate_multiplier,
         time_compression=args.time_compression,
         duration_seconds=args.duration_seconds,
+        start_seconds=args.start_seconds,
         gpu_hour_price=args.gpu_hour_price,
         fixed_groups=args.fixed_groups,
         initial_groups=args.initial_groups,

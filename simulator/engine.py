@@ -236,6 +236,9 @@ class Engine:
         self.itl = HistogramAccumulator(ITL_BUCKETS_SECONDS)
         self.queue_time = HistogramAccumulator(REQUEST_LATENCY_BUCKETS_SECONDS)
         self.e2e = HistogramAccumulator(REQUEST_LATENCY_BUCKETS_SECONDS)
+        # vllm:request_time_per_output_token_seconds: per finished request, its decode time over its
+        # tokens after the first.
+        self.tpot = HistogramAccumulator(ITL_BUCKETS_SECONDS)
 
     # ------------------------------------------------------------------ observation
     @property
@@ -437,6 +440,8 @@ class Engine:
         self.request_prompt_tokens_sum += seq.prompt
         self.request_generation_tokens_sum += seq.output
         self.e2e.observe(now - log.routed_at[seq.index])
+        if seq.output > 1:
+            self.tpot.observe((now - log.first_token_at[seq.index]) / (seq.output - 1))
 
     # ------------------------------------------------------------------ steps
     def _steps_within(self, elapsed: float) -> int:

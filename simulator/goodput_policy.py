@@ -67,6 +67,17 @@ def _rules(spec: Any) -> ScalingRules:
     )
 
 
+def _targets(slo_class: Any) -> SloTargets:
+    """One class's targets (an SLOPolicy class or the simulator's default class)."""
+    return SloTargets(
+        slo_class.name,
+        slo_class.ttft_seconds,
+        slo_class.itl_seconds,
+        slo_class.attainment,
+        slo_class.percentile,
+    )
+
+
 def scaling_policy(
     slo: SloPolicy | None,
     min_groups: int,
@@ -89,7 +100,7 @@ def scaling_policy(
         revision=spec.revision,
         mode=Mode(autoscaling.mode),
         interval_seconds=float(autoscaling.interval_seconds),
-        classes=tuple(SloTargets(c.name, c.ttft_seconds, c.itl_seconds, c.attainment) for c in spec.classes),
+        classes=tuple(_targets(c) for c in spec.classes),
         signals=Signals(
             queue_work=QueueWorkSignal(
                 signals.queue_work.drain_target_seconds, signals.queue_work.safety_factor
@@ -111,7 +122,7 @@ def scaling_policy(
 
 
 def scaling_policy_for(setup: SimulationSetup) -> ScalingPolicy:
-    fallback = tuple(SloTargets(c.name, c.ttft_seconds, c.itl_seconds, c.attainment) for c in setup.classes)
+    fallback = tuple(_targets(c) for c in setup.classes)
     return scaling_policy(setup.slo_policy, setup.min_groups, setup.max_groups, setup.warm_groups, fallback)
 
 
@@ -180,6 +191,11 @@ def _group_metrics(
         ttft=_histogram(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
         itl=_histogram(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
         queue_time=_histogram(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
+        tpot=None
+        if metrics.request_time_per_output_token_seconds is None
+        else _histogram(
+            metrics.request_time_per_output_token_seconds, earlier.request_time_per_output_token_seconds
+        ),
         finished_requests=float(finished),
     )
 
@@ -252,7 +268,10 @@ class GoodputPolicy:
             "kv_cache": "off"
             if signals.kv_cache is None
             else f"min_free={signals.kv_cache.min_free_fraction:g}",
-            "goodput": "off" if signals.goodput is None else f"floor={signals.goodput.attainment_floor:g}",
+            "goodput": "off"
+            if signals.goodput is None
+            else f"floor={signals.goodput.attainment_floor:g} "
+            f"max_fruitless_steps={signals.goodput.max_fruitless_steps}",
             "scale_down_window_seconds": policy.scale_down.stabilization_window_seconds,
             "metrics_window_seconds": self.metrics_window_seconds,
         }

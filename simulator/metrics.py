@@ -213,6 +213,8 @@ class GroupMetrics:
     inter_token_latency_seconds: Histogram
     request_queue_time_seconds: Histogram
     e2e_request_latency_seconds: Histogram
+    request_time_per_output_token_seconds: Histogram | None = None
+    """Per-request TPOT; None for an exporter without it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ class RunOptions:
     rate_multiplier: float = 1.0
     time_compression: float = 1.0
     duration_seconds: float | None = None
+    start_seconds: float | None = None
     gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE
     fixed_groups: int | None = None
     initial_groups: int | None = None
@@ -90,6 +91,7 @@ class Bench:
             rate_multiplier=options.rate_multiplier,
             time_compression=options.time_compression,
             duration_seconds=options.duration_seconds,
+            start_seconds=options.start_seconds,
         )
         if len(self.workload) == 0:
             raise ValueError("the workload is empty after its transforms")
@@ -218,6 +220,7 @@ class Bench:
             "rate_multiplier": self.options.rate_multiplier,
             "time_compression": self.options.time_compression,
             "duration_seconds": self.options.duration_seconds,
+            "start_seconds": self.options.start_seconds,
             "router": self.options.router,
             "scrape_interval_seconds": getattr(autoscaler, "scrape_interval_seconds", None)
             or self.options.scrape_interval_seconds,

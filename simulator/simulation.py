@@ -110,6 +110,7 @@ def scrape(group: Group, now: float) -> GroupMetrics:
         inter_token_latency_seconds=engine.itl.snapshot(),
         request_queue_time_seconds=engine.queue_time.snapshot(),
         e2e_request_latency_seconds=engine.e2e.snapshot(),
+        request_time_per_output_token_seconds=engine.tpot.snapshot(),
     )
 
 

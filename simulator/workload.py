@@ -289,6 +289,26 @@ def truncate(workload: Workload, duration_seconds: float) -> Workload:
     return workload._select(keep, workload.arrival_seconds[keep], f"first {duration_seconds:g} s")
 
 
+def window(workload: Workload, start_seconds: float, duration_seconds: float | None = None) -> Workload:
+    """The requests arriving in [start, start + duration) (to the end without a duration), with the
+    clock restarted at `start`: a slice of a long trace replayed as a run of its own.
+
+    The clock starts at the window's edge, not at its first request, so a quiet opening stays quiet
+    and the offered window is exactly `duration_seconds` long.
+    """
+    if start_seconds < 0:
+        raise ValueError("a window cannot start before the trace")
+    if duration_seconds is not None and duration_seconds <= 0:
+        raise ValueError("a window needs a positive duration")
+    end = math.inf if duration_seconds is None else start_seconds + duration_seconds
+    arrivals = workload.arrival_seconds
+    keep = np.flatnonzero((arrivals >= start_seconds) & (arrivals < end))
+    span = "to the end" if duration_seconds is None else f"{end:g}"
+    return workload._select(
+        keep, arrivals[keep] - start_seconds, f"window [{start_seconds:g}, {span}) s, restarted at 0"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ClassRule:
     """How requests get an SLO class and a tenant when the trace has neither (seeded, reported)."""
@@ -334,9 +354,18 @@ def prepare(
     rate_multiplier: float = 1.0,
     time_compression: float = 1.0,
     duration_seconds: float | None = None,
+    start_seconds: float | None = None,
 ) -> Workload:
-    """The transforms in their fixed order: compress time, multiply rate, truncate, assign classes."""
+    """The transforms in their fixed order: compress time, cut the window, multiply rate, truncate,
+    assign classes.
+
+    start_seconds / duration_seconds are on the compressed clock. With a start, the window
+    [start, start + duration) is cut before the rate is multiplied, so copies are spread by the
+    window's own inter-arrival gap; the truncation after it trims copies jittered past the end.
+    """
     shaped = compress_time(workload, time_compression)
+    if start_seconds is not None:
+        shaped = window(shaped, start_seconds, duration_seconds)
     shaped = multiply_rate(shaped, rate_multiplier, seed)
     if duration_seconds is not None:
         shaped = truncate(shaped, duration_seconds)

@@ -18,6 +18,7 @@ from test_autoscale_world import (
     MEAN_OUTPUT,
     PERMISSIVE,
     PROFILE,
+    QUEUE_BUCKETS,
     TTFT_BUCKETS,
     group,
     load,
@@ -49,6 +50,7 @@ BUDGET = 2.0 - PROFILE.prefill_seconds_p90 - PROFILE.first_decode_seconds
 HALF_LATE_TTFT = Histogram.from_observations(TTFT_BUCKETS, [1.0] * 50 + [3.0] * 50)
 FEW_TTFT = Histogram.from_observations(TTFT_BUCKETS, [3.0] * 5)
 EMPTY_TTFT = Histogram.empty(TTFT_BUCKETS)
+HALF_QUEUED_LONG = Histogram.from_observations(QUEUE_BUCKETS, [0.3] * 50 + [5.0] * 50)
 
 
 @dataclass(frozen=True)
@@ -117,11 +119,23 @@ CASES = [
         "queueWork",
     ),
     Case(
-        "goodput below its floor adds a group",
-        world(*(group(load(0.7, ttft=HALF_LATE_TTFT), name=f"g{i}") for i in range(2))),
+        "goodput below its floor adds a group when requests wait beyond the queue budget",
+        world(
+            *(
+                group(load(0.7, ttft=HALF_LATE_TTFT, queue_time=HALF_QUEUED_LONG), name=f"g{i}")
+                for i in range(2)
+            )
+        ),
         PERMISSIVE,
         3,
         "goodput",
+    ),
+    Case(
+        "goodput below its floor without queueing or an over-full batch adds nothing",
+        world(*(group(load(0.7, ttft=HALF_LATE_TTFT), name=f"g{i}") for i in range(2))),
+        PERMISSIVE,
+        2,
+        "queueWork",
     ),
     Case(
         "goodput from too few requests is not trusted",

@@ -7,6 +7,9 @@
 - a slack that turns negative raises the count within one tick;
 - stabilisation behaves as the HPA documents it: scale-down acts on the highest recommendation of
   its window, so a dip shorter than the window never scales in.
+
+Generated groups may report TTFT, ITL, TPOT and queue-time histograms, and generated histories may
+hold a goodput trial in any state, so the goodput signal is inside every invariant.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from hypothesis import strategies as st
 from test_autoscale_world import (
     CAPACITY,
     DEFAULT,
+    ITL_BUCKETS,
     MEAN_INPUT,
     MEAN_OUTPUT,
     PROFILE,
+    QUEUE_BUCKETS,
+    TTFT_BUCKETS,
     group,
     load,
     waiting_requests_for,
@@ -31,6 +37,7 @@ from test_autoscale_world import (
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     DecisionState,
+    GoodputTrial,
     GroupMetrics,
     GroupObservation,
     GroupState,
@@ -41,9 +48,11 @@ from goodput.controllers.autoscale_model import (
     ScalingPolicy,
     ScalingRules,
     SelectPolicy,
+    SloCheck,
     StepPolicy,
     StepPolicyType,
 )
+from goodput.estimators.attainment import Histogram
 from goodput.estimators.queueing import QueuedRequest
 
 NOW = 10_000.0
@@ -54,10 +63,32 @@ waitings = st.floats(0.0, 300.0)
 kv_usages = st.floats(0.0, 1.0)
 
 
+def _histograms(bounds: tuple[float, ...], target: float) -> st.SearchStrategy[Histogram | None]:
+    """None, or a window of 0-200 observations some share of which is beyond `target`."""
+    window = st.tuples(st.integers(0, 200), st.floats(0.0, 1.0)).map(
+        lambda drawn: Histogram.from_observations(
+            bounds,
+            [target * 0.5] * (drawn[0] - round(drawn[0] * drawn[1]))
+            + [target * 3] * round(drawn[0] * drawn[1]),
+        )
+    )
+    return st.none() | window
+
+
 @st.composite
 def metrics(draw: st.DrawFn, fresh: bool = True) -> GroupMetrics:
     age = draw(st.floats(0.0, 59.0)) if fresh else draw(st.floats(61.0, 3600.0))
-    return load(draw(utilisations), waiting=draw(waitings), kv_usage=draw(kv_usages), age=age)
+    observed = load(draw(utilisations), waiting=draw(waitings), kv_usage=draw(kv_usages), age=age)
+    if not draw(st.booleans()):
+        return observed
+    return dataclasses.replace(
+        observed,
+        ttft=draw(_histograms(TTFT_BUCKETS, 2.0)),
+        itl=draw(_histograms(ITL_BUCKETS, 0.08)),
+        tpot=draw(_histograms(ITL_BUCKETS, 0.08)),
+        queue_time=draw(_histograms(QUEUE_BUCKETS, BUDGET)),
+        finished_requests=draw(st.floats(0.0, 200.0)),
+    )
 
 
 @st.composite
@@ -116,6 +147,23 @@ def policies(draw: st.DrawFn, modes: tuple[Mode, ...] = (Mode.ACTIVE, Mode.ADVIS
     )
 
 
+trials = st.builds(
+    GoodputTrial,
+    groups=st.integers(0, 15),
+    baseline=st.builds(
+        SloCheck,
+        st.sampled_from(["ttft", "tpot", "itl_tail"]),
+        st.floats(0.0, 1.0),
+        st.floats(0.5, 1.0),
+        st.floats(0.0, 1000.0),
+    ),
+    acted_at=st.floats(NOW - 900, NOW - 1),
+    settled_at=st.none() | st.floats(NOW - 900, NOW - 1),
+    judged=st.booleans(),
+    fruitless=st.integers(0, 3),
+)
+
+
 @st.composite
 def histories(draw: st.DrawFn) -> DecisionState:
     recommendation = st.builds(Recommendation, st.floats(NOW - 900, NOW - 1), st.integers(0, 15))
@@ -125,6 +173,7 @@ def histories(draw: st.DrawFn) -> DecisionState:
         scale_up_events=tuple(draw(st.lists(event, max_size=3))),
         scale_down_events=tuple(draw(st.lists(event, max_size=3))),
         started=draw(st.booleans()),
+        goodput_trial=draw(st.none() | trials),
     )
 
 

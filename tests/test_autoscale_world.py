@@ -40,6 +40,8 @@ CAPACITY = PROFILE.capacity_per_group(MEAN_INPUT, MEAN_OUTPUT)
 REQUEST_WORK = PRICING.prefill_work_seconds(MEAN_INPUT) + PRICING.decode_work_seconds(MEAN_INPUT, MEAN_OUTPUT)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+SLO_BATCH = PROFILE.slo_batch_per_group(MEAN_INPUT, MEAN_OUTPUT)
 
 # Acts on every tick and is not rate limited: for tests of what the signals ask for.
 IMMEDIATE = ScalingRules(
@@ -67,9 +69,15 @@ def load(
     age: float = 5.0,
     ttft: Histogram | None = None,
     itl: Histogram | None = None,
+    tpot: Histogram | None = None,
+    queue_time: Histogram | None = None,
     finished: float = 0.0,
 ) -> GroupMetrics:
-    """A group receiving `utilisation` x C of arrival work in requests of the mean shape."""
+    """A group receiving `utilisation` x C of arrival work in requests of the mean shape.
+
+    Its running sequences follow by Little's law at the reference step, so at u = 1 it runs about
+    the profile's SLO batch: the batch at which C is defined.
+    """
     requests_per_second = utilisation * CAPACITY / REQUEST_WORK
     return GroupMetrics(
         age_seconds=age,
@@ -82,6 +90,8 @@ def load(
         mean_output_tokens=MEAN_OUTPUT,
         ttft=ttft,
         itl=itl,
+        tpot=tpot,
+        queue_time=queue_time,
         finished_requests=finished,
     )
 
@@ -140,3 +150,8 @@ def test_waiting_requests_are_stated_in_seconds_of_wait() -> None:
 def test_the_world_is_an_h100_8b_group_with_a_two_second_ttft() -> None:
     assert 0.9 < CAPACITY < 1.0
     assert 1.5 < 2.0 - PROFILE.ttft_floor_seconds < 2.0
+
+
+def test_a_group_crosses_the_slo_batch_at_full_load() -> None:
+    """The SLO batch is interpolated between operating points of the grid, so u = 1 lands near it."""
+    assert load(0.9).running_requests < SLO_BATCH < load(1.15).running_requests

@@ -18,6 +18,7 @@ from goodput.estimators.attainment import (
     histogram_delta,
     histogram_quantile,
     merge_histograms,
+    rose_beyond_noise,
 )
 
 # vLLM's default TTFT buckets (vllm-contract §1.3).
@@ -201,3 +202,35 @@ def test_goodput_from_outcomes_is_exact() -> None:
     report = goodput_from_outcomes(outcomes, TARGETS.__getitem__, window_seconds=10)
     assert report == GoodputReport(10, 4, 3, 1, 2, 2 / 3, 0.5, 0.2, 40.0)
     assert goodput_from_outcomes([], TARGETS.__getitem__, 10).attainment_offered is None
+
+
+@pytest.mark.parametrize(
+    ("before", "before_count", "after", "after_count", "rose"),
+    [
+        (0.5, 100, 0.7, 100, True),
+        (0.5, 100, 0.55, 100, False),
+        (0.96, 10_000, 0.965, 10_000, True),
+        (0.96, 100, 0.965, 100, False),
+        (0.9, 100, 0.8, 100, False),
+        (1.0, 100, 1.0, 100, False),
+        (0.0, 10, 0.1, 10, True),
+    ],
+    ids=[
+        "a large rise on a hundred requests",
+        "a rise within the noise of a hundred requests",
+        "a small rise on many observations",
+        "the same small rise on few observations",
+        "a fall",
+        "no change at a perfect share",
+        "a rise from zero beyond the noise of the new share",
+    ],
+)
+def test_a_rise_counts_only_beyond_one_standard_error(
+    before: float, before_count: float, after: float, after_count: float, rose: bool
+) -> None:
+    assert rose_beyond_noise(before, before_count, after, after_count) is rose
+
+
+@given(share=st.floats(0.0, 1.0), count=st.floats(1.0, 1e6))
+def test_an_unchanged_share_never_rose(share: float, count: float) -> None:
+    assert not rose_beyond_noise(share, count, share, count)

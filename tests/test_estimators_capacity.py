@@ -236,3 +236,54 @@ def test_profile_rejects_a_degenerate_grid() -> None:
             ttft_target_seconds=2,
             input_grid_tokens=(1024.0,),
         )
+
+
+def test_the_slo_batch_is_the_operating_points_batch_on_the_grid(h100_profile: CapacityProfile) -> None:
+    """Between grid points it is interpolated like C; on them it is the batch C was computed at."""
+    for input_log2 in h100_profile.input_grid_log2:
+        for output_log2 in h100_profile.output_grid_log2:
+            point = operating_point(
+                H100_8B,
+                h100_profile.pricing,
+                2**input_log2,
+                2**output_log2,
+                step_budget_seconds=h100_profile.step_budget_seconds,
+                max_num_seqs=h100_profile.max_num_seqs,
+                max_num_batched_tokens=h100_profile.max_num_batched_tokens,
+            )
+            batch = h100_profile.slo_batch_per_group(2**input_log2, 2**output_log2)
+            assert batch == pytest.approx(point.batch)
+
+
+def test_a_step_at_the_slo_batch_fits_the_itl_budget_and_one_more_sequence_does_not() -> None:
+    """Where the ITL budget binds, the SLO batch is exactly the edge: the batch past which load
+    itself makes the steps too long."""
+    seqs, tokens = default_batch_limits(H100_80G)
+    point = operating_point(
+        H100_8B,
+        _cached_profile(seqs, tokens).pricing,
+        1024,
+        256,
+        step_budget_seconds=0.064,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+    )
+    assert point.limit == LIMIT_ITL
+    assert point.step_seconds <= 0.064
+    bigger = operating_point(
+        H100_8B,
+        _cached_profile(seqs, tokens).pricing,
+        1024,
+        256,
+        step_budget_seconds=0.064,
+        max_num_seqs=point.batch + 1,
+        max_num_batched_tokens=tokens,
+    )
+    assert bigger.batch == point.batch  # one more sequence would break the budget
+
+
+def test_calibration_keeps_the_slo_batch(h100_profile: CapacityProfile) -> None:
+    """C is rescaled to a measured envelope; the batch at which steps reach the ITL budget is a
+    property of the step model and stays."""
+    calibrated = h100_profile.calibrated(0.5)
+    assert calibrated.slo_batch_per_group(3000, 90) == h100_profile.slo_batch_per_group(3000, 90)

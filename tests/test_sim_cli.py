@@ -127,6 +127,26 @@ def test_bench_runs_every_chosen_policy_on_the_same_workload(
     assert (out / "comparison.png").exists()
 
 
+def test_a_window_of_the_trace_is_replayed_from_its_start(
+    tmp_path: Path, manifests: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--start-seconds 120 --duration-seconds 60` replays the burst minute alone: about 18 req/s."""
+    model_group, policy = manifests
+    out = tmp_path / "window"
+    arguments = ["--trace", TRACE, "--modelgroup", str(model_group), "--policy", str(policy), "--no-progress"]
+    window = ["--start-seconds", "120", "--duration-seconds", "60"]
+    code = main(
+        ["simulate", *arguments, *window, "--autoscaler", "fixed", "--fixed-groups", "2", "--out", str(out)]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["start_seconds"] == 120.0
+    assert report["offered_window_seconds"] == 60.0
+    assert report["offered_requests"] == pytest.approx(18 * 60, rel=0.15)
+    assert any(note.startswith("window [120, 180)") for note in report["workload"]["notes"])
+    capsys.readouterr()
+
+
 def test_an_unknown_policy_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "--trace", TRACE, "--out", str(tmp_path), "--policies", "fixed,magic"])
     assert code == 2

@@ -185,6 +185,21 @@ def test_slow_token_gaps_are_counted_against_the_itl_target() -> None:
     assert log.slow_gaps[0] == 1
 
 
+def test_each_finished_request_observes_its_tpot_once() -> None:
+    """vllm:request_time_per_output_token_seconds: decode time over the tokens after the first, one
+    observation per finished request; a one-token request has no TPOT."""
+    arrivals = [Arrival(0.0, 1000, 5), Arrival(0.0, 300, 1)]
+    engine, log = make_engine(arrivals)
+    drive(engine, log, arrivals)
+    tpot = (log.finished_at[0] - log.first_token_at[0]) / 4
+    histogram = engine.tpot.snapshot()
+    assert histogram.count == 1
+    assert histogram.sum == pytest.approx(tpot)
+    bucket = sum(bound < tpot for bound in histogram.bounds)  # the first bound at or above it
+    assert histogram.cumulative_counts[bucket] == 1
+    assert bucket == 0 or histogram.cumulative_counts[bucket - 1] == 0
+
+
 @given(
     requests=st.lists(
         st.tuples(st.floats(0, 5), st.integers(1, 3000), st.integers(1, 300)), min_size=1, max_size=25

@@ -19,6 +19,7 @@ from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
 from goodput.simulator.metrics import (
+    ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
     FleetSample,
     GroupMetrics,
@@ -50,8 +51,10 @@ def scraped(
     serving: bool = True,
 ) -> GroupMetrics:
     ttft = HistogramAccumulator(TTFT_BUCKETS_SECONDS)
+    tpot = HistogramAccumulator(ITL_BUCKETS_SECONDS)
     for value in ttfts:
         ttft.observe(value)
+        tpot.observe(value / 20)
     empty = HistogramAccumulator(TTFT_BUCKETS_SECONDS).snapshot()
     return GroupMetrics(
         group=name,
@@ -75,6 +78,7 @@ def scraped(
         inter_token_latency_seconds=empty,
         request_queue_time_seconds=empty,
         e2e_request_latency_seconds=empty,
+        request_time_per_output_token_seconds=tpot.snapshot(),
     )
 
 
@@ -120,6 +124,9 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
     assert metrics.prefix_hit_fraction == pytest.approx(0.25)
     assert metrics.finished_requests == 60.0
     assert metrics.ttft is not None and metrics.ttft.total == 60.0  # only the window's observations
+    assert metrics.tpot is not None and metrics.tpot.total == 60.0
+    at_bound = ITL_BUCKETS_SECONDS.index(0.1)  # each TPOT is 2.0 s / 20 = 0.1 s
+    assert metrics.tpot.cumulative_counts[at_bound - 1 : at_bound + 1] == (0.0, 60.0)
 
 
 SLO = SloPolicy.model_validate(
@@ -129,7 +136,15 @@ SLO = SloPolicy.model_validate(
         "metadata": {"name": "chat"},
         "spec": {
             "revision": "r1",
-            "classes": [{"name": "chat", "ttftSeconds": 1.0, "itlSeconds": 0.08, "attainment": 0.99}],
+            "classes": [
+                {
+                    "name": "chat",
+                    "ttftSeconds": 1.0,
+                    "itlSeconds": 0.08,
+                    "attainment": 0.99,
+                    "percentile": 0.95,
+                }
+            ],
             "autoscaling": {
                 "mode": "Advisory",
                 "intervalSeconds": 10,
@@ -152,7 +167,7 @@ def test_the_slo_policy_compiles_into_the_decision_pipelines_policy() -> None:
     policy = scaling_policy(SLO, 1, 6, 2, fallback_classes=())
     assert (policy.min_groups, policy.max_groups, policy.warm_groups) == (1, 6, 2)
     assert policy.mode is Mode.ADVISORY and policy.interval_seconds == 10.0 and policy.revision == "r1"
-    assert policy.classes == (SloTargets("chat", 1.0, 0.08, 0.99),)
+    assert policy.classes == (SloTargets("chat", 1.0, 0.08, 0.99, 0.95),)
     assert policy.signals.queue_work is not None and policy.signals.queue_work.safety_factor == 1.5
     assert policy.signals.goodput is None
     assert policy.scale_down.stabilization_window_seconds == 120.0

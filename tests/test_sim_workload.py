@@ -19,6 +19,7 @@ from goodput.simulator.workload import (
     prepare,
     synthetic_bursts,
     truncate,
+    window,
 )
 
 
@@ -104,6 +105,58 @@ def test_time_compression_and_truncation() -> None:
     assert len(truncate(compressed, 125.0)) == 50  # arrivals at 0, 2.5, …, 122.5
     with pytest.raises(ValueError):
         compress_time(base, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("start", "duration", "kept", "first", "last"),
+    [
+        (250.0, 100.0, 10, 0.0, 90.0),  # arrivals every 10 s: 250, 260, ..., 340
+        (255.0, 100.0, 10, 5.0, 95.0),
+        (950.0, None, 6, 0.0, 50.0),
+        (2000.0, 10.0, 0, None, None),
+    ],
+    ids=[
+        "a window on an arrival keeps it, and drops the one at its end",
+        "the clock restarts at the window's edge, not at its first request",
+        "without a duration the window runs to the end",
+        "a window past the trace is empty",
+    ],
+)
+def test_a_window_replays_a_slice_of_the_trace_from_zero(
+    start: float, duration: float | None, kept: int, first: float | None, last: float | None
+) -> None:
+    base = uniform(101, 1000.0)  # 0, 10, ..., 1000 s
+    sliced = window(base, start, duration)
+    assert len(sliced) == kept
+    if kept:
+        assert sliced.arrival_seconds[0] == pytest.approx(first)
+        assert sliced.arrival_seconds[-1] == pytest.approx(last)
+    assert sliced.notes[-1].startswith(f"window [{start:g}, ")
+
+
+def test_a_window_refuses_a_negative_start_or_an_empty_span() -> None:
+    with pytest.raises(ValueError, match="before the trace"):
+        window(uniform(10, 10.0), -1.0)
+    with pytest.raises(ValueError, match="positive duration"):
+        window(uniform(10, 10.0), 0.0, 0.0)
+
+
+def test_prepare_cuts_the_window_before_it_multiplies_the_rate() -> None:
+    """Minutes 20-40 of an hour at 8x: only the window's requests are copied, and the copies'
+    jitter is the window's own gap, so none falls outside [0, duration)."""
+    base = uniform(3601, 3600.0)  # one request a second
+    prepared = prepare(
+        base,
+        ClassRule(("chat",), (1.0,)),
+        seed=4,
+        rate_multiplier=8.0,
+        duration_seconds=1200.0,
+        start_seconds=1200.0,
+    )
+    assert len(prepared) == 8 * 1200
+    assert prepared.arrival_seconds.min() >= 0.0
+    assert prepared.arrival_seconds.max() < 1200.0
+    assert any(note.startswith("window [1200, 2400)") for note in prepared.notes)
 
 
 def test_classes_and_tenants_follow_the_seeded_rule_and_the_rule_is_recorded() -> None:
