@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 LAYERS := api estimators controllers operator simulator cluster
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: test demo venv lint typecheck layers unit e2e binaries crds clean
+.PHONY: test demo demo-sim venv lint typecheck layers unit e2e binaries crds clean
 
 test: lint typecheck layers unit e2e
 
@@ -49,8 +49,20 @@ crds: venv
 	$(VENV)/bin/goodput crds
 	$(PY) manifests/render.py
 
-demo: venv
-	$(VENV)/bin/goodput bench --trace ../shared/traces/AzureLLMInferenceTrace_conv.csv --out out/demo
+# The public traces live beside the repository (../shared/traces); `goodput demo` falls back to a
+# seeded synthetic trace, and says so, when they are absent.
+TRACES ?= ../shared/traces
+
+# The whole loop: local cluster, operator from the chart, emulated vLLM fleet, a replayed trace.
+demo: venv binaries
+	$(VENV)/bin/goodput demo --out out/demo
+
+# Scaling policies side by side in the fleet simulator: minutes 20-40 of the conversation trace at 8x.
+demo-sim: venv
+	$(VENV)/bin/goodput bench --trace $(TRACES)/AzureLLMInferenceTrace_conv.csv \
+	  --start-seconds 1200 --duration-seconds 1200 --rate-multiplier 8 \
+	  --modelgroup manifests/samples/modelgroup-llama-8b-tp1.yaml \
+	  --policy manifests/samples/slopolicy-interactive.yaml --out out/demo-sim
 
 clean:
 	rm -rf $(VENV) out

@@ -463,6 +463,11 @@ class LoadGenerator:
         path = "/v1/chat/completions" if settings.endpoint == "chat" else "/v1/completions"
         self._path = path
 
+    @property
+    def results(self) -> tuple[RequestResult, ...]:
+        """What the client saw of each request sent so far, in completion order."""
+        return tuple(self._results)
+
     async def run(self, plan: Sequence[PlannedRequest], *, notes: Sequence[str] = ()) -> LoadReport:
         settings = self._settings
         loop = asyncio.get_running_loop()

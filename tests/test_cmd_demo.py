@@ -1,0 +1,182 @@
+"""`goodput demo`'s pure parts: the burst made from a trace, the requests the report judges, and
+the demo's manifests (read and checked before any cluster is started)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from goodput.operator.cmd_demo import (
+    DemoError,
+    Phase,
+    add_arguments,
+    burst_phases,
+    phased_workload,
+    read_manifests,
+    request_records,
+)
+from goodput.operator.demo_report import NOT_SENT
+from goodput.simulator.loadgen import PlannedRequest, RequestResult
+from goodput.simulator.workload import Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_MANIFESTS = ROOT / "manifests" / "demo"
+
+
+def steady_trace(rate_per_second: float, seconds: float) -> Workload:
+    """A trace with evenly spaced arrivals and request i of length i (to follow requests through)."""
+    count = int(rate_per_second * seconds)
+    return Workload(
+        name="steady",
+        arrival_seconds=np.arange(count) / rate_per_second,
+        input_tokens=np.arange(1, count + 1, dtype=np.int64),
+        output_tokens=np.full(count, 16, dtype=np.int64),
+        notes=("steady test trace",),
+    )
+
+
+def per_phase_counts(workload: Workload, phases: tuple[Phase, ...]) -> list[int]:
+    edges = np.cumsum([0.0, *(phase.seconds for phase in phases)])
+    return [int(np.count_nonzero((workload.arrival_seconds >= a) & (workload.arrival_seconds < b)))
+            for a, b in itertools.pairwise(edges)]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ the burst
+def test_the_burst_steps_the_rate_up_and_back_down_by_whole_multipliers_exactly() -> None:
+    phases = burst_phases(30, 20, 40, base=1.0, burst=3.0)
+
+    workload = phased_workload(steady_trace(5, 200), phases, seed=1)
+
+    assert [phase.name for phase in phases] == ["steady", "burst", "after"]
+    assert per_phase_counts(workload, phases) == [150, 300, 200]
+    assert workload.arrival_seconds.max() < 90
+    assert np.all(np.diff(workload.arrival_seconds) >= 0), "arrivals stay in order across phases"
+    assert "steady 30 s at x1, then burst 20 s at x3, then after 40 s at x1" in workload.notes[-1]
+    assert workload.notes[0] == "steady test trace", "the trace's own notes are kept"
+
+
+def test_the_replay_starts_where_asked_in_the_trace() -> None:
+    trace = steady_trace(2, 100)
+    phases = (Phase("only", 10, 1.0),)
+
+    workload = phased_workload(trace, phases, seed=0, start_seconds=50)
+
+    # Requests 100..119 of the trace (lengths 101..120), on a clock restarted at 50 s.
+    assert workload.input_tokens.tolist() == list(range(101, 121))
+    assert workload.arrival_seconds[0] == pytest.approx(0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    base=st.floats(min_value=0.1, max_value=1.0),
+    burst=st.floats(min_value=1.0, max_value=4.0),
+    seed=st.integers(min_value=0, max_value=1000),
+)
+def test_a_burst_phase_offers_about_its_multiplier_times_the_trace(
+    base: float, burst: float, seed: int
+) -> None:
+    phases = burst_phases(60, 60, 60, base=base, burst=burst)
+    steady, spike, after = per_phase_counts(phased_workload(steady_trace(10, 200), phases, seed), phases)
+    for count, multiplier in ((steady, base), (spike, burst), (after, base)):
+        expected = 600 * multiplier
+        assert abs(count - expected) <= 5 * np.sqrt(expected) + 2  # binomial thinning, far tails excluded
+
+
+@pytest.mark.parametrize(
+    ("seconds", "names"),
+    [((60, 75, 105), ["steady", "burst", "after"]), ((0, 30, 30), ["burst", "after"])],
+    ids=["full-story", "no-steady-start"],
+)
+def test_phases_of_no_length_are_left_out(seconds: tuple[float, float, float], names: list[str]) -> None:
+    assert [p.name for p in burst_phases(*seconds, base=0.3, burst=1.0)] == names
+
+
+@pytest.mark.parametrize(
+    ("before", "base", "burst"),
+    [(-1, 0.3, 1.0), (60, 0.0, 1.0), (60, 0.3, -2.0)],
+    ids=["negative", "zero", "burst"],
+)
+def test_a_phase_needs_a_length_and_a_positive_multiplier(before: float, base: float, burst: float) -> None:
+    with pytest.raises(ValueError, match="phase"):
+        burst_phases(before, 30, 30, base, burst)
+
+
+# ------------------------------------------------------------------------------------ what the client saw
+def test_every_planned_request_gets_one_record_with_its_tpot_and_target() -> None:
+    plan = [PlannedRequest(i, float(i), 100, 11) for i in range(4)]
+    results = [
+        RequestResult(
+            0, "http://10.7.0.4:8000", 0.0, 0.0, ttft_seconds=0.2, e2e_seconds=1.2, completion_tokens=11
+        ),
+        RequestResult(
+            1, "http://10.7.1.4:8000", 1.0, 1.0, outcome="cut", ttft_seconds=0.3, completion_tokens=4
+        ),
+        RequestResult(
+            3, "http://10.7.0.4:8000", 3.0, 3.0, ttft_seconds=0.2, e2e_seconds=0.2, completion_tokens=1
+        ),
+    ]
+
+    records = request_records(plan, results)
+
+    assert [(r.offset_seconds, r.outcome, r.target_host) for r in records] == [
+        (0.0, "ok", "10.7.0.4"),
+        (1.0, "cut", "10.7.1.4"),
+        (2.0, NOT_SENT, None),
+        (3.0, "ok", "10.7.0.4"),
+    ]
+    assert records[0].tpot_seconds == pytest.approx(0.1)
+    assert records[1].tpot_seconds is None, "a cut stream has no meaningful TPOT"
+    assert records[3].tpot_seconds is None, "one token has no gap"
+
+
+# ------------------------------------------------------------------------------------ manifests
+def test_the_demo_manifests_bind_an_8b_tp1_group_to_a_short_window_policy() -> None:
+    objects = read_manifests(DEMO_MANIFESTS)
+
+    assert (objects.model_group, objects.policy, objects.service) == ("llama-8b", "demo", "llama-8b")
+    assert objects.gpus_per_group == 1 and objects.min_groups == 1
+    assert (objects.targets.class_name, objects.targets.ttft_seconds, objects.targets.itl_seconds) == (
+        "chat",
+        1.0,
+        0.05,
+    )
+    assert [path.name for path in objects.files] == [
+        "modelgroup-demo.yaml",
+        "service-demo.yaml",
+        "slopolicy-demo.yaml",
+    ]
+
+
+def test_manifests_without_a_service_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    for name in ("modelgroup-demo.yaml", "slopolicy-demo.yaml"):
+        shutil.copy(DEMO_MANIFESTS / name, tmp_path / name)
+    with pytest.raises(DemoError, match="one ModelGroup, one SLOPolicy and one Service"):
+        read_manifests(tmp_path)
+
+
+def test_a_model_group_bound_to_another_policy_is_refused(tmp_path: Path) -> None:
+    for path in DEMO_MANIFESTS.glob("*.yaml"):
+        text = path.read_text()
+        (tmp_path / path.name).write_text(
+            text.replace("name: demo\n", "name: other\n") if "SLOPolicy" in text else text
+        )
+    with pytest.raises(DemoError, match="bound to its SLOPolicy other"):
+        read_manifests(tmp_path)
+
+
+def test_the_defaults_tell_a_story_of_a_few_minutes() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+
+    load_seconds = args.before_seconds + args.burst_seconds + args.after_seconds
+    assert 120 <= load_seconds <= 300
+    assert args.burst_rate_multiplier > 2 * args.rate_multiplier, "the burst must need more groups"
+    assert args.out == Path("out/demo") and not args.keep
