@@ -69,12 +69,14 @@ def operating_point(
     resident_tokens = input_tokens + output_tokens / 2
 
     def step_seconds(batch: int) -> float:
+        # Steady-state averages per step, kept fractional: rounding them up would make the work
+        # rate dip at some batch sizes, and a looser ITL target could then lower the capacity.
         joins = batch / output_tokens
         return model.step_seconds(
-            math.ceil(batch + joins * new_tokens),
+            batch + joins * new_tokens,
             joins * new_tokens * (prefix_tokens + new_tokens / 2),
-            math.ceil(batch * resident_tokens),
-            math.ceil(batch + joins),
+            batch * resident_tokens,
+            batch + joins,
         )
 
     bounds = {

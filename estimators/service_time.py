@@ -139,17 +139,18 @@ class StepCostModel:
 
     def step_seconds(
         self,
-        batch_tokens: int,
+        batch_tokens: float,
         prefill_attention_units: float,
-        decode_context_tokens: int,
-        sequences: int,
+        decode_context_tokens: float,
+        sequences: float,
     ) -> float:
         """Duration of one step.
 
         batch_tokens: new prefill tokens plus one per decoding sequence.
         prefill_attention_units: Σ over prefill chunks of p·(h + p/2), p new tokens, h tokens before them.
         decode_context_tokens: Σ context length of the decoding sequences.
-        sequences: sequences in the step (prefill chunks and decodes).
+        sequences: sequences in the step (prefill chunks and decodes); steady-state averages may be
+        fractional.
         """
         if sequences == 0:
             return 0.0

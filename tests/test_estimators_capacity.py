@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from goodput.estimators.capacity import (
@@ -76,13 +75,14 @@ def _point(case: PointCase) -> OperatingPoint:
 
 
 def _steady_step_seconds(case: PointCase, batch: int) -> float:
-    """The step of a steady batch: `batch` decodes plus the prefill of the requests replacing them."""
+    """The step of a steady batch: `batch` decodes plus the prefill of the requests replacing them,
+    as averages per step (fractional: a request joins every output_tokens/batch steps)."""
     joins = batch / case.output_tokens
     return case.model.step_seconds(
-        math.ceil(batch + joins * case.input_tokens),
+        batch + joins * case.input_tokens,
         joins * case.input_tokens * case.input_tokens / 2,
-        math.ceil(batch * (case.input_tokens + case.output_tokens / 2)),
-        math.ceil(batch + joins),
+        batch * (case.input_tokens + case.output_tokens / 2),
+        batch + joins,
     )
 
 
@@ -110,6 +110,8 @@ def test_operating_point_is_the_largest_batch_within_every_limit(case: PointCase
     input_tokens=st.integers(64, 16_000),
     output_tokens=st.integers(8, 4_000),
 )
+# Found once: rounding the per-step averages up made the work rate dip at a larger batch.
+@example(budget_low=0.06918842889150306, extra=0.125, input_tokens=2047, output_tokens=245)
 def test_a_looser_itl_target_never_lowers_capacity(
     budget_low: float, extra: float, input_tokens: int, output_tokens: int
 ) -> None:
