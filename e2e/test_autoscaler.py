@@ -462,7 +462,9 @@ def test_a_burst_that_doubles_the_work_scales_out_within_two_intervals_and_names
         check=False,
     )
     assert explained.returncode == 0, explained.stderr
-    row = next(line for line in explained.stdout.splitlines() if f"1→{decision['toReplicas']}" in line)
+    change = f"{decision['fromReplicas']}→{decision['toReplicas']}"
+    row = next((line for line in explained.stdout.splitlines() if change in line), None)
+    assert row is not None, f"no {change} row in:\n{explained.stdout}"
     assert decision["signal"] in row and "r1" in row
 
 
