@@ -40,6 +40,7 @@ from goodput.cluster.binaries import BinariesUnavailableError, ensure_binaries
 from goodput.cluster.controlplane import LocalCluster
 from goodput.cluster.testing import wait_for
 from goodput.operator.metrics import OperatorMetrics
+from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "goodput"
@@ -467,56 +468,15 @@ class Exposition:
         self.operator.placement_limited.labels("InsufficientCapacity")  # present, never increased
         self.vllm = CollectorRegistry()
         labels = ["model_name", "engine"]
-        ttft_buckets = (
-            0.001,
-            0.005,
-            0.01,
-            0.02,
-            0.04,
-            0.06,
-            0.08,
-            0.1,
-            0.25,
-            0.5,
-            0.75,
-            1.0,
-            2.5,
-            5.0,
-            7.5,
-            10,
-            20,
-            40,
-            80,
-            160,
-            640,
-            2560,
-        )
-        itl_buckets = (
-            0.01,
-            0.025,
-            0.05,
-            0.075,
-            0.1,
-            0.15,
-            0.2,
-            0.3,
-            0.4,
-            0.5,
-            0.75,
-            1.0,
-            2.5,
-            5.0,
-            7.5,
-            10,
-            20,
-            40,
-            80,
-        )
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "TTFT", labels, registry=self.vllm, buckets=ttft_buckets
+            "vllm:time_to_first_token_seconds",
+            "TTFT",
+            labels,
+            registry=self.vllm,
+            buckets=TTFT_BUCKETS_SECONDS,
         )
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "ITL", labels, registry=self.vllm, buckets=itl_buckets
+            "vllm:inter_token_latency_seconds", "ITL", labels, registry=self.vllm, buckets=ITL_BUCKETS_SECONDS
         )
         self.preemptions = Counter("vllm:num_preemptions", "preemptions", labels, registry=self.vllm)
         self.generated = Counter("vllm:generation_tokens", "tokens", labels, registry=self.vllm)
