@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from goodput.simulator.loadgen import (
+from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadReport,
     LoadSettings,
@@ -51,7 +51,7 @@ def start_emulator(port: int) -> subprocess.Popen[str]:
     command = [
         sys.executable,
         "-m",
-        "goodput.simulator.cli_emulate",
+        "goodput.testbed.cli_emulate",
         "--serve",
         f"127.0.0.1:{port}",
         "--load-seconds",

@@ -36,11 +36,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from goodput.cluster.binaries import BinariesUnavailableError, ensure_binaries
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import wait_for
 from goodput.operator.metrics import OperatorMetrics
 from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
+from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "goodput"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.cluster import processes
+from goodput.testbed.cluster import processes
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 

@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from goodput.controllers import naming
-from goodput.simulator.emulator import EmulatorSettings, FleetEmulator
-from goodput.simulator.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, WatchEvent
-from goodput.simulator.emulator_netns import ListenerFactory
+from goodput.testbed.emulator import EmulatorSettings, FleetEmulator
+from goodput.testbed.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, WatchEvent
+from goodput.testbed.emulator_netns import ListenerFactory
 
 
 class FakeKube:

@@ -23,10 +23,10 @@ import aiohttp
 import pytest
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
-from goodput.simulator.emulator_engine import ServingProfile
-from goodput.simulator.emulator_netns import bind_listener
-from goodput.simulator.emulator_server import ServerIdentity, ServerState, VllmServer, prefix_block_ids
 from goodput.simulator.engine import EngineConfig
+from goodput.testbed.emulator_engine import ServingProfile
+from goodput.testbed.emulator_netns import bind_listener
+from goodput.testbed.emulator_server import ServerIdentity, ServerState, VllmServer, prefix_block_ids
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SERVED = "llama-8b"
@@ -327,7 +327,7 @@ def test_the_command_refuses_connections_while_loading_and_drains_on_sigterm() -
     command = [
         sys.executable,
         "-m",
-        "goodput.simulator.cli_emulate",
+        "goodput.testbed.cli_emulate",
         "--serve",
         f"127.0.0.1:{port}",
         "--load-seconds",

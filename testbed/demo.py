@@ -47,12 +47,13 @@ import yaml
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.cluster import controlplane
-from goodput.cluster.binaries import BinariesUnavailableError, ensure_binaries, repository_root
-from goodput.cluster.kube import ApiError
-from goodput.cluster.netns import NetnsError
-from goodput.cluster.pki import PkiError
-from goodput.operator.demo_report import (
+from goodput.simulator.workload import Workload, compress_time, load_trace, multiply_rate, truncate, window
+from goodput.testbed.cluster import controlplane
+from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries, repository_root
+from goodput.testbed.cluster.kube import ApiError
+from goodput.testbed.cluster.netns import NetnsError
+from goodput.testbed.cluster.pki import PkiError
+from goodput.testbed.demo_report import (
     NOT_SENT,
     OK,
     DecisionRecord,
@@ -72,7 +73,7 @@ from goodput.operator.demo_report import (
     summarize,
     timeline,
 )
-from goodput.simulator.loadgen import (
+from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadReport,
     LoadSettings,
@@ -84,7 +85,6 @@ from goodput.simulator.loadgen import (
     ready_endpoints,
     target_host,
 )
-from goodput.simulator.workload import Workload, compress_time, load_trace, multiply_rate, truncate, window
 
 DEFAULT_TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
 SYNTHETIC_FALLBACK = "synthetic:rate=4,duration={duration:g},burst_multiplier=1"

@@ -48,15 +48,15 @@ from goodput.estimators.service_time import (
     StepCostModel,
     default_batch_limits,
 )
-from goodput.simulator.emulator_engine import (
+from goodput.simulator.engine import EngineConfig
+from goodput.testbed.emulator_engine import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_STREAM_INTERVAL_SECONDS,
     ServingProfile,
 )
-from goodput.simulator.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeClient, KubeRequestError
-from goodput.simulator.emulator_netns import ListenerFactory
-from goodput.simulator.emulator_server import ServerIdentity, ServerState, VllmServer
-from goodput.simulator.engine import EngineConfig
+from goodput.testbed.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeClient, KubeRequestError
+from goodput.testbed.emulator_netns import ListenerFactory
+from goodput.testbed.emulator_server import ServerIdentity, ServerState, VllmServer
 
 log = logging.getLogger(__name__)
 
