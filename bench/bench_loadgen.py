@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from goodput.testbed.cluster.controlplane import free_port
 from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadReport,
@@ -39,12 +39,6 @@ def cpu_seconds_of(pid: int) -> float:
     """User + system CPU seconds of a process so far (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start_emulator(port: int) -> subprocess.Popen[str]:

@@ -24,6 +24,7 @@ import pytest
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import EngineConfig
+from goodput.testbed.cluster.controlplane import free_port
 from goodput.testbed.emulator_engine import ServingProfile
 from goodput.testbed.emulator_netns import bind_listener
 from goodput.testbed.emulator_server import ServerIdentity, ServerState, VllmServer, prefix_block_ids
@@ -307,12 +308,6 @@ def test_a_client_that_disconnects_is_not_counted_as_finished() -> None:
 
 
 # ------------------------------------------------------------------------------------ the command
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _connect(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -322,7 +317,7 @@ def _connect(port: int) -> bool:
 
 
 def test_the_command_refuses_connections_while_loading_and_drains_on_sigterm() -> None:
-    port = _free_port()
+    port = free_port()
     load_seconds = 2.0
     command = [
         sys.executable,

@@ -262,6 +262,11 @@ class LocalCluster:
         return component_status(self.state)
 
 
+def free_port() -> int:
+    """One free loopback port; ask `free_ports` for several at once, so that none repeats."""
+    return free_ports(1)[0]
+
+
 def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports (all held open while choosing, so none repeats)."""
     sockets = []
