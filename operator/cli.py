@@ -28,6 +28,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "serve vLLM's endpoints and metrics at the cluster's pod IPs",
     ),
     "load": ("goodput.simulator.cli_load", "replay a trace as real HTTP requests, open loop, bounded"),
+    "gateway": (
+        "goodput.gateway.cli",
+        "serve the OpenAI API in front of a ModelGroup: admission, tenant fairness, work-aware routing",
+    ),
 }
 
 
