@@ -244,3 +244,24 @@ def jain_index(shares: Mapping[str, float]) -> float:
     if squares == 0:
         return 1.0
     return total * total / (len(values) * squares)
+
+
+def fair_work_ahead_seconds(
+    queued_work_by_tenant: Mapping[str, float], tenant: str, own_work_seconds: float, policy: FairnessPolicy
+) -> float:
+    """Queued work served before a new request of `tenant` starts, when the queue is shared fairly.
+
+    Under weighted fair sharing (which the counters approximate), while the newcomer's tenant still
+    has W = its queued work + the newcomer's, every other tenant u is served at most W·w_u/w_t
+    alongside it: Σ_u min(Q_u, W·w_u/w_t) + W, less the newcomer's own work. A light tenant behind
+    a heavy one therefore waits for its own share, not for the heavy tenant's whole backlog; the
+    deadline gate prices its wait so.
+    """
+    own = queued_work_by_tenant.get(tenant, 0.0) + own_work_seconds
+    weight = policy.weight(tenant)
+    others = sum(
+        min(work, own * policy.weight(other) / weight)
+        for other, work in queued_work_by_tenant.items()
+        if other != tenant and work > 0
+    )
+    return own - own_work_seconds + others

@@ -42,7 +42,7 @@ from goodput.controllers.admission import (
     TokenBucket,
     admit,
 )
-from goodput.controllers.fairness import FairQueue, QueuedItem
+from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_seconds
 from goodput.controllers.request_path import RequestPathPolicy
 from goodput.controllers.routing import Candidate, RouteRequest, choose_group, prefix_key
 from goodput.gateway.groups import GroupEndpoint, GroupSource
@@ -139,6 +139,7 @@ class Gateway:
         self.groups: dict[str, GroupState] = {}
         self.queue: FairQueue[Pending] = FairQueue(policy.fairness)
         self.queued_work_seconds = 0.0
+        self.queued_work_by_tenant: dict[str, float] = {}
         self.ledger = IdempotencyLedger()
         self.answers: OrderedDict[tuple[str, str], asyncio.Future[Answer]] = OrderedDict()
         self.budgets: dict[str, TokenBucket] = {}
@@ -192,9 +193,16 @@ class Gateway:
 
     # --- load views ----------------------------------------------------------------------------
 
-    def loads(self) -> list[GroupLoad]:
+    def loads(self, tenant: str | None = None, own_work_seconds: float = 0.0) -> list[GroupLoad]:
+        """Each group's view for the gates; with a tenant, the queued work ahead of its next request
+        is its fair share of the queue (`fair_work_ahead_seconds`), spread over the serving groups."""
         serving = [s for s in self.groups.values() if s.endpoint.ready and not s.endpoint.draining]
-        share = self.queued_work_seconds / len(serving) if serving else self.queued_work_seconds
+        ahead = self.queued_work_seconds
+        if tenant is not None:
+            ahead = fair_work_ahead_seconds(
+                self.queued_work_by_tenant, tenant, own_work_seconds, self.policy.fairness
+            )
+        share = ahead / len(serving) if serving else ahead
         capacity = self.policy.kv_capacity_tokens
         return [
             GroupLoad(
@@ -229,7 +237,7 @@ class Gateway:
                 return
             item = dispatch.item
             pending = item.payload
-            self.queued_work_seconds = max(0.0, self.queued_work_seconds - pending.work_seconds)
+            self._unqueue_work(item.tenant, pending.work_seconds)
             if pending.future.done():
                 self.queue.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
                 continue
@@ -242,7 +250,7 @@ class Gateway:
             )
             if route is None:  # unreachable while a slot is free; keep the request rather than lose it
                 self.queue.push(item)
-                self.queued_work_seconds += pending.work_seconds
+                self._queue_work(item.tenant, pending.work_seconds)
                 return
             state = self.groups[route.group]
             state.in_flight += 1
@@ -251,6 +259,18 @@ class Gateway:
             if pending.session:
                 self._remember_session(pending.session, route.group)
             pending.future.set_result(route.group)
+
+    def _queue_work(self, tenant: str, work_seconds: float) -> None:
+        self.queued_work_seconds += work_seconds
+        self.queued_work_by_tenant[tenant] = self.queued_work_by_tenant.get(tenant, 0.0) + work_seconds
+
+    def _unqueue_work(self, tenant: str, work_seconds: float) -> None:
+        self.queued_work_seconds = max(0.0, self.queued_work_seconds - work_seconds)
+        left = self.queued_work_by_tenant.get(tenant, 0.0) - work_seconds
+        if left > 1e-12 and self.queue.backlog(tenant) > 0:
+            self.queued_work_by_tenant[tenant] = left
+        else:
+            self.queued_work_by_tenant.pop(tenant, None)
 
     def _remember_session(self, session: str, group: str) -> None:
         self.sessions[session] = group
@@ -415,7 +435,12 @@ class Gateway:
         bucket = self._bucket(tenant, now)
         retry_budget = self.retry_budgets.get(tenant) or RetryBudget(self.policy.admission.retry_budget_ratio)
         decision = admit(
-            self.policy.admission, shape, self.loads(), now, tenant_budget=bucket, retry_budget=retry_budget
+            self.policy.admission,
+            shape,
+            self.loads(tenant, self._expected_work_seconds(shape)),
+            now,
+            tenant_budget=bucket,
+            retry_budget=retry_budget,
         )
         admitted = Admitted(parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time)
         self._count(admitted)
@@ -428,6 +453,13 @@ class Gateway:
         if isinstance(group, web.StreamResponse):
             return group
         return await self._serve(request, admitted, group)
+
+    def _expected_work_seconds(self, shape: RequestShape) -> float:
+        pricing = self.policy.admission.pricing
+        output = shape.requested_output_tokens or self.policy.admission.default_output_tokens
+        return pricing.prefill_work_seconds(shape.prompt_tokens) + pricing.decode_work_seconds(
+            shape.prompt_tokens, output
+        )
 
     def _bucket(self, tenant: str, now: float) -> TokenBucket | None:
         limit = self.policy.tenant_tokens_per_minute.get(tenant)
@@ -473,7 +505,7 @@ class Gateway:
             pending,
         )
         admitted.item = self.queue.push(item)
-        self.queued_work_seconds += work
+        self._queue_work(shape.tenant, work)
         self._pump()
         hold = (
             decision.hold_seconds
@@ -498,7 +530,7 @@ class Gateway:
         """Take a request out of the queue (client gone or hold expired); give back what it took."""
         pending = item.payload
         if self.queue.cancel(item):
-            self.queued_work_seconds = max(0.0, self.queued_work_seconds - pending.work_seconds)
+            self._unqueue_work(item.tenant, pending.work_seconds)
         elif pending.future.done() and not pending.future.cancelled():
             # Dispatched in the same instant: free the slot it was given.
             self._release(pending.future.result(), pending)
