@@ -108,6 +108,9 @@ class AdmissionPolicy:
 
     default_output_tokens: the output budget of a request that names no `max_tokens` and whose class
     sets none (also what its KV need and work are priced at).
+    wait_p90_factor: the deadline gate prices the wait at this multiple of its mean prediction, the
+    p90 upper estimate a decision that must be safe uses (§25; `WorkErrorProfile`'s default ratio):
+    admitting at the mean would let half of the requests admitted near the limit miss.
     """
 
     classes: Mapping[str, ClassContract]
@@ -119,6 +122,7 @@ class AdmissionPolicy:
     max_defer_seconds: float = 30.0
     retry_budget_ratio: float = 0.2
     default_output_tokens: int = 256
+    wait_p90_factor: float = 1.5
 
     def contract_for(self, class_name: str | None) -> ClassContract | None:
         return self.classes.get(class_name or self.default_class)
@@ -435,7 +439,7 @@ def predicted_ttft(
     for group in groups:
         if not group.serving:
             continue
-        wait = predicted_queue_wait_seconds(
+        wait = policy.wait_p90_factor * predicted_queue_wait_seconds(
             group.waiting_work_seconds, 1, group.capacity_work_seconds_per_second
         )
         if wait < best_wait:
@@ -715,3 +719,48 @@ class IdempotencyLedger:
             if now - first.seen_at <= self.ttl_seconds:
                 break
             del self._entries[first_key]
+
+
+# --- Measured drain rate ----------------------------------------------------------------------------
+
+
+class DrainRateMeter:
+    """The work rate at which the gateway's queue actually drains while it is backlogged.
+
+    The deadline gate predicts a newcomer's wait as the work ahead of it over the groups' capacity.
+    The model's C is right for the mix it was calibrated at; when the live mix holds seats longer
+    (longer outputs, slower steps), dispatches come slower than C promises and the gate would admit
+    requests that then miss. So while requests wait (every dispatch then happens as soon as a seat
+    frees, and their pace is the true drain rate) the meter measures work dispatched per second over
+    the last `max_samples` dispatches; an idle queue resets it, since idle time says nothing of it.
+    """
+
+    def __init__(self, max_samples: int = 64, min_samples: int = 16) -> None:
+        if min_samples < 2 or max_samples < min_samples:
+            raise ValueError("need 2 <= min_samples <= max_samples")
+        self.max_samples = max_samples
+        self.min_samples = min_samples
+        self._samples: list[tuple[float, float]] = []
+        self._work = 0.0
+
+    def record(self, now: float, work_seconds: float) -> None:
+        """One dispatch made while other requests still waited."""
+        self._samples.append((now, work_seconds))
+        self._work += work_seconds
+        if len(self._samples) > self.max_samples:
+            _, dropped = self._samples.pop(0)
+            self._work -= dropped
+
+    def reset(self) -> None:
+        self._samples.clear()
+        self._work = 0.0
+
+    def work_seconds_per_second(self) -> float | None:
+        """Pooled drain rate; None until enough saturated dispatches were seen."""
+        if len(self._samples) < self.min_samples:
+            return None
+        span = self._samples[-1][0] - self._samples[0][0]
+        if span <= 0:
+            return None
+        # The first sample's work was dispatched at the window's start: the rate is over the rest.
+        return (self._work - self._samples[0][1]) / span

@@ -137,3 +137,19 @@ def choose_group(
         ):
             return Route(home.name, RouteReason.PREFIX)
     return Route(least.name, RouteReason.LEAST_WORK)
+
+
+# A group keeps at most this many steps' worth of prompt chunks not yet started: enough that its
+# next steps are never short of prefill, few enough that requests wait in the gateway's fair queue
+# (where fairness and deadlines order them) rather than in the engine's first-come queue.
+PREFILL_STEPS_AHEAD = 2
+
+
+def free_dispatch_slots(
+    free_seats: int, unstarted_prompt_tokens: int, chunk_tokens: int, steps_ahead: int = PREFILL_STEPS_AHEAD
+) -> int:
+    """How many more requests a group may be sent now: a free seat (below max_num_seqs), and room in
+    its prefill pipeline (prompts sent but not yet started, under `steps_ahead` chunks)."""
+    if free_seats <= 0 or unstarted_prompt_tokens >= steps_ahead * chunk_tokens:
+        return 0
+    return free_seats

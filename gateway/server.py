@@ -33,6 +33,7 @@ from aiohttp import web
 
 from goodput.controllers.admission import (
     AdmissionDecision,
+    DrainRateMeter,
     GroupLoad,
     IdempotencyLedger,
     KeyState,
@@ -44,7 +45,8 @@ from goodput.controllers.admission import (
 )
 from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_seconds
 from goodput.controllers.request_path import RequestPathPolicy
-from goodput.controllers.routing import Candidate, RouteRequest, choose_group, prefix_key
+from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots, prefix_key
+from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.gateway.groups import GroupEndpoint, GroupSource
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.requests import (
@@ -76,6 +78,8 @@ class Pending:
     kv_tokens: int
     prefix: bytes | None
     session: str | None
+    prompt_tokens: int = 0
+    started: bool = False
 
 
 @dataclass(slots=True)
@@ -84,6 +88,7 @@ class GroupState:
     in_flight: int = 0
     running_work_seconds: float = 0.0
     kv_used_tokens: int = 0
+    unstarted_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,7 @@ class Gateway:
         self.budgets: dict[str, TokenBucket] = {}
         self.retry_budgets: dict[str, RetryBudget] = {}
         self.sessions: OrderedDict[str, str] = OrderedDict()
+        self.meter = DrainRateMeter()
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -203,6 +209,10 @@ class Gateway:
                 self.queued_work_by_tenant, tenant, own_work_seconds, self.policy.fairness
             )
         share = ahead / len(serving) if serving else ahead
+        measured = self.meter.work_seconds_per_second()
+        rate = (
+            measured / len(serving) if measured and serving else self.policy.capacity_work_seconds_per_second
+        )
         capacity = self.policy.kv_capacity_tokens
         return [
             GroupLoad(
@@ -213,15 +223,22 @@ class Gateway:
                 running_work_seconds=state.running_work_seconds,
                 kv_capacity_tokens=capacity,
                 kv_free_tokens=capacity - state.kv_used_tokens,
-                capacity_work_seconds_per_second=self.policy.capacity_work_seconds_per_second,
+                capacity_work_seconds_per_second=rate,
             )
             for name, state in self.groups.items()
         ]
 
     def candidates(self) -> list[Candidate]:
         limit = self.policy.max_in_flight_per_group
+        chunk = self.policy.admission.floor_model.chunk_tokens
         loads = {load.name: load for load in self.loads()}
-        return [Candidate(loads[name], limit - state.in_flight) for name, state in self.groups.items()]
+        return [
+            Candidate(
+                loads[name],
+                free_dispatch_slots(limit - state.in_flight, state.unstarted_prompt_tokens, chunk),
+            )
+            for name, state in self.groups.items()
+        ]
 
     # --- dispatch ------------------------------------------------------------------------------
 
@@ -232,6 +249,9 @@ class Gateway:
             candidates = self.candidates()
             if not any(c.load.serving and c.free_slots > 0 for c in candidates):
                 return
+            head = self.queue.peek(now)
+            if head is not None and now > head.arrival_time:
+                self.meter.record(now, head.payload.work_seconds)  # a seat freed while requests waited
             dispatch = self.queue.pop(now)
             if dispatch is None:
                 return
@@ -256,6 +276,11 @@ class Gateway:
             state.in_flight += 1
             state.running_work_seconds += pending.work_seconds
             state.kv_used_tokens += pending.kv_tokens
+            state.unstarted_prompt_tokens += pending.prompt_tokens
+            # A non-streamed answer shows no first token: its prefill is taken as started after its
+            # zero-load TTFT floor; a stream's first chunk marks it sooner.
+            floor = ttft_floor_seconds(self.policy.admission.floor_model, pending.prompt_tokens)
+            asyncio.get_running_loop().call_later(floor, self._started, route.group, pending)
             if pending.session:
                 self._remember_session(pending.session, route.group)
             pending.future.set_result(route.group)
@@ -278,7 +303,22 @@ class Gateway:
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
 
+    def _started(self, group: str, pending: Pending) -> None:
+        """The request's prefill began: its prompt leaves the group's prefill pipeline."""
+        if pending.started:
+            return
+        pending.started = True
+        state = self.groups.get(group)
+        if state is not None:
+            state.unstarted_prompt_tokens = max(0, state.unstarted_prompt_tokens - pending.prompt_tokens)
+        self._pump()
+
     def _release(self, group: str, pending: Pending) -> None:
+        if not pending.started:
+            pending.started = True
+            state = self.groups.get(group)
+            if state is not None:
+                state.unstarted_prompt_tokens = max(0, state.unstarted_prompt_tokens - pending.prompt_tokens)
         state = self.groups.get(group)
         if state is not None:
             state.in_flight = max(0, state.in_flight - 1)
@@ -494,6 +534,7 @@ class Gateway:
             shape.prompt_tokens + decision.output_tokens,
             prefix_key(admitted.parsed.prompt_text, self.policy.routing),
             request.headers.get(SESSION_HEADER),
+            shape.prompt_tokens,
         )
         item = QueuedItem(
             shape.tenant,
@@ -625,6 +666,8 @@ class Gateway:
             if count > 0:
                 if first_at is None:
                     first_at = now
+                    if admitted.item is not None:
+                        self._started(group, admitted.item.payload)
                 else:
                     gaps.append((now - last_at) / count)
                 last_at = now

@@ -421,3 +421,17 @@ def test_token_bucket_never_exceeds_its_burst(level: float, spent: float, later:
 
 def test_retry_after_is_whole_seconds_at_least_one() -> None:
     assert [retry_after_seconds(x) for x in (0.0, 0.2, 1.0, 1.01, math.inf)] == [1, 1, 1, 2, 1]
+
+
+def test_drain_meter_measures_the_pace_of_saturated_dispatches() -> None:
+    from goodput.controllers.admission import DrainRateMeter
+
+    meter = DrainRateMeter(max_samples=8, min_samples=4)
+    for step in range(3):
+        meter.record(step * 0.5, 0.1)
+    assert meter.work_seconds_per_second() is None  # too few samples
+    for step in range(3, 20):
+        meter.record(step * 0.5, 0.1)
+    assert meter.work_seconds_per_second() == pytest.approx(0.2)  # 0.1 work-second every 0.5 s
+    meter.reset()
+    assert meter.work_seconds_per_second() is None

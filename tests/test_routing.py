@@ -190,3 +190,18 @@ def test_choice_is_always_serving_and_least_loaded_when_no_preference(
     chosen = next(c for c in candidates if c.name == route.group)
     assert not chosen.load.draining
     assert chosen.wait_seconds == min(c.wait_seconds for c in serving)
+
+
+@pytest.mark.parametrize(
+    ("seats", "unstarted", "expected"),
+    [
+        pytest.param(4, 0, 4, id="idle group: every seat"),
+        pytest.param(0, 0, 0, id="no seat"),
+        pytest.param(4, 4095, 4, id="prefill pipeline not yet full"),
+        pytest.param(4, 4096, 0, id="two chunks of prompts not started: wait in the gateway"),
+    ],
+)
+def test_free_dispatch_slots(seats: int, unstarted: int, expected: int) -> None:
+    from goodput.controllers.routing import free_dispatch_slots
+
+    assert free_dispatch_slots(seats, unstarted, chunk_tokens=2048) == expected
