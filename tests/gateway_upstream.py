@@ -80,3 +80,28 @@ class Upstream:
         await response.write_eof()
         self.finished += 1
         return response
+
+
+def main() -> None:
+    """Serve one upstream on 127.0.0.1 (the gateway benchmarks run it as a separate process)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="a vLLM-like upstream for gateway benchmarks")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--token-delay-seconds", type=float, default=0.0)
+    args = parser.parse_args()
+    upstream = Upstream("g1", tokens=args.tokens, token_delay_seconds=args.token_delay_seconds)
+    upstream.received = _Discard()
+    web.run_app(upstream.app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
+
+
+class _Discard(list[Received]):
+    """A benchmark's upstream keeps nothing: its memory stays flat."""
+
+    def append(self, _: Received) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    main()
