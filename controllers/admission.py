@@ -505,7 +505,6 @@ def admit(
             f"tenant {request.tenant!r} spent its retry budget ({policy.retry_budget_ratio:g} retries per "
             "first attempt)",
             contract.name,
-            None,
             http_status=429,
             output_tokens=output_tokens,
             retry_after_seconds=retry_after_seconds(contract.ttft_seconds),
@@ -524,19 +523,9 @@ def admit(
             return apply_overload_action(policy, contract, output_tokens, overload, slack)
     budget_tokens = float(request.prompt_tokens + output_tokens)
     if Gate.BUDGET in gates and tenant_budget is not None:
-        level = tenant_budget.level_at(now)
-        if level < budget_tokens:
-            return AdmissionDecision(
-                Outcome.REJECT,
-                AdmissionReason.TENANT_BUDGET,
-                f"tenant {request.tenant!r} has {level:.0f} of the {budget_tokens:.0f} tokens this request "
-                f"needs left in its budget ({tenant_budget.tokens_per_second * 60:.0f} tokens per minute)",
-                contract.name,
-                Gate.BUDGET,
-                http_status=429,
-                output_tokens=output_tokens,
-                retry_after_seconds=retry_after_seconds(tenant_budget.seconds_until(budget_tokens, now)),
-            )
+        refused = check_budget(tenant_budget, request.tenant, budget_tokens, now)
+        if refused is not None:
+            return replace(refused, class_name=contract.name, output_tokens=output_tokens)
     return AdmissionDecision(
         Outcome.ADMIT,
         AdmissionReason.ADMITTED,
@@ -544,6 +533,22 @@ def admit(
         contract.name,
         output_tokens=output_tokens,
         budget_tokens=budget_tokens,
+    )
+
+
+def check_budget(bucket: TokenBucket, tenant: str, tokens: float, now: float) -> AdmissionDecision | None:
+    """The budget gate: a 429 with the time the bucket needs to hold `tokens`, or None when it does."""
+    level = bucket.level_at(now)
+    if level >= tokens:
+        return None
+    return AdmissionDecision(
+        Outcome.REJECT,
+        AdmissionReason.TENANT_BUDGET,
+        f"tenant {tenant!r} has {level:.0f} of the {tokens:.0f} tokens this request needs left in its "
+        f"budget ({bucket.tokens_per_second * 60:.0f} tokens per minute)",
+        gate=Gate.BUDGET,
+        http_status=429,
+        retry_after_seconds=retry_after_seconds(bucket.seconds_until(tokens, now)),
     )
 
 

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from aiohttp import web
 
 from goodput.controllers.admission import (
     AdmissionDecision,
+    AdmissionReason,
     DrainRateMeter,
     GroupLoad,
     IdempotencyLedger,
@@ -67,6 +68,9 @@ RETRY_HEADER = "X-Goodput-Retry"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_SESSIONS = 100_000
 MAX_KEPT_ANSWERS = 10_000
+# Deferred and best-effort requests queue this many priority levels behind admitted ones: served when
+# nothing admitted waits, and, as priority ages one level per `aging_seconds`, never starved for good.
+LOWER_PRECEDENCE_LEVELS = 100
 
 
 @dataclass(slots=True)
@@ -182,7 +186,7 @@ class Gateway:
         if self._session is not None:
             await self._session.close()
 
-    def on_groups(self, endpoints: dict[str, GroupEndpoint] | Any) -> None:
+    def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
         """Replace the group set; in-flight counts of a group that stays are kept."""
         fresh: dict[str, GroupState] = {}
         for name, endpoint in endpoints.items():
@@ -536,9 +540,12 @@ class Gateway:
             request.headers.get(SESSION_HEADER),
             shape.prompt_tokens,
         )
+        # Requests held for lack of any ready group keep their place: they are what wakes the pool.
+        deferred = decision.outcome is Outcome.DEFER and decision.reason is not AdmissionReason.NO_READY_GROUP
+        lower = deferred or decision.best_effort
         item = QueuedItem(
             shape.tenant,
-            contract.priority,
+            contract.priority + (LOWER_PRECEDENCE_LEVELS if lower else 0),
             shape.arrival_time + contract.ttft_seconds,
             shape.arrival_time,
             shape.prompt_tokens,
@@ -683,7 +690,9 @@ class Gateway:
         self._observe(admitted, first_at, gaps, events)
         return response, events
 
-    def _observe(self, admitted: Admitted, first_at: float | None, gaps: Any, generated: int) -> None:
+    def _observe(
+        self, admitted: Admitted, first_at: float | None, gaps: Sequence[float], generated: int
+    ) -> None:
         """Latency histograms, and whether the request met its class's targets."""
         decision = admitted.decision
         contract = self.policy.admission.contract_for(decision.class_name)
