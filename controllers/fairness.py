@@ -31,6 +31,8 @@ from typing import Generic, TypeVar
 from goodput.api.slopolicy import Fairness
 
 PayloadT = TypeVar("PayloadT")
+# How often the queue forgets idle tenants it no longer needs (see `FairQueue.prune`).
+PRUNE_EVERY_PUSHES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +121,7 @@ class FairQueue(Generic[PayloadT]):
         self._backlog: dict[str, int] = {}
         self._sequence = itertools.count()
         self._last_served: str | None = None
+        self._pushes = 0
 
     def __len__(self) -> int:
         return sum(self._backlog.values())
@@ -146,7 +149,35 @@ class FairQueue(Generic[PayloadT]):
         levels = self._heaps.setdefault(tenant, {})
         heapq.heappush(levels.setdefault(item.priority, []), (item.deadline, item.sequence, item))
         self._backlog[tenant] = self._backlog.get(tenant, 0) + 1
+        self._pushes += 1
+        if self._pushes % PRUNE_EVERY_PUSHES == 0:
+            self.prune()
         return item
+
+    def prune(self) -> int:
+        """Forget idle tenants whose counter is at or below the lift floor; returns how many.
+
+        Lossless: such a tenant, on its next request, would be lifted to at least the floor anyway, and
+        a forgotten one starts from 0 and is lifted the same. It bounds memory by the tenants that are
+        backlogged or ahead of the others, however many distinct tenant names clients send.
+        """
+        backlogged = self.backlogged()
+        if backlogged:
+            floor = min(self.counters.get(tenant, 0.0) for tenant in backlogged)
+        elif self._last_served is not None:
+            floor = self.counters.get(self._last_served, 0.0)
+        else:
+            return 0
+        idle = [
+            tenant
+            for tenant, counter in self.counters.items()
+            if self._backlog.get(tenant, 0) == 0 and counter <= floor and tenant != self._last_served
+        ]
+        for tenant in idle:
+            del self.counters[tenant]
+            self._backlog.pop(tenant, None)
+            self._heaps.pop(tenant, None)
+        return len(idle)
 
     def _lift(self, tenant: str) -> None:
         others = [self.counters.get(other, 0.0) for other in self.backlogged() if other != tenant]

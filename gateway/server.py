@@ -68,6 +68,7 @@ RETRY_HEADER = "X-Goodput-Retry"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_SESSIONS = 100_000
 MAX_KEPT_ANSWERS = 10_000
+MAX_TRACKED_TENANTS = 10_000
 # Deferred and best-effort requests queue this many priority levels behind admitted ones: served when
 # nothing admitted waits, and, as priority ages one level per `aging_seconds`, never starved for good.
 LOWER_PRECEDENCE_LEVELS = 100
@@ -152,7 +153,7 @@ class Gateway:
         self.ledger = IdempotencyLedger()
         self.answers: OrderedDict[tuple[str, str], asyncio.Future[Answer]] = OrderedDict()
         self.budgets: dict[str, TokenBucket] = {}
-        self.retry_budgets: dict[str, RetryBudget] = {}
+        self.retry_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.meter = DrainRateMeter()
         self._session: aiohttp.ClientSession | None = None
@@ -491,6 +492,9 @@ class Gateway:
         if not decision.proceeds:
             return self._refusal(decision)
         self.retry_budgets[tenant] = retry_budget.after(shape.is_retry)
+        self.retry_budgets.move_to_end(tenant)
+        while len(self.retry_budgets) > MAX_TRACKED_TENANTS:
+            self.retry_budgets.popitem(last=False)  # the least recent tenant starts a fresh budget
         if bucket is not None:
             self.budgets[tenant] = bucket.spend(decision.budget_tokens, now)
         group = await self._wait_for_group(admitted, request)

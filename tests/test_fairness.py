@@ -224,3 +224,27 @@ def test_fair_work_ahead(
 
     policy = FairnessPolicy(weights=weights)
     assert fair_work_ahead_seconds(queued, tenant, 1.0, policy) == pytest.approx(expected)
+
+
+def test_prune_forgets_only_tenants_the_lift_would_erase_anyway() -> None:
+    queue: FairQueue[str] = FairQueue(FairnessPolicy())
+    for name in ("idle-low", "ahead", "busy"):
+        queue.push(item(name))
+    queue.charge("ahead", 10_000, 0)  # far ahead: must be remembered
+    serve(queue, 3)
+    for _ in range(3):
+        queue.push(item("busy"))
+    queue.charge("busy", 500, 0)
+    forgotten_before = dict(queue.counters)
+    assert queue.prune() == 1  # idle-low is at or below the floor
+    assert "idle-low" not in queue.counters and "ahead" in queue.counters
+    queue.push(item("idle-low"))  # comes back: lifted exactly as if remembered
+    assert queue.counters["idle-low"] == max(forgotten_before["idle-low"], queue.counters["busy"])
+
+
+def test_many_one_off_tenants_do_not_grow_the_queue_state() -> None:
+    queue: FairQueue[str] = FairQueue(FairnessPolicy())
+    for index in range(5000):
+        queue.push(item(f"tenant-{index}"))
+        queue.pop(0.0)
+    assert len(queue.counters) < 1100
