@@ -3,8 +3,9 @@
 The server depends only on `GroupSource`; production uses the Kubernetes watch (`kube.py`), tests
 and benchmarks feed a `StaticGroupSource` by hand. A group is routable only while its leader's pod
 is Running, its containers are ready, the operator's group-ready gate is True, and it carries no
-drain marker (`goodput.dev/draining-since`) and no deletion timestamp: the drain marker is written
-before the readiness gate turns False, so routing stops before endpoints catch up.
+drain marker (`goodput.dev/draining-since`) and no deletion timestamp. A drain turns the group-ready
+condition False and writes the marker on every rank; the watch sees either change on the leader pod
+itself, so routing stops before the endpoints controller takes the pod out of EndpointSlices.
 """
 
 from __future__ import annotations
