@@ -564,6 +564,8 @@ class Gateway:
             if decision.outcome is Outcome.DEFER
             else max(self.policy.admission.max_defer_seconds, contract.ttft_seconds)
         )
+        if pending.future.done():  # dispatched at once: the common case, no waiting machinery
+            return pending.future.result()
         try:
             return await asyncio.wait_for(asyncio.shield(pending.future), timeout=hold)
         except TimeoutError:
