@@ -48,6 +48,7 @@ from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_
 from goodput.controllers.request_path import RequestPathPolicy
 from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
+from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.groups import GroupEndpoint, GroupSource
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.requests import (
@@ -625,6 +626,7 @@ class Gateway:
         pending = item.payload
         endpoint = self.groups[group].endpoint if group in self.groups else None
         generated = 0
+        dispatched_at = self.clock()
         try:
             if endpoint is None:
                 raise aiohttp.ClientError(f"group {group} went away")
@@ -643,7 +645,17 @@ class Gateway:
             return json_response(502, error_body(message, "UpstreamError"), self._headers(admitted, group))
         finally:
             self._release(group, pending)
-            self.queue.settle(item.tenant, item.expected_output_tokens, generated)
+            # KV held: the prompt for the whole residency, each output token from when it was made
+            # (its gaps taken as even over the residency), priced by the policy's kvByteSeconds.
+            held_seconds = self.clock() - dispatched_at
+            kv = kv_byte_seconds(
+                self.policy.admission.pricing.kv_bytes_per_token,
+                item.input_tokens,
+                generated,
+                held_seconds / generated if generated else 0.0,
+                held_seconds if not generated else 0.0,
+            )
+            self.queue.settle(item.tenant, item.expected_output_tokens, generated, kv)
             self._refund(item.tenant, max(0, item.expected_output_tokens - generated))
 
     async def _relay_whole(

@@ -446,3 +446,17 @@ def test_the_context_comes_from_the_engine_arguments(args: tuple[str, ...], expe
     doc = yaml.safe_load((SAMPLES / "modelgroup-llama-8b-tp1.yaml").read_text())
     doc["spec"]["engine"]["args"] = list(args)
     assert context_tokens(ModelGroup.model_validate(doc)) == expected
+
+
+def test_kv_byte_seconds_are_charged_to_the_tenant_when_the_policy_prices_them() -> None:
+    from goodput.controllers.fairness import CostWeights, FairnessPolicy
+
+    async def main() -> None:
+        kv_only = request_path_policy(fairness=FairnessPolicy(cost_weights=CostWeights(0.0, 0.0, 1.0)))
+        async with rig(kv_only, token_delay_seconds=0.01) as r:
+            assert (await r.post(completion(max_tokens=4), **{"X-Goodput-Tenant": "a"})).status == 200
+            # Only KV is priced: the counter holds the KV bytes the request kept for its residency.
+            bytes_per_token = kv_only.admission.pricing.kv_bytes_per_token
+            assert r.gateway.queue.counters["a"] > bytes_per_token * 3 * 0.01
+
+    run(main)
