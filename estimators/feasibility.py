@@ -166,3 +166,39 @@ def minimum_tensor_parallel_hint(
     factor = floor_seconds / target_seconds
     needed = 2 ** math.ceil(math.log2(max(1.0, current_tensor_parallel * factor)))
     return max(current_tensor_parallel, int(needed))
+
+
+def infeasible_token_share(prompt_tokens: Histogram | None, longest_feasible_tokens: int) -> float | None:
+    """Share of observed prompt *tokens* in prompts past the feasible threshold; None when nothing
+    was observed.
+
+    Infeasible prompts are the long ones, so they carry more of the prompt tokens (and of the prefill
+    work and KV) than of the requests. Each bucket's prompts are priced at its midpoint, the bucket
+    holding the threshold split linearly at it, and the +Inf bucket at the last finite bound, counted
+    infeasible as `infeasible_share` counts it (vLLM's prompt buckets end at the context window, so
+    it is empty in practice).
+    """
+    if prompt_tokens is None or prompt_tokens.total <= 0:
+        return None
+    threshold = float(longest_feasible_tokens)
+    lower_bound = 0.0
+    below = 0.0
+    feasible_tokens = total_tokens = 0.0
+    bounds = (*prompt_tokens.upper_bounds, math.inf)
+    for bound, cumulative in zip(bounds, prompt_tokens.cumulative_counts, strict=True):
+        count = max(0.0, cumulative - below)
+        finite = math.isfinite(bound)
+        upper = bound if finite else max(lower_bound, 1.0)
+        total_tokens += count * (lower_bound + upper) / 2
+        if not finite:
+            pass
+        elif threshold >= upper:
+            feasible_tokens += count * (lower_bound + upper) / 2
+        elif threshold > lower_bound:
+            share = (threshold - lower_bound) / (upper - lower_bound)
+            feasible_tokens += count * share * (lower_bound + threshold) / 2
+        below = max(below, cumulative)
+        lower_bound = upper
+    if total_tokens <= 0:
+        return 0.0 if longest_feasible_tokens > 0 else 1.0
+    return min(1.0, max(0.0, 1.0 - feasible_tokens / total_tokens))
