@@ -13,11 +13,20 @@ One rule for the operator and the simulator: both build the snapshot's `feasibil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from goodput.controllers.autoscale_model import Attainability, ClassFeasibility, SloTargets
-from goodput.estimators.attainment import Histogram, histogram_quantile
+from goodput.controllers.autoscale_model import (
+    Attainability,
+    ClassFeasibility,
+    GroupObservation,
+    GroupState,
+    ModelGroupSnapshot,
+    ScalingPolicy,
+    SloTargets,
+)
+from goodput.estimators.attainment import Histogram, histogram_quantile, merge_histograms
 from goodput.estimators.capacity import CapacityProfile
 from goodput.estimators.feasibility import (
     FloorModel,
@@ -174,4 +183,72 @@ def _infeasible_share(
         f"these requests cannot meet the SLO on any number of groups and are not scaled for; fix: "
         f"tensor parallelism of about {hint} (now {tensor_parallel}), a longer ttftSeconds, or a class "
         f"with a longer target for prompts over {threshold} tokens"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEvidence:
+    """What the fresh ready groups' engines say about prompts over the window: the pooled
+    prompt-length histogram (None: not exported or nothing finished) and the share of prompt tokens
+    the prefix cache served (the expected cached fraction of a prompt)."""
+
+    prompt_tokens: Histogram | None
+    cached_fraction: float
+
+
+def prompt_evidence(groups: Sequence[GroupObservation], max_age_seconds: float) -> PromptEvidence:
+    """Pool the prompt histograms and prefix hits of the ready groups with fresh metrics (the same
+    groups the decision reads); histograms with bounds unlike the first are left out."""
+    histograms: list[Histogram] = []
+    prompt_rate = hit_rate = 0.0
+    for group in groups:
+        metrics = group.metrics
+        if group.state is not GroupState.READY or metrics is None or metrics.age_seconds > max_age_seconds:
+            continue
+        if math.isfinite(metrics.prompt_tokens_per_second) and math.isfinite(metrics.prefix_hit_fraction):
+            prompt_rate += metrics.prompt_tokens_per_second
+            hit_rate += metrics.prompt_tokens_per_second * metrics.prefix_hit_fraction
+        if metrics.prompt_tokens is not None and (
+            not histograms or metrics.prompt_tokens.upper_bounds == histograms[0].upper_bounds
+        ):
+            histograms.append(metrics.prompt_tokens)
+    pooled = merge_histograms(histograms)
+    return PromptEvidence(
+        prompt_tokens=pooled if pooled is not None and pooled.total > 0 else None,
+        cached_fraction=hit_rate / prompt_rate if prompt_rate > 0 else 0.0,
+    )
+
+
+def snapshot_feasibility(
+    profile: CapacityProfile, policy: ScalingPolicy, evidence: PromptEvidence
+) -> tuple[ClassFeasibility, ...]:
+    """The snapshot's `feasibility` for a policy, from the engines' prompt evidence."""
+    slack = policy.signals.slack
+    return assess(
+        profile,
+        policy.classes,
+        evidence.prompt_tokens,
+        expected_cached_fraction=evidence.cached_fraction,
+        route_seconds=slack.route_seconds if slack is not None else 0.0,
+    )
+
+
+def snapshot_attainability(
+    snapshot: ModelGroupSnapshot, policy: ScalingPolicy, *, tensor_parallel: int
+) -> AttainabilityVerdict:
+    """The SLOAttainable verdict for a snapshot whose `feasibility` was built by
+    `snapshot_feasibility` from the same groups."""
+    evidence = prompt_evidence(snapshot.groups, policy.staleness.max_age_seconds)
+    slack = policy.signals.slack
+    model = floor_model(
+        snapshot.profile,
+        expected_cached_fraction=evidence.cached_fraction,
+        route_seconds=slack.route_seconds if slack is not None else 0.0,
+    )
+    return attainability(
+        snapshot.feasibility,
+        policy.classes,
+        model,
+        tensor_parallel=tensor_parallel,
+        prompt_tokens=evidence.prompt_tokens,
     )
