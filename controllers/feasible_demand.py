@@ -40,6 +40,9 @@ from goodput.estimators.feasibility import (
 # Above this share of a class's prompts past its threshold, SLOAttainable turns False: a trace's
 # stray giant prompt should not raise the condition, a steady share should.
 TOLERATED_INFEASIBLE_SHARE = 0.01
+# A tensor-parallel degree beyond this is no fix a message should offer: the fixed per-step costs
+# that dominate such floors do not shrink with more ranks.
+MAX_HINTED_TENSOR_PARALLEL = 64
 # The most an expected prefix-cache hit may lower a floor (FloorModel takes fractions below 1).
 _MAX_CACHED_FRACTION = 0.95
 
@@ -155,11 +158,10 @@ def _unattainable_class(
     else:
         floor = ttft_floor_seconds(model, 1)
         value = target.ttft_seconds
-    hint = minimum_tensor_parallel_hint(tensor_parallel, floor, value)
     return (
         f"class {entry.class_name}: no request can meet {entry.unmet_field}={value:g} on groups of this "
-        f"shape (even an idle group takes {floor:.3g}s); fix: tensor parallelism of about {hint} "
-        f"(now {tensor_parallel}), a longer {entry.unmet_field}, or another class"
+        f"shape (even an idle group takes {floor:.3g}s); fix: "
+        f"{_parallelism_fix(tensor_parallel, floor, value)}a longer {entry.unmet_field}, or another class"
     )
 
 
@@ -175,15 +177,22 @@ def _infeasible_share(
     tail = histogram_quantile(prompt_tokens, target.percentile)
     tail_tokens = max(threshold + 1, round(tail) if tail is not None else 2 * threshold)
     tail_floor = ttft_floor_seconds(model, tail_tokens)
-    hint = minimum_tensor_parallel_hint(tensor_parallel, tail_floor, target.ttft_seconds)
     return (
         f"class {entry.class_name}: {entry.infeasible_request_share or 0.0:.1%} of prompts are longer than "
         f"{threshold} tokens, past which an idle group's prefill alone exceeds "
         f"ttftSeconds={target.ttft_seconds:g} (a {tail_tokens}-token prompt takes {tail_floor:.3g}s); "
         f"these requests cannot meet the SLO on any number of groups and are not scaled for; fix: "
-        f"tensor parallelism of about {hint} (now {tensor_parallel}), a longer ttftSeconds, or a class "
-        f"with a longer target for prompts over {threshold} tokens"
+        f"{_parallelism_fix(tensor_parallel, tail_floor, target.ttft_seconds)}a longer ttftSeconds, or a "
+        f"class with a longer target for prompts over {threshold} tokens"
     )
+
+
+def _parallelism_fix(tensor_parallel: int, floor_seconds: float, target_seconds: float) -> str:
+    """The tensor-parallel part of a fix, when a degree within reason would do."""
+    hint = minimum_tensor_parallel_hint(tensor_parallel, floor_seconds, target_seconds)
+    if hint > MAX_HINTED_TENSOR_PARALLEL:
+        return ""
+    return f"tensor parallelism of about {hint} (now {tensor_parallel}), "
 
 
 @dataclass(frozen=True, slots=True)

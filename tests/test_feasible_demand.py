@@ -100,3 +100,11 @@ def test_unknown_shares_are_an_unknown_condition() -> None:
 def test_a_share_out_of_range_names_the_field() -> None:
     with pytest.raises(ValueError, match="infeasible_request_share"):
         ClassFeasibility("interactive", 100, 1.5)
+
+
+def test_a_tensor_parallel_degree_out_of_reach_is_not_offered() -> None:
+    """A 0.1 ms TTFT is below the fixed cost of any step: more ranks would not reach it."""
+    target = SloTargets("realtime", 1e-4, 0.08)
+    verdict = attainability(assess(PROFILE, (target,), None), (target,), MODEL, tensor_parallel=1)
+    assert "tensor parallelism" not in verdict.message
+    assert "a longer ttftSeconds, or another class" in verdict.message
