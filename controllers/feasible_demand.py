@@ -69,11 +69,13 @@ def class_feasibility(
     threshold = longest_feasible_prompt_tokens(model, target.ttft_seconds)
     if threshold == 0:
         return ClassFeasibility(target.name, 0, 1.0, 1.0, unmet_field="ttftSeconds")
+    # Prompts in the histogram bucket that holds the threshold count as infeasible: where in the
+    # bucket they lie is unknown, and counting them feasible would scale for them.
     return ClassFeasibility(
         target.name,
         threshold,
-        infeasible_share(prompt_tokens, threshold),
-        infeasible_token_share(prompt_tokens, threshold),
+        infeasible_share(prompt_tokens, threshold, conservative=True),
+        infeasible_token_share(prompt_tokens, threshold, conservative=True),
     )
 
 

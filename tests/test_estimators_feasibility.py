@@ -168,3 +168,39 @@ def test_token_share_is_at_least_the_request_share(prompts: list[int], threshold
     by_tokens = infeasible_token_share(histogram, threshold)
     assert by_requests is not None and by_tokens is not None
     assert by_tokens >= by_requests - 1e-9
+
+
+# vLLM's 1-2-5 prompt buckets around the 1 s threshold of an 8B model on one H100 (~24.6k tokens).
+VLLM_BOUNDS = (1000.0, 2000.0, 5000.0, 10_000.0, 20_000.0, 50_000.0, 100_000.0)
+
+
+def test_conservative_shares_count_the_bucket_holding_the_threshold_as_infeasible() -> None:
+    """Every prompt is 40k tokens, past a 24.6k threshold in the same (20k, 50k] bucket: the
+    interpolation calls 15 % of them feasible, the conservative share none."""
+    histogram = Histogram.from_observations(VLLM_BOUNDS, [40_000] * 100)
+    assert infeasible_share(histogram, 24_600) == pytest.approx(1 - 4_600 / 30_000)
+    assert infeasible_share(histogram, 24_600, conservative=True) == pytest.approx(1.0)
+    assert infeasible_token_share(histogram, 24_600, conservative=True) == pytest.approx(1.0)
+
+
+def test_conservative_shares_keep_the_buckets_below_the_threshold() -> None:
+    histogram = Histogram.from_observations(VLLM_BOUNDS, [500] * 60 + [15_000] * 20 + [40_000] * 20)
+    assert infeasible_share(histogram, 24_600, conservative=True) == pytest.approx(0.2)
+    assert infeasible_share(histogram, 20_000, conservative=True) == pytest.approx(0.2)  # on a bound
+    expected_tokens = 20 * 35_000 / (60 * 500 + 20 * 15_000 + 20 * 35_000)
+    assert infeasible_token_share(histogram, 24_600, conservative=True) == pytest.approx(expected_tokens)
+
+
+@given(st.lists(st.integers(1, 200_000), min_size=1, max_size=50), st.integers(0, 200_000))
+def test_the_conservative_share_is_never_below_the_interpolated_one(
+    prompts: list[int], threshold: int
+) -> None:
+    histogram = Histogram.from_observations(VLLM_BOUNDS, prompts)
+    interpolated = infeasible_share(histogram, threshold)
+    conservative = infeasible_share(histogram, threshold, conservative=True)
+    assert interpolated is not None and conservative is not None
+    assert conservative >= interpolated - 1e-12
+    tokens = infeasible_token_share(histogram, threshold)
+    conservative_tokens = infeasible_token_share(histogram, threshold, conservative=True)
+    assert tokens is not None and conservative_tokens is not None
+    assert conservative_tokens >= tokens - 1e-12
