@@ -8,6 +8,7 @@ metav1.Condition reason pattern. Add new words here, never inline.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 
@@ -101,39 +102,43 @@ class Reason:
     """No prompt lengths observed yet: nothing is counted infeasible."""
 
 
-class Signal:
-    """Names of the scaling signals: a decision's winning `signal` and each proposal's `signal`.
+class Signal(StrEnum):
+    """What proposed a count: each proposal's `signal`, and the winning one is the decision's signal.
 
     The first four match the keys of `SLOPolicy.spec.autoscaling.signals`.
     """
 
-    QUEUE_WORK: Final = "queueWork"
-    SLACK: Final = "slack"
-    KV_CACHE: Final = "kvCache"
-    GOODPUT: Final = "goodput"
-    WARM_FLOOR: Final = "warmFloor"
-    MIN_REPLICAS: Final = "minReplicas"
-    CURRENT: Final = "current"
-    """No signal proposed a change; the current count holds."""
+    QUEUE_WORK = "queueWork"
+    SLACK = "slack"
+    KV_CACHE = "kvCache"
+    GOODPUT = "goodput"
+    SCALE_FROM_ZERO = "scaleFromZero"
+    WARM_FLOOR = "warmFloor"
+    MIN_REPLICAS = "minReplicas"
 
 
-class Guard:
-    """Safety guards a decision passed through, recorded in `decisions[].guards` when they acted."""
+class Guard(StrEnum):
+    """A pipeline stage or safety rule that changed or held the count, recorded in `decisions[].guards`
+    and as the reason of ScalingLimited; HPA's words where the meaning is HPA's."""
 
-    STALE_METRICS_HOLD_SCALE_IN: Final = "StaleMetricsHoldScaleIn"
-    STALE_METRICS_FREEZE: Final = "StaleMetricsFreeze"
-    COMING_CAPACITY: Final = "ComingCapacity"
+    TOLERANCE = "Tolerance"
+    STALE_METRICS_HOLD_SCALE_IN = "StaleMetricsHoldScaleIn"
+    MISSING_METRICS_HOLD_SCALE_IN = "MissingMetricsHoldScaleIn"
+    STALE_METRICS_FREEZE = "StaleMetricsFreeze"
+    SCALE_UP_STABILIZED = "ScaleUpStabilized"
+    SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
+    SCALE_UP_LIMIT = "ScaleUpLimit"
+    SCALE_DOWN_LIMIT = "ScaleDownLimit"
+    TOO_MANY_REPLICAS = "TooManyReplicas"
+    TOO_FEW_REPLICAS = "TooFewReplicas"
+    CAPACITY_COMING = "CapacityComing"
     """Groups still placing or warming were counted, so decisions do not stack."""
-    UNSCHEDULABLE: Final = "Unschedulable"
-    SCALE_IN_UNSAFE: Final = "ScaleInUnsafe"
+    UNSCHEDULABLE = "Unschedulable"
+    SCALE_IN_UNSAFE = "ScaleInUnsafe"
     """The load spread over one group fewer would break the SLO or KV limits."""
-    TOLERANCE: Final = "Tolerance"
-    STABILIZATION: Final = "Stabilization"
-    STEP_LIMIT: Final = "StepLimit"
-    CLAMP_MIN: Final = "ClampMin"
-    CLAMP_MAX: Final = "ClampMax"
-    ADVISORY: Final = "Advisory"
-    FROZEN: Final = "Frozen"
+    GOODPUT_AWAITING_EVIDENCE = "GoodputAwaitingEvidence"
+    GOODPUT_NOT_IMPROVING = "GoodputNotImproving"
+    FROZEN = "Frozen"
 
 
 class EventReason:
@@ -167,6 +172,8 @@ class EventReason:
 
 def vocabulary(namespace: type) -> dict[str, str]:
     """The constants of one namespace class above, by attribute name (for tests and metric setup)."""
+    if issubclass(namespace, StrEnum):
+        return {member.name: member.value for member in namespace}
     return {
         name: value for name, value in vars(namespace).items() if name.isupper() and isinstance(value, str)
     }

@@ -30,6 +30,7 @@ import dataclasses
 import math
 from typing import NamedTuple, TypeGuard, TypeVar
 
+from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale_model import (
     COMING_STATES,
     Decision,
@@ -41,7 +42,6 @@ from goodput.controllers.autoscale_model import (
     GroupMetrics,
     GroupObservation,
     GroupState,
-    Guard,
     Mode,
     ModelGroupSnapshot,
     Proposal,
@@ -50,7 +50,6 @@ from goodput.controllers.autoscale_model import (
     RequestQueue,
     ScaleEvent,
     ScalingPolicy,
-    Signal,
     SloCheck,
     StaleMetricsAction,
 )

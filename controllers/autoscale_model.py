@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from goodput.api.reasons import Reason
+from goodput.api.reasons import Guard, Reason, Signal
 from goodput.estimators.attainment import GoodputReport, Histogram
 from goodput.estimators.capacity import CapacityProfile
 from goodput.estimators.queueing import QueuedRequest
@@ -58,39 +58,6 @@ class GroupState(StrEnum):
 
 
 COMING_STATES = frozenset({GroupState.PLACING, GroupState.PROVISIONING, GroupState.WARMING})
-
-
-class Signal(StrEnum):
-    """What proposed a count; the winning one is the decision's signal."""
-
-    QUEUE_WORK = "queueWork"
-    SLACK = "slack"
-    KV_CACHE = "kvCache"
-    GOODPUT = "goodput"
-    SCALE_FROM_ZERO = "scaleFromZero"
-    WARM_FLOOR = "warmFloor"
-    MIN_REPLICAS = "minReplicas"
-
-
-class Guard(StrEnum):
-    """A pipeline stage or safety rule that changed or held the count."""
-
-    TOLERANCE = "Tolerance"
-    STALE_METRICS_HOLD_SCALE_IN = "StaleMetricsHoldScaleIn"
-    MISSING_METRICS_HOLD_SCALE_IN = "MissingMetricsHoldScaleIn"
-    STALE_METRICS_FREEZE = "StaleMetricsFreeze"
-    SCALE_UP_STABILIZED = "ScaleUpStabilized"
-    SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
-    SCALE_UP_LIMIT = "ScaleUpLimit"
-    SCALE_DOWN_LIMIT = "ScaleDownLimit"
-    TOO_MANY_REPLICAS = "TooManyReplicas"
-    TOO_FEW_REPLICAS = "TooFewReplicas"
-    CAPACITY_COMING = "CapacityComing"
-    UNSCHEDULABLE = "Unschedulable"
-    SCALE_IN_UNSAFE = "ScaleInUnsafe"
-    GOODPUT_AWAITING_EVIDENCE = "GoodputAwaitingEvidence"
-    GOODPUT_NOT_IMPROVING = "GoodputNotImproving"
-    FROZEN = "Frozen"
 
 
 class Attainability(StrEnum):

@@ -29,13 +29,12 @@ from typing import Any, Literal
 
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
 from goodput.api.modelgroup import ClassFeasibilityStatus, ModelGroupStatus, Proposal, ScalingDecision
-from goodput.api.reasons import ConditionType, EventReason, Reason
+from goodput.api.reasons import ConditionType, EventReason, Guard, Reason
 from goodput.controllers.autoscale_model import (
     Decision,
     DecisionState,
     GoodputTrial,
     GroupState,
-    Guard,
     Mode,
     ModelGroupSnapshot,
     Recommendation,

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from goodput.api.reasons import Guard
 from goodput.controllers.autoscale_model import (
-    Guard,
     Recommendation,
     ScaleEvent,
     ScalingRules,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from goodput.api.reasons import Guard
 from goodput.controllers.autoscale_model import (
-    Guard,
     Recommendation,
     ScaleEvent,
     ScalingPolicy,

@@ -27,19 +27,18 @@ from test_autoscale_world import (
     world,
 )
 
+from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     Decision,
     DecisionState,
     GroupMetrics,
     GroupState,
-    Guard,
     MetricStaleness,
     Mode,
     ModelGroupSnapshot,
     RequestQueue,
     ScalingPolicy,
-    Signal,
     StaleMetricsAction,
 )
 from goodput.estimators.attainment import Histogram

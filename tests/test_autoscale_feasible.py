@@ -23,6 +23,7 @@ from test_autoscale_world import (
     world,
 )
 
+from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     ClassFeasibility,
@@ -30,10 +31,8 @@ from goodput.controllers.autoscale_model import (
     DecisionState,
     GroupMetrics,
     GroupObservation,
-    Guard,
     ModelGroupSnapshot,
     ScalingPolicy,
-    Signal,
     SloTargets,
 )
 from goodput.estimators.attainment import Histogram

@@ -25,6 +25,7 @@ from test_autoscale_world import (
     world,
 )
 
+from goodput.api.reasons import Guard
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     Decision,
@@ -33,7 +34,6 @@ from goodput.controllers.autoscale_model import (
     GoodputTrial,
     GroupMetrics,
     GroupState,
-    Guard,
     ModelGroupSnapshot,
     ScalingPolicy,
     Signals,

@@ -17,6 +17,7 @@ from test_autoscale_world import DEFAULT, PERMISSIVE, TTFT_BUCKETS, group, load,
 
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import GroupStatus, ModelGroupStatus
+from goodput.api.reasons import Guard
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     Attainability,
@@ -25,7 +26,6 @@ from goodput.controllers.autoscale_model import (
     DecisionState,
     GoodputTrial,
     GroupState,
-    Guard,
     Mode,
     Recommendation,
     ScaleEvent,
