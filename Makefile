@@ -6,7 +6,7 @@ export PYTHONSAFEPATH := 1
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-LAYERS := api estimators controllers operator simulator cluster
+LAYERS := api estimators controllers operator simulator cluster agent
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
 .PHONY: test demo demo-sim venv lint typecheck layers unit e2e binaries crds clean
