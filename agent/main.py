@@ -101,7 +101,10 @@ class Agent:
             self.config.checked_file.parent.mkdir(parents=True, exist_ok=True)
             self.config.checked_file.write_text(self.state.nccl.reason if self.state.nccl else "")
         while not self.stopped.is_set():
-            self.round()
+            try:
+                self.round()
+            except Exception:  # a source failing in a way not foreseen: log it, keep the agent up
+                log.exception("agent round failed; retrying in %gs", self.config.interval_seconds)
             self.stopped.wait(self.config.interval_seconds)
 
     def check_nccl(self) -> None:
