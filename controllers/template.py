@@ -19,6 +19,7 @@ from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
 from goodput.controllers import naming
 from goodput.controllers.agent_sidecar import agent_sidecar
 from goodput.controllers.groups import ReadinessRules
+from goodput.controllers.hardware import batch_limits
 from goodput.controllers.placement import (
     GroupShape,
     NodeInventory,
@@ -68,7 +69,7 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
     """agent_image: the operator's health-agent image; empty: no agent is injected."""
     spec = model_group.spec
     meta = model_group.metadata
-    limits = spec.batch_limits()
+    limits = batch_limits(spec)
     return GroupTemplate(
         model_group=meta.name or "",
         namespace=meta.namespace or "",
