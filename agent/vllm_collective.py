@@ -29,12 +29,16 @@ class VllmCollective:
         options: dict[str, Any] = {}
         if "store_timeout" in inspect.signature(create).parameters:
             options["store_timeout"] = int(spec.rendezvous_timeout_seconds)
+        self._communicator: Any = None
+        if spec.world_size == 1:
+            return  # one GPU: nothing to all-reduce with (vLLM disables its communicator too)
         self._group = create(
             host=spec.leader_host, port=spec.port, rank=spec.rank, world_size=spec.world_size, **options
         )
-        self._communicator: Any = PyNcclCommunicator(self._group, device=self._device)
-        if getattr(self._communicator, "disabled", False):
-            raise CollectiveError("vLLM's NCCL communicator is disabled (NCCL library not loaded)")
+        self._communicator = PyNcclCommunicator(self._group, device=self._device)
+        if getattr(self._communicator, "available", True) is False:
+            raise CollectiveError("vLLM's NCCL communicator could not load the NCCL library")
+        self._communicator.disabled = False  # vLLM up to 0.6.4 creates it disabled
 
     def all_reduce(self, size_bytes: int) -> float:
         torch = self._torch
@@ -43,7 +47,7 @@ class VllmCollective:
         )
         torch.cuda.synchronize(self._device)
         start = time.perf_counter()
-        result = self._communicator.all_reduce(tensor)
+        result = self._communicator.all_reduce(tensor) if self._communicator is not None else None
         torch.cuda.synchronize(self._device)
         elapsed = time.perf_counter() - start
         total = tensor if result is None else result  # older vLLM reduces in place and returns None
