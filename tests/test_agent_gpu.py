@@ -241,3 +241,23 @@ def test_the_nvml_backend_without_a_gpu_reports_nvml_unavailable() -> None:
     if reading.nvml_error is None:
         pytest.skip("an NVIDIA driver is present here; the GPU script covers the real backend")
     assert evaluate(reading, Allocation(1)).reason == Reason.NVML_UNAVAILABLE
+
+
+def test_the_metrics_carry_each_gpus_faults_and_the_worst_severity() -> None:
+    from goodput.agent.metrics import AgentMetrics
+
+    metrics = AgentMetrics()
+    backend = EmulatedBackend(gpus=2, nvlinks=3)
+    backend.inject(xids={1: (79, 48)}, dead_nvlinks={0: (2,)}, throttled={0: ("SwPowerCap",)})
+    reading = backend.read()
+    metrics.record_gpus(reading, evaluate(reading, Allocation(2)))
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("goodput_agent_gpu_severity") == 3
+    assert value("goodput_agent_gpus_visible") == 2
+    assert value("goodput_agent_gpu_critical_xids", gpu="1") == 2
+    assert value("goodput_agent_nvlinks_down", gpu="0") == 1
+    assert value("goodput_agent_gpu_throttled", gpu="0") == 1
+    assert value("goodput_agent_gpu_throttled", gpu="1") == 0
