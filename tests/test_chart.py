@@ -208,8 +208,13 @@ def test_every_object_carries_the_recommended_labels_and_namespaced_ones_the_rel
             assert labels["helm.sh/chart"] == "goodput-0.1.0"
             if obj["kind"] in cluster_scoped:
                 assert "namespace" not in obj["metadata"]
-            elif obj["kind"] not in {"Role", "RoleBinding", "KopfPeering"}:
+            elif obj["kind"] not in {"Role", "RoleBinding", "KopfPeering"} and not _is_agents(obj):
                 assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+def _is_agents(obj: Mapping[str, Any]) -> bool:
+    """The health agent's ServiceAccount lives where its pods run, beside the ModelGroups."""
+    return obj["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,11 +330,12 @@ def test_namespaced_rbac_grants_per_namespace_and_reads_only_nodes_cluster_wide(
 
 
 def test_every_binding_binds_the_operator_service_account_to_its_own_role(
-    defaults: Rendered, namespaced: Rendered
+    defaults: Rendered, namespaced: Rendered, all_features: Rendered
 ) -> None:
-    for rendered in (defaults, namespaced):
+    for rendered in (defaults, namespaced, all_features):
         roles = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]) for r in rendered.objects}
-        for binding in rendered.of_kind("ClusterRoleBinding") + rendered.of_kind("RoleBinding"):
+        bindings = rendered.of_kind("ClusterRoleBinding") + rendered.of_kind("RoleBinding")
+        for binding in [b for b in bindings if not _is_agents(b)]:
             assert binding["subjects"] == [
                 {"kind": "ServiceAccount", "name": "goodput", "namespace": NAMESPACE}
             ]

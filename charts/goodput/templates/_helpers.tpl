@@ -98,4 +98,12 @@ point ("2.5", "1.0", "2560.0"), so the rules match the series exactly.
 {{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) }}
 {{- fail "watchNamespaces lists a namespace more than once" }}
 {{- end }}
+{{- if and .Values.agent.enabled (not (include "goodput.agentNamespaces" . | fromJsonArray)) }}
+{{- fail "agent.enabled needs the namespaces that run ModelGroups: set agent.namespaces (or watchNamespaces)" }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces that get the health agent's ServiceAccount and Role, as a JSON array. */}}
+{{- define "goodput.agentNamespaces" -}}
+{{- default .Values.watchNamespaces .Values.agent.namespaces | uniq | toJson }}
 {{- end }}
