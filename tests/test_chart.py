@@ -330,12 +330,11 @@ def test_namespaced_rbac_grants_per_namespace_and_reads_only_nodes_cluster_wide(
 
 
 def test_every_binding_binds_the_operator_service_account_to_its_own_role(
-    defaults: Rendered, namespaced: Rendered, all_features: Rendered
+    defaults: Rendered, namespaced: Rendered
 ) -> None:
-    for rendered in (defaults, namespaced, all_features):
+    for rendered in (defaults, namespaced):
         roles = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]) for r in rendered.objects}
-        bindings = rendered.of_kind("ClusterRoleBinding") + rendered.of_kind("RoleBinding")
-        for binding in [b for b in bindings if not _is_agents(b)]:
+        for binding in rendered.of_kind("ClusterRoleBinding") + rendered.of_kind("RoleBinding"):
             assert binding["subjects"] == [
                 {"kind": "ServiceAccount", "name": "goodput", "namespace": NAMESPACE}
             ]
