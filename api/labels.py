@@ -21,6 +21,21 @@ LEADER_RANK: Final = "0"
 GROUP_READY_CONDITION: Final = f"{GROUP}/group-ready"
 """Pod readiness gate: True on every rank at once when the whole group is ready, False to drain."""
 
+# Written by the in-pod health agent (goodput.agent) on its own pod; read by the group controller.
+NCCL_HEALTHY_CONDITION: Final = f"{GROUP}/NCCLHealthy"
+"""Pod condition: an all-reduce across the group's ranks passed (True) or hung, failed or was far too
+slow (False); the message carries the measured latency and bus bandwidth."""
+GPU_HEALTHY_CONDITION: Final = f"{GROUP}/GPUHealthy"
+"""Pod condition: the pod's GPUs show no fault that needs a reset (True; throttling is reported in
+the reason and message), a critical fault (False), or no evidence could be read (Unknown)."""
+ENGINE_HEALTHY_CONDITION: Final = f"{GROUP}/EngineHealthy"
+"""Pod condition: the engine makes token progress while it has requests running (True), or it has
+held requests without progress for longer than the agent's bound (False)."""
+MODEL_REVISION_ANNOTATION: Final = f"{GROUP}/model-revision"
+"""Pod annotation: the model revision the rank's engine loaded, as evidenced by the agent."""
+NCCL_CHECK_REQUEST_ANNOTATION: Final = f"{GROUP}/nccl-check-requested"
+"""Pod annotation: set (to any new value, e.g. a timestamp) to make the agent re-run the NCCL check."""
+
 
 def leader_label_selector(model_group: str) -> str:
     """`status.labelSelector` of a ModelGroup: its groups' leader pods, one pod per group.

@@ -371,6 +371,9 @@ def assess_group(name: str, pods: Iterable[PodView], world: World) -> Assessment
         if rules.nccl_required and pod.nccl_healthy is not None and pod.nccl_healthy.status == "False":
             detail = f": {pod.nccl_healthy.message}" if pod.nccl_healthy.message else ""
             return failed(Reason.NCCL_UNHEALTHY, f"rank {pod.rank} ({pod.name}) lost NCCL health{detail}")
+        agent_fault = _agent_fault(pod)
+        if agent_fault is not None:
+            return failed(*agent_fault)
 
     gated = any(pod.gated for pod in live)
     if gated or not all(pod.node_name for pod in live):
@@ -893,3 +896,19 @@ def _seconds(start: datetime, end: datetime) -> float:
 
 def _ranks(ranks: Iterable[int]) -> str:
     return ", ".join(str(rank) for rank in ranks)
+
+
+def _agent_fault(pod: PodView) -> tuple[str, str] | None:
+    """A critical GPU fault or a hung engine that the rank's health agent reported, as (reason,
+    message); any one rank's fault fails the whole group, which is then replaced."""
+    if pod.gpu_healthy is not None and pod.gpu_healthy.status == "False":
+        return (
+            Reason.GPU_UNHEALTHY,
+            f"rank {pod.rank} ({pod.name}) has a GPU fault: {pod.gpu_healthy.message}",
+        )
+    if pod.engine_healthy is not None and pod.engine_healthy.status == "False":
+        return (
+            Reason.ENGINE_UNHEALTHY,
+            f"rank {pod.rank} ({pod.name}) engine hung: {pod.engine_healthy.message}",
+        )
+    return None

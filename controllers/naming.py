@@ -35,7 +35,9 @@ ANNOTATION_DRAINING_SINCE: Final = f"{DOMAIN}/draining-since"
 # Leader annotation: what a drain has established (its baseline counters, when routing stopped).
 ANNOTATION_DRAIN_PROGRESS: Final = f"{DOMAIN}/drain-progress"
 # Pod annotation written by the in-pod health agent: the model revision the rank loaded.
-ANNOTATION_MODEL_REVISION: Final = f"{DOMAIN}/model-revision"
+ANNOTATION_MODEL_REVISION: Final = labels.MODEL_REVISION_ANNOTATION
+# Pod annotation an operator or a user sets to make the health agent re-run its NCCL check.
+ANNOTATION_NCCL_CHECK_REQUEST: Final = labels.NCCL_CHECK_REQUEST_ANNOTATION
 
 # ModelGroup annotations: state that must survive an operator restart.
 ANNOTATION_GROUP_COUNTER: Final = f"{DOMAIN}/group-counter"
@@ -46,7 +48,10 @@ SCHEDULING_GATE: Final = f"{DOMAIN}/gang"
 # Readiness gate on every pod; the operator sets it on all ranks at once.
 CONDITION_GROUP_READY: Final = labels.GROUP_READY_CONDITION
 # Pod condition set by the in-pod health agent after an all-reduce across the group's ranks.
-CONDITION_NCCL_HEALTHY: Final = f"{DOMAIN}/NCCLHealthy"
+CONDITION_NCCL_HEALTHY: Final = labels.NCCL_HEALTHY_CONDITION
+# Pod conditions set by the health agent: a critical GPU fault, a hung engine (False fails the group).
+CONDITION_GPU_HEALTHY: Final = labels.GPU_HEALTHY_CONDITION
+CONDITION_ENGINE_HEALTHY: Final = labels.ENGINE_HEALTHY_CONDITION
 
 GPU_RESOURCE: Final = modelgroup.GPU_RESOURCE
 MODEL_GROUP_API_VERSION: Final = API_VERSION

@@ -53,6 +53,10 @@ class PodView:
     nccl_healthy: ConditionView | None
     reported_model_revision: str | None
     drain_progress: DrainProgress | None = None
+    gpu_healthy: ConditionView | None = None
+    """Written by the in-pod health agent; False is a critical GPU fault."""
+    engine_healthy: ConditionView | None = None
+    """Written by the in-pod health agent; False is an engine holding requests without progress."""
 
     @property
     def terminated(self) -> bool:
@@ -169,6 +173,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         nccl_healthy=_condition(conditions.get(naming.CONDITION_NCCL_HEALTHY)),
         reported_model_revision=annotations.get(naming.ANNOTATION_MODEL_REVISION),
         drain_progress=parse_progress(annotations.get(naming.ANNOTATION_DRAIN_PROGRESS)),
+        gpu_healthy=_condition(conditions.get(naming.CONDITION_GPU_HEALTHY)),
+        engine_healthy=_condition(conditions.get(naming.CONDITION_ENGINE_HEALTHY)),
     )
 
 

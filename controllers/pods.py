@@ -22,6 +22,7 @@ from typing import Any, Literal
 from goodput.api.base import wire_dict
 from goodput.api.modelgroup import Toleration
 from goodput.controllers import naming
+from goodput.controllers.agent_sidecar import AgentRank, AgentSidecar, add_agent
 
 # torch.distributed rendezvous port of vLLM's multi-node launch (vLLM's default).
 MASTER_PORT = 29501
@@ -70,6 +71,9 @@ class GroupTemplate:
     node_selector: tuple[tuple[str, str], ...] = ()
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    agent: AgentSidecar | None = None
+    """The health agent injected into every rank; None: not injected (no NCCL check required, or
+    the operator has no agent image)."""
 
     @property
     def pods_per_group(self) -> int:
@@ -83,6 +87,8 @@ class GroupTemplate:
     def revision(self) -> str:
         """A short hash of every field that shapes a pod: pods of an older revision are outdated."""
         shaping = {name: getattr(self, name) for name in self.__slots__ if name not in ("uid",)}
+        if self.agent is None:
+            del shaping["agent"]  # templates without the agent keep the revision they always had
         canonical = json.dumps(shaping, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
@@ -233,6 +239,7 @@ def _render_pod(
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
     }
+    spec = add_agent(spec, template.agent, _agent_rank(template, rank, leader_address))
     if template.node_selector:
         spec["nodeSelector"] = dict(template.node_selector)
     if template.tolerations:
@@ -249,6 +256,18 @@ def _render_pod(
         },
         "spec": spec,
     }
+
+
+def _agent_rank(template: GroupTemplate, rank: int, leader_address: str | None) -> AgentRank:
+    return AgentRank(
+        rank=rank,
+        pods_per_group=template.pods_per_group,
+        gpus_per_pod=template.gpus_per_pod,
+        model=template.model,
+        model_revision=template.model_revision,
+        engine_port=template.port,
+        leader_address=leader_address,
+    )
 
 
 def _domain_affinity(template: GroupTemplate, domain: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
 from goodput.controllers import naming
+from goodput.controllers.agent_sidecar import agent_sidecar
 from goodput.controllers.groups import ReadinessRules
 from goodput.controllers.hardware import batch_limits
 from goodput.controllers.placement import (
@@ -64,7 +65,8 @@ def describe_validation_error(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def group_template(model_group: ModelGroup) -> GroupTemplate:
+def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTemplate:
+    """agent_image: the operator's health-agent image; empty: no agent is injected."""
     spec = model_group.spec
     meta = model_group.metadata
     limits = batch_limits(spec)
@@ -92,6 +94,7 @@ def group_template(model_group: ModelGroup) -> GroupTemplate:
         node_selector=tuple((term.key, term.value) for term in spec.placement.node_selector),
         max_num_seqs=limits[0] if limits else None,
         max_num_batched_tokens=limits[1] if limits else None,
+        agent=agent_sidecar(spec, agent_image),
     )
 
 

@@ -497,3 +497,48 @@ def test_a_modelgroups_groups_turn_ready_through_the_emulator_serve_load_and_dra
         describe="the drained leader's port closed",
     )
     assert health(survivor["status"]["podIP"]) == 200
+
+
+def test_a_critical_gpu_xid_reported_by_the_agent_takes_the_group_out_and_a_replacement_serves(
+    cluster: LocalCluster, namespace: str, emulator: Emulator, operator: Operator
+) -> None:
+    """The emulator publishes GPUHealthy through the health agent's own emulated backend and verdict;
+    an XID 79 injected on a serving rank fails its group, which the operator replaces."""
+    body = json.loads(json.dumps(MODEL_GROUP))
+    body["spec"]["replicas"] = 1
+    apply(cluster, namespace, body)
+    path = f"/apis/goodput.dev/v1alpha1/namespaces/{namespace}/modelgroups/{SERVED}"
+
+    def ready_groups() -> list[str]:
+        current = cluster.api.get(path).get("status") or {}
+        return [g["name"] for g in current.get("groups") or () if g.get("state") == "Ready"]
+
+    def describe() -> str:
+        return (
+            f"status {cluster.api.get(path).get('status')}\nemulator log:\n"
+            + "\n".join(emulator.log[-20:])
+            + f"\noperator log:\n{operator.log_tail()}"
+        )
+
+    wait_for(lambda: len(ready_groups()) == 1, timeout_seconds=120, describe=describe)
+    (first,) = ready_groups()
+    (victim,) = (name for name, pod in pods(cluster, namespace).items() if f"-{first}-" in name)
+    assert condition_status(pods(cluster, namespace)[victim], "goodput.dev/GPUHealthy") == "True"
+
+    cluster.kubectl(
+        "annotate", "pod", victim, "-n", namespace, 'sim.goodput.dev/gpu-faults={"xids": {"0": [79]}}'
+    )
+
+    wait_for(
+        lambda: (
+            victim not in pods(cluster, namespace)
+            or pods(cluster, namespace)[victim]["metadata"].get("deletionTimestamp")
+        ),
+        timeout_seconds=60,
+        describe=describe,
+    )
+    wait_for(
+        lambda: len(ready_groups()) == 1 and ready_groups() != [first], timeout_seconds=120, describe=describe
+    )
+    failures = cluster.api.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector=reason%3DGroupFailed")
+    assert any("critical XID 79" in event["message"] for event in failures["items"]), failures["items"]

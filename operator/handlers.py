@@ -490,7 +490,7 @@ class ModelGroupLoop:
     ) -> World:
         spec = model_group.spec
         settings = self.runtime.settings
-        template = group_template(model_group)
+        template = group_template(model_group, settings.agent_image)
         observed = list(self.indexes.group_pods.get((self.namespace, self.name), ()))
         pods, self.expectations = overlay(observed, self.expectations, now)
         claims = self.runtime.gpu_claims(self.indexes.gpu_claims.get("cluster", ()))

@@ -69,6 +69,10 @@ class Settings:
     """Series label holding the pod's group (from pod label goodput.dev/group)."""
     autoscaler_state_refresh_seconds: float = 60.0
     """Longest the persisted decision state may lag while nothing in it changes."""
+    agent_image: str = ""
+    """Image of the GPU and NCCL health agent, injected as a sidecar into every rank of a ModelGroup
+    whose readiness requires the NCCL check; empty: no agent is injected (its conditions must then
+    come from elsewhere, or the ModelGroup sets `ncclCheck: Skip`)."""
 
     @classmethod
     def from_sources(cls, flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:

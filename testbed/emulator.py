@@ -13,6 +13,9 @@ containers would do:
 - Deletion: a pod with a deletionTimestamp gets SIGTERM after its preStop sleep: the server drains
   for the pod's `--shutdown-timeout` and aborts the rest (emulator_server). The server outlives
   the pod object if the fake kubelet removes the object earlier than vLLM would exit.
+- Every rank: the health agent's GPU check (goodput.agent's emulated backend and its verdict), as
+  the pod condition `goodput.dev/GPUHealthy`, once loaded; faults are injected through the
+  annotation `sim.goodput.dev/gpu-faults` (the agent's JSON faults, e.g. `{"xids": {"0": [79]}}`).
 - Faults (`sim.goodput.dev/fault`): `engine-death` (leader: /health 503, then the listener closes;
   removing the annotation restarts the engine, which loads again), `hang` (leader: health 200, no
   tokens until the annotation goes), `nccl-failure` (that rank's NCCLHealthy turns False).
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import re
@@ -37,9 +41,15 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from goodput.agent import report as agent_report
+from goodput.agent.emulated import EmulatedBackend, faults_from_json
+from goodput.agent.gpu import Allocation
+from goodput.agent.gpu import evaluate as evaluate_gpus
+from goodput.agent.publish import PodCondition
 from goodput.api.modelgroup import ModelGroupSpec
 from goodput.controllers import naming
 from goodput.controllers.hardware import catalog_model_key, gpu_spec, model_shape
+from goodput.controllers.observation import pod_gpus
 from goodput.estimators.service_time import (
     GPUS,
     H100_80G,
@@ -64,6 +74,7 @@ log = logging.getLogger(__name__)
 ANNOTATION_LOAD_SECONDS = "sim.goodput.dev/load-seconds"
 ANNOTATION_NCCL_CHECK_SECONDS = "sim.goodput.dev/nccl-check-seconds"
 ANNOTATION_FAULT = "sim.goodput.dev/fault"
+ANNOTATION_GPU_FAULTS = "sim.goodput.dev/gpu-faults"
 FAULT_ENGINE_DEATH = "engine-death"
 FAULT_HANG = "hang"
 FAULT_NCCL_FAILURE = "nccl-failure"
@@ -170,6 +181,11 @@ class EmulatedPod:
     fault: str | None = None
     nccl_status: str | None = None
     reported_revision: str | None = None
+    gpus: int = 1
+    gpu_faults: str | None = None
+    """The `sim.goodput.dev/gpu-faults` annotation: the agent's emulated faults, as JSON."""
+    gpu_condition: tuple[str, str] | None = None
+    """(status, reason) of the pod's GPUHealthy condition as last seen."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -201,6 +217,7 @@ def parse_pod(
     container = next((c for c in containers if c.get("name") == CONTAINER_NAME), containers[0])
     conditions = {c.get("type"): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
     nccl = conditions.get(naming.CONDITION_NCCL_HEALTHY) or {}
+    gpu = conditions.get(naming.CONDITION_GPU_HEALTHY)
     fault = str(annotations.get(ANNOTATION_FAULT) or "").strip() or None
     return EmulatedPod(
         namespace=str(metadata.get("namespace", "")),
@@ -222,6 +239,9 @@ def parse_pod(
         fault=fault,
         nccl_status=nccl.get("status"),
         reported_revision=annotations.get(naming.ANNOTATION_MODEL_REVISION),
+        gpus=pod_gpus(manifest) or 1,
+        gpu_faults=annotations.get(ANNOTATION_GPU_FAULTS),
+        gpu_condition=(str(gpu.get("status")), str(gpu.get("reason"))) if gpu else None,
     )
 
 
@@ -253,6 +273,8 @@ class PodPlan:
     """Annotation value to write (None: nothing to write)."""
     report_nccl: NcclReport | None = None
     """Condition to write (None: nothing to write)."""
+    report_gpu: PodCondition | None = None
+    """GPUHealthy condition to write (None: nothing to write)."""
     wake_at: float | None = None
 
 
@@ -276,9 +298,12 @@ def plan_pod(
         wakes.append(loaded_at)
     report_revision = None
     report_nccl = None
+    report_gpu = None
     if health_agent and now >= pod.started_at + pod.load_seconds:
         if pod.vllm.revision and pod.reported_revision != pod.vllm.revision:
             report_revision = pod.vllm.revision
+        gpu = agent_gpu_condition(pod)
+        report_gpu = gpu if pod.gpu_condition != (gpu.status, gpu.reason) else None
         checked_at = pod.started_at + pod.load_seconds + pod.nccl_check_seconds
         if now >= checked_at:
             wanted = NCCL_FAILED if pod.fault == FAULT_NCCL_FAILURE else NCCL_HEALTHY
@@ -294,8 +319,22 @@ def plan_pod(
         hung=pod.leader and pod.fault == FAULT_HANG,
         report_revision=report_revision,
         report_nccl=report_nccl,
+        report_gpu=report_gpu,
         wake_at=min(wakes) if wakes else None,
     )
+
+
+def agent_gpu_condition(pod: EmulatedPod) -> PodCondition:
+    """What the health agent in this pod publishes about its GPUs: its emulated backend with the
+    pod's injected faults, judged by the agent's own rule. Faults that do not parse are reported as
+    missing evidence (Unknown), as the agent reports an unreadable NVML."""
+    backend = EmulatedBackend(pod.gpus)
+    if pod.gpu_faults:
+        try:
+            backend.set_faults(faults_from_json(json.loads(pod.gpu_faults)))
+        except ValueError as error:
+            backend.inject(nvml_error=f"emulated faults ({ANNOTATION_GPU_FAULTS}) unreadable: {error}")
+    return agent_report.gpu_condition(evaluate_gpus(backend.read(), Allocation(pod.gpus)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,7 +468,7 @@ class FleetEmulator:
         self._on_listen = on_listen
         self._pods: dict[tuple[str, str], EmulatedPod] = {}
         self._leaders: dict[tuple[str, str], _Leader] = {}
-        self._reported: dict[tuple[str, str], tuple[str | None, str | None]] = {}
+        self._reported: dict[tuple[str, str], tuple[str | None, str | None, tuple[str, str] | None]] = {}
         self._retired: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         """Set by the watch when a pod changed: the reconcile loop runs at once instead of at its tick."""
@@ -575,12 +614,14 @@ class FleetEmulator:
 
     async def _report(self, pod: EmulatedPod, plan: PodPlan) -> None:
         """Publish what the health agent would, once per change (the watch then shows it)."""
-        written_revision, written_nccl = self._reported.get(pod.key, (None, None))
+        written_revision, written_nccl, written_gpu = self._reported.get(pod.key, (None, None, None))
         # Once the watch shows what was written, forget it: a later change by anyone is reported again.
         if pod.reported_revision == written_revision:
             written_revision = None
         if pod.nccl_status == written_nccl:
             written_nccl = None
+        if pod.gpu_condition == written_gpu:
+            written_gpu = None
         base = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
         try:
             if plan.report_revision is not None and plan.report_revision != written_revision:
@@ -600,12 +641,25 @@ class FleetEmulator:
                     f"{base}/status", {"status": {"conditions": [condition]}}, STRATEGIC_MERGE_PATCH
                 )
                 written_nccl = report.status
+            gpu = plan.report_gpu
+            if gpu is not None and (gpu.status, gpu.reason) != written_gpu:
+                condition = {
+                    "type": gpu.type,
+                    "status": gpu.status,
+                    "reason": gpu.reason,
+                    "message": gpu.message,
+                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+                await self._kube.patch(
+                    f"{base}/status", {"status": {"conditions": [condition]}}, STRATEGIC_MERGE_PATCH
+                )
+                written_gpu = (gpu.status, gpu.reason)
         except KubeRequestError as error:
             if error.status != 404:
                 log.warning("%s/%s: health report failed: %s", pod.namespace, pod.name, error)
         except (aiohttp.ClientError, TimeoutError) as error:
             log.warning("%s/%s: health report failed: %r", pod.namespace, pod.name, error)
-        self._reported[pod.key] = (written_revision, written_nccl)
+        self._reported[pod.key] = (written_revision, written_nccl, written_gpu)
 
     async def _reconcile_leader(self, pod: EmulatedPod, plan: PodPlan, now: float) -> None:
         leader = self._leaders.get(pod.key)

@@ -208,8 +208,13 @@ def test_every_object_carries_the_recommended_labels_and_namespaced_ones_the_rel
             assert labels["helm.sh/chart"] == "goodput-0.1.0"
             if obj["kind"] in cluster_scoped:
                 assert "namespace" not in obj["metadata"]
-            elif obj["kind"] not in {"Role", "RoleBinding", "KopfPeering"}:
+            elif obj["kind"] not in {"Role", "RoleBinding", "KopfPeering"} and not _is_agents(obj):
                 assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+def _is_agents(obj: Mapping[str, Any]) -> bool:
+    """The health agent's ServiceAccount lives where its pods run, beside the ModelGroups."""
+    return obj["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
 
 
 @dataclass(frozen=True, slots=True)

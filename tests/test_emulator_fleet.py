@@ -163,7 +163,13 @@ def test_a_leader_serves_after_its_load_and_every_rank_reports_health() -> None:
                 ("mg-g0-1", MERGE_PATCH),
                 ("status", STRATEGIC_MERGE_PATCH),
             }
-            assert len(kube.patches) == 4, "each report is written once"
+            for name in ("mg-g0-0", "mg-g0-1"):
+                await eventually(
+                    lambda n=name: _true(kube.conditions(n).get(naming.CONDITION_GPU_HEALTHY) == "True"),
+                    f"GPUHealthy on {name}",
+                )
+            # Per rank: the revision annotation, NCCLHealthy and GPUHealthy.
+            assert len(kube.patches) == 6, "each report is written once"
             kube.update(
                 "ns",
                 "mg-g0-1",

@@ -20,6 +20,7 @@ from goodput.controllers.pods import render_group
 from goodput.controllers.template import group_template
 from goodput.estimators.service_time import A100_80G, H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B, StepCostModel
 from goodput.testbed.emulator import (
+    ANNOTATION_GPU_FAULTS,
     NCCL_FAILED,
     NCCL_HEALTHY,
     EmulatedPod,
@@ -218,6 +219,8 @@ LEADER = EmulatedPod(
     started_at=100.0,
     load_seconds=5.0,
     nccl_check_seconds=1.0,
+    # The GPU check already published healthy: cases below are about what changes.
+    gpu_condition=("True", "GpuHealthy"),
 )
 FOLLOWER = replace(LEADER, name="mg-g0-1", rank=1, pod_ip="10.200.0.10")
 PLAN_CASES = [
@@ -295,6 +298,78 @@ PLAN_CASES = [
 def test_each_pod_is_planned_as_its_vllm_and_health_agent_would_behave(case: PlanCase) -> None:
     plan = plan_pod(case.pod, case.now, health_agent=case.health_agent, restarted_at=case.restarted_at)
     assert plan == case.expected
+
+
+LOADED = replace(LEADER, reported_revision="abc123", nccl_status="True", gpus=4)
+
+
+@pytest.mark.parametrize(
+    ("pod", "status", "reason", "words"),
+    [
+        (replace(LOADED, gpu_condition=None), "True", "GpuHealthy", "no GPU fault"),
+        (
+            replace(LOADED, gpu_faults='{"xids": {"2": [79]}}'),
+            "False",
+            "GpuXidCritical",
+            "GPU 2: critical XID 79",
+        ),
+        (replace(LOADED, gpu_faults='{"missing": [3]}'), "False", "GpuAllocationMismatch", "sees 3 GPU(s)"),
+        (
+            replace(LOADED, gpu_faults='{"throttled": {"0": ["HwThermalSlowdown"]}}'),
+            "True",
+            "GpuThrottled",
+            "GPU 0",
+        ),
+        (replace(LOADED, gpu_faults='{"xid": 79}'), "Unknown", "NvmlUnavailable", "unknown field(s) xid"),
+        (replace(LOADED, gpu_faults="not json"), "Unknown", "NvmlUnavailable", "unreadable"),
+    ],
+    ids=["first-report", "critical-xid", "a-gpu-disappears", "throttling-warns", "bad-field", "bad-json"],
+)
+def test_each_rank_publishes_the_agents_gpu_verdict_on_its_injected_faults(
+    pod: EmulatedPod, status: str, reason: str, words: str
+) -> None:
+    plan = plan_pod(pod, 500.0)
+
+    assert plan.report_gpu is not None
+    assert (plan.report_gpu.type, plan.report_gpu.status, plan.report_gpu.reason) == (
+        naming.CONDITION_GPU_HEALTHY,
+        status,
+        reason,
+    )
+    assert words in plan.report_gpu.message
+
+
+def test_a_gpu_verdict_already_published_is_not_written_again() -> None:
+    faulty = replace(
+        LOADED, gpu_faults='{"ecc_uncorrectable": {"1": 2}}', gpu_condition=("False", "GpuEccUncorrectable")
+    )
+
+    assert plan_pod(faulty, 500.0).report_gpu is None
+    assert plan_pod(replace(faulty, gpu_faults=None), 500.0).report_gpu is not None  # the fault cleared
+
+
+def test_the_gpu_faults_annotation_and_gpu_count_are_read_from_the_pod() -> None:
+    manifest = {
+        "metadata": {
+            "name": "mg-g0-0",
+            "namespace": "ns",
+            "labels": {naming.LABEL_MODEL_GROUP: "mg", naming.LABEL_GROUP: "g0", naming.LABEL_RANK: "0"},
+            "annotations": {ANNOTATION_GPU_FAULTS: '{"xids": {"0": [48]}}'},
+        },
+        "spec": {"containers": [{"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+        "status": {
+            "conditions": [{"type": naming.CONDITION_GPU_HEALTHY, "status": "True", "reason": "GpuHealthy"}]
+        },
+    }
+
+    pod = parse_pod(manifest)
+
+    assert pod is not None
+    assert (pod.gpus, pod.gpu_faults, pod.gpu_condition) == (
+        8,
+        '{"xids": {"0": [48]}}',
+        ("True", "GpuHealthy"),
+    )
 
 
 def test_the_samples_profile_and_flags_set_the_engine() -> None:

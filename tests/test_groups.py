@@ -293,6 +293,45 @@ LIFECYCLE = [
         reason=Reason.NCCL_UNHEALTHY,
     ),
     LifecycleCase(
+        "a critical GPU fault on one rank fails the whole group",
+        world(
+            [
+                pod("g0", 0, "ready"),
+                pod("g0", 1, "ready", gpu_healthy=condition("False", NOW, "GPU 3: critical XID 79")),
+            ],
+            desired=1,
+        ),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+        reason=Reason.GPU_UNHEALTHY,
+    ),
+    LifecycleCase(
+        "a GPU warning or missing GPU evidence does not fail the group",
+        world(
+            [
+                pod("g0", 0, "ready", gpu_healthy=condition("True", NOW, "GPU 0: clocks throttled")),
+                pod("g0", 1, "ready", gpu_healthy=condition("Unknown", NOW, "NVML unavailable")),
+            ],
+            desired=1,
+        ),
+        states={"g0": "Ready"},
+    ),
+    LifecycleCase(
+        "a hung engine fails the group",
+        world(
+            [
+                pod("g0", 0, "ready", engine_healthy=condition("False", NOW, "no token for 300s")),
+                pod("g0", 1, "ready"),
+            ],
+            desired=1,
+        ),
+        states={"g0": "Failed", "g1": "Placing"},
+        created=["g1"],
+        deleted=["g0"],
+        reason=Reason.ENGINE_UNHEALTHY,
+    ),
+    LifecycleCase(
         "a rank on a node that is not ready fails the group",
         world(group("g0", "ready"), desired=1, ready_nodes=frozenset({"a-0"})),
         states={"g0": "Failed", "g1": "Placing"},

@@ -78,6 +78,30 @@ def test_a_running_rank_is_read_with_its_conditions() -> None:
     assert view.topology_domain == "clique-a"
 
 
+def test_the_health_agents_gpu_and_engine_conditions_are_read() -> None:
+    view = parse_pod(
+        raw_pod(
+            phase="Running",
+            conditions=[
+                {
+                    "type": naming.CONDITION_GPU_HEALTHY,
+                    "status": "False",
+                    "reason": "GpuXidCritical",
+                    "message": "GPU 3: critical XID 79",
+                    "lastTransitionTime": "2026-03-01T11:59:40Z",
+                },
+                {"type": naming.CONDITION_ENGINE_HEALTHY, "status": "True", "reason": "EngineProgressing"},
+            ],
+        )
+    )
+
+    assert view is not None
+    assert view.gpu_healthy == ConditionView(
+        "False", "GpuXidCritical", "GPU 3: critical XID 79", datetime(2026, 3, 1, 11, 59, 40, tzinfo=UTC)
+    )
+    assert view.engine_healthy is not None and view.engine_healthy.status == "True"
+
+
 def test_pods_without_our_identity_are_not_ours() -> None:
     pod = raw_pod()
     del pod["metadata"]["labels"][naming.LABEL_RANK]

@@ -101,6 +101,9 @@ point ("2.5", "1.0", "2560.0"), so the rules match the series exactly.
 {{- if and .Values.gateway.enabled (not .Values.gateway.modelGroup) }}
 {{- fail "gateway.enabled needs gateway.modelGroup: the ModelGroup the gateway serves" }}
 {{- end }}
+{{- if and .Values.agent.enabled (not (include "goodput.agentNamespaces" . | fromJsonArray)) }}
+{{- fail "agent.enabled needs the namespaces that run ModelGroups: set agent.namespaces (or watchNamespaces)" }}
+{{- end }}
 {{- end }}
 
 {{/* The gateway's object names, labels and selector. */}}
@@ -117,4 +120,9 @@ app.kubernetes.io/component: gateway
 {{/* The namespace of the ModelGroup the gateway serves. */}}
 {{- define "goodput.gateway.namespace" -}}
 {{- default .Release.Namespace .Values.gateway.namespace }}
+{{- end }}
+
+{{/* The namespaces that get the health agent's ServiceAccount and Role, as a JSON array. */}}
+{{- define "goodput.agentNamespaces" -}}
+{{- default .Values.watchNamespaces .Values.agent.namespaces | uniq | toJson }}
 {{- end }}
