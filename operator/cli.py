@@ -17,6 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("goodput.cluster.cli", "a local control plane with fake GPU nodes (up|down|status|env)"),
     "simulate": ("goodput.simulator.cli_simulate", "replay a trace through a simulated vLLM fleet"),
     "bench": ("goodput.simulator.cli_bench", "compare scaling policies on one trace and seed"),
+    "envelope": (
+        "goodput.simulator.cli_envelope",
+        "measure a ModelGroup's capacity envelope on a trace; print the profile block",
+    ),
     "run": ("goodput.operator.main", "run the operator against the current kubeconfig"),
     "demo": ("goodput.operator.cmd_demo", "the whole loop on a local cluster under a replayed trace"),
     "explain": (

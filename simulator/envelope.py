@@ -7,7 +7,7 @@ the workload's *feasible* requests (those whose zero-load floors fit their class
 attainment falls below its goal; C is the work rate per group it sustained (what a ModelGroup's
 `profile.capacityWorkSecondsPerSecond` records). Infeasible requests are left out because no number
 of groups serves them in time: with them in, the search would step down until a sample happened to
-hold none, and report a floor. When no rate meets the SLO the search raises `EnvelopeNotFound`
+hold none, and report a floor. When no rate meets the SLO the search raises `EnvelopeNotFoundError`
 saying which class reached which attainment at which rates.
 """
 
@@ -89,7 +89,7 @@ def trial_workload(workload: Workload, rate_per_second: float, trial_seconds: fl
     return replace(cut, arrival_seconds=cut.arrival_seconds - offset)
 
 
-class EnvelopeNotFound(ValueError):
+class EnvelopeNotFoundError(ValueError):
     """No rate at which the fleet meets the SLO: the reason names the class, the attainment it reached
     and the rates that were tried (never a floor returned in silence)."""
 
@@ -141,6 +141,7 @@ def _trial(
     workload: Workload,
     classes: Sequence[ClassTargets],
     rate_per_group: float,
+    *,
     search: EnvelopeSearch,
     seed: int,
 ) -> EnvelopeTrial:
@@ -155,7 +156,9 @@ def _trial(
         sample = trial_workload(workload, rate_per_group * search.groups, search.trial_seconds, seed + repeat)
         if len(sample) == 0:
             continue
-        config = SimulationConfig(fleet=fleet, seed=seed + repeat, initial_groups=search.groups, tail_seconds=300.0)
+        config = SimulationConfig(
+            fleet=fleet, seed=seed + repeat, initial_groups=search.groups, tail_seconds=300.0
+        )
         result = simulate(sample, config, FixedFleet(search.groups))
         verdicts = judge(result, tuple(classes))
         index = sample.class_index if sample.class_index is not None else np.zeros(len(sample), np.int64)
@@ -170,18 +173,24 @@ def _trial(
 
 
 def _too_thin(trial: EnvelopeTrial, search: EnvelopeSearch) -> bool:
-    return any(0 < offered < search.min_requests_per_class for offered in trial.offered) or trial.requests == 0
+    return (
+        any(0 < offered < search.min_requests_per_class for offered in trial.offered) or trial.requests == 0
+    )
 
 
-def _not_found(trials: Sequence[EnvelopeTrial], classes: Sequence[ClassTargets], why: str) -> EnvelopeNotFound:
+def _not_found(
+    trials: Sequence[EnvelopeTrial], classes: Sequence[ClassTargets], why: str
+) -> EnvelopeNotFoundError:
     lowest = min(trials, key=lambda trial: trial.rate_per_group)
     failing = [
         f"{targets.name} reached {lowest.attainment(number):.3f} against attainment {targets.attainment:g}"
         for number, targets in enumerate(classes)
         if lowest.offered[number] and lowest.attainment(number) < targets.attainment
     ]
-    tried = ", ".join(f"{trial.rate_per_group:.3g}" for trial in sorted(trials, key=lambda t: t.rate_per_group))
-    return EnvelopeNotFound(
+    tried = ", ".join(
+        f"{trial.rate_per_group:.3g}" for trial in sorted(trials, key=lambda t: t.rate_per_group)
+    )
+    return EnvelopeNotFoundError(
         f"no capacity envelope: {why}; at the lowest rate ({lowest.rate_per_group:.3g} req/s per group, "
         f"{lowest.requests} requests) {'; '.join(failing) or 'every class passed'}; rates tried per group: "
         f"{tried}"
@@ -208,20 +217,26 @@ def measure_envelope(
     rather than report a figure no trial supports.
     """
     if len(workload) == 0:
-        raise EnvelopeNotFound("no capacity envelope: the workload holds no feasible request")
-    trial_fleet = replace(fleet, min_groups=search.groups, max_groups=search.groups, failure_rate_per_group_hour=0.0,
-                          scheduled_failures_seconds=())
+        raise EnvelopeNotFoundError("no capacity envelope: the workload holds no feasible request")
+    trial_fleet = replace(
+        fleet,
+        min_groups=search.groups,
+        max_groups=search.groups,
+        failure_rate_per_group_hour=0.0,
+        scheduled_failures_seconds=(),
+    )
     trials: dict[float, EnvelopeTrial] = {}
 
     def run(rate: float) -> EnvelopeTrial:
         if rate not in trials:
-            trials[rate] = _trial(trial_fleet, workload, classes, rate, search, seed)
+            trials[rate] = _trial(trial_fleet, workload, classes, rate, search=search, seed=seed)
             if _too_thin(trials[rate], search):
                 raise _not_found(
                     list(trials.values()),
                     classes,
                     f"too few requests to judge at {rate:.3g} req/s per group (fewer than "
-                    f"{search.min_requests_per_class} of a class in {search.repeats} x {search.trial_seconds:g} s); "
+                    f"{search.min_requests_per_class} of a class in {search.repeats} x "
+                    f"{search.trial_seconds:g} s); "
                     "a longer trace or a longer trial would",
                 )
         return trials[rate]

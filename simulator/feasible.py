@@ -25,7 +25,7 @@ from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 
 
-class NoFeasibleRequests(ValueError):
+class NoFeasibleRequestsError(ValueError):
     """A class none of whose requests can meet its targets on an idle group."""
 
 
@@ -94,10 +94,11 @@ def assess(workload: Workload, engine: EngineConfig, classes: Sequence[ClassTarg
         unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
         unmet = [unmet_targets(request_floors(model, int(p), int(o)), slo) for p, o in unique.tolist()]
         ok = np.array([not reasons for reasons in unmet], dtype=bool)
-        feasible[members] = ok[inverse.reshape(-1)] if members.size else ok[:0]
+        flat_inverse = inverse.reshape(-1)
+        feasible[members] = ok[flat_inverse]
         counts = {"ttft": 0, "itl": 0, "e2e": 0}
-        weights = np.bincount(inverse.reshape(-1), minlength=len(unique)) if members.size else []
-        for reasons, weight in zip(unmet, weights, strict=True):
+        weights = np.bincount(flat_inverse, minlength=len(unique))
+        for reasons, weight in zip(unmet, weights.tolist(), strict=True):
             for reason in reasons:
                 counts[reason] += int(weight)
         summaries.append(
@@ -118,7 +119,7 @@ def require_feasible_requests(feasibility: Feasibility, classes: Sequence[ClassT
     for summary, targets in zip(feasibility.classes, classes, strict=True):
         if summary.requests and summary.infeasible == summary.requests:
             misses = ", ".join(f"{sli} {count}" for sli, count in summary.unmet_counts.items() if count)
-            raise NoFeasibleRequests(
+            raise NoFeasibleRequestsError(
                 f"SLO class {summary.name!r}: none of its {summary.requests} requests can meet "
                 f"ttftSeconds={targets.ttft_seconds:g}, itlSeconds={targets.itl_seconds:g}"
                 + (f", e2eSeconds={targets.e2e_seconds:g}" if targets.e2e_seconds is not None else "")

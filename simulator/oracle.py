@@ -45,7 +45,9 @@ def fluid_bound_gpu_hours(
     """GPU-hours of the fluid bound: fractional groups per interval, at least `min_groups`."""
     if capacity_work_seconds_per_second <= 0:
         raise ValueError("capacity_work_seconds_per_second must be positive")
-    groups = np.maximum(float(min_groups), per_interval_work / (capacity_work_seconds_per_second * interval_seconds))
+    groups = np.maximum(
+        float(min_groups), per_interval_work / (capacity_work_seconds_per_second * interval_seconds)
+    )
     return float(groups.sum() * interval_seconds * gpus_per_group / 3600.0)
 
 
@@ -65,16 +67,23 @@ class ScheduleRules:
 
 
 def hindsight_schedule(
-    per_interval_work: np.ndarray, capacity_work_seconds_per_second: float, factor: float, rules: ScheduleRules
+    per_interval_work: np.ndarray,
+    capacity_work_seconds_per_second: float,
+    factor: float,
+    rules: ScheduleRules,
 ) -> np.ndarray:
     """Groups to ask for at each interval: `factor` × the work of the interval the groups would be
     ready for, kept for the minimum lifetime, raised no faster than the step limit (by starting
     earlier, never by serving late), clamped to the fleet's bounds."""
-    need = np.ceil(factor * per_interval_work / (capacity_work_seconds_per_second * rules.interval_seconds) - 1e-9)
+    need = np.ceil(
+        factor * per_interval_work / (capacity_work_seconds_per_second * rules.interval_seconds) - 1e-9
+    )
     lead = math.ceil(rules.lead_seconds / rules.interval_seconds)
     ahead = np.concatenate((need[lead:], np.full(min(lead, need.size), need[-1] if need.size else 0.0)))
     # ask for what any interval up to the ready time needs, so a group is ready before its work
-    wanted = np.array([ahead[max(0, i - lead) : i + 1].max() for i in range(ahead.size)]) if ahead.size else ahead
+    wanted = (
+        np.array([ahead[max(0, i - lead) : i + 1].max() for i in range(ahead.size)]) if ahead.size else ahead
+    )
     wanted = np.clip(wanted, rules.min_groups, rules.max_groups)
     # the step limit, honoured by starting earlier: walk back from every rise
     step = rules.max_step_up_groups
@@ -114,7 +123,9 @@ class ScheduleFollower:
         index = min(int(observation.now // self.rules.interval_seconds), self._schedule.size - 1)
         desired = int(self._schedule[index]) if self._schedule.size else observation.min_groups
         desired = max(observation.min_groups, min(observation.max_groups, desired))
-        return Recommendation(desired, f"oracle: {desired} groups by the hindsight schedule (x{self.factor:.3g})")
+        return Recommendation(
+            desired, f"oracle: {desired} groups by the hindsight schedule (x{self.factor:.3g})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,9 @@ def load_azure2024_rates(path: Path) -> RateSeries:
     try:
         stamps = np.array([row["approx_time_utc"].strip().replace(" ", "T") for row in rows], "datetime64[s]")
     except ValueError as error:
-        raise ValueError(f"{path}: column approx_time_utc holds a value that is not a time: {error}") from error
+        raise ValueError(
+            f"{path}: column approx_time_utc holds a value that is not a time: {error}"
+        ) from error
     seconds = (stamps - stamps[0]).astype(np.int64).astype(np.float64)
     if np.any(np.diff(seconds) <= 0):
         raise ValueError(f"{path}: column approx_time_utc is not strictly increasing")

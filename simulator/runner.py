@@ -82,6 +82,8 @@ class Bench:
     _envelope: CapacityEnvelope | None = field(default=None, init=False)
     _need: np.ndarray | None = field(default=None, init=False)
     _feasibility: Feasibility | None = field(default=None, init=False)
+    search: EnvelopeSearch | None = field(default=None, init=False)
+    """How the envelope is measured when the profile holds no figure (default: `EnvelopeSearch`)."""
 
     def __post_init__(self) -> None:
         options, setup = self.options, self.setup
@@ -147,7 +149,7 @@ class Bench:
                     self.setup.classes,
                     pricing=self.pricing,
                     first_guess_rate_per_group=analytic_rate_per_group(self.setup, feasible, self.pricing),
-                    search=EnvelopeSearch(trial_seconds=self.options.capacity_trial_seconds),
+                    search=self.search or EnvelopeSearch(trial_seconds=self.options.capacity_trial_seconds),
                     seed=self.options.seed,
                 )
         return self._envelope
