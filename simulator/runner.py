@@ -100,7 +100,16 @@ class Bench:
             start_seconds=options.start_seconds,
         )
         if len(self.workload) == 0:
-            raise ValueError("the workload is empty after its transforms")
+            window = (
+                f"the window --start-seconds {options.start_seconds:g}"
+                if options.start_seconds is not None
+                else "the trace"
+            )
+            raise ValueError(
+                f"{options.trace}: no requests in {window}"
+                + (f" --duration-seconds {options.duration_seconds:g}" if options.duration_seconds else "")
+                + f" ({len(raw)} requests over {raw.span_seconds:.0f} s before the transforms)"
+            )
         self.fleet = FleetConfig(
             engine=setup.engine,
             gpus_per_group=setup.gpus_per_group,
