@@ -143,7 +143,8 @@ def markdown(records: Sequence[Mapping[str, Any]], preamble: str) -> str:
             (
                 preamble,
                 "Test window, per policy: SLO-meeting requests per GPU-hour (attainment of feasible "
-                "requests, GPU-hours); `*`: no setting met the attainment target on the training window.",
+                "requests, GPU-hours); `*`: no setting met the attainment target on the training window "
+                "(oracle: no schedule the search tried met it on the test window).",
                 summary_table(records),
                 "Settings chosen on the training window (the cheapest meeting the target), and the envelope "
                 "measured there:",
