@@ -120,6 +120,8 @@ class FairBench:
     seed: int = 0
     envelope_search: EnvelopeSearch = field(default_factory=EnvelopeSearch)
     scrape_delay_seconds: float = 5.0
+    measured_envelope: CapacityEnvelope | None = None
+    """An envelope already measured on this workload's training window (None: measure it)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.train_fraction < 1.0:
@@ -148,7 +150,7 @@ class FairBench:
         self.train_feasibility = assess(self.train, self.setup.engine, self.setup.classes)
         self.test_feasibility = assess(self.test, self.setup.engine, self.setup.classes)
         require_feasible_requests(self.train_feasibility, self.setup.classes)
-        self._envelope: CapacityEnvelope | None = None
+        self._envelope: CapacityEnvelope | None = self.measured_envelope
 
     # ------------------------------------------------------------------ calibration (training only)
     @property

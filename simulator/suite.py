@@ -5,8 +5,11 @@ Each trace keeps its shape and is brought to one level per ModelGroup: time is s
 compressed so the trace fills the case's duration, and the rate is thinned or replicated (seeded) to
 a mean of `mean_groups` groups' worth of the service-time model's capacity, so every case needs a
 few groups and sometimes more: the absolute level of a production fleet means nothing for one
-ModelGroup. Traces without requests (Azure 2024 week, ServeGen) draw (prompt, output) pairs from an
-Azure 2023 trace (`simulator.rate_traces`). Classes are assigned per request with equal shares by
+ModelGroup. The level is set in two passes: at the service-time model's capacity, then at the
+capacity the envelope measured on that first pass's training window (so a bursty or prefill-heavy
+trace does not overrun `maxReplicas` by construction); the second pass reuses that envelope. Traces
+without requests (Azure 2024 week, ServeGen) draw (prompt, output) pairs from an Azure 2023 trace
+(`simulator.rate_traces`). Classes are assigned per request with equal shares by
 `numpy.random.default_rng([seed, 7])` (the Azure traces carry none).
 """
 
@@ -118,16 +121,26 @@ def flash_crowds(lengths: Workload, duration_seconds: float, rate_per_second: fl
 
 
 def case_workload(
-    trace: TraceCase, setup: SimulationSetup, model: ModelCase, traces_dir: Path, seed: int
+    trace: TraceCase,
+    setup: SimulationSetup,
+    model: ModelCase,
+    traces_dir: Path,
+    seed: int,
+    *,
+    rate_per_group: float | None = None,
 ) -> Workload:
-    """The trace brought to the case's duration and level, classes assigned."""
+    """The trace brought to the case's duration and a mean of `model.mean_groups` groups' worth of
+    `rate_per_group` (default: the service-time model's capacity), classes assigned."""
     from goodput.simulator.runner import analytic_rate_per_group
 
     lengths_source = traces_dir / trace.lengths_file
     source = traces_dir / trace.file
     base = load_trace(str(source if trace.kind == "requests" else lengths_source), seed)
     pricing = WorkPricing.from_step_model(setup.engine.cost)
-    rate = model.mean_groups * analytic_rate_per_group(setup, base, pricing)
+    per_group = (
+        rate_per_group if rate_per_group is not None else analytic_rate_per_group(setup, base, pricing)
+    )
+    rate = model.mean_groups * per_group
     duration = model.duration_seconds
     if trace.kind == "requests":
         shaped = compress_time(base, base.span_seconds / duration)
@@ -153,11 +166,17 @@ def run_case(
     try:
         setup = build_setup(samples_dir / model.modelgroup, samples_dir / model.policy, step_noise_sigma=0.04)
         setup = replace(setup, measured_capacity_work_seconds_per_second=None)
-        workload = case_workload(trace, setup, model, traces_dir, seed)
-        bench = FairBench(
-            setup, workload, seed=seed, envelope_search=EnvelopeSearch(trial_seconds=240.0, refinements=3)
+        search = EnvelopeSearch(trial_seconds=240.0, refinements=3)
+        # The level: first at the service-time model's capacity, then at what the envelope measured on
+        # that first training window says a group sustains on this trace's shape (the envelope's trials
+        # thin or replicate the window to each rate, so the figure carries over to the new level).
+        probe = FairBench(
+            setup, case_workload(trace, setup, model, traces_dir, seed), seed=seed, envelope_search=search
         )
-        envelope = bench.envelope
+        envelope = probe.envelope
+        offered_per_group = envelope.requests_per_second / max(probe.train_feasibility.feasible_share, 1e-9)
+        workload = case_workload(trace, setup, model, traces_dir, seed, rate_per_group=offered_per_group)
+        bench = FairBench(setup, workload, seed=seed, envelope_search=search, measured_envelope=envelope)
         record["workload"] = {
             "requests": len(workload),
             "train_requests": len(bench.train),
