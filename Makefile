@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 LAYERS := api estimators controllers operator simulator gateway testbed agent
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo demo-sim venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean
+.PHONY: test demo demo-sim bench venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean
 
 # Every set-up step is a prerequisite of the step that needs it, so `make test` on a fresh machine
 # installs the OS tools, creates the virtual environment and builds the cluster's binaries (the chart
@@ -76,6 +76,12 @@ demo-sim: venv
 	  --start-seconds 1200 --duration-seconds 1200 --rate-multiplier 8 \
 	  --modelgroup manifests/samples/modelgroup-llama-8b-tp1.yaml \
 	  --policy manifests/samples/slopolicy-interactive.yaml --out out/demo-sim
+
+# The fair benchmark suite: every trace under $(TRACES) and seeded flash crowds, both sample
+# ModelGroups, each policy tuned on the training window and reported on the test window, with the
+# hindsight oracle. Writes out/bench/table.md, results.json and the cost-versus-attainment plots.
+bench: venv
+	$(PY) bench/bench_suite.py --traces $(TRACES) --out out/bench --workers 2
 
 clean:
 	rm -rf $(VENV) out

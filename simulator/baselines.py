@@ -17,6 +17,23 @@
 
 Each algorithm is a pure function of plain values and a frozen state; the classes are thin shells
 that read the observation and thread the state through.
+
+Where the simulation departs from the documented controllers (checked against the HPA algorithm
+details, KEDA's Prometheus scaler and Knative's autoscaler documentation):
+
+- The unit is a replica *group* (the ModelGroup's `/scale` subresource), not a pod; a group's GPU
+  utilisation is the mean over its GPUs, as an HPA Pods metric averaged over the group's pods would be.
+- HPA treats not-yet-ready pods as unready (0 on a scale-up) only for CPU; for a Pods metric such as
+  DCGM's GPU utilisation, a starting pod with a GPU already reports (near 0) and counts as ready. Here
+  starting groups count as 0 on a scale-up and are left out on a scale-down, which for a scale-down is
+  slightly less eager than the real controller.
+- The metric is a fraction (0-1) where DCGM exports 0-100; the target is scaled alike.
+- KEDA's `status.replicas` is the ModelGroup's ready groups; `activationThreshold` is 0 (the default)
+  and the fleet never scales to zero (minReplicas >= 1), so `cooldownPeriod` never acts.
+- KPA's concurrency is vLLM's running + waiting requests per group (what queue-proxy would count in
+  front of it); there is no activator and no scale-to-zero.
+- In the fair benchmark (`simulator.fair_bench`) each target (HPA utilisation, KEDA waiting per group,
+  KPA concurrency per group) is swept on a training window; none is derived from goodput's envelope.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodput.simulator.cli_simulate import add_common_arguments, bench_from
-from goodput.simulator.plots import plot_comparison
-from goodput.simulator.runner import POLICIES, sanitize, write_report
+from goodput.simulator.runner import POLICIES, optional_plots, sanitize, write_report
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     # (header, report key, format)
@@ -89,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "summary.json").write_text(
         json.dumps(sanitize({"policies": summary, "table": table}), indent=2) + "\n"
     )
-    plot_comparison(reports, args.out)
+    plots = optional_plots()
+    if plots is not None:
+        plots.plot_comparison(reports, args.out)
     return 0
 
 

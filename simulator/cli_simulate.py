@@ -101,8 +101,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capacity-trial-seconds",
         type=float,
-        default=600.0,
-        help="length of each one-group trial that measures the capacity envelope (default 600)",
+        default=300.0,
+        help="length of each trial (a fleet of several groups, feasible requests only) that measures "
+        "the capacity envelope (default 300)",
     )
     parser.add_argument(
         "--progress",

@@ -4,4 +4,8 @@ points: a table of module names and help lines, cheap to import (no simulator co
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("goodput.simulator.cli_simulate", "replay a trace through a simulated vLLM fleet"),
     "bench": ("goodput.simulator.cli_bench", "compare scaling policies on one trace and seed"),
+    "envelope": (
+        "goodput.simulator.cli_envelope",
+        "measure a ModelGroup's capacity envelope on a trace; print the profile block",
+    ),
 }

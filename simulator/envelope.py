@@ -1,29 +1,28 @@
-"""The measured capacity envelope of one group (DESIGN §1, §26), and the oracle built on it.
+"""The measured capacity envelope of one group (DESIGN §1, §26).
 
 Work is priced in work-seconds exactly as the decision code prices it (`estimators.work`). The
-capacity envelope C is then *measured*, not assumed: one simulated group replays a sample of the
-workload at rising rates until SLO attainment falls below the goal; C is the work rate it sustained
-(what a ModelGroup's `profile.capacityWorkSecondsPerSecond` records from a benchmark). The oracle,
-the warm start and the fixed fleet's size are all read from C, so they share one definition of
-"enough".
+capacity envelope C is *measured*, not assumed: a fleet of several groups behind the router replays
+the workload's *feasible* requests (those whose zero-load floors fit their class's targets, see
+`simulator.feasible`) at rising rates, each rate repeated with other seeds, until a class's
+attainment falls below its goal; C is the work rate per group it sustained (what a ModelGroup's
+`profile.capacityWorkSecondsPerSecond` records). Infeasible requests are left out because no number
+of groups serves them in time: with them in, the search would step down until a sample happened to
+hold none, and report a floor. When no rate meets the SLO the search raises `EnvelopeNotFoundError`
+saying which class reached which attainment at which rates.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.policy import FleetObservation, Recommendation
-from goodput.simulator.workload import Workload, compress_time
-
-if TYPE_CHECKING:
-    from goodput.simulator.simulation import SimulationResult
+from goodput.simulator.report import ClassTargets
+from goodput.simulator.workload import Workload, compress_time, multiply_rate
 
 
 def request_work_seconds(pricing: WorkPricing, workload: Workload) -> np.ndarray:
@@ -51,96 +50,231 @@ class CapacityEnvelope:
     """Simulated trials behind the figure (0: taken from the ModelGroup's profile)."""
     concurrency: float | None = None
     """Mean requests in flight (running + waiting) in one group at that rate, when measured."""
+    failing_requests_per_second: float | None = None
+    """The lowest rate per group that failed: the figure's upper bound at the search's resolution."""
+    groups: int = 1
+    """Groups in the trial fleet."""
+    repeats: int = 1
+    """Seeded repeats of each trial."""
+    attainment_lower_bounds: tuple[float, ...] = ()
+    """Per class, the 95 % Wilson lower bound of the pooled attainment at the figure's rate."""
+    trial_log: tuple[EnvelopeTrial, ...] = ()
+    """Every rate tried, in rising order."""
 
     def groups_for(self, work_rate: float) -> int:
         return max(1, math.ceil(work_rate / self.work_seconds_per_second - 1e-9))
 
 
 def trial_workload(workload: Workload, rate_per_second: float, trial_seconds: float, seed: int) -> Workload:
-    """The workload's first `trial_seconds` at `rate_per_second`: thinned (seeded), or time-compressed
-    when the rate is above the workload's own. The length mix and the time profile are kept."""
+    """`trial_seconds` of the workload at `rate_per_second`, from a seeded offset: thinned (seeded), or
+    time-compressed when the rate is above the workload's own. The length mix and the time profile
+    are kept; other seeds give other stretches of the trace."""
     own_rate = len(workload) / max(workload.span_seconds, 1e-9)
     ratio = rate_per_second / own_rate
+    rng = np.random.default_rng([seed, 11])
     shaped = workload
     if ratio < 1.0:
-        keep = np.random.default_rng([seed, 11]).random(len(workload)) < ratio
+        keep = rng.random(len(workload)) < ratio
         shaped = workload.take(np.flatnonzero(keep), f"thinned to {rate_per_second:.3g}/s")
     elif ratio > 1.0:
-        shaped = compress_time(workload, ratio)
-    return shaped.take(np.flatnonzero(shaped.arrival_seconds < trial_seconds), f"first {trial_seconds:g} s")
+        # compress as far as the trace still fills the trial; replicate (seeded) beyond that
+        compression = max(1.0, min(ratio, workload.span_seconds / trial_seconds))
+        shaped = compress_time(workload, compression)
+        if ratio > compression:
+            shaped = multiply_rate(shaped, ratio / compression, seed)
+    offset = float(rng.uniform(0.0, max(0.0, shaped.span_seconds - trial_seconds)))
+    arrivals = shaped.arrival_seconds
+    chosen = np.flatnonzero((arrivals >= offset) & (arrivals < offset + trial_seconds))
+    cut = shaped.take(chosen, f"[{offset:.0f}, {offset + trial_seconds:.0f}) s")
+    return replace(cut, arrival_seconds=cut.arrival_seconds - offset)
 
 
-def measure_capacity(
+class EnvelopeNotFoundError(ValueError):
+    """No rate at which the fleet meets the SLO: the reason names the class, the attainment it reached
+    and the rates that were tried (never a floor returned in silence)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeTrial:
+    """One arrival rate tried on the trial fleet, pooled over its repeats."""
+
+    rate_per_group: float
+    requests: int
+    met: tuple[int, ...]
+    offered: tuple[int, ...]
+    """SLO-meeting and offered requests per class, summed over the repeats."""
+    passed: bool
+
+    def attainment(self, class_number: int) -> float:
+        offered = self.offered[class_number]
+        return self.met[class_number] / offered if offered else math.nan
+
+
+def wilson_lower_bound(successes: int, trials: int, z: float = 1.96) -> float:
+    """The lower end of the Wilson score interval (95 % by default) for a binomial share."""
+    if trials <= 0:
+        return math.nan
+    share = successes / trials
+    denominator = 1 + z * z / trials
+    centre = share + z * z / (2 * trials)
+    spread = z * math.sqrt(share * (1 - share) / trials + z * z / (4 * trials * trials))
+    return (centre - spread) / denominator
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeSearch:
+    """How the envelope is measured: a fleet of `groups` behind the router, each trial `trial_seconds`
+    of the workload's feasible requests at one rate, `repeats` times with different seeds."""
+
+    groups: int = 4
+    repeats: int = 2
+    trial_seconds: float = 300.0
+    refinements: int = 4
+    min_requests_per_class: int = 50
+    """A class with fewer requests (pooled over repeats) in a trial cannot be judged at that rate."""
+    lowest_rate_fraction: float = 1e-3
+    """How far below the first guess the search goes before it gives up."""
+
+
+def _trial(
     fleet: FleetConfig,
     workload: Workload,
+    classes: Sequence[ClassTargets],
+    rate_per_group: float,
     *,
-    pricing: WorkPricing,
-    meets_slo: Callable[[SimulationResult], bool],
-    attainment_goal: float,
-    first_guess_rate: float,
-    trial_seconds: float = 600.0,
-    seed: int = 0,
-    refinements: int = 4,
-) -> CapacityEnvelope:
-    """The highest arrival rate at which one group still meets its SLO (`meets_slo`) for `trial_seconds`.
-
-    Brackets the rate from `first_guess_rate` by factors of 1.5, then bisects (geometrically)
-    `refinements` times. A trial must last long enough for an overloaded queue to show: a short one
-    overstates capacity.
-    """
+    search: EnvelopeSearch,
+    seed: int,
+) -> EnvelopeTrial:
     from goodput.simulator.baselines import FixedFleet
+    from goodput.simulator.report import judge
     from goodput.simulator.simulation import SimulationConfig, simulate
 
-    single = FleetConfig(
-        engine=fleet.engine,
-        gpus_per_group=fleet.gpus_per_group,
-        min_groups=1,
-        max_groups=1,
-        prefix_block_tokens=fleet.prefix_block_tokens,
-        itl_targets_seconds=fleet.itl_targets_seconds,
+    met = np.zeros(len(classes), np.int64)
+    offered = np.zeros(len(classes), np.int64)
+    total = 0
+    for repeat in range(search.repeats):
+        sample = trial_workload(workload, rate_per_group * search.groups, search.trial_seconds, seed + repeat)
+        if len(sample) == 0:
+            continue
+        config = SimulationConfig(
+            fleet=fleet, seed=seed + repeat, initial_groups=search.groups, tail_seconds=300.0
+        )
+        result = simulate(sample, config, FixedFleet(search.groups))
+        verdicts = judge(result, tuple(classes))
+        index = sample.class_index if sample.class_index is not None else np.zeros(len(sample), np.int64)
+        met += np.bincount(index[verdicts.met], minlength=len(classes))[: len(classes)]
+        offered += np.bincount(index, minlength=len(classes))[: len(classes)]
+        total += len(sample)
+    passed = all(
+        offered[number] == 0 or met[number] / offered[number] >= targets.attainment
+        for number, targets in enumerate(classes)
     )
-    work = request_work_seconds(pricing, workload)
-    mean_work = float(work.mean())
-    trials: dict[float, bool] = {}
-    concurrency: dict[float, float] = {}
+    return EnvelopeTrial(rate_per_group, total, tuple(met.tolist()), tuple(offered.tolist()), passed)
 
-    def meets(rate: float) -> bool:
+
+def _too_thin(trial: EnvelopeTrial, search: EnvelopeSearch) -> bool:
+    return (
+        any(0 < offered < search.min_requests_per_class for offered in trial.offered) or trial.requests == 0
+    )
+
+
+def _not_found(
+    trials: Sequence[EnvelopeTrial], classes: Sequence[ClassTargets], why: str
+) -> EnvelopeNotFoundError:
+    lowest = min(trials, key=lambda trial: trial.rate_per_group)
+    failing = [
+        f"{targets.name} reached {lowest.attainment(number):.3f} against attainment {targets.attainment:g}"
+        for number, targets in enumerate(classes)
+        if lowest.offered[number] and lowest.attainment(number) < targets.attainment
+    ]
+    tried = ", ".join(
+        f"{trial.rate_per_group:.3g}" for trial in sorted(trials, key=lambda t: t.rate_per_group)
+    )
+    return EnvelopeNotFoundError(
+        f"no capacity envelope: {why}; at the lowest rate ({lowest.rate_per_group:.3g} req/s per group, "
+        f"{lowest.requests} requests) {'; '.join(failing) or 'every class passed'}; rates tried per group: "
+        f"{tried}"
+    )
+
+
+def measure_envelope(
+    fleet: FleetConfig,
+    workload: Workload,
+    classes: Sequence[ClassTargets],
+    *,
+    pricing: WorkPricing,
+    first_guess_rate_per_group: float,
+    search: EnvelopeSearch = EnvelopeSearch(),
+    seed: int = 0,
+) -> CapacityEnvelope:
+    """The highest arrival rate per group at which a fleet of `search.groups` groups behind the router
+    meets every class's attainment on `workload` (which should hold feasible requests only).
+
+    Brackets the rate from the first guess by factors of 1.5, then bisects geometrically. The figure
+    is the highest rate that passed; the lowest that failed is its upper bound at the search's
+    resolution, and the pooled attainment at the figure carries a 95 % Wilson lower bound per class.
+    A rate whose trial holds too few requests of a class cannot be judged, and the search raises
+    rather than report a figure no trial supports.
+    """
+    if len(workload) == 0:
+        raise EnvelopeNotFoundError("no capacity envelope: the workload holds no feasible request")
+    trial_fleet = replace(
+        fleet,
+        min_groups=search.groups,
+        max_groups=search.groups,
+        failure_rate_per_group_hour=0.0,
+        scheduled_failures_seconds=(),
+    )
+    trials: dict[float, EnvelopeTrial] = {}
+
+    def run(rate: float) -> EnvelopeTrial:
         if rate not in trials:
-            sample = trial_workload(workload, rate, trial_seconds, seed)
-            if len(sample) < 2:
-                trials[rate] = True
-            else:
-                result = simulate(
-                    sample,
-                    SimulationConfig(fleet=single, seed=seed, initial_groups=1, tail_seconds=300.0),
-                    FixedFleet(1),
+            trials[rate] = _trial(trial_fleet, workload, classes, rate, search=search, seed=seed)
+            if _too_thin(trials[rate], search):
+                raise _not_found(
+                    list(trials.values()),
+                    classes,
+                    f"too few requests to judge at {rate:.3g} req/s per group (fewer than "
+                    f"{search.min_requests_per_class} of a class in {search.repeats} x "
+                    f"{search.trial_seconds:g} s); "
+                    "a longer trace or a longer trial would",
                 )
-                trials[rate] = meets_slo(result)
-                resident = result.requests["finished_at"] - result.requests["routed_at"]
-                concurrency[rate] = float(np.nansum(resident)) / max(result.horizon_seconds, 1e-9)
         return trials[rate]
 
-    low, high = first_guess_rate, first_guess_rate
-    if meets(first_guess_rate):
-        while meets(high * 1.5) and high < 1e5:
-            high *= 1.5
-        low, high = high, high * 1.5
+    guess = first_guess_rate_per_group
+    if run(guess).passed:
+        low = guess
+        while run(low * 1.5).passed and low < 1e5:
+            low *= 1.5
+        high = low * 1.5
     else:
-        while not meets(low / 1.5) and low > 1e-3:
-            low /= 1.5
-        low, high = low / 1.5, low
-    for _ in range(refinements):
+        high = guess
+        while not run(high / 1.5).passed:
+            high /= 1.5
+            if high < guess * search.lowest_rate_fraction:
+                raise _not_found(list(trials.values()), classes, "no rate tried met the SLO")
+        low = high / 1.5
+    for _ in range(search.refinements):
         middle = math.sqrt(low * high)
-        if meets(middle):
+        if run(middle).passed:
             low = middle
         else:
             high = middle
+    best = trials[low]
+    mean_work = float(request_work_seconds(pricing, workload).mean())
+    bounds = tuple(
+        wilson_lower_bound(best.met[number], best.offered[number]) for number in range(len(classes))
+    )
     return CapacityEnvelope(
         work_seconds_per_second=low * mean_work,
         requests_per_second=low,
-        attainment_goal=attainment_goal,
+        attainment_goal=min(targets.attainment for targets in classes),
         trials=len(trials),
-        concurrency=concurrency.get(low),
+        failing_requests_per_second=high,
+        groups=search.groups,
+        repeats=search.repeats,
+        attainment_lower_bounds=bounds,
+        trial_log=tuple(sorted(trials.values(), key=lambda trial: trial.rate_per_group)),
     )
 
 
@@ -159,38 +293,3 @@ def demand_groups(
     trailing = (cumulative[window:] - cumulative[:-window]) / window
     rates = np.concatenate((cumulative[1:window] / window, trailing))[:span]
     return np.maximum(1, np.ceil(rates / envelope.work_seconds_per_second - 1e-9)).astype(np.int64)
-
-
-class Oracle:
-    """Knows every future arrival: provisions ahead by the ready time for the true future work.
-
-    A bound, not a policy. At each tick it asks for the most groups needed at any second between now
-    and the moment a group created now would be ready (p90 of the ready time) plus one tick, so
-    capacity is there when work arrives and is released once no future second needs it.
-    """
-
-    name = "oracle"
-
-    def __init__(self, need: np.ndarray, lead_seconds: float, interval_seconds: float = 15.0) -> None:
-        self._need = need
-        self.lead_seconds = lead_seconds
-        self.interval_seconds = interval_seconds
-
-    def describe(self) -> dict[str, float | str]:
-        return {
-            "lead_seconds": self.lead_seconds,
-            "interval_seconds": self.interval_seconds,
-            "peak_groups": float(self._need.max()) if self._need.size else 0.0,
-        }
-
-    def recommend(self, observation: FleetObservation) -> Recommendation:
-        start = int(observation.now)
-        end = int(observation.now + self.lead_seconds + self.interval_seconds) + 1
-        window = self._need[start:end]
-        desired = int(window.max()) if window.size else observation.min_groups
-        desired = max(observation.min_groups, min(observation.max_groups, desired))
-        return Recommendation(
-            desired,
-            f"oracle: {desired} groups cover the true work until "
-            f"t+{self.lead_seconds + self.interval_seconds:.0f}s",
-        )

@@ -7,10 +7,13 @@ warm start, the fixed fleet's size and goodput's own policy.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -26,13 +29,14 @@ from goodput.simulator.baselines import (
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import (
     CapacityEnvelope,
-    Oracle,
+    EnvelopeSearch,
     demand_groups,
-    measure_capacity,
+    measure_envelope,
     request_work_seconds,
 )
+from goodput.simulator.feasible import Feasibility, assess, require_feasible_requests
 from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.plots import plot_run
+from goodput.simulator.oracle import ScheduleFollower, ScheduleRules, hindsight_schedule, interval_work
 from goodput.simulator.policy import Autoscaler
 from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE, meets_every_class, summarize
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
@@ -64,7 +68,8 @@ class RunOptions:
     progress: bool = False
     trace_limit: int | None = None
     bin_seconds: float = 30.0
-    capacity_trial_seconds: float = 600.0
+    capacity_trial_seconds: float = 300.0
+    kpa_target_per_group: float = 16.0
 
 
 @dataclass
@@ -78,6 +83,9 @@ class Bench:
     pricing: WorkPricing = field(init=False)
     _envelope: CapacityEnvelope | None = field(default=None, init=False)
     _need: np.ndarray | None = field(default=None, init=False)
+    _feasibility: Feasibility | None = field(default=None, init=False)
+    search: EnvelopeSearch | None = field(default=None, init=False)
+    """How the envelope is measured when the profile holds no figure (default: `EnvelopeSearch`)."""
 
     def __post_init__(self) -> None:
         options, setup = self.options, self.setup
@@ -94,7 +102,16 @@ class Bench:
             start_seconds=options.start_seconds,
         )
         if len(self.workload) == 0:
-            raise ValueError("the workload is empty after its transforms")
+            window = (
+                f"the window --start-seconds {options.start_seconds:g}"
+                if options.start_seconds is not None
+                else "the trace"
+            )
+            raise ValueError(
+                f"{options.trace}: no requests in {window}"
+                + (f" --duration-seconds {options.duration_seconds:g}" if options.duration_seconds else "")
+                + f" ({len(raw)} requests over {raw.span_seconds:.0f} s before the transforms)"
+            )
         self.fleet = FleetConfig(
             engine=setup.engine,
             gpus_per_group=setup.gpus_per_group,
@@ -118,27 +135,32 @@ class Bench:
         return bool(meets_every_class(result, self.setup.classes))
 
     @property
+    def feasibility(self) -> Feasibility:
+        """Which requests can meet their class's SLO on an idle group (the rest no policy can serve)."""
+        if self._feasibility is None:
+            self._feasibility = assess(self.workload, self.setup.engine, self.setup.classes)
+        return self._feasibility
+
+    @property
     def envelope(self) -> CapacityEnvelope:
-        """C of one group on this workload: from the profile when it records one, else measured."""
+        """C of one group on this workload: from the profile when it records one, else measured on the
+        feasible requests by a fleet of several groups (`measure_envelope`)."""
         if self._envelope is None:
             measured = self.setup.measured_capacity_work_seconds_per_second
             goal = min(c.attainment for c in self.setup.classes)
-            work = request_work_seconds(self.pricing, self.workload)
+            feasible = self.workload.take(np.flatnonzero(self.feasibility.feasible), "feasible requests")
             if measured is not None:
+                work = request_work_seconds(self.pricing, feasible if len(feasible) else self.workload)
                 self._envelope = CapacityEnvelope(measured, measured / float(work.mean()), goal, 0)
             else:
-                from goodput.simulator.goodput_policy import capacity_profile, scaling_policy_for
-
-                analytic = capacity_profile(self.setup, scaling_policy_for(self.setup), self.workload, None)
-                guess = analytic.reference.work_per_second / float(work.mean())
-                self._envelope = measure_capacity(
+                require_feasible_requests(self.feasibility, self.setup.classes)
+                self._envelope = measure_envelope(
                     self.fleet,
-                    self.workload,
+                    feasible,
+                    self.setup.classes,
                     pricing=self.pricing,
-                    meets_slo=self.meets_slo,
-                    attainment_goal=goal,
-                    first_guess_rate=guess,
-                    trial_seconds=self.options.capacity_trial_seconds,
+                    first_guess_rate_per_group=analytic_rate_per_group(self.setup, feasible, self.pricing),
+                    search=self.search or EnvelopeSearch(trial_seconds=self.options.capacity_trial_seconds),
                     seed=self.options.seed,
                 )
         return self._envelope
@@ -180,6 +202,18 @@ class Bench:
         p90_factor = math.exp(1.2816 * fleet.ready_time_sigma)
         return float(fleet.placement_seconds + fleet.ready_time_median_seconds * p90_factor)
 
+    @property
+    def schedule_rules(self) -> ScheduleRules:
+        """What the oracle's schedule respects: ready time, the HPA-default step limit, min lifetime."""
+        group = self.setup.model_group
+        lifetime = float(group.spec.drain.min_lifetime_seconds) if group is not None else 300.0
+        return ScheduleRules(
+            lead_seconds=self.oracle_lead_seconds,
+            min_lifetime_seconds=lifetime,
+            min_groups=self.setup.min_groups,
+            max_groups=self.setup.max_groups,
+        )
+
     # ------------------------------------------------------------------ policies
     def autoscaler(self, name: str) -> Autoscaler:
         if name == "hpa":
@@ -187,14 +221,21 @@ class Bench:
         if name == "keda":
             return KedaWaitingRequests()
         if name == "kpa":
-            concurrency = self.envelope.concurrency
-            if concurrency is None:
-                return KnativeKpa()
-            return KnativeKpa(KpaSpec(target_per_group=max(1.0, 0.7 * concurrency)))
+            return KnativeKpa(KpaSpec(target_per_group=self.options.kpa_target_per_group))
         if name == "fixed":
             return FixedFleet(self.fixed_groups)
         if name == "oracle":
-            return Oracle(self.need, self.oracle_lead_seconds)
+            rules = self.schedule_rules
+            feasible = self.feasibility.feasible
+            work = interval_work(
+                self.workload.arrival_seconds[feasible],
+                request_work_seconds(self.pricing, self.workload)[feasible],
+                self.horizon_seconds,
+                rules.interval_seconds,
+            )
+            return ScheduleFollower(
+                hindsight_schedule(work, self.envelope.work_seconds_per_second, 1.0, rules), rules, 1.0
+            )
         if name == "goodput":
             from goodput.simulator.goodput_policy import GoodputPolicy
 
@@ -248,10 +289,32 @@ class Bench:
             "attainment_goal": envelope.attainment_goal,
             "concurrency_at_capacity": envelope.concurrency,
             "trials": envelope.trials,
+            "failing_requests_per_second": envelope.failing_requests_per_second,
+            "attainment_lower_bounds_95": list(envelope.attainment_lower_bounds),
             "source": "profile.capacityWorkSecondsPerSecond"
             if envelope.trials == 0
-            else "measured by simulating one group",
+            else f"measured on feasible requests: {envelope.groups} groups, {envelope.repeats} repeats",
         }
+
+
+def analytic_rate_per_group(setup: SimulationSetup, workload: Workload, pricing: WorkPricing) -> float:
+    """The service-time model's capacity of one group in requests per second: where the measured
+    envelope's search starts."""
+    from goodput.simulator.goodput_policy import capacity_profile, scaling_policy_for
+
+    analytic = capacity_profile(setup, scaling_policy_for(setup), workload, None)
+    return float(analytic.reference.work_per_second / request_work_seconds(pricing, workload).mean())
+
+
+def optional_plots() -> ModuleType | None:
+    """The plotting module, or None (said on stderr) when the `plots` extra is not installed: the
+    simulator's figures do not depend on matplotlib, only its pictures do."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plots skipped: matplotlib is not installed (pip install 'goodput[plots]')", file=sys.stderr)
+        return None
+    from goodput.simulator import plots
+
+    return plots
 
 
 def write_report(report: dict[str, Any], out_dir: Path, title: str) -> list[Path]:
@@ -259,7 +322,8 @@ def write_report(report: dict[str, Any], out_dir: Path, title: str) -> list[Path
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
     path.write_text(json.dumps(sanitize(report), indent=2, default=_json_default, allow_nan=False) + "\n")
-    return [path, *plot_run(report, title, out_dir)]
+    plots = optional_plots()
+    return [path, *(plots.plot_run(report, title, out_dir) if plots is not None else [])]
 
 
 def _json_default(value: object) -> object:

@@ -231,11 +231,20 @@ def load_trace(source: str, seed: int = 0, limit: int | None = None) -> Workload
     if source.startswith("synthetic"):
         return synthetic_bursts(BurstSpec.parse(source), seed)
     path = Path(source)
-    if path.suffix == ".jsonl":
-        return load_mooncake_jsonl(path, limit)
-    if path.suffix == ".csv":
-        return load_azure_csv(path, limit)
-    raise ValueError(f"unknown trace format {path.name!r}: expected .csv (Azure 2023) or .jsonl (Mooncake)")
+    if path.suffix not in (".jsonl", ".csv"):
+        raise ValueError(
+            f"unknown trace format {path.name!r}: expected .csv (Azure 2023) or .jsonl (Mooncake)"
+        )
+    if not path.is_file():
+        raise ValueError(f"{path}: no such trace file")
+    try:
+        return load_mooncake_jsonl(path, limit) if path.suffix == ".jsonl" else load_azure_csv(path, limit)
+    except KeyError as error:
+        raise ValueError(f"{path}: a record lacks the field {error.args[0]!r}") from error
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a text trace ({error.reason})") from error
+    except ValueError as error:
+        raise ValueError(f"{path}: unreadable trace: {error}") from error
 
 
 def compress_time(workload: Workload, factor: float) -> Workload:

@@ -1,0 +1,84 @@
+"""`goodput envelope`: measure a ModelGroup's capacity envelope on a trace, and print the `profile`
+block to paste into the manifest, so the operator runs on a measured figure.
+
+The envelope is measured in the fleet simulator on the trace's feasible requests (those whose
+zero-load floors fit their class's targets) by a fleet of several groups behind the router, each rate
+repeated with other seeds (`simulator.envelope.measure_envelope`). Any `capacityWorkSecondsPerSecond`
+already in the manifest is ignored: it is what this command replaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+import numpy as np
+import yaml
+
+from goodput.simulator.cli_simulate import add_common_arguments, bench_from
+from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
+from goodput.simulator.feasible import NoFeasibleRequestsError
+from goodput.simulator.runner import Bench
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    parser.add_argument("--groups", type=int, default=4, help="groups in the trial fleet (default 4)")
+    parser.add_argument("--repeats", type=int, default=2, help="seeded repeats of each trial (default 2)")
+
+
+def profile_block(bench: Bench, envelope: CapacityEnvelope) -> dict[str, Any]:
+    """The manifest's `profile` with the measured figure in `capacityWorkSecondsPerSecond`."""
+    group = bench.setup.model_group
+    profile = group.spec.profile if group is not None else None
+    fields: dict[str, Any] = (
+        profile.model_dump(by_alias=True, exclude_none=True, mode="json") if profile is not None else {}
+    )
+    fields["capacityWorkSecondsPerSecond"] = float(f"{envelope.work_seconds_per_second:.4g}")
+    return {"profile": fields}
+
+
+def explanation(bench: Bench, envelope: CapacityEnvelope) -> list[str]:
+    feasibility = bench.feasibility
+    classes = bench.setup.classes
+    lines = [
+        f"trace {bench.options.trace}: {len(bench.workload)} requests, "
+        f"{int(np.count_nonzero(feasibility.feasible))} feasible on an idle group",
+    ]
+    for summary in feasibility.classes:
+        lines.append(
+            f"  class {summary.name}: {summary.infeasible}/{summary.requests} infeasible "
+            f"(prompts fit the TTFT target up to {summary.longest_feasible_prompt_tokens} tokens)"
+        )
+    bounds = ", ".join(
+        f"{targets.name} >= {bound:.4f}"
+        for targets, bound in zip(classes, envelope.attainment_lower_bounds, strict=False)
+    )
+    lines += [
+        f"envelope: {envelope.requests_per_second:.3g} req/s per group passed, "
+        f"{envelope.failing_requests_per_second:.3g} failed ({envelope.groups} groups, {envelope.repeats} "
+        f"repeats of {bench.options.capacity_trial_seconds:g} s per rate, {envelope.trials} rates)",
+        f"attainment at that rate, 95 % lower bound: {bounds}",
+    ]
+    return [f"# {line}" for line in lines]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        bench = bench_from(args)
+        bench.setup = dataclasses.replace(bench.setup, measured_capacity_work_seconds_per_second=None)
+        bench.search = EnvelopeSearch(
+            groups=args.groups, repeats=args.repeats, trial_seconds=args.capacity_trial_seconds
+        )
+        envelope = bench.envelope
+    except (EnvelopeNotFoundError, NoFeasibleRequestsError) as error:
+        print(f"goodput envelope: {error}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as error:
+        print(f"goodput envelope: {error}", file=sys.stderr)
+        return 2
+    print("\n".join(explanation(bench, envelope)))
+    print(yaml.safe_dump(profile_block(bench, envelope), sort_keys=False), end="")
+    return 0

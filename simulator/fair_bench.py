@@ -1,0 +1,311 @@
+"""The fair benchmark (DESIGN §10): every policy tuned on a training window by the same rule, judged
+on the test window that follows it, against a hindsight oracle.
+
+For one workload and one ModelGroup:
+
+1. The workload is split in time: the first `train_fraction` is the training window, the rest the
+   test window (its clock restarted at 0).
+2. On the training window only: goodput's envelope is measured on the feasible requests, and every
+   policy's one knob is swept over a fixed grid (HPA's GPU-utilisation target, KEDA's waiting
+   requests per group, KPA's concurrency target per group, goodput's envelope scaled by a headroom
+   factor). The rule is the same for all: the cheapest setting (fewest GPU-hours) whose run meets
+   every class's attainment target on the feasible requests; when none does, the setting with the
+   best attainment, flagged.
+3. Every chosen setting runs once on the test window, from the same warm start (what the last minute
+   of the training window needed), with the same metrics delay. The oracle sees the test window with
+   hindsight: a fluid bound and a searched schedule (`simulator.oracle`).
+
+Attainment is reported against offered requests and against the feasible ones (the ceiling a fleet of
+this hardware and parallelism can reach); infeasible requests count against every policy alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from goodput.estimators.work import WorkPricing
+from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests, KnativeKpa, KpaSpec
+from goodput.simulator.config import SimulationSetup
+from goodput.simulator.envelope import (
+    CapacityEnvelope,
+    EnvelopeSearch,
+    measure_envelope,
+    request_work_seconds,
+)
+from goodput.simulator.feasible import Feasibility, assess, class_index_of, require_feasible_requests
+from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.oracle import (
+    ScheduleFollower,
+    ScheduleRules,
+    fluid_bound_gpu_hours,
+    hindsight_schedule,
+    interval_work,
+    search_factor,
+)
+from goodput.simulator.policy import Autoscaler
+from goodput.simulator.report import ClassTargets, judge
+from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
+from goodput.simulator.workload import Workload, window
+
+SWEEPS: dict[str, tuple[float, ...]] = {
+    "goodput": (0.8, 1.0, 1.25),
+    "hpa": (0.6, 0.8, 0.95),
+    "keda": (0.5, 1.0, 3.0),
+    "kpa": (24.0, 48.0, 96.0),
+}
+"""Each policy's knob on the training window: goodput's headroom factor on the measured envelope,
+HPA's GPU-utilisation target, KEDA's waiting requests per group, KPA's concurrency per group."""
+
+KNOBS = {
+    "goodput": "envelope factor",
+    "hpa": "GPU utilisation target",
+    "keda": "waiting per group",
+    "kpa": "concurrency per group",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One run's figures."""
+
+    setting: float
+    gpu_hours: float
+    offered: int
+    feasible: int
+    met: int
+    meets_target: bool
+
+    @property
+    def attainment_offered(self) -> float:
+        return self.met / self.offered if self.offered else math.nan
+
+    @property
+    def attainment_feasible(self) -> float:
+        return self.met / self.feasible if self.feasible else math.nan
+
+    @property
+    def good_per_gpu_hour(self) -> float:
+        return self.met / self.gpu_hours if self.gpu_hours > 0 else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    name: str
+    sweep: tuple[Outcome, ...]
+    chosen: Outcome
+    chosen_met_target_on_train: bool
+    test: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class OracleResult:
+    fluid_bound_gpu_hours: float
+    searched: Outcome
+    searched_factor: float
+    searched_met_target: bool
+
+
+@dataclass
+class FairBench:
+    """One workload and one ModelGroup; everything shared by every policy."""
+
+    setup: SimulationSetup
+    workload: Workload
+    train_fraction: float = 0.5
+    seed: int = 0
+    envelope_search: EnvelopeSearch = field(default_factory=EnvelopeSearch)
+    scrape_delay_seconds: float = 5.0
+    measured_envelope: CapacityEnvelope | None = None
+    """An envelope already measured on this workload's training window (None: measure it)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.train_fraction < 1.0:
+            raise ValueError(f"train_fraction must be in (0, 1), got {self.train_fraction}")
+        span = self.workload.span_seconds
+        self.split_seconds = span * self.train_fraction
+        self.train = window(self.workload, 0.0, self.split_seconds)
+        self.test = window(self.workload, self.split_seconds, None)
+        for label, part in (("training", self.train), ("test", self.test)):
+            if len(part) == 0:
+                raise ValueError(
+                    f"the {label} window of {self.workload.name} holds no requests "
+                    f"(split at {self.split_seconds:.0f} s of {span:.0f} s)"
+                )
+        self.test_seconds = span - self.split_seconds
+        self.pricing = WorkPricing.from_step_model(self.setup.engine.cost)
+        self.fleet = FleetConfig(
+            engine=self.setup.engine,
+            gpus_per_group=self.setup.gpus_per_group,
+            min_groups=self.setup.min_groups,
+            max_groups=self.setup.max_groups,
+            ready_time_median_seconds=self.setup.ready_time_seconds,
+            prefix_block_tokens=self.workload.prefix_block_tokens,
+            itl_targets_seconds=tuple(c.itl_seconds for c in self.setup.classes),
+        )
+        self.train_feasibility = assess(self.train, self.setup.engine, self.setup.classes)
+        self.test_feasibility = assess(self.test, self.setup.engine, self.setup.classes)
+        require_feasible_requests(self.train_feasibility, self.setup.classes)
+        self._envelope: CapacityEnvelope | None = self.measured_envelope
+
+    # ------------------------------------------------------------------ calibration (training only)
+    @property
+    def envelope(self) -> CapacityEnvelope:
+        if self._envelope is None:
+            from goodput.simulator.runner import analytic_rate_per_group
+
+            feasible = self.train.take(np.flatnonzero(self.train_feasibility.feasible), "feasible requests")
+            self._envelope = measure_envelope(
+                self.fleet,
+                feasible,
+                self.setup.classes,
+                pricing=self.pricing,
+                first_guess_rate_per_group=analytic_rate_per_group(self.setup, feasible, self.pricing),
+                search=self.envelope_search,
+                seed=self.seed,
+            )
+        return self._envelope
+
+    def warm_groups(self) -> int:
+        """What the training window's last minute of feasible work needed: every policy's start."""
+        work = request_work_seconds(self.pricing, self.train)
+        recent = (self.train.arrival_seconds >= self.split_seconds - 60.0) & self.train_feasibility.feasible
+        rate = float(work[recent].sum()) / 60.0
+        groups = math.ceil(rate / self.envelope.work_seconds_per_second - 1e-9)
+        return int(max(self.setup.min_groups, self.setup.warm_groups, min(self.setup.max_groups, groups)))
+
+    def policy(self, name: str, setting: float) -> Autoscaler:
+        """A fresh policy with its knob at `setting`; goodput calibrated on the training window."""
+        if name == "hpa":
+            return HpaGpuUtilization(target_utilization=setting)
+        if name == "keda":
+            return KedaWaitingRequests(target_waiting_per_group=setting)
+        if name == "kpa":
+            return KnativeKpa(KpaSpec(target_per_group=setting))
+        if name == "goodput":
+            from goodput.simulator.goodput_policy import GoodputPolicy
+
+            envelope = self.envelope
+            scaled = replace(
+                envelope,
+                work_seconds_per_second=envelope.work_seconds_per_second * setting,
+                requests_per_second=envelope.requests_per_second * setting,
+            )
+            return GoodputPolicy.for_setup(self.setup, self.train, scaled)
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(SWEEPS)}")
+
+    # ------------------------------------------------------------------ runs
+    def run(
+        self, workload: Workload, feasibility: Feasibility, autoscaler: Autoscaler, horizon: float
+    ) -> Outcome:
+        config = SimulationConfig(
+            fleet=self.fleet,
+            seed=self.seed,
+            initial_groups=self.warm_groups(),
+            scrape_delay_seconds=self.scrape_delay_seconds,
+            horizon_seconds=horizon,
+            tail_seconds=300.0,
+        )
+        result = simulate(workload, config, autoscaler)
+        return self.outcome(result, feasibility, 0.0)
+
+    def outcome(self, result: SimulationResult, feasibility: Feasibility, setting: float) -> Outcome:
+        met = judge(result, self.setup.classes).met
+        return Outcome(
+            setting=setting,
+            gpu_hours=result.gpu_seconds / 3600.0,
+            offered=len(result.workload),
+            feasible=int(feasibility.feasible.sum()),
+            met=int(met.sum()),
+            meets_target=meets_target(met, feasibility, result.workload, self.setup.classes),
+        )
+
+    def tune(self, name: str, settings: Sequence[float] | None = None) -> PolicyResult:
+        """Sweep on the training window, pick by the rule, run the pick on the test window."""
+        sweep = tuple(
+            replace(
+                self.run(self.train, self.train_feasibility, self.policy(name, setting), self.split_seconds),
+                setting=setting,
+            )
+            for setting in (settings if settings is not None else SWEEPS[name])
+        )
+        chosen, met_target = cheapest_meeting_target(sweep)
+        test = self.run(
+            self.test, self.test_feasibility, self.policy(name, chosen.setting), self.test_seconds
+        )
+        return PolicyResult(name, sweep, chosen, met_target, replace(test, setting=chosen.setting))
+
+    def oracle(self, rules: ScheduleRules) -> OracleResult:
+        """The test window with hindsight: the fluid bound, and the schedule the search finds."""
+        feasible = self.test_feasibility.feasible
+        work = interval_work(
+            self.test.arrival_seconds[feasible],
+            request_work_seconds(self.pricing, self.test)[feasible],
+            self.test_seconds,
+            rules.interval_seconds,
+        )
+        capacity = self.envelope.work_seconds_per_second
+        bound = fluid_bound_gpu_hours(
+            work,
+            capacity,
+            interval_seconds=rules.interval_seconds,
+            min_groups=self.setup.min_groups,
+            gpus_per_group=self.setup.gpus_per_group,
+        )
+        outcomes: dict[float, Outcome] = {}
+
+        def passes(factor: float) -> bool:
+            schedule = hindsight_schedule(work, capacity, factor, rules)
+            outcome = self.run(
+                self.test, self.test_feasibility, ScheduleFollower(schedule, rules, factor), self.test_seconds
+            )
+            outcomes[factor] = replace(outcome, setting=factor)
+            return outcome.meets_target
+
+        found = search_factor(passes, refinements=3)
+        return OracleResult(bound, outcomes[found.factor], found.factor, found.passed)
+
+
+def meets_target(
+    met: np.ndarray, feasibility: Feasibility, workload: Workload, classes: Sequence[ClassTargets]
+) -> bool:
+    """The one attainment rule: every class reaches its target among its feasible requests."""
+    index = class_index_of(workload)
+    for number, targets in enumerate(classes):
+        members = feasibility.feasible & (index == number)
+        count = int(members.sum())
+        if count and float((met & members).sum()) / count < targets.attainment:
+            return False
+    return True
+
+
+def cheapest_meeting_target(sweep: Sequence[Outcome]) -> tuple[Outcome, bool]:
+    """The sweep rule: the fewest GPU-hours among the settings that met the target; when none did,
+    the best attainment (False says so)."""
+    if not sweep:
+        raise ValueError("an empty sweep has no setting to choose")
+    meeting = [outcome for outcome in sweep if outcome.meets_target]
+    if meeting:
+        return min(meeting, key=lambda outcome: (outcome.gpu_hours, outcome.setting)), True
+    return max(sweep, key=lambda outcome: (outcome.attainment_feasible, -outcome.gpu_hours)), False
+
+
+def outcome_record(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "setting": outcome.setting,
+        "gpu_hours": outcome.gpu_hours,
+        "offered": outcome.offered,
+        "feasible": outcome.feasible,
+        "met": outcome.met,
+        "attainment_offered": outcome.attainment_offered,
+        "attainment_feasible": outcome.attainment_feasible,
+        "good_per_gpu_hour": outcome.good_per_gpu_hour,
+        "meets_target": outcome.meets_target,
+    }
+
+
+ProgressFn = Callable[[str], None]

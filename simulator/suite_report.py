@@ -1,0 +1,155 @@
+"""The suite's markdown table and its cost-versus-attainment plots, from the case records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from goodput.simulator.fair_bench import KNOBS, SWEEPS
+
+POLICY_ORDER = tuple(SWEEPS)
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    if numerator is None or denominator is None or not denominator or math.isnan(numerator):
+        return "-"
+    return f"{numerator / denominator:.2f}x"
+
+
+def _good(record: Mapping[str, Any], name: str) -> float | None:
+    if name == "oracle":
+        return float(record["oracle"]["searched"]["good_per_gpu_hour"])
+    return float(record["policies"][name]["test"]["good_per_gpu_hour"])
+
+
+def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Per case: SLO-meeting requests per GPU-hour on the test window, and goodput's ratios."""
+    header = (
+        "| model | trace | goodput | HPA | KEDA | KPA | oracle (search) | goodput/HPA | goodput/KEDA "
+        "| goodput/oracle | fluid bound GPU-h | feasible share |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for record in records:
+        if "error" in record:
+            lines.append(f"| {record['model']} | {record['trace']} | error: {record['error']} |" + " |" * 9)
+            continue
+        cells = [_cell(record, name) for name in (*POLICY_ORDER, "oracle")]
+        test = record["policies"]["goodput"]["test"]
+        share = test["feasible"] / test["offered"] if test["offered"] else math.nan
+        lines.append(
+            f"| {record['model']} | {record['trace']} | "
+            + " | ".join(cells)
+            + f" | {_ratio(_good(record, 'goodput'), _good(record, 'hpa'))}"
+            f" | {_ratio(_good(record, 'goodput'), _good(record, 'keda'))}"
+            f" | {_ratio(_good(record, 'goodput'), _good(record, 'oracle'))}"
+            f" | {record['oracle']['fluid_bound_gpu_hours']:.2f} | {share:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _cell(record: Mapping[str, Any], name: str) -> str:
+    """`good req/GPU-h (attainment of feasible, GPU-h)`; `*` when the pick missed the target on the
+    training window (none of its settings met it)."""
+    if name == "oracle":
+        outcome = record["oracle"]["searched"]
+        flag = "" if record["oracle"]["searched_met_target"] else "*"
+    else:
+        outcome = record["policies"][name]["test"]
+        flag = "" if record["policies"][name]["chosen_met_target_on_train"] else "*"
+    return (
+        f"{outcome['good_per_gpu_hour']:.0f}{flag} ({outcome['attainment_feasible']:.3f}, "
+        f"{outcome['gpu_hours']:.2f})"
+    )
+
+
+def settings_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """The setting each policy's training sweep chose, per case."""
+    header = (
+        "| model | trace | "
+        + " | ".join(f"{name}: {KNOBS[name]}" for name in POLICY_ORDER)
+        + " | C req/s/group (95 % LB attainment) |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for record in records:
+        if "error" in record:
+            continue
+        chosen = [f"{record['policies'][name]['chosen_setting']:g}" for name in POLICY_ORDER]
+        envelope = record["envelope"]
+        bounds = ", ".join(f"{value:.3f}" for value in envelope["attainment_lower_bounds_95"])
+        lines.append(
+            f"| {record['model']} | {record['trace']} | "
+            + " | ".join(chosen)
+            + f" | {envelope['requests_per_second_per_group']:.2f} ({bounds}) |"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(record: Mapping[str, Any], out_dir: Path) -> Path:
+    """cost-vs-attainment.png: each policy's training sweep (one point per setting) and its test point."""
+    figure, axes = plt.subplots(figsize=(7, 5))
+    for index, name in enumerate(POLICY_ORDER):
+        policy = record["policies"][name]
+        color = f"C{index}"
+        sweep = sorted(policy["sweep"], key=lambda outcome: outcome["gpu_hours"])
+        axes.plot(
+            [o["gpu_hours"] for o in sweep],
+            [o["attainment_feasible"] for o in sweep],
+            marker="o",
+            color=color,
+            label=f"{name} train sweep",
+        )
+        test = policy["test"]
+        axes.scatter(
+            [test["gpu_hours"]],
+            [test["attainment_feasible"]],
+            marker="*",
+            s=160,
+            color=color,
+            label=f"{name} test ({KNOBS[name]} {test['setting']:g})",
+        )
+    searched = record["oracle"]["searched"]
+    axes.scatter(
+        [searched["gpu_hours"]],
+        [searched["attainment_feasible"]],
+        marker="D",
+        color="black",
+        label="oracle search (test)",
+    )
+    axes.axvline(
+        record["oracle"]["fluid_bound_gpu_hours"], color="grey", linestyle="--", label="fluid bound (test)"
+    )
+    axes.set_xlabel("GPU-hours (train sweep and test window)")
+    axes.set_ylabel("attainment of feasible requests")
+    axes.set_title(f"{record['model']} on {record['trace']}")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "cost-vs-attainment.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
+
+
+def markdown(records: Sequence[Mapping[str, Any]], preamble: str) -> str:
+    return (
+        "\n\n".join(
+            (
+                preamble,
+                "Test window, per policy: SLO-meeting requests per GPU-hour (attainment of feasible "
+                "requests, GPU-hours); `*`: no setting met the attainment target on the training window "
+                "(oracle: no schedule the search tried met it on the test window).",
+                summary_table(records),
+                "Settings chosen on the training window (the cheapest meeting the target), and the envelope "
+                "measured there:",
+                settings_table(records),
+            )
+        )
+        + "\n"
+    )

@@ -1,0 +1,109 @@
+"""The measured envelope: found on a fleet of several groups with a bracket and a confidence bound,
+or a loud error that names the class, the attainment reached and the rates tried."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
+from goodput.estimators.work import WorkPricing
+from goodput.simulator.engine import EngineConfig
+from goodput.simulator.envelope import (
+    EnvelopeNotFoundError,
+    EnvelopeSearch,
+    measure_envelope,
+    wilson_lower_bound,
+)
+from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.report import ClassTargets
+from goodput.simulator.workload import BurstSpec, ClassRule, Workload, assign_classes, synthetic_bursts
+
+ENGINE = EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G)
+FLEET = FleetConfig(engine=ENGINE, gpus_per_group=1, itl_targets_seconds=(0.075,))
+PRICING = WorkPricing.from_step_model(ENGINE.cost)
+SEARCH = EnvelopeSearch(groups=2, repeats=2, trial_seconds=120.0, refinements=2, min_requests_per_class=20)
+
+
+def steady(rate: float = 20.0, seconds: float = 600.0) -> Workload:
+    spec = BurstSpec(
+        duration_seconds=seconds,
+        base_rate_per_second=rate,
+        burst_multiplier=1.0,
+        input_median_tokens=400,
+        output_median_tokens=60,
+        input_sigma=0.5,
+        output_sigma=0.5,
+    )
+    return assign_classes(synthetic_bursts(spec, seed=5), ClassRule(("chat",), (1.0,)), seed=5)
+
+
+def test_the_envelope_brackets_the_rate_and_bounds_the_attainment() -> None:
+    chat = ClassTargets("chat", ttft_seconds=1.0, itl_seconds=0.075, attainment=0.99)
+    envelope = measure_envelope(
+        FLEET, steady(), (chat,), pricing=PRICING, first_guess_rate_per_group=5.0, search=SEARCH
+    )
+    assert envelope.failing_requests_per_second is not None
+    assert envelope.requests_per_second < envelope.failing_requests_per_second
+    passed = [t for t in envelope.trial_log if t.passed]
+    failed = [t for t in envelope.trial_log if not t.passed]
+    assert max(t.rate_per_group for t in passed) == envelope.requests_per_second
+    assert min(t.rate_per_group for t in failed) == envelope.failing_requests_per_second
+    assert envelope.groups == 2 and envelope.repeats == 2
+    (bound,) = envelope.attainment_lower_bounds
+    best = next(t for t in envelope.trial_log if t.rate_per_group == envelope.requests_per_second)
+    assert bound <= best.attainment(0)
+    assert envelope.work_seconds_per_second > 0
+
+
+def test_a_target_no_rate_meets_fails_loudly_with_the_class_and_the_rates() -> None:
+    # an ITL target below what a decode step at these contexts takes, alone or not
+    strict = ClassTargets(
+        "strict", ttft_seconds=1.0, itl_seconds=ENGINE.cost.decode_step_seconds(1, 20), attainment=0.99
+    )
+    with pytest.raises(
+        EnvelopeNotFoundError, match=r"strict reached 0\.\d+ against attainment 0\.99.*rates tried"
+    ):
+        measure_envelope(
+            FLEET, steady(), (strict,), pricing=PRICING, first_guess_rate_per_group=5.0, search=SEARCH
+        )
+
+
+def test_too_few_requests_to_judge_is_an_error_not_a_pass() -> None:
+    chat = ClassTargets("chat", ttft_seconds=1.0, itl_seconds=0.075)
+    with pytest.raises(EnvelopeNotFoundError, match="too few requests"):
+        measure_envelope(
+            FLEET,
+            steady(rate=0.05),
+            (chat,),
+            pricing=PRICING,
+            first_guess_rate_per_group=0.05,
+            search=replace(SEARCH, min_requests_per_class=100),
+        )
+
+
+def test_an_empty_workload_is_an_error() -> None:
+    chat = ClassTargets("chat", ttft_seconds=1.0, itl_seconds=0.075)
+    empty = steady().take(np.zeros(0, dtype=np.int64), "none")
+    with pytest.raises(EnvelopeNotFoundError, match="no feasible request"):
+        measure_envelope(
+            FLEET, empty, (chat,), pricing=PRICING, first_guess_rate_per_group=1.0, search=SEARCH
+        )
+
+
+@given(st.integers(0, 500), st.integers(1, 500))
+def test_the_wilson_bound_lies_below_the_share(successes: int, extra: int) -> None:
+    trials = successes + extra - 1 if successes + extra - 1 >= max(successes, 1) else max(successes, 1)
+    bound = wilson_lower_bound(successes, trials)
+    assert 0.0 <= bound <= successes / trials + 1e-12
+    if successes < trials:
+        assert wilson_lower_bound(successes + 1, trials) >= bound
+
+
+def test_the_wilson_bound_of_nothing_is_nan() -> None:
+    assert math.isnan(wilson_lower_bound(0, 0))
