@@ -57,6 +57,7 @@ from goodput.controllers.observation import (
 )
 from goodput.controllers.placement import GpuClaim, Inventory
 from goodput.controllers.policy import parse_slo_policy, reconcile_policy
+from goodput.controllers.snapshot import wanted_groups
 from goodput.controllers.status import (
     invalid_spec_status,
     is_own_condition,
@@ -517,8 +518,7 @@ class ModelGroupLoop:
             template=template,
             rules=rules,
             placement=placement_rules(spec),
-            # Bounds moved past `replicas` (which the API allows) converge to the nearest bound.
-            desired_groups=max(spec.min_replicas, min(spec.replicas, spec.max_replicas)),
+            desired_groups=wanted_groups(spec.replicas, spec.min_replicas, spec.max_replicas),
             pods=pods,
             inventory=Inventory(tuple(view.inventory for view in nodes), tuple(claims)),
             ready_nodes=frozenset(view.inventory.name for view in nodes if view.ready),

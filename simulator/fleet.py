@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
+from goodput.controllers.snapshot import wanted_groups
 from goodput.simulator.engine import Engine, EngineConfig
 from goodput.simulator.records import RequestLog
 
@@ -233,8 +234,7 @@ class Fleet:
 
     def scale_to(self, desired: int, now: float) -> list[LifecycleEvent]:
         """Converge the live groups to `desired`: create groups, or drain the cheapest victims."""
-        desired = max(self.config.min_groups, min(self.config.max_groups, desired))
-        self.desired = desired
+        self.desired = wanted_groups(desired, self.config.min_groups, self.config.max_groups)
         events = self._reconcile(now)
         self._record(now)
         return events

@@ -82,6 +82,30 @@ def scraped(
     )
 
 
+def test_a_replacement_not_created_yet_counts_as_placing_as_the_operator_counts_it() -> None:
+    """A failed group's replacement waits out the replacement delay: wanted, not created. The
+    operator's snapshot counts such a group as placing capacity; so must the simulator's."""
+    observation = FleetObservation(
+        now=30.0,
+        desired_groups=3,
+        placing_groups=0,
+        loading_groups=0,
+        ready_groups=2,
+        draining_groups=0,
+        min_groups=1,
+        max_groups=8,
+        metrics=MetricsView(30.0, ()),
+        groups=(GroupInfo("group-0", "Ready", 0.0, 0.0), GroupInfo("group-1", "Ready", 0.0, 0.0)),
+    )
+    snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama")
+    assert [(g.state, g.unschedulable) for g in snapshot.groups] == [
+        (GroupState.READY, False),
+        (GroupState.READY, False),
+        (GroupState.PLACING, False),
+    ]
+    assert snapshot.groups[-1].created_at == 30.0
+
+
 def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready_group() -> None:
     start = scraped("group-0", prompt=1000, finished=10, prompt_sum=10_000, ttfts=(0.05,) * 10)
     end = scraped(
@@ -90,7 +114,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
     view = MetricsView(70.0, (FleetSample(0.0, (start,)), FleetSample(60.0, (end,))))
     observation = FleetObservation(
         now=72.0,
-        desired_groups=4,
+        desired_groups=3,
         placing_groups=1,
         loading_groups=1,
         ready_groups=1,
@@ -106,7 +130,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
         ),
     )
     snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama")
-    assert snapshot.spec_replicas == 4
+    assert snapshot.spec_replicas == 3
     assert [g.state for g in snapshot.groups] == [
         GroupState.READY,
         GroupState.PLACING,
