@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from goodput.api.slopolicy import SloPolicy
+from goodput.controllers import policy_compile
 from goodput.controllers.autoscale_model import (
     GroupState,
     Mode,
@@ -15,6 +18,7 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
+from goodput.simulator.config import load_model_group, load_slo_policy
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
@@ -224,3 +228,27 @@ def test_goodput_scales_out_a_burst_through_the_decision_pipeline() -> None:
     assert max(event.to_groups for event in ups) >= 3
     assert policy.last_decision is not None and policy.last_decision.policy_revision == ""
     assert np.isfinite(result.gpu_seconds)
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+
+
+def test_the_simulator_compiles_a_sample_exactly_as_the_operator_does() -> None:
+    group = load_model_group(SAMPLES / "modelgroup-llama-8b-tp1.yaml")
+    slo = load_slo_policy(SAMPLES / "slopolicy-interactive.yaml")
+    spec = group.spec
+    simulated = scaling_policy(
+        slo, spec.min_replicas, spec.max_replicas, spec.warm_replicas, fallback_classes=()
+    )
+    assert simulated == policy_compile.scaling_policy(spec, slo.spec)
+
+
+def test_what_only_the_operators_compile_had_holds_in_the_simulator() -> None:
+    """An SLOPolicy with no step policies compiles (no step limit); warm groups never exceed the
+    maximum."""
+    body = SLO.model_dump(mode="json", by_alias=True)
+    body["spec"]["autoscaling"]["scaleUp"] = {"policies": []}
+    no_steps = SloPolicy.model_validate(body)
+    policy = scaling_policy(no_steps, 1, 6, 9, fallback_classes=())
+    assert policy.warm_groups == 6
+    assert [(p.type, p.value) for p in policy.scale_up.policies] == [(StepPolicyType.GROUPS, 6)]
