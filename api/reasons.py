@@ -144,6 +144,8 @@ class EventReason:
     """A draining group reached `drain.maxSeconds` with requests in flight; they were aborted."""
     DRAIN_CANCELLED: Final = "DrainCancelled"
     """A scale-out put a whole, healthy draining group back in service instead of creating one."""
+    READINESS_WAITING: Final = "ReadinessWaiting"
+    """A group's ranks all run but it is still not ready after a while: which rank waits for what."""
     INVALID_SPEC: Final = "InvalidSpec"
     POLICY_ACCEPTED: Final = "PolicyAccepted"
 

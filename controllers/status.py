@@ -122,7 +122,7 @@ def model_group_status(
 
     phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
     if phase is not None:
-        put(ConditionType.PROGRESSING, "True", phase[1], summary)
+        put(ConditionType.PROGRESSING, "True", phase[1], summary + _waits(plan.groups))
     else:
         put(ConditionType.PROGRESSING, "False", Reason.STABLE, "no group is placing, starting or draining")
 
@@ -248,6 +248,19 @@ def _summary(counts: Counter[str]) -> str:
         if counts[state]
     ]
     return ", ".join(parts)
+
+
+# Warming groups whose wait the Progressing condition spells out (the rest are counted).
+_WAITS_SHOWN = 3
+
+
+def _waits(groups: Iterable[Assessment]) -> str:
+    """What warming groups wait for, rank by rank (see `assess`): a readiness check that nothing on
+    the cluster answers shows in `kubectl describe` without reading pod annotations."""
+    warming = [group for group in groups if group.state == "Warming" and group.message]
+    shown = "".join(f"; group {group.name}: {group.message}" for group in warming[:_WAITS_SHOWN])
+    more = len(warming) - _WAITS_SHOWN
+    return shown + (f"; {more} more warming" if more > 0 else "")
 
 
 def _degraded(groups: Iterable[Assessment]) -> tuple[str, str] | None:

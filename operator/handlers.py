@@ -434,6 +434,8 @@ class ModelGroupLoop:
         self.leader_readings: dict[str, LeaderReading] = {}
         self.leader_samples: dict[str, LeaderSample] = {}
         self.probes_in_flight: set[str] = set()
+        # Groups whose wait for readiness was reported with an Event (once per group and process).
+        self.readiness_reported: set[str] = set()
         self.unrecorded_drains: list[DrainEnded] = []
         self.written_status: dict[str, Any] | None = None
         self.written_status_model: ModelGroupStatus | None = None
@@ -471,6 +473,7 @@ class ModelGroupLoop:
         finally:
             # What was done is announced even when a later step of the plan failed.
             self.runtime.post_events(self.body, plan.events)
+            self.readiness_reported.update(plan.readiness_reported)
         _record(self.runtime.metrics, self.namespace, self.name, world, plan)
         status = model_group_status(
             previous,
@@ -504,6 +507,7 @@ class ModelGroupLoop:
         for memory in memories:
             for group in [g for g in memory if g not in live_groups]:
                 del memory[group]
+        self.readiness_reported &= live_groups
         tuning = ControllerTuning(
             warmup_retry_seconds=settings.warmup_retry_seconds,
             placement_backoff_seconds=settings.placement_backoff_seconds,
@@ -525,6 +529,7 @@ class ModelGroupLoop:
             group_counter=int(counter_text) if counter_text.isdigit() else 0,
             backoffs=parse_backoffs(annotations.get(naming.ANNOTATION_PLACEMENT_BACKOFF)),
             warmups=dict(self.warmups),
+            readiness_reported=frozenset(self.readiness_reported),
             warmups_in_flight=frozenset(self.warmups_in_flight),
             leader_readings=dict(self.leader_readings),
             leader_samples=dict(self.leader_samples),

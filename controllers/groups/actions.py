@@ -64,6 +64,8 @@ def plan_actions(tick: Tick) -> Plan:
     probes = [_probe(g, world) for g in still_draining if continuing[g.name].probe]
     probes += [_probe(tick.groups[name], world) for name in tick.unread_leaders]
     probes += actions.probes
+    reported = _readiness_waits(final, world)
+    actions.events.extend(event for _, event in reported)
     annotations: dict[str, str] = {}
     if tick.group_counter != world.group_counter:
         annotations[naming.ANNOTATION_GROUP_COUNTER] = str(tick.group_counter)
@@ -94,7 +96,22 @@ def plan_actions(tick: Tick) -> Plan:
         became_ready=tick.became_ready,
         backoffs=tick.backoffs,
         transitions=tick.transitions,
+        readiness_reported=tuple(name for name, _ in reported),
     )
+
+
+def _readiness_waits(final: list[Assessment], world: World) -> list[tuple[str, EventRecord]]:
+    """A warming group not ready `readiness_report_seconds` after every rank started says, once,
+    which rank waits for what: a check no agent on the cluster answers must not wait unseen."""
+    reports = []
+    for group in final:
+        if group.state != "Warming" or group.running_at is None or group.name in world.readiness_reported:
+            continue
+        waited = seconds_between(group.running_at, world.now)
+        if waited >= world.rules.readiness_report_seconds:
+            message = f"group {group.name} not ready {waited:.0f}s after every rank started: {group.message}"
+            reports.append((group.name, EventRecord("Warning", EventReason.READINESS_WAITING, message)))
+    return reports
 
 
 def _deletion(tick: Tick, group: Assessment) -> GroupDeletion:

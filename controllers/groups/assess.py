@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from goodput.api.reasons import Reason
+from goodput.controllers import naming
 from goodput.controllers.groups.lifecycle import GroupEvent
 from goodput.controllers.groups.model import (
     Assessment,
@@ -166,21 +167,31 @@ def _running(base: Assessment, world: World) -> Assessment:
             f"not ready within {world.rules.startup_timeout_seconds:g}s of scheduling: {message}",
             GroupEvent.STARTUP_TIMED_OUT,
         )
-    reason, message = blocker or (Reason.GROUPS_WARMING, "warming up through the leader")
+    leader = live[0]
+    reason, message = blocker or (
+        Reason.GROUPS_WARMING,
+        f"rank 0 ({leader.name}) waits for a warm-up completion through the leader",
+    )
     return replace(
         base, state="Warming", reason=reason, message=message, checks_passed=checks_blocker is None
     )
 
 
 def _readiness_blocker(pods: tuple[PodView, ...], world: World) -> tuple[str, str] | None:
-    """What still keeps running ranks from serving (before the warm-up), or None."""
+    """What still keeps running ranks from serving (before the warm-up), or None: which rank waits
+    for which signal, and which spec field asks for it, so a cluster without the health agent
+    shows at once why its groups never become ready."""
     rules = world.rules
     if rules.nccl_required:
-        waiting = [pod.rank for pod in pods if pod.nccl_healthy is None or pod.nccl_healthy.status != "True"]
+        waiting = [pod for pod in pods if pod.nccl_healthy is None or pod.nccl_healthy.status != "True"]
         if waiting:
-            return Reason.GROUPS_WARMING, f"waiting for NCCL health on rank {ranks_text(waiting)}"
+            return (
+                Reason.GROUPS_WARMING,
+                f"{_ranks_of(waiting)} {_wait(waiting)} for pod condition "
+                f"{naming.CONDITION_NCCL_HEALTHY}=True (spec.readiness.ncclCheck: Required)",
+            )
     if rules.revision_check:
-        unreported = [pod.rank for pod in pods if pod.reported_model_revision is None]
+        unreported = [pod for pod in pods if pod.reported_model_revision is None]
         wrong = [pod for pod in pods if pod.reported_model_revision not in (None, rules.model_revision)]
         if wrong:
             return (
@@ -191,9 +202,19 @@ def _readiness_blocker(pods: tuple[PodView, ...], world: World) -> tuple[str, st
         if unreported:
             return (
                 Reason.GROUPS_WARMING,
-                f"waiting for rank {ranks_text(unreported)} to report the model revision",
+                f"{_ranks_of(unreported)} {_wait(unreported)} for annotation "
+                f"{naming.ANNOTATION_MODEL_REVISION}={rules.model_revision} "
+                "(spec.readiness.revisionCheck: true)",
             )
     return None
+
+
+def _ranks_of(pods: list[PodView]) -> str:
+    return ", ".join(f"rank {pod.rank} ({pod.name})" for pod in pods)
+
+
+def _wait(pods: list[PodView]) -> str:
+    return "waits" if len(pods) == 1 else "wait"
 
 
 def _unschedulable_detail(pods: Iterable[PodView]) -> str:

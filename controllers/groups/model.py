@@ -57,6 +57,8 @@ class ReadinessRules:
     drain_settle_seconds: float = 5
     min_lifetime_seconds: float = 300
     backoff_seconds: float = 300
+    # A group whose ranks all run but that is not ready this long after says what it waits for.
+    readiness_report_seconds: float = 60
 
     def drain_policy(self) -> DrainPolicy:
         return DrainPolicy(
@@ -117,6 +119,8 @@ class World:
     routed_pods: frozenset[str] = frozenset()
     max_replicas: int | None = None
     deleting: bool = False
+    # Groups whose wait for readiness was already reported with an Event (the operator's memory).
+    readiness_reported: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +312,8 @@ class Plan:
     backoffs: tuple[Backoff, ...] = ()
     # Every group's move this tick, in the order decided (see `lifecycle`).
     transitions: tuple[GroupTransition, ...] = ()
+    # Groups whose wait for readiness this plan reports with an Event, for the operator to remember.
+    readiness_reported: tuple[str, ...] = ()
 
 
 def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
