@@ -6,21 +6,25 @@ export PYTHONSAFEPATH := 1
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-LAYERS := api estimators controllers operator simulator cluster
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+LAYERS := api estimators controllers operator simulator testbed
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo demo-sim venv lint typecheck layers unit e2e binaries crds clean
+.PHONY: test demo demo-sim venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean
 
+# Every set-up step is a prerequisite of the step that needs it, so `make test` on a fresh machine
+# installs the OS tools, creates the virtual environment and builds the cluster's binaries (the chart
+# tests in `unit` run helm and kubectl) before anything uses them.
 test: lint typecheck layers unit e2e
 
 venv: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testbed/pyproject.toml | os-packages
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	# goodput, and beside it the test bed (a distribution of its own, never in goodput's wheel).
+	$(PY) -m pip install -q -e '.[dev]' -e ./testbed
 	# A tree of folder links that maps each layer under `goodput`, so mypy and import-linter see the
 	# same package the interpreter imports (setuptools' editable finder is invisible to them).
-	mkdir -p build/pkgroot/goodput
+	rm -rf build/pkgroot && mkdir -p build/pkgroot/goodput
 	for layer in $(LAYERS); do ln -sfn ../../../$$layer build/pkgroot/goodput/$$layer; done
 	echo "$(CURDIR)/build/pkgroot" > $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/goodput-pkgroot.pth
 	touch $@
@@ -35,14 +39,23 @@ typecheck: venv
 layers: venv
 	$(VENV)/bin/lint-imports
 
-unit: venv
+unit: venv binaries
 	$(VENV)/bin/pytest -q tests
 
-binaries:
+# The OS tools the test bed runs (iproute2, openssl), installed with apt-get when missing.
+os-packages:
+	tools/require-os-packages.sh
+
+binaries: os-packages
 	tools/build-binaries.sh
 
 e2e: venv binaries
 	$(VENV)/bin/pytest -q e2e
+
+# What CI and a new contributor go through: a clone of HEAD with an empty binary cache, then
+# `make test` (the first build of the binaries takes about 20 minutes on two cores).
+fresh-check:
+	tools/fresh-machine-check.sh
 
 # The CRDs are rendered from the API models; the chart's copy and the kustomize base follow them.
 crds: venv

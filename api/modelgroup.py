@@ -28,14 +28,6 @@ from goodput.api.base import (
 )
 from goodput.api.conditions import Condition
 from goodput.api.slopolicy import AutoscalingMode
-from goodput.estimators.service_time import (
-    GPUS,
-    MODELS,
-    GpuSpec,
-    ModelShape,
-    StepCostModel,
-    default_batch_limits,
-)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -254,17 +246,6 @@ class ModelShapeSpec(SpecModel):
     dtype_bytes: int = Field(default=2, ge=1, le=4)
     """Bytes per weight and KV element: 2 for bf16/fp16, 1 for fp8."""
 
-    def to_model_shape(self, name: str) -> ModelShape:
-        return ModelShape(
-            name,
-            self.parameters,
-            self.layers,
-            self.hidden_size,
-            self.kv_heads,
-            self.head_dim,
-            self.dtype_bytes,
-        )
-
 
 class Profile(SpecModel):
     """The capacity envelope and service-time model of this model on this hardware.
@@ -292,10 +273,6 @@ class Profile(SpecModel):
     ready_time_seconds: int | None = Field(default=None, ge=1, le=86400)
     """Expected time from creating a group to it serving (placement, image, weights, rank
     initialisation, compilation, warm-up); absent: learnt from the groups' measured ready times."""
-
-    def gpu_spec(self) -> GpuSpec | None:
-        """The service-time model's figures for `gpu`, or None when goodput does not know it."""
-        return GPUS.get(self.gpu)
 
 
 class Warmup(SpecModel):
@@ -414,43 +391,6 @@ class ModelGroupSpec(SpecModel):
     """What a group must pass before it counts as capacity."""
     drain: Drain = Drain()
     """How groups are removed on scale-in."""
-
-    def model_shape(self) -> ModelShape | None:
-        """The profile's shape, else the catalog's shape for `model.name`, else None."""
-        if self.profile is not None and self.profile.model_shape is not None:
-            return self.profile.model_shape.to_model_shape(self.model.name)
-        return MODELS.get(catalog_model_key(self.model.name))
-
-    def step_cost_model(self) -> StepCostModel | None:
-        """goodput's service-time model of one group, or None when the GPU or the shape is unknown."""
-        shape = self.model_shape()
-        gpu = self.profile.gpu_spec() if self.profile is not None else None
-        if shape is None or gpu is None:
-            return None
-        return StepCostModel.from_hardware(shape, gpu, self.parallelism.tensor, self.parallelism.pipeline)
-
-    def kv_capacity_tokens(self) -> int | None:
-        """KV tokens one group holds: the measured figure when given, else the model's estimate."""
-        if self.profile is not None and self.profile.kv_capacity_tokens is not None:
-            return self.profile.kv_capacity_tokens
-        cost = self.step_cost_model()
-        return None if cost is None else cost.kv_capacity_tokens
-
-    def batch_limits(self) -> tuple[int, int] | None:
-        """(max_num_seqs, max_num_batched_tokens) each group runs with, or None when unknown."""
-        if self.profile is None:
-            return None
-        gpu = self.profile.gpu_spec()
-        default_seqs, default_tokens = default_batch_limits(gpu) if gpu is not None else (None, None)
-        seqs = self.profile.max_num_seqs or default_seqs
-        tokens = self.profile.max_num_batched_tokens or default_tokens
-        return None if seqs is None or tokens is None else (seqs, tokens)
-
-
-def catalog_model_key(model_name: str) -> str:
-    """Catalog key of a model id: 'meta-llama/Llama-3.1-8B-Instruct' -> 'llama-3.1-8b'."""
-    base = model_name.rstrip("/").rsplit("/", 1)[-1].lower()
-    return base.removesuffix("-instruct")
 
 
 GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]

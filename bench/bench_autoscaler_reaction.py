@@ -38,9 +38,9 @@ from test_autoscaler import (  # noqa: E402  (the e2e stage: emulator, operator,
     slo_policy,
 )
 
-from goodput.cluster.controlplane import LocalCluster  # noqa: E402
-from goodput.cluster.testing import wait_for  # noqa: E402
-from goodput.operator.testing import local_cluster  # noqa: E402
+from goodput.testbed.cluster.controlplane import LocalCluster  # noqa: E402
+from goodput.testbed.cluster.testing import wait_for  # noqa: E402
+from goodput.testbed.operator_process import local_cluster  # noqa: E402
 
 SIMULATED_START_SECONDS = 0.1 + 1.0 + 2.0 + 0.5
 BASE_SECONDS, BURST_SECONDS = 20.0, 60.0

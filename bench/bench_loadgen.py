@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from goodput.simulator.loadgen import (
+from goodput.testbed.cluster.controlplane import free_port
+from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadReport,
     LoadSettings,
@@ -41,17 +41,11 @@ def cpu_seconds_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start_emulator(port: int) -> subprocess.Popen[str]:
     command = [
         sys.executable,
         "-m",
-        "goodput.simulator.cli_emulate",
+        "goodput.testbed.cli_emulate",
         "--serve",
         f"127.0.0.1:{port}",
         "--load-seconds",

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import yaml
 
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import wait_for
-from goodput.cluster.topology import Topology
-from goodput.operator.testing import OperatorProcess, fake_leaders, health_agent, local_cluster
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.cluster.topology import Topology
+from goodput.testbed.operator_process import OperatorProcess, fake_leaders, health_agent, local_cluster
 
 NAMESPACE = "bench-idle"
 TOPOLOGY = Topology(zones=2, domains_per_zone=2, nodes_per_domain=4)

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import wait_for
-from goodput.operator.testing import OperatorProcess, fake_leaders, health_agent, local_cluster
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.operator_process import OperatorProcess, fake_leaders, health_agent, local_cluster
 
 NAMESPACE = "bench-scale"
 # pod-create 0.1 s + image pull 1 s + weight load 1 s (cluster/stages defaults).

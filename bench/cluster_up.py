@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from goodput.cluster import controlplane, processes
-from goodput.cluster.binaries import ensure_binaries
+from goodput.testbed.cluster import controlplane, processes
+from goodput.testbed.cluster.binaries import ensure_binaries
 
 
 def rss_kib(pid: int) -> int:

@@ -44,13 +44,9 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
+from goodput.controllers.hardware import batch_limits, step_cost_model
 from goodput.controllers.policy import policy_problems
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
-from goodput.estimators.service_time import H100_80G, StepCostModel
-
-# Pricing reference for accelerators the service-time model does not know: work is then priced as on
-# this GPU, and the measured capacity (in those work-seconds) and KV size replace the model's.
-REFERENCE_GPU = H100_80G
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,46 +164,6 @@ def scaling_rules(rules: ApiScalingRules, *, max_groups: int) -> ScalingRules:
     )
 
 
-def step_cost_model(spec: ModelGroupSpec) -> StepCostModel | str:
-    """The service-time model of one group, with the measured KV size when the profile gives one,
-    or why there is none."""
-    profile = spec.profile
-    if profile is None:
-        return "spec.profile is required with a policy: the autoscaler prices work with it"
-    shape = spec.model_shape()
-    if shape is None:
-        return (
-            f"spec.profile.modelShape is required: {spec.model.name!r} is not in goodput's model catalog, "
-            "so its tokens cannot be priced"
-        )
-    gpu = profile.gpu_spec()
-    if gpu is None:
-        missing = [
-            name
-            for name, value in (
-                ("kvCapacityTokens", profile.kv_capacity_tokens),
-                ("capacityWorkSecondsPerSecond", profile.capacity_work_seconds_per_second),
-            )
-            if value is None
-        ]
-        if missing:
-            return (
-                f"spec.profile.gpu {profile.gpu!r} is not one goodput's service-time model knows: set "
-                + " and ".join(f"spec.profile.{name}" for name in missing)
-                + " from a benchmark"
-            )
-        gpu = REFERENCE_GPU
-    model = StepCostModel.from_hardware(shape, gpu, spec.parallelism.tensor, spec.parallelism.pipeline)
-    if profile.kv_capacity_tokens is not None:
-        model = dataclasses.replace(model, kv_capacity_tokens=profile.kv_capacity_tokens)
-    if model.kv_capacity_tokens <= 0:
-        return (
-            f"the weights of {spec.model.name!r} leave no KV cache on {spec.parallelism.gpus_per_group} "
-            f"{profile.gpu} GPU(s): raise parallelism or set spec.profile.kvCapacityTokens"
-        )
-    return model
-
-
 def capacity_profile(
     spec: ModelGroupSpec, slo: SloPolicySpec, mix: ReferenceMix = ReferenceMix()
 ) -> CapacityProfile | str:
@@ -220,7 +176,7 @@ def capacity_profile(
     model = step_cost_model(spec)
     if isinstance(model, str):
         return model
-    limits = spec.batch_limits()
+    limits = batch_limits(spec)
     if limits is None:
         return (
             "spec.profile.maxNumSeqs and spec.profile.maxNumBatchedTokens are required for a GPU "

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
 from goodput.controllers import naming
 from goodput.controllers.groups import ReadinessRules
+from goodput.controllers.hardware import batch_limits
 from goodput.controllers.placement import (
     GroupShape,
     NodeInventory,
@@ -66,7 +67,7 @@ def describe_validation_error(error: ValidationError) -> str:
 def group_template(model_group: ModelGroup) -> GroupTemplate:
     spec = model_group.spec
     meta = model_group.metadata
-    limits = spec.batch_limits()
+    limits = batch_limits(spec)
     return GroupTemplate(
         model_group=meta.name or "",
         namespace=meta.namespace or "",

@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from goodput.cluster import controlplane
-from goodput.cluster.binaries import BinariesUnavailableError, ensure_binaries, repository_root
-from goodput.cluster.kube import ApiError
-from goodput.cluster.netns import NetnsError
-from goodput.cluster.pki import PkiError
-from goodput.cluster.testing import wait_for
+from goodput.testbed.cluster import controlplane
+from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries, repository_root
+from goodput.testbed.cluster.kube import ApiError
+from goodput.testbed.cluster.netns import NetnsError
+from goodput.testbed.cluster.pki import PkiError
+from goodput.testbed.cluster.testing import wait_for
 
 E2E_CLUSTER_ENV = "GOODPUT_E2E_CLUSTER"
 SESSION_SCRAPE_INTERVAL_SECONDS = 2.0

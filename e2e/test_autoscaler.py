@@ -29,12 +29,12 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.cluster import processes
-from goodput.cluster.config import StatePaths, component_commands
-from goodput.cluster.controlplane import LocalCluster, free_ports
-from goodput.cluster.kube import probe
-from goodput.cluster.testing import wait_for
-from goodput.simulator.loadgen import (
+from goodput.testbed.cluster import processes
+from goodput.testbed.cluster.config import StatePaths, component_commands
+from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
+from goodput.testbed.cluster.kube import probe
+from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadSettings,
     PlannedRequest,

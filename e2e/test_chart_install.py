@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,11 +35,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from goodput.cluster.binaries import BinariesUnavailableError, ensure_binaries
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import wait_for
 from goodput.operator.metrics import OperatorMetrics
 from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
+from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries
+from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
+from goodput.testbed.cluster.testing import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "goodput"
@@ -84,13 +83,6 @@ def get_json(cluster: LocalCluster, *args: str) -> Any:
 def release_name(namespace: str) -> str:
     """Unique per test, so cluster-scoped names (ClusterRoles, the peering object) never collide."""
     return f"gp-{namespace.removeprefix('e2e-')}"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -292,9 +284,10 @@ def operator_environment(cluster: LocalCluster, install: Installed) -> dict[str,
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] + container["args"] == ["goodput", "run"]
     env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
-    env["GOODPUT_LIVENESS_ENDPOINT"] = f"http://127.0.0.1:{free_port()}/healthz"
+    liveness_port, metrics_port = free_ports(2)
+    env["GOODPUT_LIVENESS_ENDPOINT"] = f"http://127.0.0.1:{liveness_port}/healthz"
     env["GOODPUT_METRICS_ADDRESS"] = "127.0.0.1"
-    env["GOODPUT_METRICS_PORT"] = str(free_port())
+    env["GOODPUT_METRICS_PORT"] = str(metrics_port)
     env["POD_ID"] = f"{install.release}-under-test"
     return env
 
@@ -593,7 +586,7 @@ EXPECTED_ALERTS = {
 
 def test_the_alert_rules_load_and_raise_exactly_the_alerts_the_situation_calls_for(tmp_path: Path) -> None:
     prometheus = prometheus_binary()
-    port, closed_port = free_port(), free_port()
+    port, closed_port = free_ports(2)
     exposition = Exposition()
     with metrics_server(exposition) as metrics_port:
         config = tmp_path / "prometheus.yml"

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from goodput.cluster import controlplane, netns, processes
-from goodput.cluster.config import COMPONENTS
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import port_accepts, serving_in_netns, wait_for
-from goodput.cluster.topology import CLIQUE_LABEL, GPU_RESOURCE, ZONE_LABEL, Topology, fake_gpu_nodes
+from goodput.testbed.cluster import controlplane, netns, processes
+from goodput.testbed.cluster.config import COMPONENTS
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import port_accepts, serving_in_netns, wait_for
+from goodput.testbed.cluster.topology import CLIQUE_LABEL, GPU_RESOURCE, ZONE_LABEL, Topology, fake_gpu_nodes
 
 FAST = {"sim.goodput.dev/image-pull-seconds": "0", "sim.goodput.dev/weight-load-seconds": "0"}
 GROUP_READY = "goodput.dev/group-ready"

@@ -20,7 +20,7 @@ from goodput.api.labels import leader_label_selector
 from goodput.api.modelgroup import ModelGroup, ModelGroupSpec, ModelGroupStatus, Parallelism, ScalingDecision
 from goodput.api.reasons import ConditionType, Reason, Signal
 from goodput.api.slopolicy import SloPolicy
-from goodput.cluster.testing import wait_for
+from goodput.testbed.cluster.testing import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("goodput_crds")]
 

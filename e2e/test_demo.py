@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import wait_for
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

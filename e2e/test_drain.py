@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import wait_for
 from goodput.controllers.observation import parse_time
-from goodput.operator.testing import (
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.operator_process import (
     EmulatorProcess,
     LoadProcess,
     OperatorProcess,

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import port_accepts, wait_for
 from goodput.operator.promql import Quantity, SeriesLabels, Windows, sub_queries
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import port_accepts, wait_for
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SERVED = "llama"
@@ -128,7 +128,7 @@ class Emulator:
         command = [
             sys.executable,
             "-m",
-            "goodput.simulator.cli_emulate",
+            "goodput.testbed.cli_emulate",
             "--kubeconfig",
             cluster.kubeconfig,
             "--netns",
@@ -219,7 +219,7 @@ def test_a_replayed_trace_reaches_emulated_leaders_and_prometheus_answers_goodpu
         [
             sys.executable,
             "-m",
-            "goodput.simulator.cli_load",
+            "goodput.testbed.cli_load",
             "--trace",
             TRACE,
             "--service",
@@ -451,7 +451,7 @@ def test_a_modelgroups_groups_turn_ready_through_the_emulator_serve_load_and_dra
         [
             sys.executable,
             "-m",
-            "goodput.simulator.cli_load",
+            "goodput.testbed.cli_load",
             "--trace",
             "synthetic:rate=5,duration=10",
             "--service",

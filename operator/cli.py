@@ -1,6 +1,9 @@
 """The `goodput` command line: one entry point, each subcommand owned by the layer that does the work.
 
-Subcommand modules are imported only when chosen, so `goodput --help` stays fast and a missing
+The operator's own subcommands are listed here. The other layers (the simulator, the test bed, which
+is a distribution of its own and never shipped) publish a small table of theirs under the entry-point
+group `goodput.commands`, so the operator names none of them and imports none of their code.
+A subcommand's module is imported only when chosen, so `goodput --help` stays fast and a missing
 optional component never breaks an unrelated command.
 """
 
@@ -9,33 +12,39 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
+
+COMMANDS_GROUP = "goodput.commands"
 
 # name -> (module exposing add_arguments(parser) and run(args) -> int, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
+CommandTable = Mapping[str, tuple[str, str]]
+
+OPERATOR_COMMANDS: CommandTable = {
     "crds": ("goodput.operator.cmd_crds", "render the CRDs from the API models into crds/"),
-    "cluster": ("goodput.cluster.cli", "a local control plane with fake GPU nodes (up|down|status|env)"),
-    "simulate": ("goodput.simulator.cli_simulate", "replay a trace through a simulated vLLM fleet"),
-    "bench": ("goodput.simulator.cli_bench", "compare scaling policies on one trace and seed"),
     "run": ("goodput.operator.main", "run the operator against the current kubeconfig"),
-    "demo": ("goodput.operator.cmd_demo", "the whole loop on a local cluster under a replayed trace"),
     "explain": (
         "goodput.operator.cmd_explain",
         "print a ModelGroup's last scaling decisions and their reasons",
     ),
-    "emulate": (
-        "goodput.simulator.cli_emulate",
-        "serve vLLM's endpoints and metrics at the cluster's pod IPs",
-    ),
-    "load": ("goodput.simulator.cli_load", "replay a trace as real HTTP requests, open loop, bounded"),
 }
+
+
+def discovered_commands() -> dict[str, tuple[str, str]]:
+    """The operator's commands, then each installed layer's table (first name wins on a clash)."""
+    commands = dict(OPERATOR_COMMANDS)
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda entry: entry.name):
+        table: CommandTable = entry.load()
+        for name, command in table.items():
+            commands.setdefault(name, command)
+    return commands
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="goodput", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (module_name, help_text) in discovered_commands().items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             module = importlib.import_module(module_name)

@@ -15,6 +15,7 @@ import yaml
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
+from goodput.controllers.hardware import batch_limits, gpu_spec, model_shape
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel, default_batch_limits
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.report import ClassTargets
@@ -118,9 +119,9 @@ def build_setup(
     slo_policy = load_slo_policy(policy_path) if policy_path is not None else None
     if model_group is not None:
         spec = model_group.spec
-        shape = spec.model_shape()
+        shape = model_shape(spec)
         profile = spec.profile
-        gpu = profile.gpu_spec() if profile is not None else None
+        gpu = gpu_spec(profile)
         if shape is None or gpu is None:
             raise ValueError(
                 f"{model_group_path}: the simulator needs a known model shape and profile.gpu "
@@ -128,8 +129,8 @@ def build_setup(
             )
         tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
         cost = StepCostModel.from_hardware(shape, gpu, tensor, pipeline)
-        seqs, tokens = spec.batch_limits() or default_batch_limits(gpu)
-        kv_tokens = spec.kv_capacity_tokens() or cost.kv_capacity_tokens
+        seqs, tokens = batch_limits(spec) or default_batch_limits(gpu)
+        kv_tokens = (profile.kv_capacity_tokens if profile is not None else None) or cost.kv_capacity_tokens
         engine = EngineConfig(
             cost=cost,
             max_num_seqs=seqs,

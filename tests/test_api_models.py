@@ -19,10 +19,8 @@ from goodput.api.modelgroup import (
     ModelGroupStatus,
     Parallelism,
     ScalingDecision,
-    catalog_model_key,
 )
 from goodput.api.slopolicy import SloPolicySpec
-from goodput.estimators.service_time import H100_80G, LLAMA_3_1_70B, StepCostModel
 
 
 def minimal_model_group_spec(**overrides: Any) -> dict[str, Any]:
@@ -283,68 +281,6 @@ def test_replicas_outside_bounds_parse_because_only_a_change_to_replicas_is_reje
     spec = ModelGroupSpec.model_validate(minimal_model_group_spec(replicas=6, maxReplicas=4))
 
     assert (spec.replicas, spec.max_replicas) == (6, 4)
-
-
-@pytest.mark.parametrize(
-    ("model_name", "key"),
-    [
-        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
-        ("meta-llama/Llama-3.1-70B", "llama-3.1-70b"),
-        ("/models/llama-3.1-70b-instruct/", "llama-3.1-70b"),
-        ("mistralai/Mistral-7B-v0.3", "mistral-7b-v0.3"),
-    ],
-    ids=["hub-instruct", "hub-base", "local-path", "unknown-model"],
-)
-def test_catalog_key_ignores_organisation_case_and_instruct_suffix(model_name: str, key: str) -> None:
-    assert catalog_model_key(model_name) == key
-
-
-def test_profile_resolves_the_service_time_model_for_the_groups_parallelism() -> None:
-    spec = ModelGroupSpec.model_validate(
-        minimal_model_group_spec(
-            model={"name": "meta-llama/Llama-3.1-70B-Instruct"},
-            parallelism={"tensor": 8, "pipeline": 2, "gpusPerPod": 8},
-            profile={"gpu": "h100-80g"},
-        )
-    )
-
-    expected = StepCostModel.from_hardware(LLAMA_3_1_70B, H100_80G, 8, 2)
-    assert spec.step_cost_model() == expected
-    assert spec.kv_capacity_tokens() == expected.kv_capacity_tokens
-    assert spec.batch_limits() == (1024, 8192)
-
-
-def test_measured_profile_figures_override_the_estimates() -> None:
-    shape = {"parameters": 7.2e9, "layers": 32, "hiddenSize": 4096, "kvHeads": 8, "headDim": 128}
-    spec = ModelGroupSpec.model_validate(
-        minimal_model_group_spec(
-            model={"name": "mistralai/Mistral-7B-v0.3"},
-            profile={"gpu": "a100-80g", "modelShape": shape, "kvCapacityTokens": 123_456, "maxNumSeqs": 64},
-        )
-    )
-
-    cost = spec.step_cost_model()
-    assert cost is not None
-    assert cost.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
-    assert spec.kv_capacity_tokens() == 123_456
-    assert spec.batch_limits() == (64, 2048)
-
-
-@pytest.mark.parametrize(
-    "profile",
-    [None, {"gpu": "mi300x"}, {"gpu": "h100-80g"}],
-    ids=["no-profile", "unknown-gpu", "unknown-model-shape"],
-)
-def test_unknown_hardware_or_model_gives_no_estimate_rather_than_a_wrong_one(
-    profile: dict[str, Any] | None,
-) -> None:
-    overrides: dict[str, Any] = {"model": {"name": "mistralai/Mistral-7B-v0.3"}}
-    if profile is not None:
-        overrides["profile"] = profile
-    spec = ModelGroupSpec.model_validate(minimal_model_group_spec(**overrides))
-
-    assert spec.step_cost_model() is None
-    assert spec.kv_capacity_tokens() is None
 
 
 def test_status_timestamps_are_utc_whole_seconds_on_the_wire() -> None:

@@ -5,8 +5,9 @@ optional feature on; its RBAC grants exactly what the operator uses; the pod mee
 Security Standard; its CRDs are the repository's; typos and wrong types in values are refused with
 the key named; the kustomize base, the monitoring manifests and the Argo CD settings are renderings
 of the chart, in sync; the alert rules read metrics that exist; the Argo CD health checks return
-what their fixtures say. helm, kubectl (for kustomize), lua5.4 and jq must be present: CI builds the
-first two (tools/build-binaries.sh) and installs the others, so a missing one fails, never skips.
+what their fixtures say. helm and kubectl (for kustomize) come from tools/build-binaries.sh, which
+`make unit` runs first, so a missing one fails, never skips; Lua 5.1 (Argo CD's gopher-lua dialect)
+and jq run in-process from their PyPI packages (lupa, jq).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import jq
+import lupa.lua51
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -947,21 +950,6 @@ def test_latency_thresholds_match_the_le_label_prometheus_stores(
 # --- Argo CD -----------------------------------------------------------------------------------------
 
 
-def lua_literal(value: Any) -> str:
-    """A Lua table constructor for a JSON-like value, as Argo CD hands `obj` to a health script."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "nil"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, list):
-        return "{" + ", ".join(lua_literal(item) for item in value) + "}"
-    return "{" + ", ".join(f"[{lua_literal(str(k))}] = {lua_literal(v)}" for k, v in value.items()) + "}"
-
-
 @dataclass(frozen=True, slots=True)
 class HealthCase:
     kind: str
@@ -987,19 +975,15 @@ HEALTH_CASES = health_cases()
 
 @pytest.mark.parametrize("case", HEALTH_CASES, ids=[f"{c.kind}-{c.input_path.stem}" for c in HEALTH_CASES])
 def test_argocd_health_check_reports_what_its_fixture_expects(case: HealthCase) -> None:
-    lua = _tool(_which("lua5.4"), "lua5.4", "apt-get install lua5.4")
+    # Argo CD runs health scripts in gopher-lua, a Lua 5.1: run them in a Lua 5.1 too, with `obj`
+    # set to the resource as Argo CD hands it over (a table built from the object's JSON).
+    lua = lupa.lua51.LuaRuntime(unpack_returned_tuples=True)
     script = ARGOCD / "resource_customizations" / "goodput.dev" / case.kind / "health.lua"
-    program = (
-        f"obj = {lua_literal(yaml.safe_load(case.input_path.read_text()))}\n"
-        f"local hs = dofile({lua_literal(str(script))})\n"
-        'io.write(hs.status, "\\n", hs.message, "\\n")\n'
-    )
-    result = subprocess.run(
-        [str(lua), "-"], input=program, capture_output=True, text=True, timeout=30, check=False
-    )
+    lua.globals().obj = lua.table_from(yaml.safe_load(case.input_path.read_text()), recursive=True)
 
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [case.status, case.message]
+    health = lua.execute(script.read_text())
+
+    assert (health.status, health.message) == (case.status, case.message)
 
 
 def test_every_argocd_health_status_is_covered_by_a_fixture() -> None:
@@ -1019,7 +1003,6 @@ def test_every_argocd_health_status_is_covered_by_a_fixture() -> None:
 def test_argocd_ignores_replicas_only_where_the_autoscaler_owns_them(
     spec: dict[str, Any], ignored: bool
 ) -> None:
-    jq = _tool(_which("jq"), "jq", "apt-get install jq")
     model_group = {
         "apiVersion": "goodput.dev/v1alpha1",
         "kind": "ModelGroup",
@@ -1033,16 +1016,7 @@ def test_argocd_ignores_replicas_only_where_the_autoscaler_owns_them(
 
     for path in paths["jqPathExpressions"]:
         # Argo CD removes each path from both sides of the diff with jq's del().
-        result = subprocess.run(
-            [str(jq), "-c", f"del({path})"],
-            input=json.dumps(model_group),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        kept = json.loads(result.stdout)
+        kept = jq.compile(f"del({path})").input_value(model_group).first()
         expected = {key: value for key, value in spec.items() if not (ignored and key == "replicas")}
         assert kept["spec"] == expected
         assert kept["metadata"] == model_group["metadata"]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from goodput.cluster import cli
-from goodput.cluster.config import ClusterLayout, Ports, StatePaths, render_kubeconfig
-from goodput.cluster.controlplane import ClusterState
-from goodput.cluster.topology import PodNetwork, Topology
+from goodput.testbed.cluster import cli
+from goodput.testbed.cluster.config import ClusterLayout, Ports, StatePaths, render_kubeconfig
+from goodput.testbed.cluster.controlplane import ClusterState
+from goodput.testbed.cluster.topology import PodNetwork, Topology
 
 
 def parse(*argv: str) -> argparse.Namespace:

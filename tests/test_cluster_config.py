@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.cluster.config import (
+from goodput.testbed.cluster.config import (
     COMPONENTS,
     ClusterLayout,
     Ports,
@@ -22,8 +22,8 @@ from goodput.cluster.config import (
     render_prometheus_config,
     stage_files,
 )
-from goodput.cluster.kube import KubeClient
-from goodput.cluster.topology import PodNetwork
+from goodput.testbed.cluster.kube import KubeClient
+from goodput.testbed.cluster.topology import PodNetwork
 
 PORTS = Ports(
     etcd_client=20001,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from goodput.cluster.netns import FIRST_OCTET, NetnsError, NetnsPlan, choose_octet, netns_name
-from goodput.cluster.topology import PodNetwork
+from goodput.testbed.cluster.netns import FIRST_OCTET, NetnsError, NetnsPlan, choose_octet, netns_name
+from goodput.testbed.cluster.topology import PodNetwork
 
 HOST_ROUTES = ["127.0.0.0/8", "127.0.0.1/32", "192.0.2.0/24", "192.0.2.2/32"]
 OCTET_CASES = {

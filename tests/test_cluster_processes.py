@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import socket
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.cluster import processes
+from goodput.testbed.cluster import processes
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 
@@ -58,3 +60,28 @@ def test_unreadable_pid_files_are_ignored(tmp_path: Path) -> None:
     (pid_dir / "broken.pid").write_text("not json")
     assert processes.read_records(pid_dir) == {}
     assert processes.read_records(tmp_path / "missing") == {}
+
+
+def test_stop_returns_only_after_the_process_let_go_of_its_port(tmp_path: Path) -> None:
+    # A server that takes half a second to shut down after SIGTERM, holding its port meanwhile: a
+    # `down` followed at once by an `up` must find the port free.
+    port_file = tmp_path / "port"
+    server = (
+        "import signal, socket, sys, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        f"open({str(port_file)!r}, 'w').write(str(s.getsockname()[1]))\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))\n"
+        "while True: time.sleep(1)\n"
+    )
+    record = processes.spawn(
+        "server", [sys.executable, "-c", server], log_path=tmp_path / "server.log", pid_dir=tmp_path / "pids"
+    )
+    deadline = time.monotonic() + 10
+    while not port_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    port = int(port_file.read_text())
+
+    assert processes.stop(record, grace_seconds=5) is True
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # raises EADDRINUSE if the old server still held it

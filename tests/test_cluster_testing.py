@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from goodput.cluster.testing import wait_for
+from goodput.testbed.cluster.testing import wait_for
 
 
 def test_returns_the_first_truthy_value() -> None:

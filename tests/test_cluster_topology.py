@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.cluster.topology import (
+from goodput.testbed.cluster.topology import (
     CLIQUE_LABEL,
     GPU_RESOURCE,
     MAX_NODES,

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.operator.cmd_demo import (
+from goodput.simulator.workload import Workload
+from goodput.testbed.demo import (
     DemoError,
     Phase,
     add_arguments,
@@ -22,9 +23,8 @@ from goodput.operator.cmd_demo import (
     read_manifests,
     request_records,
 )
-from goodput.operator.demo_report import NOT_SENT
-from goodput.simulator.loadgen import PlannedRequest, RequestResult
-from goodput.simulator.workload import Workload
+from goodput.testbed.demo_report import NOT_SENT
+from goodput.testbed.loadgen import PlannedRequest, RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_MANIFESTS = ROOT / "manifests" / "demo"

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.operator.demo_report import (
+from goodput.testbed.demo_report import (
     BACK_IN_SERVICE,
     DRAIN_TIMED_OUT,
     DRAINED,

@@ -26,17 +26,17 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
-from goodput.simulator.emulator_engine import (
+from goodput.simulator.engine import Engine, EngineConfig
+from goodput.simulator.records import Outcome, RequestLog
+from goodput.simulator.vllm_metrics import SnapshotCollector, engine_registry
+from goodput.simulator.workload import Workload
+from goodput.testbed.emulator_engine import (
     AdmissionRejectedError,
     InvalidRequestError,
     LiveRequest,
     RealtimeEngine,
     ServingProfile,
 )
-from goodput.simulator.engine import Engine, EngineConfig
-from goodput.simulator.records import Outcome, RequestLog
-from goodput.simulator.vllm_metrics import SnapshotCollector, engine_registry
-from goodput.simulator.workload import Workload
 
 CONTRACT = yaml.safe_load((Path(__file__).parent / "fixtures" / "vllm_metrics_contract.yaml").read_text())
 T = TypeVar("T")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -20,9 +19,10 @@ import aiohttp
 import pytest
 
 from goodput.controllers import naming
-from goodput.simulator.emulator import EmulatorSettings, FleetEmulator
-from goodput.simulator.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, WatchEvent
-from goodput.simulator.emulator_netns import ListenerFactory
+from goodput.testbed.cluster.controlplane import free_port
+from goodput.testbed.emulator import EmulatorSettings, FleetEmulator
+from goodput.testbed.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, WatchEvent
+from goodput.testbed.emulator_netns import ListenerFactory
 
 
 class FakeKube:
@@ -71,12 +71,6 @@ class FakeKube:
     def conditions(self, name: str) -> dict[str, str]:
         pod = self.pods[("ns", name)]
         return {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def make_pod(
@@ -147,7 +141,7 @@ async def emulating(kube: FakeKube) -> AsyncIterator[FleetEmulator]:
 
 
 def test_a_leader_serves_after_its_load_and_every_rank_reports_health() -> None:
-    port = _free_port()
+    port = free_port()
 
     async def main() -> None:
         kube = FakeKube([make_pod("mg-g0-0", 0, port, load_seconds=1.0), make_pod("mg-g0-1", 1, port)])
@@ -190,7 +184,7 @@ def test_a_leader_serves_after_its_load_and_every_rank_reports_health() -> None:
 
 @pytest.mark.parametrize("rank", [0, 1], ids=["leader", "follower"])
 def test_an_nccl_failure_fault_turns_that_ranks_condition_false(rank: int) -> None:
-    port = _free_port()
+    port = free_port()
 
     async def main() -> None:
         kube = FakeKube([make_pod("mg-g0-0", 0, port), make_pod("mg-g0-1", 1, port)])
@@ -217,7 +211,7 @@ def test_an_nccl_failure_fault_turns_that_ranks_condition_false(rank: int) -> No
 
 
 def test_engine_death_closes_the_port_and_clearing_the_fault_restarts_with_a_new_load() -> None:
-    port = _free_port()
+    port = free_port()
 
     async def main() -> None:
         kube = FakeKube([make_pod("mg-g0-0", 0, port)])
@@ -240,7 +234,7 @@ def test_engine_death_closes_the_port_and_clearing_the_fault_restarts_with_a_new
 
 
 def test_a_deleted_pod_drains_for_its_shutdown_timeout_then_closes() -> None:
-    port = _free_port()
+    port = free_port()
 
     async def main() -> None:
         kube = FakeKube([make_pod("mg-g0-0", 0, port, shutdown_timeout=30.0)])

@@ -19,7 +19,7 @@ from goodput.controllers import naming
 from goodput.controllers.pods import render_group
 from goodput.controllers.template import group_template
 from goodput.estimators.service_time import A100_80G, H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B, StepCostModel
-from goodput.simulator.emulator import (
+from goodput.testbed.emulator import (
     NCCL_FAILED,
     NCCL_HEALTHY,
     EmulatedPod,

@@ -23,10 +23,11 @@ import aiohttp
 import pytest
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
-from goodput.simulator.emulator_engine import ServingProfile
-from goodput.simulator.emulator_netns import bind_listener
-from goodput.simulator.emulator_server import ServerIdentity, ServerState, VllmServer, prefix_block_ids
 from goodput.simulator.engine import EngineConfig
+from goodput.testbed.cluster.controlplane import free_port
+from goodput.testbed.emulator_engine import ServingProfile
+from goodput.testbed.emulator_netns import bind_listener
+from goodput.testbed.emulator_server import ServerIdentity, ServerState, VllmServer, prefix_block_ids
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SERVED = "llama-8b"
@@ -307,12 +308,6 @@ def test_a_client_that_disconnects_is_not_counted_as_finished() -> None:
 
 
 # ------------------------------------------------------------------------------------ the command
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _connect(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -322,12 +317,12 @@ def _connect(port: int) -> bool:
 
 
 def test_the_command_refuses_connections_while_loading_and_drains_on_sigterm() -> None:
-    port = _free_port()
+    port = free_port()
     load_seconds = 2.0
     command = [
         sys.executable,
         "-m",
-        "goodput.simulator.cli_emulate",
+        "goodput.testbed.cli_emulate",
         "--serve",
         f"127.0.0.1:{port}",
         "--load-seconds",

@@ -16,11 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
-from goodput.simulator.emulator_engine import ServingProfile
-from goodput.simulator.emulator_netns import bind_listener
-from goodput.simulator.emulator_server import ServerIdentity, VllmServer, count_prompt_tokens
 from goodput.simulator.engine import EngineConfig
-from goodput.simulator.loadgen import (
+from goodput.simulator.workload import Workload
+from goodput.testbed.emulator_engine import ServingProfile
+from goodput.testbed.emulator_netns import bind_listener
+from goodput.testbed.emulator_server import ServerIdentity, VllmServer, count_prompt_tokens
+from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadReport,
     LoadSettings,
@@ -35,7 +36,6 @@ from goodput.simulator.loadgen import (
     ready_endpoints,
     render_prompt,
 )
-from goodput.simulator.workload import Workload
 
 
 # ------------------------------------------------------------------------------------ targets

@@ -23,6 +23,7 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
+from goodput.controllers.hardware import step_cost_model
 from goodput.controllers.policy_compile import (
     CompiledPolicy,
     ReferenceMix,
@@ -31,7 +32,6 @@ from goodput.controllers.policy_compile import (
     profile_key,
     scaling_policy,
     scaling_rules,
-    step_cost_model,
 )
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel
 

@@ -13,10 +13,21 @@ HELM_VERSION=v3.22.0
 
 CACHE=${GOODPUT_CACHE:-$HOME/.cache/goodput}
 BIN="$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-prom-$PROMETHEUS_VERSION-helm-$HELM_VERSION"
-if [[ "${1:-}" == "--print-bin-dir" ]]; then echo "$BIN"; exit 0; fi
+case "${1:-}" in
+  --print-bin-dir) echo "$BIN"; exit 0 ;;
+  "") ;;
+  *) echo "usage: $0 [--print-bin-dir]" >&2; exit 2 ;;
+esac
 
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
+# One build of a cache at a time: a second run (another test session, make -j) waits for the first
+# and then finds its binaries cached, instead of writing the same files at once.
+exec 9>"$BIN/.build.lock"
+if ! flock -n 9; then
+  printf '[build %s] another build of %s is running; waiting for it\n' "$(date +%H:%M:%S)" "$BIN" >&2
+  flock 9
+fi
 
 step() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

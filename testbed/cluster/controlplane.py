@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from goodput.cluster import netns, pki, processes
-from goodput.cluster.config import (
+from goodput.testbed.cluster import netns, pki, processes
+from goodput.testbed.cluster.config import (
     COMPONENTS,
     ClusterLayout,
     Ports,
@@ -35,8 +35,8 @@ from goodput.cluster.config import (
     render_prometheus_config,
     stage_files,
 )
-from goodput.cluster.kube import ApiError, KubeClient, probe
-from goodput.cluster.topology import (
+from goodput.testbed.cluster.kube import ApiError, KubeClient, probe
+from goodput.testbed.cluster.topology import (
     CLIQUE_LABEL,
     GPU_RESOURCE,
     NODE_LOST_ANNOTATION,
@@ -260,6 +260,11 @@ class LocalCluster:
 
     def status(self) -> list[ComponentStatus]:
         return component_status(self.state)
+
+
+def free_port() -> int:
+    """One free loopback port; ask `free_ports` for several at once, so that none repeats."""
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput.cluster.topology import PodNetwork
+from goodput.testbed.cluster.topology import PodNetwork
 
 NETNS_PREFIX = "goodput-"
 FIRST_OCTET = 200  # pod ranges 10.200.0.0/16 .. 10.254.0.0/16, away from the usual 10.0-10.199 choices

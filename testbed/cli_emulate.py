@@ -24,7 +24,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from goodput.simulator.emulator import (
+from goodput.testbed.emulator import (
     DEFAULT_LOAD_SECONDS,
     DEFAULT_NCCL_CHECK_SECONDS,
     EmulatorSettings,
@@ -34,10 +34,10 @@ from goodput.simulator.emulator import (
     gpu_by_name,
     serving_profile,
 )
-from goodput.simulator.emulator_engine import DEFAULT_MAX_MODEL_LEN, DEFAULT_STREAM_INTERVAL_SECONDS
-from goodput.simulator.emulator_kube import KubeClient
-from goodput.simulator.emulator_netns import ListenerFactory, NetnsUnavailableError
-from goodput.simulator.emulator_server import ServerIdentity, VllmServer
+from goodput.testbed.emulator_engine import DEFAULT_MAX_MODEL_LEN, DEFAULT_STREAM_INTERVAL_SECONDS
+from goodput.testbed.emulator_kube import KubeClient
+from goodput.testbed.emulator_netns import ListenerFactory, NetnsUnavailableError
+from goodput.testbed.emulator_server import ServerIdentity, VllmServer
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

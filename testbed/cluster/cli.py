@@ -13,11 +13,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from goodput.cluster import controlplane
-from goodput.cluster.binaries import BinariesUnavailableError, ensure_binaries
-from goodput.cluster.netns import NetnsError
-from goodput.cluster.pki import PkiError
-from goodput.cluster.topology import Topology
+from goodput.testbed.cluster import controlplane
+from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries
+from goodput.testbed.cluster.netns import NetnsError
+from goodput.testbed.cluster.pki import PkiError
+from goodput.testbed.cluster.topology import Topology
 
 DEFAULT_NAME = "dev"
 
@@ -141,7 +141,7 @@ def _status(state_dir: Path) -> int:
         )
         print(f"  nodes: {ready}/{len(nodes)} Ready")
     if cluster.state.netns:
-        from goodput.cluster.netns import exists
+        from goodput.testbed.cluster.netns import exists
 
         present = "present" if exists(cluster.state.netns) else "MISSING"
         print(f"  netns {cluster.state.netns}: {present}, pod range {cluster.network.pod_range}")

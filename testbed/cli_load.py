@@ -17,8 +17,9 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from goodput.simulator.emulator_kube import KubeClient
-from goodput.simulator.loadgen import (
+from goodput.simulator.workload import compress_time, load_trace, multiply_rate, truncate
+from goodput.testbed.emulator_kube import KubeClient
+from goodput.testbed.loadgen import (
     DEFAULT_CONCURRENCY_LIMIT,
     DEFAULT_DURATION_SECONDS,
     DEFAULT_MAX_REQUESTS,
@@ -33,7 +34,6 @@ from goodput.simulator.loadgen import (
     plan_requests,
     ready_endpoints,
 )
-from goodput.simulator.workload import compress_time, load_trace, multiply_rate, truncate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from goodput.cluster import netns
+from goodput.testbed.cluster import netns
 
 T = TypeVar("T")
 

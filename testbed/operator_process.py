@@ -38,12 +38,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from goodput.cluster import controlplane
-from goodput.cluster.binaries import ensure_binaries
-from goodput.cluster.controlplane import LocalCluster, free_ports
-from goodput.cluster.testing import serving_in_netns
-from goodput.cluster.topology import Topology
 from goodput.controllers import naming
+from goodput.testbed.cluster import controlplane
+from goodput.testbed.cluster.binaries import ensure_binaries
+from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
+from goodput.testbed.cluster.testing import serving_in_netns
+from goodput.testbed.cluster.topology import Topology
 
 LEADER_PORT = 8000
 _FAKE_LEADER = r"""
@@ -248,7 +248,7 @@ class EmulatorProcess:
         argv = [
             sys.executable,
             "-m",
-            "goodput.simulator.cli_emulate",
+            "goodput.testbed.cli_emulate",
             "--kubeconfig",
             self.cluster.kubeconfig,
             "--netns",
@@ -305,7 +305,7 @@ class LoadProcess:
         argv = [
             sys.executable,
             "-m",
-            "goodput.simulator.cli_load",
+            "goodput.testbed.cli_load",
             "--trace",
             self.trace,
             "--service",

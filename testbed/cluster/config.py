@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from goodput.cluster.topology import PodNetwork
+from goodput.testbed.cluster.topology import PodNetwork
 
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.0.0.0/24"
@@ -305,7 +305,7 @@ def render_kubeconfig(layout: ClusterLayout) -> str:
 
 def stage_files() -> list[Path]:
     """The project's kwok Stage files shipped beside this module (pod lifecycle, failures, nodes)."""
-    folder = resources.files("goodput.cluster") / "stages"
+    folder = resources.files("goodput.testbed.cluster") / "stages"
     return sorted(Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(".yaml"))
 
 

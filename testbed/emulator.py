@@ -37,8 +37,9 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from goodput.api.modelgroup import ModelGroupSpec, catalog_model_key
+from goodput.api.modelgroup import ModelGroupSpec
 from goodput.controllers import naming
+from goodput.controllers.hardware import catalog_model_key, gpu_spec, model_shape
 from goodput.estimators.service_time import (
     GPUS,
     H100_80G,
@@ -48,15 +49,15 @@ from goodput.estimators.service_time import (
     StepCostModel,
     default_batch_limits,
 )
-from goodput.simulator.emulator_engine import (
+from goodput.simulator.engine import EngineConfig
+from goodput.testbed.emulator_engine import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_STREAM_INTERVAL_SECONDS,
     ServingProfile,
 )
-from goodput.simulator.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeClient, KubeRequestError
-from goodput.simulator.emulator_netns import ListenerFactory
-from goodput.simulator.emulator_server import ServerIdentity, ServerState, VllmServer
-from goodput.simulator.engine import EngineConfig
+from goodput.testbed.emulator_kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeClient, KubeRequestError
+from goodput.testbed.emulator_netns import ListenerFactory
+from goodput.testbed.emulator_server import ServerIdentity, ServerState, VllmServer
 
 log = logging.getLogger(__name__)
 
@@ -310,10 +311,10 @@ class ProfileDefaults:
 
 def serving_profile(spec: ModelGroupSpec | None, vllm: VllmArgs, defaults: ProfileDefaults) -> ServingProfile:
     """The engine a leader runs: the ModelGroup's profile and shape, with the pod's vLLM flags on top."""
-    shape = spec.model_shape() if spec is not None else None
+    shape = model_shape(spec) if spec is not None else None
     shape = shape or MODELS.get(catalog_model_key(vllm.model)) or LLAMA_3_1_8B
     profile = spec.profile if spec is not None else None
-    gpu = (profile.gpu_spec() if profile is not None else None) or defaults.gpu
+    gpu = gpu_spec(profile) or defaults.gpu
     cost = StepCostModel.from_hardware(shape, gpu, vllm.tensor_parallel, vllm.pipeline_parallel)
     default_seqs, default_tokens = default_batch_limits(gpu)
     seqs = vllm.max_num_seqs or (profile.max_num_seqs if profile is not None else None) or default_seqs

@@ -30,7 +30,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,12 +46,14 @@ import yaml
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.cluster import controlplane
-from goodput.cluster.binaries import BinariesUnavailableError, ensure_binaries, repository_root
-from goodput.cluster.kube import ApiError
-from goodput.cluster.netns import NetnsError
-from goodput.cluster.pki import PkiError
-from goodput.operator.demo_report import (
+from goodput.simulator.workload import Workload, compress_time, load_trace, multiply_rate, truncate, window
+from goodput.testbed.cluster import controlplane
+from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries, repository_root
+from goodput.testbed.cluster.controlplane import free_ports
+from goodput.testbed.cluster.kube import ApiError
+from goodput.testbed.cluster.netns import NetnsError
+from goodput.testbed.cluster.pki import PkiError
+from goodput.testbed.demo_report import (
     NOT_SENT,
     OK,
     DecisionRecord,
@@ -72,7 +73,7 @@ from goodput.operator.demo_report import (
     summarize,
     timeline,
 )
-from goodput.simulator.loadgen import (
+from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadReport,
     LoadSettings,
@@ -84,7 +85,6 @@ from goodput.simulator.loadgen import (
     ready_endpoints,
     target_host,
 )
-from goodput.simulator.workload import Workload, compress_time, load_trace, multiply_rate, truncate, window
 
 DEFAULT_TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
 SYNTHETIC_FALLBACK = "synthetic:rate=4,duration={duration:g},burst_multiplier=1"
@@ -337,13 +337,6 @@ class ChildProcess:
     def log_tail(self, lines: int = 15) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _wait_until(
@@ -651,11 +644,12 @@ class Demo:
         )
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         env = {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
+        liveness_port, metrics_port = free_ports(2)
         env |= {
             # On loopback, not on every address as in the pod.
-            "GOODPUT_LIVENESS_ENDPOINT": f"http://127.0.0.1:{_free_port()}/healthz",
+            "GOODPUT_LIVENESS_ENDPOINT": f"http://127.0.0.1:{liveness_port}/healthz",
             "GOODPUT_METRICS_ADDRESS": "127.0.0.1",
-            "GOODPUT_METRICS_PORT": str(_free_port()),
+            "GOODPUT_METRICS_PORT": str(metrics_port),
             "POD_ID": f"{self.fullname}-local",
         }
         secrets_dir = Path(tempfile.mkdtemp(prefix="goodput-demo-"))

@@ -37,14 +37,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from goodput.simulator.emulator_engine import (
+from goodput.simulator.vllm_metrics import VLLM_VERSION, SnapshotCollector, engine_registry
+from goodput.testbed.emulator_engine import (
     AdmissionRejectedError,
     InvalidRequestError,
     LiveRequest,
     RealtimeEngine,
     ServingProfile,
 )
-from goodput.simulator.vllm_metrics import VLLM_VERSION, SnapshotCollector, engine_registry
 
 log = logging.getLogger(__name__)
 

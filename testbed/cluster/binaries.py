@@ -29,7 +29,7 @@ class BinariesUnavailableError(RuntimeError):
 
 def repository_root() -> Path:
     """The checkout this package runs from (the folders map 1:1 to `goodput.<folder>`)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def build_script() -> Path:

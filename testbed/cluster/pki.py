@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.cluster.config import LOOPBACK, SERVICE_CIDR
+from goodput.testbed.cluster.config import LOOPBACK, SERVICE_CIDR
 
 VALID_DAYS = 3650
 APISERVER_DNS_NAMES = (

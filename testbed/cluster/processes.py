@@ -121,20 +121,32 @@ def is_running(record: ProcessRecord) -> bool:
 
 
 def stop(record: ProcessRecord, *, grace_seconds: float = 10.0) -> bool:
-    """SIGTERM, then SIGKILL after `grace_seconds`; returns whether the process had been running."""
+    """SIGTERM, then SIGKILL after `grace_seconds`; returns whether the process had been running.
+
+    Returns only once the process has exited whole (gone, or a zombie: every thread ended and every
+    file and port closed), so a `down` followed at once by an `up` never races the old processes.
+    Its binary is not checked while waiting: /proc/<pid>/exe stops resolving part-way through an
+    exit, before the process has let go of its ports.
+    """
     if not is_running(record):
         return False
     _signal(record, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline:
-        if not is_running(record):
-            return True
-        time.sleep(0.05)
+    if _wait_exited(record, grace_seconds):
+        return True
     _signal(record, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and is_running(record):
-        time.sleep(0.05)
+    _wait_exited(record, 5.0)
     return True
+
+
+def _wait_exited(record: ProcessRecord, timeout_seconds: float) -> bool:
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        _reap(record.pid)
+        if start_ticks(record.pid) != record.start_ticks:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _signal(record: ProcessRecord, sig: signal.Signals) -> None:

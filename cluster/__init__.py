@@ -1,1 +1,0 @@
-"""goodput.cluster."""

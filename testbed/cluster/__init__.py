@@ -1,0 +1,1 @@
+"""goodput.testbed.cluster."""
