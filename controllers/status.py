@@ -120,11 +120,7 @@ def model_group_status(
             f"{ready}/{desired_groups} groups ready" + (f"; {summary}" if summary else ""),
         )
 
-    phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
-    if phase is not None:
-        put(ConditionType.PROGRESSING, "True", phase[1], summary + _waits(plan.groups))
-    else:
-        put(ConditionType.PROGRESSING, "False", Reason.STABLE, "no group is placing, starting or draining")
+    put(ConditionType.PROGRESSING, *_progressing(plan, counts, summary))
 
     degraded = _degraded(plan.groups)
     if degraded is not None:
@@ -166,6 +162,9 @@ def model_group_status(
             "ready_groups": ready,
             "draining_groups": counts["Draining"],
             "failed_groups": counts["Failed"],
+            "revision": plan.rollout.revision if plan.rollout is not None else previous.revision,
+            "updated_groups": plan.rollout.updated if plan.rollout is not None else 0,
+            "outdated_groups": plan.rollout.outdated if plan.rollout is not None else 0,
             "groups": tuple(group_status(group) for group in plan.groups),
             "drain": drain_summary(
                 previous.drain, [*unrecorded_drains, *plan.drains_ended], len(plan.drains_cancelled)
@@ -239,6 +238,29 @@ def invalid_spec_status(
             "conditions": conditions,
         }
     )
+
+
+def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[ConditionStatus, str, str]:
+    """Progressing: a rollout under way or stopped, else the earliest phase any group is in."""
+    rollout = plan.rollout
+    if rollout is not None and rollout.outdated and rollout.stalled:
+        return (
+            "False",
+            Reason.ROLLOUT_STALLED,
+            f"rollout to revision {rollout.revision} stopped after {rollout.failed} failed group(s) of that "
+            f"revision; {rollout.outdated} group(s) of an older revision keep serving",
+        )
+    if rollout is not None and rollout.outdated:
+        return (
+            "True",
+            Reason.ROLLING_OUT,
+            f"{rollout.updated} group(s) of revision {rollout.revision}, {rollout.outdated} of an older one"
+            + (f"; {summary}" if summary else ""),
+        )
+    phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
+    if phase is not None:
+        return "True", phase[1], summary + _waits(plan.groups)
+    return "False", Reason.STABLE, "no group is placing, starting or draining"
 
 
 def _summary(counts: Counter[str]) -> str:

@@ -38,10 +38,12 @@ from goodput.controllers.groups import (
     EventRecord,
     GateChange,
     Plan,
+    RolloutRules,
     WarmupOutcome,
     WarmupRequest,
     World,
     parse_backoffs,
+    parse_rollout,
     plan_model_group,
 )
 from goodput.controllers.observation import (
@@ -530,6 +532,8 @@ class ModelGroupLoop:
             backoffs=parse_backoffs(annotations.get(naming.ANNOTATION_PLACEMENT_BACKOFF)),
             warmups=dict(self.warmups),
             readiness_reported=frozenset(self.readiness_reported),
+            rollout=RolloutRules(spec.rollout.max_surge, spec.rollout.max_unavailable),
+            rollout_progress=parse_rollout(annotations.get(naming.ANNOTATION_ROLLOUT)),
             warmups_in_flight=frozenset(self.warmups_in_flight),
             leader_readings=dict(self.leader_readings),
             leader_samples=dict(self.leader_samples),

@@ -10,7 +10,7 @@ the same plan, so a restarted operator picks up exactly where the last one stopp
 - `model`: the value types (world, assessment, actions, plan).
 - `lifecycle`: the per-group state machine; every transition written once, named by its cause.
 - `assess`: a group's state from its pods (the observed transitions).
-- `stages`: the decisions of a tick, in a fixed order: failures, readiness, drains, scale.
+- `stages`: the decisions of a tick, in a fixed order: failures, readiness, drains, scale, rollout.
 - `actions`: the operator's actions each decided transition calls for.
 """
 
@@ -43,11 +43,16 @@ from goodput.controllers.groups.model import (
     Plan,
     ReadinessRules,
     ReadyTimes,
+    RolloutProgress,
+    RolloutRules,
+    RolloutStatus,
     WarmupOutcome,
     WarmupRequest,
     World,
     encode_backoffs,
+    encode_rollout,
     parse_backoffs,
+    parse_rollout,
 )
 from goodput.controllers.groups.stages import decide
 
@@ -79,13 +84,18 @@ __all__ = [
     "Plan",
     "ReadinessRules",
     "ReadyTimes",
+    "RolloutProgress",
+    "RolloutRules",
+    "RolloutStatus",
     "WarmupOutcome",
     "WarmupRequest",
     "World",
     "assess_group",
     "decide",
     "encode_backoffs",
+    "encode_rollout",
     "next_phase",
     "parse_backoffs",
+    "parse_rollout",
     "plan_model_group",
 ]

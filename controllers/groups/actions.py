@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.drain import KeepDraining, RemoveGroup
-from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
+from goodput.controllers.groups.lifecycle import ACTIVE_STATES, GroupEvent, GroupTransition
 from goodput.controllers.groups.model import (
     Assessment,
     DrainEnded,
@@ -25,10 +25,13 @@ from goodput.controllers.groups.model import (
     GroupDeletion,
     LeaderProbe,
     Plan,
+    RolloutProgress,
+    RolloutStatus,
     WarmupOutcome,
     WarmupRequest,
     World,
     encode_backoffs,
+    encode_rollout,
     group_key,
     seconds_between,
 )
@@ -66,13 +69,10 @@ def plan_actions(tick: Tick) -> Plan:
     probes += actions.probes
     reported = _readiness_waits(final, world)
     actions.events.extend(event for _, event in reported)
-    annotations: dict[str, str] = {}
-    if tick.group_counter != world.group_counter:
-        annotations[naming.ANNOTATION_GROUP_COUNTER] = str(tick.group_counter)
-    if tick.backoffs != world.backoffs:
-        annotations[naming.ANNOTATION_PLACEMENT_BACKOFF] = encode_backoffs(tick.backoffs)
+    rollout = _rollout_status(tick, final)
+    actions.events.extend(_rollout_events(rollout, world))
     return Plan(
-        annotations=annotations,
+        annotations=_annotations(tick),
         unready=tuple(actions.unready),
         deletions=tuple(actions.deletions),
         creations=tick.creations,
@@ -97,6 +97,57 @@ def plan_actions(tick: Tick) -> Plan:
         backoffs=tick.backoffs,
         transitions=tick.transitions,
         readiness_reported=tuple(name for name, _ in reported),
+        rollout=rollout,
+    )
+
+
+def _annotations(tick: Tick) -> dict[str, str]:
+    """What must survive a restart, written on the ModelGroup when it changed: the group counter,
+    the placement back-offs, and the rollout's failures once there are any."""
+    world = tick.world
+    annotations: dict[str, str] = {}
+    if tick.group_counter != world.group_counter:
+        annotations[naming.ANNOTATION_GROUP_COUNTER] = str(tick.group_counter)
+    if tick.backoffs != world.backoffs:
+        annotations[naming.ANNOTATION_PLACEMENT_BACKOFF] = encode_backoffs(tick.backoffs)
+    recorded = world.rollout_progress
+    if (
+        tick.rollout is not None
+        and tick.rollout != recorded
+        and (tick.rollout.failed or recorded is not None)
+    ):
+        annotations[naming.ANNOTATION_ROLLOUT] = encode_rollout(tick.rollout)
+    return annotations
+
+
+def _rollout_events(rollout: RolloutStatus | None, world: World) -> list[EventRecord]:
+    """A Warning the pass a rollout stops (not on every pass after)."""
+    recorded = world.rollout_progress
+    if rollout is None or not rollout.stalled or (recorded is not None and _stalled(recorded, world)):
+        return []
+    message = (
+        f"rollout to revision {rollout.revision} stopped: {rollout.failed} group(s) of that revision "
+        f"failed; {rollout.outdated} group(s) of the older revision keep serving"
+    )
+    return [EventRecord("Warning", EventReason.ROLLOUT_STALLED, message)]
+
+
+def _stalled(progress: RolloutProgress, world: World) -> bool:
+    return progress.revision == world.template.revision and progress.failed >= world.rollout.failure_limit
+
+
+def _rollout_status(tick: Tick, final: list[Assessment]) -> RolloutStatus | None:
+    """Groups of the current template and of older ones, and whether replacing them stopped."""
+    if tick.rollout is None:
+        return None
+    active = [g for g in final if g.state in ACTIVE_STATES]
+    outdated = sum(1 for g in active if g.outdated)
+    return RolloutStatus(
+        revision=tick.rollout.revision,
+        updated=len(active) - outdated,
+        outdated=outdated,
+        failed=tick.rollout.failed,
+        stalled=tick.stalled and outdated > 0,
     )
 
 
@@ -243,4 +294,5 @@ _TRANSITION_ACTIONS: dict[GroupEvent, _Handler] = {
     GroupEvent.SCALED_OUT: _scaled_out,
     GroupEvent.CREATED: _created,
     GroupEvent.SCALED_IN: _scaled_in,
+    GroupEvent.OUTDATED: _scaled_in,
 }

@@ -4,6 +4,8 @@
     Ready ──ScaledIn──▶ Draining ──Drained / DrainTimedOut──▶ Deleted
     Draining ──ScaledOut──▶ Ready                       (a scale-out puts a warm group back in service)
     Placing / Provisioning / Warming ──ScaledIn──▶ Deleted   (removed before it served anything)
+    Ready ──Outdated──▶ Draining; Placing / Provisioning / Warming ──Outdated──▶ Deleted
+                                                (a rollout replaces a group of an older template)
     any live state ──RankFailed──▶ Failed; Placing ──ScheduleTimedOut──▶ Failed;
     Provisioning / Warming ──StartupTimedOut──▶ Failed; Failed ──Replaced──▶ Deleted
 
@@ -36,6 +38,7 @@ class GroupEvent(StrEnum):
     WARMED_UP = "WarmedUp"
     SCALED_IN = "ScaledIn"
     SCALED_OUT = "ScaledOut"
+    OUTDATED = "Outdated"
     DRAINED = "Drained"
     DRAIN_TIMED_OUT = "DrainTimedOut"
     RANK_FAILED = "RankFailed"
@@ -57,6 +60,10 @@ TRANSITIONS: dict[tuple[GroupState | None, GroupEvent], Phase] = {
     ("Placing", GroupEvent.SCALED_IN): "Deleted",
     ("Provisioning", GroupEvent.SCALED_IN): "Deleted",
     ("Warming", GroupEvent.SCALED_IN): "Deleted",
+    ("Ready", GroupEvent.OUTDATED): "Draining",
+    ("Placing", GroupEvent.OUTDATED): "Deleted",
+    ("Provisioning", GroupEvent.OUTDATED): "Deleted",
+    ("Warming", GroupEvent.OUTDATED): "Deleted",
     ("Placing", GroupEvent.SCHEDULE_TIMED_OUT): "Failed",
     ("Provisioning", GroupEvent.STARTUP_TIMED_OUT): "Failed",
     ("Warming", GroupEvent.STARTUP_TIMED_OUT): "Failed",

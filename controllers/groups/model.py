@@ -69,6 +69,36 @@ class ReadinessRules:
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutRules:
+    """How a changed pod template replaces groups (from `spec.rollout`), and how many failed groups
+    of the new template stop it."""
+
+    max_surge: int = 1
+    max_unavailable: int = 0
+    failure_limit: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutProgress:
+    """The rollout to `revision` as recorded on the ModelGroup: groups of that revision that failed
+    while older groups still served."""
+
+    revision: str
+    failed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStatus:
+    """Where the groups stand against the current pod template, for status and conditions."""
+
+    revision: str
+    updated: int
+    outdated: int
+    failed: int
+    stalled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class WarmupOutcome:
     """The result of one warm-up completion sent through a group's leader."""
 
@@ -121,6 +151,9 @@ class World:
     deleting: bool = False
     # Groups whose wait for readiness was already reported with an Event (the operator's memory).
     readiness_reported: frozenset[str] = frozenset()
+    rollout: RolloutRules = RolloutRules()
+    # The rollout recorded on the ModelGroup (annotation), or None before any.
+    rollout_progress: RolloutProgress | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +347,7 @@ class Plan:
     transitions: tuple[GroupTransition, ...] = ()
     # Groups whose wait for readiness this plan reports with an Event, for the operator to remember.
     readiness_reported: tuple[str, ...] = ()
+    rollout: RolloutStatus | None = None
 
 
 def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
@@ -358,3 +392,19 @@ def seconds_between(start: datetime, end: datetime) -> float:
 
 def ranks_text(ranks: Iterable[int]) -> str:
     return ", ".join(str(rank) for rank in ranks)
+
+
+def parse_rollout(text: str | None) -> RolloutProgress | None:
+    """The rollout record stored on the ModelGroup; an unreadable annotation counts as none."""
+    try:
+        raw = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("revision"), str):
+        return None
+    failed = raw.get("failed")
+    return RolloutProgress(raw["revision"], failed if isinstance(failed, int) and failed >= 0 else 0)
+
+
+def encode_rollout(progress: RolloutProgress) -> str:
+    return json.dumps({"revision": progress.revision, "failed": progress.failed}, separators=(",", ":"))

@@ -36,6 +36,7 @@ from goodput.controllers.groups.model import (
     Assessment,
     Backoff,
     GroupCreation,
+    RolloutProgress,
     World,
     group_key,
     seconds_between,
@@ -76,6 +77,7 @@ class Tick:
     unread_leaders: tuple[str, ...] = ()
     placement_limit: NoFit | None = None
     group_counter: int = 0
+    rollout: RolloutProgress | None = None
 
     def moved(self, group: Assessment | None, step: GroupTransition, **changes: object) -> Tick:
         """The tick with `step` recorded and the group's new assessment (None: it is deleted)."""
@@ -92,6 +94,16 @@ class Tick:
     @property
     def active(self) -> list[Assessment]:
         return [group for group in self.groups.values() if group.state in ACTIVE_STATES]
+
+    @property
+    def stalled(self) -> bool:
+        """The rollout stopped: groups of the current template failed too often."""
+        return self.rollout is not None and self.rollout.failed >= self.world.rollout.failure_limit
+
+    @property
+    def rolling(self) -> bool:
+        """Groups of an older template serve or are on their way, and the rollout may proceed."""
+        return not self.stalled and any(group.outdated for group in self.active)
 
 
 def start(world: World) -> Tick:
@@ -112,7 +124,15 @@ def start(world: World) -> Tick:
         groups=groups,
         backoffs=tuple(b for b in world.backoffs if b.until > world.now),
         group_counter=counter,
+        rollout=_progress(world),
     )
+
+
+def _progress(world: World) -> RolloutProgress:
+    """The recorded rollout when it is to the current template; a new template starts afresh."""
+    recorded = world.rollout_progress
+    revision = world.template.revision
+    return recorded if recorded is not None and recorded.revision == revision else RolloutProgress(revision)
 
 
 def failures(tick: Tick) -> Tick:
@@ -129,8 +149,12 @@ def failures(tick: Tick) -> Tick:
                 *(b for b in backoffs if b.domain != group.domain),
                 Backoff(group.domain, until, cause),
             )
+        rollout = tick.rollout
+        old_serving = any(g.outdated and g.state in ACTIVE_STATES for g in tick.observed.values())
+        if rollout is not None and not group.outdated and old_serving:
+            rollout = replace(rollout, failed=rollout.failed + 1)
         step = transition(group.name, "Failed", GroupEvent.REPLACED, group.message)
-        tick = tick.moved(group, step, backoffs=backoffs)
+        tick = tick.moved(group, step, backoffs=backoffs, rollout=rollout)
     return tick
 
 
@@ -191,18 +215,27 @@ def scale(tick: Tick) -> Tick:
     if shortfall > 0:
         tick = _cancel_drains(tick, shortfall)
         return _create(tick, tick.world.desired_groups - len(tick.active))
-    if shortfall < 0:
-        return _scale_in(tick, -shortfall)
+    surplus = -shortfall - _surge_in_use(tick)
+    if surplus > 0:
+        return _scale_in(tick, surplus)
     return tick
+
+
+def _surge_in_use(tick: Tick) -> int:
+    """Groups a rollout may run beyond `replicas`: never more than the old groups left to replace."""
+    if not tick.rolling:
+        return 0
+    outdated = sum(1 for group in tick.active if group.outdated)
+    return min(tick.world.rollout.max_surge, outdated)
 
 
 def _cancel_drains(tick: Tick, shortfall: int) -> Tick:
     """A draining group is warm, whole and healthy (else it would be Failed): putting it back in
     service (ScaledOut) always beats creating a new one. The drain begun last has lost the least."""
     now = tick.world.now
-    draining = sorted(
-        tick.in_state("Draining"), key=lambda g: (g.draining_since or now, g.ordinal), reverse=True
-    )
+    # A group of an older template drained by a rollout goes back only if the rollout stopped.
+    reusable = [g for g in tick.in_state("Draining") if not g.outdated or tick.stalled]
+    draining = sorted(reusable, key=lambda g: (g.draining_since or now, g.ordinal), reverse=True)
     for group in draining[:shortfall]:
         message = (
             f"group {group.name} back in service after "
@@ -356,7 +389,45 @@ def _spread_counts(
     return dict(counts)
 
 
-STAGES = (failures, readiness, drains, scale)
+def rollout(tick: Tick) -> Tick:
+    """Replace groups of an older pod template: remove old groups (Outdated) while enough stay
+    ready, then create current ones while the surge allows. A rollout whose new groups keep
+    failing stops here, and the old groups keep serving."""
+    if not tick.rolling:
+        return tick
+    world = tick.world
+    rules = world.rollout
+    old_coming = [g for g in tick.active if g.outdated and g.state != "Ready"]
+    for group in sorted(old_coming, key=lambda g: -g.ordinal):
+        message = f"group {group.name} ({group.state.lower()}) deleted: its pods are of an older revision"
+        tick = tick.moved(None, transition(group.name, group.state, GroupEvent.OUTDATED, message))
+    ready = [g for g in tick.active if g.state == "Ready"]
+    spare = len(ready) - max(0, world.desired_groups - rules.max_unavailable)
+    old_ready = sorted((g for g in ready if g.outdated), key=lambda g: (g.ready_at or world.now, g.ordinal))
+    for group in old_ready[: max(0, spare)]:
+        tick = _outdate(tick, group)
+    updated = sum(1 for g in tick.active if not g.outdated)
+    room = min(world.desired_groups + rules.max_surge - len(tick.active), world.desired_groups - updated)
+    return _create(tick, room) if room > 0 else tick
+
+
+def _outdate(tick: Tick, group: Assessment) -> Tick:
+    message = (
+        f"group {group.name} draining for the rollout to revision {tick.world.template.revision}: "
+        "enough groups of the current revision are ready"
+    )
+    draining = replace(
+        group,
+        state="Draining",
+        draining_since=tick.world.now,
+        drain_progress=DrainProgress(),
+        reason=Reason.GROUPS_DRAINING,
+        message="draining: closing admission",
+    )
+    return tick.moved(draining, transition(group.name, "Ready", GroupEvent.OUTDATED, message))
+
+
+STAGES = (failures, readiness, drains, scale, rollout)
 
 
 def decide(world: World) -> Tick:
