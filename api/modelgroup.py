@@ -452,6 +452,8 @@ class GroupStatus(StatusModel):
     """Ready time by phase, once ready."""
     drain_started_at: Timestamp | None = None
     """When draining began."""
+    outdated: bool = False
+    """Its pods are of an older pod template: a rollout replaces it."""
     message: str | None = Field(default=None, max_length=32768)
     """Why the group is in its state, when that is not obvious (for example why it failed)."""
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.reasons import ConditionType
-from goodput.controllers.autoscale_model import GroupObservation, GroupState
+from goodput.controllers.autoscale_model import COMING_STATES, GroupObservation, GroupState
 from goodput.controllers.placement import NoFitReason
 
 # Reasons of ScalingLimited that mean "no further group can be placed now".
@@ -35,6 +35,19 @@ def unplaceable(conditions: Sequence[Condition]) -> bool:
     True with a placement reason (no GPUs, no topology domain, backed-off domains)."""
     limited = find_condition(conditions, ConditionType.SCALING_LIMITED)
     return limited is not None and limited.status == "True" and limited.reason in PLACEMENT_REASONS
+
+
+def without_replacements(
+    observations: Iterable[GroupObservation], outdated: frozenset[str]
+) -> tuple[GroupObservation, ...]:
+    """The groups as capacity: a rollout's new group on its way replaces an old ready group, which
+    leaves once it is ready, so it is no capacity on its way. As many coming groups of the current
+    template as there are ready old ones are left out (the newest first)."""
+    observed = tuple(observations)
+    old_ready = sum(1 for g in observed if g.name in outdated and g.state is GroupState.READY)
+    coming = [g for g in observed if g.name not in outdated and g.state in COMING_STATES]
+    replacing = {g.name for g in sorted(coming, key=lambda g: -g.created_at)[:old_ready]}
+    return tuple(g for g in observed if g.name not in replacing)
 
 
 def with_wanted_groups(

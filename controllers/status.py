@@ -52,6 +52,7 @@ def group_status(group: Assessment) -> GroupStatus:
         ready_at=group.ready_at,
         ready_time=ready_time,
         drain_started_at=group.draining_since,
+        outdated=group.outdated,
         message=group.message or None,
     )
 

@@ -31,7 +31,7 @@ from urllib3.util.retry import Retry
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.controllers.autoscale_model import GroupMetrics, GroupObservation, GroupState, ModelGroupSnapshot
 from goodput.controllers.policy_compile import CompiledPolicy
-from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups
+from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups, without_replacements
 from goodput.estimators.attainment import Histogram
 from goodput.operator.promql import (
     HISTOGRAM_QUANTITIES,
@@ -192,8 +192,9 @@ def group_observations(
         for group in status.groups
     ]
     spec = model_group.spec
+    outdated = frozenset(group.name for group in status.groups if group.outdated)
     return with_wanted_groups(
-        observations,
+        without_replacements(observations, outdated),
         wanted_groups(spec.replicas, spec.min_replicas, spec.max_replicas),
         now=now,
         unschedulable=unplaceable(status.conditions),

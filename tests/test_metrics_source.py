@@ -393,3 +393,18 @@ def test_a_prometheus_that_hangs_is_unavailable_after_the_timeout(silent_port: i
     source = PrometheusMetricsSource(f"http://127.0.0.1:{silent_port}", LABELS, timeout_seconds=0.3)
     with pytest.raises(MetricsUnavailableError, match=r"did not answer within 0.3s"):
         source.read("serving", "llama", Windows(60, 300))
+
+
+def test_during_a_rollout_surge_groups_are_not_capacity_on_its_way() -> None:
+    """Two groups wanted, both of the old template and ready, one new group surging: the autoscaler
+    sees two groups' capacity and nothing coming, as the new group replaces an old one."""
+    old = (
+        GroupStatus(name="g0", state="Ready", created_at=NOW, outdated=True),
+        GroupStatus(name="g1", state="Ready", created_at=NOW, outdated=True),
+    )
+    status = ModelGroupStatus(groups=(*old, GroupStatus(name="g2", state="Placing", created_at=NOW)))
+    observed = group_observations(MODEL_GROUP, status, {}, now=NOW.timestamp())
+    assert [(group.name, group.state) for group in observed] == [
+        ("g0", GroupState.READY),
+        ("g1", GroupState.READY),
+    ]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from goodput.api.conditions import Condition
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.autoscale_model import GroupObservation, GroupState
-from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups
+from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups, without_replacements
 
 AT = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -68,3 +68,50 @@ def test_groups_wanted_but_not_created_are_placing_capacity(
     assert all(
         g.state is GroupState.PLACING and g.unschedulable is blocked and g.created_at == 42.0 for g in added
     )
+
+
+def obs(name: str, state: GroupState, created_at: float = 0.0) -> GroupObservation:
+    return GroupObservation(name, state, created_at)
+
+
+@pytest.mark.parametrize(
+    ("groups", "outdated", "kept"),
+    [
+        ((obs("g0", GroupState.READY), obs("g1", GroupState.PLACING)), set(), ["g0", "g1"]),
+        (
+            (obs("g0", GroupState.READY), obs("g1", GroupState.READY), obs("g2", GroupState.WARMING)),
+            {"g0", "g1"},
+            ["g0", "g1"],
+        ),
+        (
+            (obs("g0", GroupState.READY), obs("g2", GroupState.READY), obs("g3", GroupState.PLACING, 5.0)),
+            {"g0"},
+            ["g0", "g2"],
+        ),
+        (
+            (obs("g0", GroupState.DRAINING), obs("g2", GroupState.READY), obs("g3", GroupState.PLACING)),
+            {"g0"},
+            ["g0", "g2", "g3"],
+        ),
+        (
+            (
+                obs("g0", GroupState.READY),
+                obs("g2", GroupState.PLACING, 1.0),
+                obs("g3", GroupState.PLACING, 2.0),
+            ),
+            {"g0"},
+            ["g0", "g2"],
+        ),
+    ],
+    ids=[
+        "no rollout: a coming group is capacity on its way",
+        "surge group replacing an old ready group is not",
+        "with a new group ready, the next replacement is not extra either",
+        "an old group already draining is replaced by nothing coming",
+        "only as many as old ready groups, the newest left out",
+    ],
+)
+def test_a_rollouts_new_groups_are_not_counted_as_extra_capacity(
+    groups: tuple[GroupObservation, ...], outdated: set[str], kept: list[str]
+) -> None:
+    assert [g.name for g in without_replacements(groups, frozenset(outdated))] == kept
