@@ -488,3 +488,22 @@ def test_a_loop_cancelled_after_it_was_told_to_stop_ends_quietly() -> None:
 
     task = asyncio.run(scenario())
     assert task.done() and not task.cancelled() and task.exception() is None
+
+
+def test_a_new_engine_image_rolls_out_a_surge_group_first_and_says_so() -> None:
+    h = two_ready_groups(replicas=2)
+    body = h.loop.body
+    spec = {**body["spec"], "engine": {**body["spec"]["engine"], "image": "vllm/vllm-openai:v0.34.0"}}
+    h.loop.body = kopf.Body({**body, "spec": spec})
+    calls = h.run()
+    # One new group (maxSurge 1) is created whole; no old group is touched while it is not ready.
+    assert [c for c in calls if c[0] == "create-pod"] == [
+        ("create-pod", "llama-g2-0"),
+        ("create-pod", "llama-g2-1"),
+    ]
+    assert not any(c[0] in ("gate", "delete-pod") for c in calls)
+    status = h.kube.status_writes[-1]["status"]
+    assert (status["updatedGroups"], status["outdatedGroups"], status["readyGroups"]) == (1, 2, 2)
+    assert status["revision"] and all(g["outdated"] for g in status["groups"] if g["name"] in ("g0", "g1"))
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "RollingOut"
