@@ -109,47 +109,16 @@ def model_group_status(
         conditions = set_condition(conditions, new, now)
 
     summary = _summary(counts)
-    if desired_groups == 0 and ready == 0:
-        put(ConditionType.READY, "True", Reason.SCALED_TO_ZERO, "no group wanted")
-    elif ready >= desired_groups:
-        put(ConditionType.READY, "True", Reason.GROUPS_READY, f"{ready}/{desired_groups} groups ready")
-    else:
-        put(
-            ConditionType.READY,
-            "False",
-            Reason.GROUPS_NOT_READY,
-            f"{ready}/{desired_groups} groups ready" + (f"; {summary}" if summary else ""),
-        )
-
+    put(ConditionType.READY, *_ready_condition(ready, desired_groups, summary))
     put(ConditionType.PROGRESSING, *_progressing(plan, counts, summary))
-
     degraded = _degraded(plan.groups)
     if degraded is not None:
         put(ConditionType.DEGRADED, "True", degraded[0], degraded[1])
     else:
         put(ConditionType.DEGRADED, "False", Reason.STABLE, "no group failed or is being replaced")
-
-    limited = find_condition(conditions, ConditionType.SCALING_LIMITED)
-    if plan.placement_limit is not None:
-        put(ConditionType.SCALING_LIMITED, "True", plan.placement_limit.reason, plan.placement_limit.message)
-    elif plan.backoffs:
-        put(
-            ConditionType.SCALING_LIMITED,
-            "True",
-            plan.backoffs[0].reason,
-            "; ".join(
-                f"a group did not fit {b.domain} in time ({b.reason}); domain avoided until "
-                f"{b.until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-                for b in plan.backoffs
-            ),
-        )
-    elif limited is None or limited.reason in _PLACEMENT_REASONS:
-        put(
-            ConditionType.SCALING_LIMITED,
-            "False",
-            Reason.DESIRED_WITHIN_RANGE,
-            "every wanted group could be placed",
-        )
+    limited = _scaling_limited(plan, find_condition(conditions, ConditionType.SCALING_LIMITED))
+    if limited is not None:
+        put(ConditionType.SCALING_LIMITED, *limited)
 
     return previous.model_copy(
         update={
@@ -239,6 +208,37 @@ def invalid_spec_status(
             "conditions": conditions,
         }
     )
+
+
+def _ready_condition(ready: int, desired_groups: int, summary: str) -> tuple[ConditionStatus, str, str]:
+    if desired_groups == 0 and ready == 0:
+        return "True", Reason.SCALED_TO_ZERO, "no group wanted"
+    if ready >= desired_groups:
+        return "True", Reason.GROUPS_READY, f"{ready}/{desired_groups} groups ready"
+    return (
+        "False",
+        Reason.GROUPS_NOT_READY,
+        f"{ready}/{desired_groups} groups ready" + (f"; {summary}" if summary else ""),
+    )
+
+
+def _scaling_limited(plan: Plan, current: Condition | None) -> tuple[ConditionStatus, str, str] | None:
+    """ScalingLimited as far as placement goes; None leaves a limit the autoscaler set alone."""
+    if plan.placement_limit is not None:
+        return "True", plan.placement_limit.reason, plan.placement_limit.message
+    if plan.backoffs:
+        return (
+            "True",
+            plan.backoffs[0].reason,
+            "; ".join(
+                f"a group did not fit {b.domain} in time ({b.reason}); domain avoided until "
+                f"{b.until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+                for b in plan.backoffs
+            ),
+        )
+    if current is None or current.reason in _PLACEMENT_REASONS:
+        return "False", Reason.DESIRED_WITHIN_RANGE, "every wanted group could be placed"
+    return None
 
 
 def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[ConditionStatus, str, str]:
