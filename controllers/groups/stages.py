@@ -215,9 +215,15 @@ def scale(tick: Tick) -> Tick:
     if shortfall > 0:
         tick = _cancel_drains(tick, shortfall)
         return _create(tick, tick.world.desired_groups - len(tick.active))
-    surplus = -shortfall - _surge_in_use(tick)
-    if surplus > 0:
-        return _scale_in(tick, surplus)
+    # Removing old groups shrinks the surge a rollout may keep: scale in again until both agree.
+    for _ in range(len(tick.active)):
+        surplus = len(tick.active) - tick.world.desired_groups - _surge_in_use(tick)
+        if surplus <= 0:
+            break
+        after = _scale_in(tick, surplus)
+        if after.transitions == tick.transitions:
+            return after  # the rest is spared (minimum lifetime) or waits for leader readings
+        tick = after
     return tick
 
 
@@ -261,7 +267,13 @@ def _create(tick: Tick, shortfall: int) -> Tick:
     template = world.template
     inventory = world.inventory
     spread_counts = _spread_counts(tick.active, inventory, world.placement)
-    replaced = [step.group for step in tick.transitions if step.event is GroupEvent.REPLACED]
+    # Each failed group is replaced once, also when both scale and the rollout create this tick.
+    claimed = {group.replaces for group in tick.groups.values() if group.replaces}
+    replaced = [
+        step.group
+        for step in tick.transitions
+        if step.event is GroupEvent.REPLACED and step.group not in claimed
+    ]
     shape = GroupShape(template.pods_per_group, template.gpus_per_pod)
     for _ in range(shortfall):
         backed_off = frozenset(b.domain for b in tick.backoffs)
