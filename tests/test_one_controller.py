@@ -23,7 +23,8 @@ from goodput.api.modelgroup import ModelGroup
 from goodput.controllers.groups import GroupTransition, Plan, WarmupOutcome, World, plan_model_group
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.group_world import GroupRules
-from goodput.simulator.simulation import SimulationConfig, simulate
+from goodput.simulator.records import Outcome
+from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, assign_classes
 
 BURST_AT, FAILURE_AT, SCALE_IN_AT, NEW_BURST_AT = 10.0, 100.0, 200.0, 210.0
@@ -48,7 +49,7 @@ def kinds(transitions: list[GroupTransition]) -> list[tuple[str, str | None, str
     return [(str(t.event), t.before, t.after) for t in transitions]
 
 
-def model_group() -> ModelGroup:
+def model_group(drain_max_seconds: int = 600, min_lifetime_seconds: int = 0) -> ModelGroup:
     """One-pod groups that may be drained at once (no minimum lifetime) and drain for long."""
     return ModelGroup.model_validate(
         {
@@ -59,7 +60,7 @@ def model_group() -> ModelGroup:
                 "parallelism": {"gpusPerPod": 1},
                 "readiness": {"ncclCheck": "Skip", "revisionCheck": False},
                 "maxReplicas": 4,
-                "drain": {"minLifetimeSeconds": 0, "maxSeconds": 600},
+                "drain": {"minLifetimeSeconds": min_lifetime_seconds, "maxSeconds": drain_max_seconds},
             },
         }
     )
@@ -152,3 +153,45 @@ def test_a_draining_group_is_put_back_in_service_rather_than_a_new_one_created()
         if t.before is None
     ]
     assert created_after_scale_in == []
+
+
+def scale_in_once(group_rules: GroupRules, script: list[tuple[float, int]]) -> SimulationResult:
+    fleet = FleetConfig(
+        engine=ENGINE,
+        gpus_per_group=1,
+        min_groups=1,
+        max_groups=4,
+        ready_time_median_seconds=30.0,
+        ready_time_sigma=0.0,
+        itl_targets_seconds=(0.08,),
+        group_rules=group_rules,
+    )
+    config = SimulationConfig(
+        fleet=fleet, seed=7, initial_groups=2, control_start_seconds=5.0, tail_seconds=60.0
+    )
+    return simulate(steady_load(120.0), config, Scripted(script, interval_seconds=5.0))
+
+
+def test_a_drain_past_its_time_limit_aborts_what_is_in_flight_in_the_simulator_too() -> None:
+    result = scale_in_once(
+        GroupRules.for_model_group(model_group(drain_max_seconds=10)), [(0.0, 2), (30.0, 1)]
+    )
+    (timed_out,) = [(at, t) for at, t in result.group_transitions if str(t.event) == "DrainTimedOut"]
+    (started,) = [at for at, t in result.group_transitions if str(t.event) == "ScaledIn"]
+    assert (
+        10.0
+        <= timed_out[0] - started
+        <= 10.0 + FleetConfig(engine=ENGINE, gpus_per_group=1).reconcile_interval_seconds
+    )
+    assert (result.requests["outcome"] == Outcome.FAILED).sum() > 0
+
+
+def test_the_minimum_lifetime_holds_in_the_simulator() -> None:
+    """A scale-in from 4 to 1 takes only the groups ready longer than the minimum lifetime: the
+    initial groups count as old, the burst's (ready at about 45 s, 55 s before) are spared."""
+    rules = GroupRules.for_model_group(model_group(min_lifetime_seconds=300))
+    result = scale_in_once(rules, [(0.0, 2), (10.0, 4), (100.0, 1)])
+    scaled_in = [t.group for _, t in result.group_transitions if str(t.event) == "ScaledIn"]
+    created = [t.group for _, t in result.group_transitions if str(t.event) == "Created"]
+    assert created == ["g2", "g3"]
+    assert sorted(scaled_in) == ["g0", "g1"]
