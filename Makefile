@@ -6,7 +6,7 @@ export PYTHONSAFEPATH := 1
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-LAYERS := api estimators controllers operator simulator testbed
+LAYERS := api estimators controllers operator simulator gateway testbed
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: test demo demo-sim venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean

@@ -536,6 +536,28 @@ class DrainSummary(StatusModel):
     """The latest drains, newest first (at most 10)."""
 
 
+class ClassFeasibilityStatus(StatusModel):
+    """One SLO class's feasible demand: the prompts whose SLO no number of groups of this shape can
+    meet are counted here and never scaled for."""
+
+    name: str = Field(max_length=63)
+    """The SLOPolicy class."""
+    longest_feasible_prompt_tokens: int = Field(ge=0, json_schema_extra={"format": "int64"})
+    """The longest prompt whose prefill on an idle group (net of expected prefix-cache hits) fits
+    the class's TTFT target; 0 when no request can meet the class."""
+    infeasible_share: float | None = Field(default=None, ge=0, le=1)
+    """Share of the window's prompts longer than that (from vllm:request_prompt_tokens); absent
+    while no prompt lengths were observed (unknown, counted as feasible)."""
+    unmet_field: str | None = Field(default=None, max_length=64)
+    """The class's field no request can meet ('ttftSeconds' or 'itlSeconds'), if any."""
+    attainment_offered: float | None = Field(default=None, ge=0, le=1)
+    """Requests within the SLO over all offered requests in the goodput window (primary class: the
+    engine histograms carry no class)."""
+    attainment_attainable: float | None = Field(default=None, ge=0, le=1)
+    """Requests within the SLO over the requests that could meet it at all: attainment against
+    the attainable ceiling (primary class)."""
+
+
 class ModelGroupStatus(StatusModel):
     """Observed state of a ModelGroup, written by the operator."""
 
@@ -576,8 +598,14 @@ class ModelGroupStatus(StatusModel):
     """The latest decisions that changed `spec.replicas`, newest first (at most 10)."""
     shadow_decision: ScalingDecision | None = None
     """The latest decision of the shadow policy (never applied)."""
+    feasibility: tuple[ClassFeasibilityStatus, ...] = Field(
+        default=(), max_length=16, json_schema_extra=list_map("name")
+    )
+    """Per SLO class: the prompt length beyond which its TTFT target is unreachable, the share of
+    prompts past it, and attainment against offered requests and against the attainable ceiling."""
     conditions: tuple[Condition, ...] = Field(default=(), json_schema_extra=list_map("type"))
-    """'Ready', 'Progressing', 'Degraded', 'ScalingActive', 'ScalingLimited' and 'MetricsAvailable'."""
+    """'Ready', 'Progressing', 'Degraded', 'ScalingActive', 'ScalingLimited', 'MetricsAvailable' and
+    'SLOAttainable'."""
 
 
 class ModelGroup(SpecModel):

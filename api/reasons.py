@@ -28,6 +28,9 @@ class ConditionType:
     """The metrics behind the signals are present and fresh."""
     ACCEPTED: Final = "Accepted"
     """SLOPolicy: the spec was read and compiled; groups may bind to it."""
+    SLO_ATTAINABLE: Final = "SLOAttainable"
+    """ModelGroup: every class's demand can meet its SLO on groups of this shape (False: a share
+    of it cannot on any number of groups; the message names the prompt length and the fixes)."""
 
 
 class Reason:
@@ -90,6 +93,16 @@ class Reason:
     METRICS_STALE: Final = "MetricsStale"
     METRICS_MISSING: Final = "MetricsMissing"
     METRICS_QUERY_FAILED: Final = "MetricsQueryFailed"
+
+    # Feasibility (SLOAttainable)
+    DEMAND_FEASIBLE: Final = "DemandFeasible"
+    """No class has more than a small share of its prompts past its feasible threshold."""
+    INFEASIBLE_DEMAND: Final = "InfeasibleDemand"
+    """A class has more of its prompts past the feasible threshold than the tolerated share."""
+    CLASS_UNATTAINABLE: Final = "ClassUnattainable"
+    """No request of a class can meet one of its targets on groups of this shape."""
+    FEASIBILITY_UNKNOWN: Final = "FeasibilityUnknown"
+    """No prompt lengths observed yet: nothing is counted infeasible."""
 
 
 class Signal:
@@ -154,6 +167,10 @@ class EventReason:
     """A group's ranks all run but it is still not ready after a while: which rank waits for what."""
     INVALID_SPEC: Final = "InvalidSpec"
     POLICY_ACCEPTED: Final = "PolicyAccepted"
+    SLO_UNATTAINABLE: Final = "SLOUnattainable"
+    """SLOAttainable went False: a share of the demand cannot meet its SLO on groups of this shape."""
+    SLO_ATTAINABLE: Final = "SLOAttainable"
+    """SLOAttainable went back to True (or unknown) after being False."""
 
 
 def vocabulary(namespace: type) -> dict[str, str]:

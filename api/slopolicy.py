@@ -86,6 +86,12 @@ class SloClass(SpecModel):
     """What the gateway does with a request of this class that cannot meet its targets: 'Reject' (429
     or 503 with Retry-After), 'Defer' (queue it for later) or 'Degrade' (serve it under a lesser
     contract)."""
+    max_prompt_tokens: int | None = Field(default=None, ge=1, le=16777216)
+    """The class's contract on prompt length: the gateway answers a longer prompt with 400; absent:
+    only the model's context limits it."""
+    max_output_tokens: int | None = Field(default=None, ge=1, le=16777216)
+    """The class's contract on `max_tokens`: the gateway answers a larger request with 400, and uses
+    this as the output budget of a request that names none; absent: only the context limits it."""
 
 
 class GoodputSpec(SpecModel):
@@ -254,6 +260,14 @@ class Admission(SpecModel):
 
     gates: tuple[AdmissionGate, ...] = Field(default=(), max_length=4, json_schema_extra=list_map("name"))
     """Gates to apply, in order; absent: all four."""
+    default_class: str | None = Field(default=None, min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Class of a request that names none (header `X-Goodput-Class`); absent: the first class."""
+    max_defer_seconds: float = Field(default=30.0, ge=0, le=3600)
+    """Longest the gateway holds a deferred request (or any request while no group is Ready) before
+    answering 503; a request is never held past the point where its deadline can no longer be met."""
+    retry_budget_ratio: float = Field(default=0.2, ge=0, le=10)
+    """Retries a tenant may send per first attempt (a retry budget against retry storms, §13): each
+    first attempt earns this many retry tokens, each retry spends one."""
 
 
 class TenantWeight(SpecModel):
@@ -263,6 +277,9 @@ class TenantWeight(SpecModel):
     """Tenant name as the gateway identifies it."""
     weight: float = Field(default=1.0, gt=0, le=1000)
     """Relative share: a tenant of weight 2 gets twice the work of a tenant of weight 1."""
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    """The tenant's token budget (prompt plus requested output tokens), refilled continuously with a
+    burst of one minute's worth; absent: no budget."""
 
 
 class CostWeights(SpecModel):
@@ -281,6 +298,12 @@ class Fairness(SpecModel):
 
     tenants: tuple[TenantWeight, ...] = Field(default=(), max_length=256, json_schema_extra=list_map("name"))
     """Tenant weights; tenants not listed have weight 1."""
+    default_tenant: str = Field(default="default", min_length=1, max_length=253)
+    """Tenant of a request that names none (header `X-Goodput-Tenant`)."""
+    priority_allowance_tokens: float = Field(default=0.0, ge=0)
+    """How far (in weighted cost) a tenant's counter may run ahead of the least-served backlogged
+    tenant and still be served first for a higher-priority class: priority is a bounded exception to
+    fairness; 0 makes fairness strict."""
     cost_weights: CostWeights = CostWeights()
     """How work is priced."""
 
@@ -294,6 +317,16 @@ class SloPolicySpec(SpecModel):
             message="`revision` must change whenever the policy changes, so that every decision names the "
             "policy that made it: set a new `revision`",
             field_path=".revision",
+        ),
+        CelRule(
+            rule="!has(self.admission.defaultClass) || "
+            "self.classes.exists(c, c.name == self.admission.defaultClass)",
+            message="`admission.defaultClass` must name one of `classes`",
+            field_path=".admission.defaultClass",
+            check=lambda spec: (
+                spec.admission.default_class is None
+                or any(cls.name == spec.admission.default_class for cls in spec.classes)
+            ),
         ),
     )
 

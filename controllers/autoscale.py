@@ -4,8 +4,9 @@
 
 1. observe: count groups by state; pool the fresh metrics of ready groups (stale or missing ones
    are set aside, never guessed);
-2. estimate: λ_w, Q_work, C for the current mix, predicted queue wait, queue budget, slack, KV
-   demand, attainment and goodput (`goodput.estimators`);
+2. estimate, of feasible demand only (a class's share past its feasible threshold is set aside: no
+   number of groups meets its SLO): λ_w, Q_work, C for the current mix, predicted queue wait, queue
+   budget, slack, KV demand, attainment and goodput (`goodput.estimators`);
 3. propose, one count per signal: queueWork, slack, kvCache, goodput, scaleFromZero, warmFloor,
    minReplicas; goodput adds a group only for load-driven SLO misses, one trial at a time, and stops
    after scale-outs that brought no improvement (GoodputAwaitingEvidence, GoodputNotImproving);
@@ -44,6 +45,7 @@ from goodput.controllers.autoscale_model import (
     Mode,
     ModelGroupSnapshot,
     Proposal,
+    QueueWorkSignal,
     Recommendation,
     RequestQueue,
     ScaleEvent,
@@ -125,6 +127,7 @@ class _Observation:
 
     __slots__ = (
         "aborted",
+        "attainable_fraction",
         "coming",
         "current",
         "draining",
@@ -215,6 +218,14 @@ class _Observation:
                 queue_time.append(metrics.queue_time)
             if metrics.tpot is not None:
                 tpot.append(metrics.tpot)
+        # Only feasible demand is scaled for: strip the primary class's infeasible share (engine
+        # series carry no class) from the pooled counts and rates, by requests and by prompt tokens.
+        request_fraction, token_fraction, self.attainable_fraction = _feasible_fractions(snapshot, policy)
+        waiting, running = waiting * request_fraction, running * request_fraction
+        prompt_rate, generation_rate = prompt_rate * token_fraction, generation_rate * request_fraction
+        kv_used, hit_tokens = kv_used * token_fraction, hit_tokens * token_fraction
+        mix_weight, mix_input = mix_weight * request_fraction, mix_input * token_fraction
+        mix_output *= request_fraction
         self.ready, self.coming, self.draining, self.failed = ready, coming, draining, failed
         self.unschedulable, self.fresh, self.stale, self.missing = unschedulable, fresh, stale, missing
         self.waiting, self.running = waiting, running
@@ -223,13 +234,17 @@ class _Observation:
         self.ttft, self.itl, self.queue_time, self.tpot = ttft, itl, queue_time, tpot
         self.max_fresh_age = max_fresh_age
         self.mix = TrafficMix(
-            mean_input_tokens=mix_input / mix_weight if mix_weight > 0 else profile.reference_input_tokens,
+            mean_input_tokens=max(1.0, mix_input / mix_weight)
+            if mix_weight > 0
+            else profile.reference_input_tokens,
             mean_output_tokens=mix_output / mix_weight if mix_weight > 0 else profile.reference_output_tokens,
             prefix_hit_fraction=hit_tokens / prompt_rate if prompt_rate > 0 else 0.0,
         )
         queue = snapshot.queue
         self.queue_stale = queue is not None and queue.age_seconds > max_age
-        self.queue: RequestQueue | None = queue if queue is not None and not self.queue_stale else None
+        self.queue: RequestQueue | None = (
+            _feasible_queue(queue, snapshot, policy) if queue is not None and not self.queue_stale else None
+        )
 
     @property
     def load_known(self) -> bool:
@@ -254,6 +269,33 @@ class _Observation:
             stale_metrics=self.stale,
             missing_metrics=self.missing,
         )
+
+
+def _feasible_fractions(
+    snapshot: ModelGroupSnapshot, policy: ScalingPolicy
+) -> tuple[float, float, float | None]:
+    """The primary class's feasible share of requests and of prompt tokens (1 while unknown), and
+    the attainable ceiling (None while unknown)."""
+    entry = snapshot.feasibility_for(policy.primary_class.name)
+    if entry is None:
+        return 1.0, 1.0, None
+    known = entry.longest_feasible_prompt_tokens == 0 or entry.infeasible_request_share is not None
+    request_fraction = entry.feasible_request_fraction
+    return request_fraction, entry.feasible_token_fraction, request_fraction if known else None
+
+
+def _feasible_queue(queue: RequestQueue, snapshot: ModelGroupSnapshot, policy: ScalingPolicy) -> RequestQueue:
+    """The queue without the requests no group can serve within their class's TTFT (each judged
+    against its own class's threshold; a class without one keeps all its requests)."""
+    if not snapshot.feasibility:
+        return queue
+
+    def feasible(request: QueuedRequest) -> bool:
+        entry = snapshot.feasibility_for(policy.targets_for(request.class_name).name)
+        return entry is None or entry.admits(request.input_tokens)
+
+    kept = tuple(request for request in queue.requests if feasible(request))
+    return queue if len(kept) == len(queue.requests) else RequestQueue(kept, queue.age_seconds)
 
 
 def _queue_view(
@@ -370,6 +412,7 @@ def _attainment(
     ttft = fraction_within(ttft_histogram, target.ttft_seconds)
     itl = fraction_within(itl_histogram, target.itl_seconds)
     tpot = fraction_within(tpot_histogram, target.itl_seconds)
+    attainable = observation.attainable_fraction
     # A wait beyond the queue budget leaves too little of the TTFT target for prefill and the first
     # step; with no budget at all, no number of groups gets a request its first token in time.
     queue_within = (
@@ -383,14 +426,20 @@ def _attainment(
         aborted_requests=observation.aborted,
         rejected_requests=observation.rejected,
         generated_tokens=observation.generation_rate * window_seconds,
+        feasible_share=attainable,
     )
     signal = policy.signals.goodput
     checks: tuple[SloCheck, ...] = ()
-    if signal is not None:
+    # The TTFT share is judged against the attainable ceiling: of the requests that could meet the
+    # target on an idle group, how many did. With nothing attainable, no check asks for groups.
+    ttft_judged, ttft_observations = ttft, _observed(ttft_histogram)
+    if attainable is not None and ttft is not None and attainable > 0:
+        ttft_judged, ttft_observations = min(1.0, ttft / attainable), ttft_observations * attainable
+    if signal is not None and (attainable is None or attainable > 0):
         checks = _slo_checks(
             signal,
             target.percentile,
-            ttft=(ttft, _observed(ttft_histogram)),
+            ttft=(ttft_judged, ttft_observations),
             tpot=(tpot, _observed(tpot_histogram)),
             itl_share=itl,
             finished_requests=observation.finished,
@@ -501,6 +550,7 @@ def _estimate(
         slo_batch_per_group=slo_batch,
         slo_checks=attainment.checks,
         load_driven=_load_driven(attainment, running_per_group, slo_batch),
+        feasibility=snapshot.feasibility,
     )
     return estimates, slack_summary
 
@@ -780,7 +830,13 @@ def _scale_in_floor(estimates: Estimates, snapshot: ModelGroupSnapshot, policy: 
         budget_demand = queue_budget_demand_groups(
             waiting_p90, capacity, estimates.queue_budget_seconds - min_slack
         )
-        demand = max(demand, math.inf if budget_demand is None else budget_demand)
+        if budget_demand is None:
+            # No wait is affordable: the service time alone misses the TTFT target, at any count.
+            # More groups cannot fix that, so it never holds a scale-in; the queued work must still
+            # drain within the queue-work signal's target.
+            drain_seconds = (signals.queue_work or QueueWorkSignal()).drain_target_seconds
+            budget_demand = work_demand_groups(arrival, waiting_p90, capacity, drain_seconds, safety)
+        demand = max(demand, budget_demand)
     kv_capacity = snapshot.profile.kv_capacity_tokens
     if estimates.kv_demand_tokens and kv_capacity > 0:
         demand = max(demand, kv_demand_groups(estimates.kv_demand_tokens, kv_capacity, min_free))

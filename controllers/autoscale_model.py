@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from goodput.api.reasons import Reason
 from goodput.estimators.attainment import GoodputReport, Histogram
 from goodput.estimators.capacity import CapacityProfile
 from goodput.estimators.queueing import QueuedRequest
@@ -90,6 +91,16 @@ class Guard(StrEnum):
     GOODPUT_AWAITING_EVIDENCE = "GoodputAwaitingEvidence"
     GOODPUT_NOT_IMPROVING = "GoodputNotImproving"
     FROZEN = "Frozen"
+
+
+class Attainability(StrEnum):
+    """The reason of the SLOAttainable verdict (`feasible_demand.attainability`): whether each
+    class's demand can meet its SLO on groups of this shape."""
+
+    DEMAND_FEASIBLE = Reason.DEMAND_FEASIBLE
+    INFEASIBLE_DEMAND = Reason.INFEASIBLE_DEMAND
+    CLASS_UNATTAINABLE = Reason.CLASS_UNATTAINABLE
+    FEASIBILITY_UNKNOWN = Reason.FEASIBILITY_UNKNOWN
 
 
 # --- Policy -----------------------------------------------------------------------------------------
@@ -292,6 +303,8 @@ class GroupMetrics:
     ttft / itl / queue_time: window deltas of vLLM's histograms (its default buckets).
     tpot: window delta of vllm:request_time_per_output_token_seconds, one observation per finished
     request (its decode time over its tokens after the first); None where the engine does not export it.
+    prompt_tokens: window delta of vllm:request_prompt_tokens, the prompt lengths of finished
+    requests (what the infeasible share is estimated from).
     finished_requests: finished with stop or length; aborted_requests: abort or error;
     rejected_requests: admission rejections (HTTP 503s).
     """
@@ -309,6 +322,7 @@ class GroupMetrics:
     itl: Histogram | None = None
     queue_time: Histogram | None = None
     tpot: Histogram | None = None
+    prompt_tokens: Histogram | None = None
     finished_requests: float = 0.0
     aborted_requests: float = 0.0
     rejected_requests: float = 0.0
@@ -334,10 +348,60 @@ class RequestQueue:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassFeasibility:
+    """How much of one class's demand no number of groups of this shape can serve within its SLO.
+
+    longest_feasible_prompt_tokens: the longest prompt whose idle-group TTFT floor (net of the
+    expected prefix-cache hits) fits the class's TTFT target; 0 when no request can meet the class.
+    infeasible_request_share / infeasible_token_share: the share of requests, and of prompt tokens,
+    in prompts past it; None when unknown (no prompt lengths observed), which the decision reads as
+    "all feasible": unknown never invents infeasibility.
+    unmet_field: the class's field that no request can meet (`ttftSeconds`, `itlSeconds`), when the
+    threshold is 0.
+    """
+
+    class_name: str
+    longest_feasible_prompt_tokens: int
+    infeasible_request_share: float | None = None
+    infeasible_token_share: float | None = None
+    unmet_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.longest_feasible_prompt_tokens < 0:
+            raise ValueError("longest_feasible_prompt_tokens must not be negative")
+        for name in ("infeasible_request_share", "infeasible_token_share"):
+            share = getattr(self, name)
+            if share is not None and not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {share}")
+
+    @property
+    def feasible_request_fraction(self) -> float:
+        """The share of requests the signals count: everything while unknown, nothing when no
+        request can meet the class."""
+        if self.longest_feasible_prompt_tokens == 0:
+            return 0.0
+        return 1.0 - (self.infeasible_request_share or 0.0)
+
+    @property
+    def feasible_token_fraction(self) -> float:
+        if self.longest_feasible_prompt_tokens == 0:
+            return 0.0
+        return 1.0 - (self.infeasible_token_share or 0.0)
+
+    def admits(self, prompt_tokens: int) -> bool:
+        """Whether a prompt of this length can meet the class's TTFT on an idle group."""
+        return (
+            self.longest_feasible_prompt_tokens > 0 and prompt_tokens <= self.longest_feasible_prompt_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ModelGroupSnapshot:
     """One ModelGroup at one instant: its groups, their metrics, and its capacity profile.
 
     spec_replicas: the complete groups currently wanted (spec.replicas); the decision's current count.
+    feasibility: per SLO class, the feasible threshold and the infeasible share of the demand
+    (`controllers.feasible_demand.assess`); a class without an entry has all its demand counted.
     """
 
     spec_replicas: int
@@ -346,10 +410,14 @@ class ModelGroupSnapshot:
     name: str = ""
     metrics_window_seconds: float = 60.0
     queue: RequestQueue | None = None
+    feasibility: tuple[ClassFeasibility, ...] = ()
 
     def __post_init__(self) -> None:
         if self.spec_replicas < 0:
             raise ValueError("spec_replicas must not be negative")
+
+    def feasibility_for(self, class_name: str) -> ClassFeasibility | None:
+        return next((entry for entry in self.feasibility if entry.class_name == class_name), None)
 
 
 # --- State ------------------------------------------------------------------------------------------
@@ -463,6 +531,8 @@ class Estimates:
     running_per_group / slo_batch_per_group: sequences each fresh group runs, and the most its steps
     carry within the ITL budget for this mix. slo_checks: the goodput signal's SLO conditions with
     enough observations; load_driven: whether their misses come from load (None: nothing missed).
+    Every demand figure (rates, queued work, KV, the mix) is of feasible demand only: the share of
+    it past a class's feasible threshold (`feasibility`, as the snapshot carried it) is set aside.
     """
 
     mean_input_tokens: float
@@ -492,6 +562,7 @@ class Estimates:
     slo_batch_per_group: float | None = None
     slo_checks: tuple[SloCheck, ...] = ()
     load_driven: bool | None = None
+    feasibility: tuple[ClassFeasibility, ...] = ()
 
 
 def _json_number(value: float | None) -> float | None:
@@ -592,6 +663,16 @@ class Decision:
                     for check in estimates.slo_checks
                 ],
                 "load_driven": estimates.load_driven,
+                "feasibility": [
+                    {
+                        "class": entry.class_name,
+                        "longest_feasible_prompt_tokens": entry.longest_feasible_prompt_tokens,
+                        "infeasible_request_share": _json_number(entry.infeasible_request_share),
+                        "infeasible_token_share": _json_number(entry.infeasible_token_share),
+                        "unmet_field": entry.unmet_field,
+                    }
+                    for entry in estimates.feasibility
+                ],
                 "goodput": None
                 if goodput is None
                 else {
@@ -602,6 +683,8 @@ class Decision:
                     "attaining_requests": _json_number(goodput.attaining_requests),
                     "attainment_admitted": _json_number(goodput.attainment_admitted),
                     "attainment_offered": _json_number(goodput.attainment_offered),
+                    "feasible_requests": _json_number(goodput.feasible_requests),
+                    "attainment_attainable": _json_number(goodput.attainment_attainable),
                     "request_goodput_per_second": _json_number(goodput.request_goodput_per_second),
                     "token_goodput_per_second": _json_number(goodput.token_goodput_per_second),
                 },

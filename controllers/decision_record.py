@@ -11,6 +11,8 @@ Every function here is pure; the operator writes what they return.
   Advisory or shadow policy would change it (AdvisoryRescale), or a guard started holding.
 - `autoscaler_conditions` / `failure_conditions`: ScalingActive, MetricsAvailable and the
   autoscaler's share of ScalingLimited (the group controller owns it while a group cannot be placed).
+- `feasibility_status` / `attainability_conditions` / `attainability_event`: `status.feasibility`,
+  the SLOAttainable condition, and an Event when it turns False or back.
 - `encode_states` / `decode_states`: the `DecisionState` of the active and shadow policies as one
   compact annotation, so stabilisation windows, step limits and the goodput signal's trial survive
   an operator restart.
@@ -26,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
-from goodput.api.modelgroup import ModelGroupStatus, Proposal, ScalingDecision
+from goodput.api.modelgroup import ClassFeasibilityStatus, ModelGroupStatus, Proposal, ScalingDecision
 from goodput.api.reasons import ConditionType, EventReason, Reason
 from goodput.controllers.autoscale_model import (
     Decision,
@@ -40,6 +42,7 @@ from goodput.controllers.autoscale_model import (
     ScaleEvent,
     SloCheck,
 )
+from goodput.controllers.feasible_demand import AttainabilityVerdict
 from goodput.controllers.groups import EventRecord
 from goodput.controllers.placement import NoFitReason
 
@@ -526,3 +529,58 @@ def persist_due(
     except (ValueError, TypeError, AttributeError):
         return True
     return now - written_at >= refresh_seconds
+
+
+# --- Feasibility (status.feasibility, SLOAttainable) --------------------------------------------------
+
+
+def feasibility_status(decision: Decision) -> tuple[ClassFeasibilityStatus, ...]:
+    """`status.feasibility`: each class's threshold and infeasible share as the decision saw them,
+    with the primary class's attainment against offered requests and against the attainable ceiling."""
+    goodput = decision.estimates.goodput
+    entries = []
+    for entry in decision.estimates.feasibility:
+        primary = entry.class_name == decision.slo.name and goodput is not None
+        share = entry.infeasible_request_share
+        entries.append(
+            ClassFeasibilityStatus(
+                name=entry.class_name,
+                longest_feasible_prompt_tokens=entry.longest_feasible_prompt_tokens,
+                infeasible_share=None if share is None else _share(share),
+                unmet_field=entry.unmet_field,
+                attainment_offered=_share(goodput.attainment_offered) if primary and goodput else None,
+                attainment_attainable=_share(goodput.attainment_attainable) if primary and goodput else None,
+            )
+        )
+    return tuple(entries)
+
+
+def _share(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(min(1.0, max(0.0, value)), 6)
+
+
+def attainability_conditions(
+    conditions: Sequence[Condition], verdict: AttainabilityVerdict, *, generation: int, now: datetime
+) -> tuple[Condition, ...]:
+    """`conditions` with SLOAttainable set to the verdict."""
+    status: ConditionStatus = (
+        "True" if verdict.status == "True" else "False" if verdict.status == "False" else "Unknown"
+    )
+    outcome = (status, str(verdict.reason), verdict.message)
+    return _put(tuple(conditions), ConditionType.SLO_ATTAINABLE, outcome, generation=generation, now=now)
+
+
+def attainability_event(previous: Sequence[Condition], verdict: AttainabilityVerdict) -> EventRecord | None:
+    """A Warning when SLOAttainable turns False or changes its reason while False; a Normal Event when
+    it stops being False. Nothing while it holds (its message moves with the shares every tick)."""
+    before = find_condition(previous, ConditionType.SLO_ATTAINABLE)
+    was_false = before is not None and before.status == "False"
+    if verdict.status == "False":
+        if was_false and before is not None and before.reason == str(verdict.reason):
+            return None
+        return EventRecord("Warning", EventReason.SLO_UNATTAINABLE, verdict.message)
+    if was_false:
+        return EventRecord("Normal", EventReason.SLO_ATTAINABLE, verdict.message)
+    return None

@@ -51,6 +51,9 @@ INTERVAL_SECONDS = 5
 PROMPT_TOKENS, OUTPUT_TOKENS = 256, 64
 BASE_RATE = 2.5  # requests per second: about 60 % of one group
 BURST_RATE = 2 * BASE_RATE  # double the offered work: more than one group serves
+# An idle group prefills about 25k tokens within the 1 s TTFT target (2,048-token chunks): these
+# prompts cannot meet it on any number of groups, and each keeps a group busy for about 2 s.
+LONG_PROMPT_TOKENS = 40_000
 
 
 # --- manifests ---------------------------------------------------------------------------------------
@@ -326,14 +329,16 @@ def timeline(stage: Stage, name: str) -> Iterator[Timeline]:
         thread.join(timeout=5)
 
 
-def uniform_plan(phases: list[tuple[float, float]]) -> list[PlannedRequest]:
+def uniform_plan(
+    phases: list[tuple[float, float]], prompt_tokens: int = PROMPT_TOKENS
+) -> list[PlannedRequest]:
     """Requests at a steady rate per phase: (requests per second, seconds), one phase after another."""
     plan: list[PlannedRequest] = []
     start = 0.0
     for rate, seconds in phases:
         count = int(rate * seconds)
         plan.extend(
-            PlannedRequest(len(plan) + index, start + index / rate, PROMPT_TOKENS, OUTPUT_TOKENS)
+            PlannedRequest(len(plan) + index, start + index / rate, prompt_tokens, OUTPUT_TOKENS)
             for index in range(count)
         )
         start += seconds
@@ -341,7 +346,9 @@ def uniform_plan(phases: list[tuple[float, float]]) -> list[PlannedRequest]:
 
 
 @contextlib.contextmanager
-def load(stage: Stage, name: str, phases: list[tuple[float, float]]) -> Iterator[float]:
+def load(
+    stage: Stage, name: str, phases: list[tuple[float, float]], prompt_tokens: int = PROMPT_TOKENS
+) -> Iterator[float]:
     """Offer `phases` of load to the ModelGroup's ready leaders in the background; yields the start
     time (wall clock). The block waits for the load to end."""
     service = leaders_service(name, stage.namespace)
@@ -367,7 +374,7 @@ def load(stage: Stage, name: str, phases: list[tuple[float, float]]) -> Iterator
         refresh_interval_seconds=1.0,
     )
     generator = LoadGenerator(TargetPool(first, TargetPolicy()), settings)
-    plan = uniform_plan(phases)
+    plan = uniform_plan(phases, prompt_tokens)
     thread = threading.Thread(
         target=lambda: asyncio.run(generator.run(plan)), daemon=True, name=f"load-{name}"
     )
@@ -610,3 +617,49 @@ def test_a_policy_revision_bump_is_named_by_the_next_decision(stage: Stage) -> N
     )
     assert {r["policy_revision"] for r in later} == {"r2"}
     assert stage.status("llama")["lastDecision"]["policyRevision"] == "r2"
+
+
+def test_long_prompts_past_the_feasible_threshold_do_not_scale_out_and_the_condition_says_why(
+    stage: Stage,
+) -> None:
+    stage.apply(
+        slo_policy("chat", stage.namespace), model_group("llama", stage.namespace, replicas=1, policy="chat")
+    )
+    stage.wait_ready_groups("llama", 1)
+    # A trickle first, so the window's prompt histogram holds them; then ten times the rate: counted
+    # as demand, their prefill alone would ask for two or three groups.
+    phases = [(0.1, 30.0), (1.0, 45.0)]
+    with timeline(stage, "llama") as seen, load(stage, "llama", phases, prompt_tokens=LONG_PROMPT_TOKENS):
+        unattainable: dict[str, Any] = wait_for(
+            lambda: ((c := stage.condition("llama", "SLOAttainable")) and c["status"] == "False" and c) or {},
+            timeout_seconds=70,
+            describe=lambda: f"SLOAttainable=False\n{stage.describe('llama')}",
+        )
+    assert unattainable["reason"] == "InfeasibleDemand"
+    (chat,) = stage.status("llama")["feasibility"]
+    threshold = chat["longestFeasiblePromptTokens"]
+    assert 10_000 < threshold < LONG_PROMPT_TOKENS
+    assert chat["infeasibleShare"] > 0.9
+    assert f"longer than {threshold} tokens" in unattainable["message"]
+    assert "tensor parallelism of about" in unattainable["message"]
+    assert set(seen.replicas_since(0)) == {1}, "infeasible prompts scaled the group out"
+    assert stage.replicas("llama") == 1
+    records = stage.decisions("llama")
+    assert any(
+        (r["estimates"]["feasibility"] or [{}])[0].get("infeasible_request_share") == 1.0 for r in records
+    ), records[-3:]
+    announced = [e for e in stage.events("SLOUnattainable") if e["involvedObject"]["name"] == "llama"]
+    assert len(announced) == 1, announced
+    explained = subprocess.run(
+        [sys.executable, "-m", "goodput.operator.cli", "explain", "mg/llama", "-n", stage.namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": stage.cluster.kubeconfig},
+        check=False,
+    )
+    assert explained.returncode == 0, explained.stderr
+    assert (
+        f"feasibility chat: prompts over {threshold} tokens cannot meet the TTFT target" in explained.stdout
+    )
+    assert "SLOAttainable=False InfeasibleDemand" in explained.stdout

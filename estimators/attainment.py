@@ -165,6 +165,9 @@ class GoodputReport:
     attaining_requests: admitted requests that finished within their targets.
     attainment_admitted / attainment_offered: attaining over admitted / over offered; None if the
     denominator is zero (unknown, not perfect).
+    feasible_requests / attainment_attainable: the admitted requests whose SLO could be met at all
+    (their zero-load floor is within target), and attaining over those: attainment against the
+    attainable ceiling. None when feasibility is unknown.
     """
 
     window_seconds: float
@@ -176,6 +179,8 @@ class GoodputReport:
     attainment_offered: float | None
     request_goodput_per_second: float | None
     token_goodput_per_second: float | None
+    feasible_requests: float | None = None
+    attainment_attainable: float | None = None
 
 
 def _ratio(numerator: float | None, denominator: float) -> float | None:
@@ -193,6 +198,7 @@ def goodput_from_histograms(
     aborted_requests: float,
     rejected_requests: float,
     generated_tokens: float,
+    feasible_share: float | None = None,
 ) -> GoodputReport:
     """Goodput from engine metrics over a window.
 
@@ -200,12 +206,16 @@ def goodput_from_histograms(
     finished_requests: requests that finished normally (stop or length) in the window.
     aborted_requests: admitted requests that ended in abort or error; they never attain.
     rejected_requests: requests refused at admission (vLLM's 503s or a gateway's rejections).
+    feasible_share: the share of admitted requests whose SLO can be met at all (None: unknown);
+    infeasible requests cannot attain, so attainment against the ceiling is attaining over them.
     """
     admitted = finished_requests + aborted_requests
     offered = admitted + rejected_requests
     attaining = None if ttft_within_target is None else finished_requests * ttft_within_target
     window = max(window_seconds, 1e-9)
     token_goodput = None if itl_within_target is None else generated_tokens * itl_within_target / window
+    feasible = None if feasible_share is None else admitted * min(1.0, max(0.0, feasible_share))
+    attainable = None if feasible is None else _ratio(attaining, feasible)
     return GoodputReport(
         window_seconds=window_seconds,
         offered_requests=offered,
@@ -216,6 +226,8 @@ def goodput_from_histograms(
         attainment_offered=_ratio(attaining, offered),
         request_goodput_per_second=None if attaining is None else attaining / window,
         token_goodput_per_second=token_goodput,
+        feasible_requests=feasible,
+        attainment_attainable=None if attainable is None else min(1.0, attainable),
     )
 
 

@@ -142,14 +142,22 @@ def longest_feasible_prompt_tokens(model: FloorModel, ttft_target_seconds: float
     return low
 
 
-def infeasible_share(prompt_tokens: Histogram | None, longest_feasible_tokens: int) -> float | None:
+def infeasible_share(
+    prompt_tokens: Histogram | None, longest_feasible_tokens: int, *, conservative: bool = False
+) -> float | None:
     """Share of observed prompts longer than the feasible threshold; None when nothing was observed.
 
-    Interpolated inside the bucket that holds the threshold, as Prometheus does. Nothing is known of
-    prompts past the last finite bound, so when the threshold lies beyond it they count as infeasible:
-    the side that never drives a scale-out.
+    Interpolated inside the bucket that holds the threshold, as Prometheus does; `conservative`
+    counts that whole bucket as infeasible instead. A decision needs the conservative figure:
+    vLLM's 1-2-5 buckets are wide (20k-50k tokens), the interpolation spreads a bucket's prompts
+    evenly over it, and prompts all past a threshold in the bucket's lower part would be counted
+    partly feasible and scaled for. Nothing is known of prompts past the last finite bound, so when
+    the threshold lies beyond it they count as infeasible: the side that never drives a scale-out.
     """
-    within = fraction_within(prompt_tokens, float(longest_feasible_tokens))
+    threshold = float(longest_feasible_tokens)
+    if conservative and prompt_tokens is not None:
+        threshold = max((bound for bound in prompt_tokens.upper_bounds if bound <= threshold), default=0.0)
+    within = fraction_within(prompt_tokens, threshold)
     return None if within is None else 1.0 - within
 
 
@@ -166,3 +174,42 @@ def minimum_tensor_parallel_hint(
     factor = floor_seconds / target_seconds
     needed = 2 ** math.ceil(math.log2(max(1.0, current_tensor_parallel * factor)))
     return max(current_tensor_parallel, int(needed))
+
+
+def infeasible_token_share(
+    prompt_tokens: Histogram | None, longest_feasible_tokens: int, *, conservative: bool = False
+) -> float | None:
+    """Share of observed prompt *tokens* in prompts past the feasible threshold; None when nothing
+    was observed.
+
+    Infeasible prompts are the long ones, so they carry more of the prompt tokens (and of the prefill
+    work and KV) than of the requests. Each bucket's prompts are priced at its midpoint, the bucket
+    holding the threshold split linearly at it, and the +Inf bucket at the last finite bound, counted
+    infeasible as `infeasible_share` counts it (vLLM's prompt buckets end at the context window, so
+    it is empty in practice). `conservative` counts the bucket holding the threshold as infeasible,
+    as `infeasible_share` does.
+    """
+    if prompt_tokens is None or prompt_tokens.total <= 0:
+        return None
+    threshold = float(longest_feasible_tokens)
+    lower_bound = 0.0
+    below = 0.0
+    feasible_tokens = total_tokens = 0.0
+    bounds = (*prompt_tokens.upper_bounds, math.inf)
+    for bound, cumulative in zip(bounds, prompt_tokens.cumulative_counts, strict=True):
+        count = max(0.0, cumulative - below)
+        finite = math.isfinite(bound)
+        upper = bound if finite else max(lower_bound, 1.0)
+        total_tokens += count * (lower_bound + upper) / 2
+        if not finite:
+            pass
+        elif threshold >= upper:
+            feasible_tokens += count * (lower_bound + upper) / 2
+        elif threshold > lower_bound and not conservative:
+            share = (threshold - lower_bound) / (upper - lower_bound)
+            feasible_tokens += count * share * (lower_bound + threshold) / 2
+        below = max(below, cumulative)
+        lower_bound = upper
+    if total_tokens <= 0:
+        return 0.0 if longest_feasible_tokens > 0 else 1.0
+    return min(1.0, max(0.0, 1.0 - feasible_tokens / total_tokens))

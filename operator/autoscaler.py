@@ -14,8 +14,10 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
    resourceVersion it decided on: a `kubectl scale` in between wins, and the next tick decides
    again). Only Active decisions act; Advisory ones and the shadow policy's are recorded; Frozen
    makes no decision at all;
-5. records: `status.lastDecision`, the bounded history `status.decisions`, `status.shadowDecision`
-   and the conditions ScalingActive, MetricsAvailable and ScalingLimited (one status patch,
+5. records: `status.lastDecision`, the bounded history `status.decisions`, `status.shadowDecision`,
+   `status.feasibility` (per class: the prompt length past which its TTFT is unreachable, the share
+   of prompts past it, attainment against offered and attainable requests) and the conditions
+   ScalingActive, MetricsAvailable, ScalingLimited and SLOAttainable (one status patch,
    conditional on the resourceVersion); Events on transitions; one JSON log line per decision in the
    design note's §38 shape; the operator's Prometheus metrics.
 
@@ -50,6 +52,8 @@ from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import Decision, DecisionState, GroupMetrics, Mode
 from goodput.controllers.decision_record import (
     FailureReason,
+    attainability_conditions,
+    attainability_event,
     autoscaler_conditions,
     decision_events,
     decode_states,
@@ -57,10 +61,12 @@ from goodput.controllers.decision_record import (
     failed_rescale_event,
     failure_conditions,
     failure_event,
+    feasibility_status,
     metrics_health,
     persist_due,
     record_decisions,
 )
+from goodput.controllers.feasible_demand import AttainabilityVerdict, snapshot_attainability
 from goodput.controllers.groups import EventRecord
 from goodput.controllers.policy import parse_slo_policy
 from goodput.controllers.policy_compile import CompiledPolicy, capacity_profile, compile_policy, profile_key
@@ -83,7 +89,7 @@ MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
 SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
 # The status fields the autoscaler writes; the group controller writes the others.
-DECISION_STATUS_FIELDS = ("lastDecision", "decisions", "shadowDecision", "conditions")
+DECISION_STATUS_FIELDS = ("lastDecision", "decisions", "shadowDecision", "feasibility", "conditions")
 # A tick that lost a race with another writer runs again this soon.
 CONFLICT_RETRY_SECONDS = 1.0
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -206,6 +212,26 @@ class AutoscalerMetrics:
             labels,
             registry=registry,
         )
+        self.infeasible_share = Gauge(
+            "goodput_autoscaler_infeasible_share",
+            "Share of the window's prompts longer than the class's feasible threshold: requests no "
+            "number of groups can serve within the class's TTFT target (not scaled for).",
+            [*labels, "class"],
+            registry=registry,
+        )
+        self.feasible_prompt_tokens = Gauge(
+            "goodput_autoscaler_feasible_prompt_tokens",
+            "The longest prompt whose idle-group TTFT floor fits the class's target (0: none).",
+            [*labels, "class"],
+            registry=registry,
+        )
+        self.attainment = Gauge(
+            "goodput_autoscaler_attainment_ratio",
+            "Requests within the primary class's SLO over the goodput window, against offered requests "
+            "(basis 'offered') and against those that could meet it at all (basis 'attainable').",
+            [*labels, "basis"],
+            registry=registry,
+        )
         self.policy_info = Gauge(
             "goodput_autoscaler_policy_info",
             "The SLOPolicy revision and mode behind the latest decision (value 1).",
@@ -257,6 +283,24 @@ class AutoscalerMetrics:
         ):
             if value is not None and abs(value) != float("inf"):
                 self._set(gauge, key, value)
+        self._record_feasibility(key, decision)
+
+    def _record_feasibility(self, key: tuple[str, str], decision: Decision) -> None:
+        for entry in decision.estimates.feasibility:
+            self._set(
+                self.feasible_prompt_tokens, (*key, entry.class_name), entry.longest_feasible_prompt_tokens
+            )
+            if entry.infeasible_request_share is not None:
+                self._set(self.infeasible_share, (*key, entry.class_name), entry.infeasible_request_share)
+        goodput = decision.estimates.goodput
+        if goodput is None:
+            return
+        for basis, value in (
+            ("offered", goodput.attainment_offered),
+            ("attainable", goodput.attainment_attainable),
+        ):
+            if value is not None:
+                self._set(self.attainment, (*key, basis), value)
 
     def record_age(self, namespace: str, name: str, age_seconds: float | None) -> None:
         if age_seconds is not None:
@@ -383,12 +427,14 @@ class Autoscaler:
         self.metrics.duration.labels("metrics").observe(time.perf_counter() - metrics_started)
 
         active_decision = health = shadow_decision = None
+        verdict: AttainabilityVerdict | None = None
         if runs_active and isinstance(active, CompiledPolicy):
             snapshot = build_snapshot(parsed, status, active, readings[self._windows(active)], now=now)
             decide_started = time.perf_counter()
             active_decision = decide(snapshot, active.policy, memory.active, now)
             self.metrics.duration.labels("decide").observe(time.perf_counter() - decide_started)
             health = metrics_health(snapshot, active.policy.staleness.max_age_seconds)
+            verdict = snapshot_attainability(snapshot, active.policy, tensor_parallel=spec.parallelism.tensor)
             ages = [group.metrics.age_seconds for group in snapshot.groups if group.metrics is not None]
             self.metrics.record_age(namespace, name, max(ages) if ages else None)
         if runs_shadow and isinstance(shadow, CompiledPolicy):
@@ -407,6 +453,8 @@ class Autoscaler:
         events: list[EventRecord] = []
         if active_decision is not None and isinstance(active, CompiledPolicy):
             events += decision_events(status.last_decision, active_decision, policy_name=active.policy_name)
+            if verdict is not None and (event := attainability_event(status.conditions, verdict)):
+                events.append(event)
         elif stopped is not None and (
             event := failure_event(status.conditions, stopped.reason, stopped.message)
         ):
@@ -424,6 +472,11 @@ class Autoscaler:
                 conditions = autoscaler_conditions(
                     new.conditions, active_decision, health, generation=generation, now=when
                 )
+                if verdict is not None:
+                    conditions = attainability_conditions(
+                        conditions, verdict, generation=generation, now=when
+                    )
+                    new = new.model_copy(update={"feasibility": feasibility_status(active_decision)})
             elif stopped is not None:
                 conditions = failure_conditions(
                     new.conditions,

@@ -2,7 +2,8 @@
 
 Prints the autoscaler's conditions and its recorded decisions as a table, newest first: time, count
 from → to, mode, reason, winning signal, every signal's proposal, the guards that held or cut the
-count, and the SLOPolicy revision that decided; then each proposal's inputs for the latest decision,
+count, and the SLOPolicy revision that decided (after a line per SLO class on its feasible demand);
+then each proposal's inputs for the latest decision,
 and the shadow policy's latest decision beside it. `-o json` prints the records as stored.
 """
 
@@ -18,7 +19,7 @@ from goodput.api.base import GROUP, VERSION
 from goodput.operator.kube import KubeApi, KubeError
 
 RESOURCE_NAMES = ("mg", "modelgroup", "modelgroups", f"modelgroup.{GROUP}", f"modelgroups.{GROUP}")
-CONDITIONS = ("ScalingActive", "MetricsAvailable", "ScalingLimited")
+CONDITIONS = ("ScalingActive", "MetricsAvailable", "ScalingLimited", "SLOAttainable")
 COLUMNS = ("TIME", "FROM→TO", "MODE", "REASON", "SIGNAL", "PROPOSALS", "GUARDS", "REVISION")
 
 
@@ -88,6 +89,28 @@ def _details(title: str, entry: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _ratio(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, int | float) else "unknown"
+
+
+def feasibility_line(entry: Mapping[str, Any]) -> str:
+    """One class's feasible demand: where its TTFT target becomes unreachable, the share of prompts
+    past it, and attainment against offered and against attainable requests."""
+    name = entry.get("name", "?")
+    threshold = entry.get("longestFeasiblePromptTokens")
+    unmet = entry.get("unmetField")
+    if unmet:
+        head = f"feasibility {name}: no request can meet {unmet}"
+    else:
+        share = entry.get("infeasibleShare")
+        past = "share unknown" if share is None else f"{share:.1%} of prompts"
+        head = f"feasibility {name}: prompts over {threshold} tokens cannot meet the TTFT target ({past})"
+    offered, attainable = entry.get("attainmentOffered"), entry.get("attainmentAttainable")
+    if offered is None and attainable is None:
+        return head
+    return f"{head}; attainment {_ratio(offered)} of offered, {_ratio(attainable)} of attainable"
+
+
 def explain(model_group: Mapping[str, Any]) -> str:
     """The readable account of a ModelGroup's scaling decisions."""
     metadata = model_group.get("metadata") or {}
@@ -110,6 +133,7 @@ def explain(model_group: Mapping[str, Any]) -> str:
             lines.append(
                 f"{kind}={condition.get('status')} {condition.get('reason')}: {condition.get('message', '')}"
             )
+    lines += [feasibility_line(entry) for entry in status.get("feasibility") or ()]
     last = status.get("lastDecision")
     history = list(status.get("decisions") or ())
     rows = []
@@ -132,7 +156,7 @@ def explain(model_group: Mapping[str, Any]) -> str:
 
 def records(model_group: Mapping[str, Any]) -> dict[str, Any]:
     status = model_group.get("status") or {}
-    return {key: status.get(key) for key in ("lastDecision", "decisions", "shadowDecision")}
+    return {key: status.get(key) for key in ("lastDecision", "decisions", "shadowDecision", "feasibility")}
 
 
 def _client(kubeconfig: str | None, context: str | None) -> tuple[KubeApi, str]:

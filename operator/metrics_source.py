@@ -30,6 +30,7 @@ from urllib3.util.retry import Retry
 
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.controllers.autoscale_model import GroupMetrics, GroupObservation, GroupState, ModelGroupSnapshot
+from goodput.controllers.feasible_demand import prompt_evidence, snapshot_feasibility
 from goodput.controllers.policy_compile import CompiledPolicy
 from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups, without_replacements
 from goodput.estimators.attainment import Histogram
@@ -137,6 +138,7 @@ def group_metrics(series: GroupSeries) -> GroupMetrics | None:
         itl=histogram(Quantity.ITL_BUCKETS),
         queue_time=histogram(Quantity.QUEUE_TIME_BUCKETS),
         tpot=histogram(Quantity.TPOT_BUCKETS),
+        prompt_tokens=histogram(Quantity.PROMPT_TOKENS_BUCKETS),
         finished_requests=max(0.0, values.get(Quantity.FINISHED, 0.0)),
         aborted_requests=max(0.0, values.get(Quantity.ABORTED, 0.0)),
         rejected_requests=max(0.0, values.get(Quantity.REJECTED, 0.0)),
@@ -155,6 +157,7 @@ def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
     itl = _common_bounds([group.itl for group in metrics.values()])
     queue_time = _common_bounds([group.queue_time for group in metrics.values()])
     tpot = _common_bounds([group.tpot for group in metrics.values()])
+    prompt_tokens = _common_bounds([group.prompt_tokens for group in metrics.values()])
 
     def keep(histogram: Histogram | None, bounds: tuple[float, ...] | None) -> Histogram | None:
         return histogram if histogram is not None and histogram.upper_bounds == bounds else None
@@ -166,6 +169,7 @@ def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
             itl=keep(group.itl, itl),
             queue_time=keep(group.queue_time, queue_time),
             tpot=keep(group.tpot, tpot),
+            prompt_tokens=keep(group.prompt_tokens, prompt_tokens),
         )
         for name, group in metrics.items()
     }
@@ -209,12 +213,15 @@ def build_snapshot(
     *,
     now: float,
 ) -> ModelGroupSnapshot:
+    groups = group_observations(model_group, status, metrics, now=now)
+    evidence = prompt_evidence(groups, compiled.policy.staleness.max_age_seconds)
     return ModelGroupSnapshot(
         spec_replicas=model_group.spec.replicas,
-        groups=group_observations(model_group, status, metrics, now=now),
+        groups=groups,
         profile=compiled.profile,
         name=model_group.metadata.name or "",
         metrics_window_seconds=compiled.metrics_window_seconds,
+        feasibility=snapshot_feasibility(compiled.profile, compiled.policy, evidence),
     )
 
 

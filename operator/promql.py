@@ -46,10 +46,17 @@ class Quantity(StrEnum):
     ITL_BUCKETS = "itl_buckets"
     QUEUE_TIME_BUCKETS = "queue_time_buckets"
     TPOT_BUCKETS = "tpot_buckets"
+    PROMPT_TOKENS_BUCKETS = "prompt_tokens_buckets"
 
 
 HISTOGRAM_QUANTITIES = frozenset(
-    {Quantity.TTFT_BUCKETS, Quantity.ITL_BUCKETS, Quantity.QUEUE_TIME_BUCKETS, Quantity.TPOT_BUCKETS}
+    {
+        Quantity.TTFT_BUCKETS,
+        Quantity.ITL_BUCKETS,
+        Quantity.QUEUE_TIME_BUCKETS,
+        Quantity.TPOT_BUCKETS,
+        Quantity.PROMPT_TOKENS_BUCKETS,
+    }
 )
 # vLLM's finished_reason values (vllm-contract §1.2): completed requests, and those that were not.
 FINISHED_REASONS = "stop|length|repetition"
@@ -153,6 +160,8 @@ def sub_queries(
         Quantity.ITL_BUCKETS: buckets("vllm:inter_token_latency_seconds_bucket"),
         Quantity.QUEUE_TIME_BUCKETS: buckets("vllm:request_queue_time_seconds_bucket"),
         Quantity.TPOT_BUCKETS: buckets("vllm:request_time_per_output_token_seconds_bucket"),
+        # Prompt lengths of the window's finished requests: the infeasible share is read from them.
+        Quantity.PROMPT_TOKENS_BUCKETS: buckets("vllm:request_prompt_tokens_bucket"),
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from goodput.controllers.autoscale_model import GroupMetrics
 from goodput.controllers.groups import EventRecord
+from goodput.estimators.attainment import Histogram
 from goodput.operator.autoscaler import (
     STATE_ANNOTATION,
     Autoscaler,
@@ -249,7 +251,7 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
     # The status patch is conditional on the version the scale write produced.
     (status,) = h.api.of("status")
     assert status["metadata"] == {"resourceVersion": "101"}
-    assert set(status["status"]) == {"lastDecision", "decisions", "conditions"}
+    assert set(status["status"]) == {"lastDecision", "decisions", "feasibility", "conditions"}
     last = h.status["lastDecision"]
     assert (last["fromReplicas"], last["toReplicas"], last["policyRevision"]) == (
         1,
@@ -533,3 +535,89 @@ def test_a_revision_bump_is_named_by_the_next_decision_and_its_series() -> None:
     }
     assert h.sample("goodput_autoscaler_policy_info", **info, revision="r2") == 1.0
     assert h.sample("goodput_autoscaler_policy_info", **info, revision="r1") is None
+
+
+# --- feasibility: SLOAttainable, status.feasibility, its Events and series --------------------------
+
+PROMPT_BOUNDS = (100.0, 1000.0, 10_000.0, 20_000.0, 50_000.0, 100_000.0, 131_072.0)
+
+
+def with_prompts(metrics: GroupMetrics, prompts: list[int]) -> GroupMetrics:
+    return dataclasses.replace(metrics, prompt_tokens=Histogram.from_observations(PROMPT_BOUNDS, prompts))
+
+
+def condition_message(h: Harness, kind: str) -> str:
+    return next(c["message"] for c in h.status["conditions"] if c["type"] == kind)
+
+
+def test_prompts_no_group_can_serve_in_time_raise_slo_attainable_false_not_groups() -> None:
+    """40 requests wait, and every prompt of the window was 100k tokens: an idle H100 needs far
+    more than the 1 s TTFT for them, so the fleet does not grow, and the condition says why."""
+    h = harness(groups={"g0": with_prompts(OVERLOADED, [100_000] * 50)})
+    outcome = h.tick()
+    assert outcome.active is not None and outcome.active.desired_groups == 1
+    assert h.api.of("scale") == []
+    assert h.condition("SLOAttainable") == ("False", "InfeasibleDemand")
+    message = condition_message(h, "SLOAttainable")
+    threshold = h.status["feasibility"][0]["longestFeasiblePromptTokens"]
+    assert f"longer than {threshold} tokens" in message
+    assert "tensor parallelism of about" in message and "(now 1)" in message
+    assert h.status["feasibility"] == [
+        {"name": "chat", "longestFeasiblePromptTokens": threshold, "infeasibleShare": 1.0}
+    ]
+    assert [event.reason for event in h.events] == ["SLOUnattainable"]
+    labels = {"namespace": NAMESPACE, "modelgroup": NAME, "class": "chat"}
+    assert h.sample("goodput_autoscaler_infeasible_share", **labels) == 1.0
+    assert h.sample("goodput_autoscaler_feasible_prompt_tokens", **labels) == threshold
+    h.tick(at=10)
+    assert [event.reason for event in h.events] == ["SLOUnattainable"]  # announced once
+
+
+def test_the_condition_clears_with_an_event_when_the_long_prompts_stop() -> None:
+    h = harness(groups={"g0": with_prompts(IDLE, [100_000] * 50)})
+    h.tick()
+    h.metrics.groups = {"g0": with_prompts(IDLE, [500] * 50)}
+    h.tick(at=10)
+    assert h.condition("SLOAttainable") == ("True", "DemandFeasible")
+    assert [(event.type, event.reason) for event in h.events] == [
+        ("Warning", "SLOUnattainable"),
+        ("Normal", "SLOAttainable"),
+    ]
+
+
+def test_a_class_no_request_can_meet_names_the_class_and_field_and_never_pins_the_maximum() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    h.policies[(NAMESPACE, "chat")][0]["spec"]["classes"][0]["ttftSeconds"] = 0.0001
+    outcome = h.tick()
+    assert outcome.active is not None and outcome.active.desired_groups == 1
+    assert h.condition("SLOAttainable") == ("False", "ClassUnattainable")
+    message = condition_message(h, "SLOAttainable")
+    assert "class chat" in message and "ttftSeconds=0.0001" in message
+    assert h.status["feasibility"][0]["unmetField"] == "ttftSeconds"
+
+
+def test_without_prompt_lengths_the_condition_is_unknown_and_scale_in_is_not_held() -> None:
+    h = harness(model_group_body(replicas=2, ready=2), groups={"g0": IDLE, "g1": IDLE}, window=0)
+    outcome = h.tick()
+    assert h.condition("SLOAttainable") == ("Unknown", "FeasibilityUnknown")
+    assert outcome.active is not None and outcome.active.desired_groups == 1
+    assert h.events and all(event.reason != "SLOUnattainable" for event in h.events)
+
+
+def test_attainment_is_reported_against_offered_and_against_the_attainable_ceiling() -> None:
+    """80 of 100 first tokens in time; the 20 others were 100k-token prompts no group serves in time."""
+    ttft = Histogram.from_observations((0.5, 1.0, 2.5, 10.0), [0.3] * 80 + [5.0] * 20)
+    observed = dataclasses.replace(
+        with_prompts(IDLE, [500] * 80 + [100_000] * 20), ttft=ttft, finished_requests=100.0
+    )
+    h = harness(groups={"g0": observed})
+    h.tick()
+    (chat,) = h.status["feasibility"]
+    assert chat["infeasibleShare"] == pytest.approx(0.2)
+    assert chat["attainmentOffered"] == pytest.approx(0.8)
+    assert chat["attainmentAttainable"] == pytest.approx(1.0)
+    for basis, value in (("offered", 0.8), ("attainable", 1.0)):
+        sample = h.sample(
+            "goodput_autoscaler_attainment_ratio", namespace=NAMESPACE, modelgroup=NAME, basis=basis
+        )
+        assert sample == pytest.approx(value)

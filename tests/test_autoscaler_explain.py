@@ -120,3 +120,40 @@ def test_a_bad_target_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
     )
     assert cmd_explain.run(args) == 2
     assert "use mg/NAME" in capsys.readouterr().err
+
+
+def test_a_line_per_class_on_its_feasible_demand() -> None:
+    body = model_group_with_history()
+    body["status"]["feasibility"] = [
+        {
+            "name": "interactive",
+            "longestFeasiblePromptTokens": 24600,
+            "infeasibleShare": 0.125,
+            "attainmentOffered": 0.81,
+            "attainmentAttainable": 0.97,
+        },
+        {
+            "name": "realtime",
+            "longestFeasiblePromptTokens": 0,
+            "infeasibleShare": 1.0,
+            "unmetField": "itlSeconds",
+        },
+        {"name": "batch", "longestFeasiblePromptTokens": 900000},
+    ]
+    body["status"]["conditions"].append(
+        {
+            "type": "SLOAttainable",
+            "status": "False",
+            "reason": "InfeasibleDemand",
+            "message": "class interactive: ...",
+        }
+    )
+    text = explain(body)
+    assert "SLOAttainable=False InfeasibleDemand: class interactive: ..." in text
+    assert (
+        "feasibility interactive: prompts over 24600 tokens cannot meet the TTFT target (12.5% of prompts); "
+        "attainment 0.81 of offered, 0.97 of attainable"
+    ) in text
+    assert "feasibility realtime: no request can meet itlSeconds" in text
+    assert "feasibility batch: prompts over 900000 tokens cannot meet the TTFT target (share unknown)" in text
+    assert records(body)["feasibility"] == body["status"]["feasibility"]

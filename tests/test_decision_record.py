@@ -13,12 +13,14 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_autoscale_world import DEFAULT, PERMISSIVE, group, load, ready_groups, world
+from test_autoscale_world import DEFAULT, PERMISSIVE, TTFT_BUCKETS, group, load, ready_groups, world
 
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import GroupStatus, ModelGroupStatus
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
+    Attainability,
+    ClassFeasibility,
     Decision,
     DecisionState,
     GoodputTrial,
@@ -35,6 +37,8 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.controllers.decision_record import (
     HISTORY_LIMIT,
+    attainability_conditions,
+    attainability_event,
     autoscaler_conditions,
     decision_entry,
     decision_events,
@@ -42,11 +46,14 @@ from goodput.controllers.decision_record import (
     encode_states,
     failure_conditions,
     failure_event,
+    feasibility_status,
     metrics_health,
     persist_due,
     record_decisions,
 )
+from goodput.controllers.feasible_demand import AttainabilityVerdict
 from goodput.controllers.scaling_behavior import stabilize
+from goodput.estimators.attainment import Histogram
 
 NOW = 1_800_000_000.0
 WHEN = datetime.fromtimestamp(NOW, UTC)
@@ -421,3 +428,82 @@ def test_a_default_policy_decision_is_recorded_too() -> None:
     decision = decided(ready_groups(1, 1.5), DEFAULT)
     status = record_decisions(ModelGroupStatus(), active=decision, shadow=None)
     assert status.last_decision is not None and status.last_decision.policy_revision == "test-1"
+
+
+# --- Feasibility ----------------------------------------------------------------------------------
+
+ATTAINABLE = AttainabilityVerdict("True", Attainability.DEMAND_FEASIBLE, "at most 1% of prompts past")
+UNKNOWN = AttainabilityVerdict("Unknown", Attainability.FEASIBILITY_UNKNOWN, "no prompt lengths observed yet")
+INFEASIBLE = AttainabilityVerdict(
+    "False", Attainability.INFEASIBLE_DEMAND, "class interactive: 12.0% of prompts"
+)
+UNATTAINABLE = AttainabilityVerdict("False", Attainability.CLASS_UNATTAINABLE, "class realtime: no request")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "event"),
+    [
+        (None, ATTAINABLE, None),
+        (None, UNKNOWN, None),
+        (None, INFEASIBLE, ("Warning", "SLOUnattainable")),
+        (ATTAINABLE, INFEASIBLE, ("Warning", "SLOUnattainable")),
+        (INFEASIBLE, AttainabilityVerdict("False", Attainability.INFEASIBLE_DEMAND, "13.0%"), None),
+        (INFEASIBLE, UNATTAINABLE, ("Warning", "SLOUnattainable")),
+        (INFEASIBLE, ATTAINABLE, ("Normal", "SLOAttainable")),
+        (INFEASIBLE, UNKNOWN, ("Normal", "SLOAttainable")),
+        (UNKNOWN, ATTAINABLE, None),
+    ],
+    ids=[
+        "first sight, attainable",
+        "first sight, unknown",
+        "first sight, infeasible",
+        "turns infeasible",
+        "stays infeasible as the share moves",
+        "another reason while False",
+        "clears",
+        "clears to unknown",
+        "unknown becomes known",
+    ],
+)
+def test_slo_attainable_events_on_transitions_only(
+    before: AttainabilityVerdict | None, after: AttainabilityVerdict, event: tuple[str, str] | None
+) -> None:
+    previous = () if before is None else attainability_conditions((), before, generation=1, now=WHEN)
+    posted = attainability_event(previous, after)
+    assert (None if posted is None else (posted.type, posted.reason)) == event
+    if posted is not None:
+        assert posted.message == after.message
+
+
+def test_slo_attainable_is_a_condition_with_the_verdicts_reason_and_message() -> None:
+    (condition,) = attainability_conditions((), INFEASIBLE, generation=3, now=WHEN)
+    assert (condition.type, condition.status, condition.reason) == (
+        "SLOAttainable",
+        "False",
+        "InfeasibleDemand",
+    )
+    assert condition.message == INFEASIBLE.message
+    assert condition.observed_generation == 3
+
+
+def test_the_feasibility_status_carries_each_class_and_the_primarys_attainments() -> None:
+    entries = (
+        ClassFeasibility("interactive", 24_600, 0.125, 0.8),
+        ClassFeasibility("realtime", 0, 1.0, 1.0, unmet_field="itlSeconds"),
+        ClassFeasibility("batch", 900_000, None, None),
+    )
+    ttft = Histogram.from_observations(TTFT_BUCKETS, [0.5] * 80 + [4.0] * 20)
+    observed = world(group(load(0.5, ttft=ttft, finished=100.0), name="g0"))
+    decision = decide(
+        dataclasses.replace(observed, feasibility=entries), PERMISSIVE, DecisionState.initial(), NOW
+    )
+    interactive, realtime, batch = feasibility_status(decision)
+    assert (interactive.name, interactive.longest_feasible_prompt_tokens, interactive.infeasible_share) == (
+        "interactive",
+        24_600,
+        0.125,
+    )
+    assert interactive.attainment_offered == pytest.approx(0.8)
+    assert interactive.attainment_attainable == pytest.approx(0.8 / 0.875)
+    assert (realtime.unmet_field, realtime.attainment_offered) == ("itlSeconds", None)
+    assert batch.infeasible_share is None

@@ -13,6 +13,7 @@ from goodput.estimators.feasibility import (
     FloorModel,
     SloTargets,
     infeasible_share,
+    infeasible_token_share,
     is_feasible,
     longest_feasible_prompt_tokens,
     minimum_tensor_parallel_hint,
@@ -134,3 +135,72 @@ def test_bad_floor_model_names_the_field(field: str, kwargs: dict[str, float]) -
     arguments = {"step_model": H100_8B, "chunk_tokens": 2048, **kwargs}
     with pytest.raises(ValueError, match=field):
         FloorModel(**arguments)  # type: ignore[arg-type]
+
+
+def test_infeasible_token_share_weighs_long_prompts_by_their_tokens() -> None:
+    bounds = (1000.0, 10_000.0, 100_000.0)
+    prompts = [500] * 70 + [5000] * 20 + [50_000] * 10
+    histogram = Histogram.from_observations(bounds, prompts)
+    # Midpoints: 70 x 500, 20 x 5500, 10 x 55000 tokens; the last bucket is past the threshold.
+    expected = 10 * 55_000 / (70 * 500 + 20 * 5500 + 10 * 55_000)
+    assert infeasible_token_share(histogram, 10_000) == pytest.approx(expected)
+    assert infeasible_token_share(histogram, 100_000) == pytest.approx(0.0)
+    assert infeasible_token_share(histogram, 0) == pytest.approx(1.0)
+    assert infeasible_token_share(None, 10_000) is None
+    assert infeasible_token_share(Histogram.empty(bounds), 10_000) is None
+
+
+def test_prompts_past_the_last_bound_are_infeasible_by_tokens_too() -> None:
+    histogram = Histogram.from_observations((1000.0,), [500] * 9 + [5000])
+    assert infeasible_share(histogram, 100_000) == pytest.approx(0.1)
+    assert infeasible_token_share(histogram, 100_000) == pytest.approx(1000 / (9 * 500 + 1000))
+
+
+@given(
+    st.lists(st.integers(1, 200_000), min_size=1, max_size=50),
+    st.integers(0, 200_000),
+)
+def test_token_share_is_at_least_the_request_share(prompts: list[int], threshold: int) -> None:
+    """The prompts past a threshold are the longest, so their share of tokens is never below their
+    share of requests (what lets the decision strip both from the pooled rates)."""
+    histogram = Histogram.from_observations((1000.0, 10_000.0, 100_000.0), prompts)
+    by_requests = infeasible_share(histogram, threshold)
+    by_tokens = infeasible_token_share(histogram, threshold)
+    assert by_requests is not None and by_tokens is not None
+    assert by_tokens >= by_requests - 1e-9
+
+
+# vLLM's 1-2-5 prompt buckets around the 1 s threshold of an 8B model on one H100 (~24.6k tokens).
+VLLM_BOUNDS = (1000.0, 2000.0, 5000.0, 10_000.0, 20_000.0, 50_000.0, 100_000.0)
+
+
+def test_conservative_shares_count_the_bucket_holding_the_threshold_as_infeasible() -> None:
+    """Every prompt is 40k tokens, past a 24.6k threshold in the same (20k, 50k] bucket: the
+    interpolation calls 15 % of them feasible, the conservative share none."""
+    histogram = Histogram.from_observations(VLLM_BOUNDS, [40_000] * 100)
+    assert infeasible_share(histogram, 24_600) == pytest.approx(1 - 4_600 / 30_000)
+    assert infeasible_share(histogram, 24_600, conservative=True) == pytest.approx(1.0)
+    assert infeasible_token_share(histogram, 24_600, conservative=True) == pytest.approx(1.0)
+
+
+def test_conservative_shares_keep_the_buckets_below_the_threshold() -> None:
+    histogram = Histogram.from_observations(VLLM_BOUNDS, [500] * 60 + [15_000] * 20 + [40_000] * 20)
+    assert infeasible_share(histogram, 24_600, conservative=True) == pytest.approx(0.2)
+    assert infeasible_share(histogram, 20_000, conservative=True) == pytest.approx(0.2)  # on a bound
+    expected_tokens = 20 * 35_000 / (60 * 500 + 20 * 15_000 + 20 * 35_000)
+    assert infeasible_token_share(histogram, 24_600, conservative=True) == pytest.approx(expected_tokens)
+
+
+@given(st.lists(st.integers(1, 200_000), min_size=1, max_size=50), st.integers(0, 200_000))
+def test_the_conservative_share_is_never_below_the_interpolated_one(
+    prompts: list[int], threshold: int
+) -> None:
+    histogram = Histogram.from_observations(VLLM_BOUNDS, prompts)
+    interpolated = infeasible_share(histogram, threshold)
+    conservative = infeasible_share(histogram, threshold, conservative=True)
+    assert interpolated is not None and conservative is not None
+    assert conservative >= interpolated - 1e-12
+    tokens = infeasible_token_share(histogram, threshold)
+    conservative_tokens = infeasible_token_share(histogram, threshold, conservative=True)
+    assert tokens is not None and conservative_tokens is not None
+    assert conservative_tokens >= tokens - 1e-12

@@ -8,6 +8,7 @@ requests a second of 256-token prompts and 64-token outputs, with windows of 8 s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import socket
@@ -393,6 +394,117 @@ def test_a_prometheus_that_hangs_is_unavailable_after_the_timeout(silent_port: i
     source = PrometheusMetricsSource(f"http://127.0.0.1:{silent_port}", LABELS, timeout_seconds=0.3)
     with pytest.raises(MetricsUnavailableError, match=r"did not answer within 0.3s"):
         source.read("serving", "llama", Windows(60, 300))
+
+
+# vLLM's prompt-length buckets (1-2-5 steps up to the context window) for a 128k-token model.
+PROMPT_BOUNDS = (
+    1,
+    2,
+    5,
+    10,
+    20,
+    50,
+    100,
+    200,
+    500,
+    1000,
+    2000,
+    5000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    131_072,
+)
+
+
+def prompt_buckets(group: str, prompts: list[int]) -> list[dict[str, Any]]:
+    """The `prompt_tokens_buckets` sub-query's answer for one group that finished `prompts`."""
+    answer = [
+        series(
+            "prompt_tokens_buckets", group, str(sum(1 for p in prompts if p <= bound)), le=str(float(bound))
+        )
+        for bound in PROMPT_BOUNDS
+    ]
+    return [*answer, series("prompt_tokens_buckets", group, str(len(prompts)), le="+Inf")]
+
+
+def ready_status() -> ModelGroupStatus:
+    return ModelGroupStatus(
+        groups=tuple(GroupStatus(name=name, state="Ready", created_at=NOW) for name in ("g0", "g1"))
+    )
+
+
+def test_prompt_lengths_give_each_class_its_threshold_and_infeasible_share() -> None:
+    """Half of g1's prompts are 100k tokens: past what an idle H100 prefills within 1 s."""
+    answer = [
+        *RECORDED,
+        *prompt_buckets("g0", [256] * 90),
+        *prompt_buckets("g1", [256] * 45 + [100_000] * 45),
+    ]
+    metrics = metrics_by_group(answer, LABELS)
+    assert metrics["g1"].prompt_tokens is not None and metrics["g1"].prompt_tokens.total == 90
+    snapshot = build_snapshot(MODEL_GROUP, ready_status(), compiled(), metrics, now=NOW.timestamp())
+    (chat,) = snapshot.feasibility
+    assert chat.class_name == "chat"
+    assert 1000 < chat.longest_feasible_prompt_tokens < 100_000
+    assert chat.infeasible_request_share == pytest.approx(45 / 180)
+    assert chat.infeasible_token_share is not None and chat.infeasible_token_share > 0.95
+
+
+def test_without_prompt_lengths_feasibility_is_unknown_not_invented() -> None:
+    snapshot = build_snapshot(
+        MODEL_GROUP, ready_status(), compiled(), metrics_by_group(RECORDED, LABELS), now=NOW.timestamp()
+    )
+    (chat,) = snapshot.feasibility
+    assert chat.longest_feasible_prompt_tokens > 0
+    assert chat.infeasible_request_share is None
+    assert chat.feasible_request_fraction == 1.0
+
+
+def test_prefix_cache_hits_lengthen_the_feasible_threshold() -> None:
+    cold = build_snapshot(
+        MODEL_GROUP, ready_status(), compiled(), metrics_by_group(RECORDED, LABELS), now=NOW.timestamp()
+    )
+    warm_answer = [
+        {**entry, "value": [entry["value"][0], "5000"]}
+        if entry["metric"]["goodput_query"] == "prefix_hits"
+        else entry
+        for entry in RECORDED
+    ]
+    warm = build_snapshot(
+        MODEL_GROUP, ready_status(), compiled(), metrics_by_group(warm_answer, LABELS), now=NOW.timestamp()
+    )
+    assert (
+        warm.feasibility[0].longest_feasible_prompt_tokens
+        > cold.feasibility[0].longest_feasible_prompt_tokens
+    )
+
+
+def test_infeasible_long_prompts_do_not_scale_the_recorded_groups_out() -> None:
+    """50 requests waiting on g1, and every prompt the groups finished in the window was 100k tokens
+    long: no number of groups meets the 1 s TTFT for them, so they ask for no group."""
+    answer = [
+        *(
+            {**entry, "value": [entry["value"][0], "50"]}
+            if entry["metric"] == {"goodput_query": "waiting", "group": "g1"}
+            else entry
+            for entry in RECORDED
+        ),
+        *prompt_buckets("g0", [100_000] * 90),
+        *prompt_buckets("g1", [100_000] * 90),
+    ]
+    policy = compiled()
+    snapshot = build_snapshot(
+        MODEL_GROUP, ready_status(), policy, metrics_by_group(answer, LABELS), now=NOW.timestamp()
+    )
+    decision = decide(snapshot, policy.policy, DecisionState.initial(), NOW.timestamp())
+    assert snapshot.feasibility[0].infeasible_request_share == 1.0
+    assert decision.desired_groups <= 2
+    counted = decide(
+        dataclasses.replace(snapshot, feasibility=()), policy.policy, DecisionState.initial(), NOW.timestamp()
+    )
+    assert counted.desired_groups > 2  # the same waiting requests, counted as demand, would scale out
 
 
 def test_during_a_rollout_surge_groups_are_not_capacity_on_its_way() -> None:

@@ -60,6 +60,7 @@ def test_the_users_label_names_are_used_everywhere() -> None:
         (Quantity.REJECTED, "[300s]"),
         (Quantity.TTFT_BUCKETS, "[300s]"),
         (Quantity.QUEUE_TIME_BUCKETS, "[300s]"),
+        (Quantity.PROMPT_TOKENS_BUCKETS, "[300s]"),
     ],
     ids=str,
 )
@@ -107,3 +108,10 @@ def test_an_answer_under_the_users_labels_is_read_under_them() -> None:
     ]
     assert list(metrics_by_group(answer, CUSTOM)) == ["g3"]
     assert metrics_by_group(answer, SeriesLabels()) == {}
+
+
+def test_prompt_lengths_are_read_per_bucket_from_vllms_histogram() -> None:
+    expression = sub_queries(SeriesLabels(), "serving", "llama", WINDOWS)[Quantity.PROMPT_TOKENS_BUCKETS]
+    assert "vllm:request_prompt_tokens_bucket" in expression
+    assert "by (group, le)" in expression
+    assert Quantity.PROMPT_TOKENS_BUCKETS in HISTOGRAM_QUANTITIES

@@ -98,4 +98,23 @@ point ("2.5", "1.0", "2560.0"), so the rules match the series exactly.
 {{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) }}
 {{- fail "watchNamespaces lists a namespace more than once" }}
 {{- end }}
+{{- if and .Values.gateway.enabled (not .Values.gateway.modelGroup) }}
+{{- fail "gateway.enabled needs gateway.modelGroup: the ModelGroup the gateway serves" }}
+{{- end }}
+{{- end }}
+
+{{/* The gateway's object names, labels and selector. */}}
+{{- define "goodput.gateway.fullname" -}}
+{{- printf "%s-gateway" (include "goodput.fullname" .) }}
+{{- end }}
+
+{{- define "goodput.gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "goodput.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{/* The namespace of the ModelGroup the gateway serves. */}}
+{{- define "goodput.gateway.namespace" -}}
+{{- default .Release.Namespace .Values.gateway.namespace }}
 {{- end }}

@@ -1,0 +1,153 @@
+"""The gateway's own cost: added latency per request and streaming requests per second, live.
+
+Run: .venv/bin/python bench/bench_gateway_latency.py [--requests 2000] [--stream-requests 5000]
+
+Three processes on this machine: a vLLM-like upstream that answers at once (tests/gateway_upstream.py,
+16 tokens, no delay), one `goodput gateway` process in front of it (standalone mode, the sample
+ModelGroup and SLOPolicy), and this client. Added latency: the same small non-streamed completion
+sent one at a time straight to the upstream and through the gateway; the figures are each path's
+p50/p99 and their difference. Throughput: streamed completions through the gateway from
+`--concurrency` concurrent clients. All three share the machine's cores, so the throughput is a
+floor for the gateway alone. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "manifests" / "samples"
+BODY = {"model": "llama-8b", "prompt": "Hello, my name is", "max_tokens": 16}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def process(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield child
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str, attempts: int = 100) -> None:
+    for _ in range(attempts):
+        try:
+            async with session.post(url, json=BODY) as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} never answered")
+
+
+async def sequential_latencies(session: aiohttp.ClientSession, url: str, count: int) -> np.ndarray:
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        async with session.post(url, json=BODY) as response:
+            await response.read()
+            assert response.status == 200, response.status
+        latencies.append(time.perf_counter() - started)
+    return np.array(latencies)
+
+
+async def stream_throughput(session: aiohttp.ClientSession, url: str, total: int, concurrency: int) -> float:
+    body = {**BODY, "stream": True}
+    remaining = total
+    failures = 0
+
+    async def worker() -> None:
+        nonlocal remaining, failures
+        while remaining > 0:
+            remaining -= 1
+            async with session.post(url, json=body) as response:
+                await response.read()
+                failures += response.status != 200
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    if failures:
+        print(f"  {failures} streamed requests failed")
+    return total / elapsed
+
+
+async def measure(args: argparse.Namespace, upstream_url: str, gateway_url: str) -> None:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await wait_ready(session, upstream_url + "/v1/completions")
+        await wait_ready(session, gateway_url + "/v1/completions")
+        for url in (upstream_url, gateway_url):  # warm both paths
+            await sequential_latencies(session, url + "/v1/completions", 200)
+        direct = await sequential_latencies(session, upstream_url + "/v1/completions", args.requests)
+        routed = await sequential_latencies(session, gateway_url + "/v1/completions", args.requests)
+        p_direct = np.percentile(direct, [50, 99]) * 1000
+        p_routed = np.percentile(routed, [50, 99]) * 1000
+        print(f"non-streamed, one at a time, {args.requests} requests each:")
+        print(f"  direct to upstream   p50 {p_direct[0]:.2f} ms  p99 {p_direct[1]:.2f} ms")
+        print(f"  through the gateway  p50 {p_routed[0]:.2f} ms  p99 {p_routed[1]:.2f} ms")
+        print(
+            f"  added by the gateway p50 {p_routed[0] - p_direct[0]:.2f} ms  "
+            f"p99 {p_routed[1] - p_direct[1]:.2f} ms"
+        )
+        rate = await stream_throughput(
+            session, gateway_url + "/v1/completions", args.stream_requests, args.concurrency
+        )
+        print(
+            f"streamed, {args.concurrency} concurrent clients, {args.stream_requests} requests of 16 tokens:"
+        )
+        print(f"  {rate:.0f} requests/s through one gateway process")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--stream-requests", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    upstream_port, gateway_port = free_port(), free_port()
+    upstream = [sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(upstream_port)]
+    gateway = [
+        sys.executable, "-m", "goodput.operator.cli", "gateway",
+        "--modelgroup", str(SAMPLES / "modelgroup-llama-8b-tp1.yaml"),
+        "--policy", str(SAMPLES / "slopolicy-interactive.yaml"),
+        "--upstream", f"g1=http://127.0.0.1:{upstream_port}",
+        "--listen-host", "127.0.0.1", "--listen-port", str(gateway_port), "--metrics-port", "0",
+    ]  # fmt: skip
+    with process(upstream), process(gateway) as gateway_process:
+        try:
+            asyncio.run(
+                measure(args, f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}")
+            )
+        except RuntimeError:
+            gateway_process.terminate()
+            print(gateway_process.communicate(timeout=10)[1].decode()[-2000:])
+            raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The request path's whole policy for one ModelGroup: admission, fairness and routing, compiled once
+from the ModelGroup (prices, capacity, KV, batch limits) and its SLOPolicy (classes, gates, tenants).
+
+The gateway compiles it when either object changes; the simulator compiles the same thing, so the
+request path evaluated offline is the one deployed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from goodput.api.modelgroup import ModelGroup
+from goodput.api.slopolicy import SloPolicy
+from goodput.controllers.admission import AdmissionPolicy, admission_policy
+from goodput.controllers.fairness import FairnessPolicy, fairness_policy
+from goodput.controllers.policy_compile import capacity_profile, compile_problems
+from goodput.controllers.routing import RoutingPolicy
+from goodput.estimators.feasibility import FloorModel
+
+# vLLM's context when `--max-model-len` is not set is the model's own; Llama 3.1 has 128k, but
+# engines are usually run shorter. Without the flag the gateway assumes this, and says so.
+DEFAULT_CONTEXT_TOKENS = 8192
+_MAX_MODEL_LEN = re.compile(r"^--max[-_]model[-_]len(?:=|\s+)(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPathPolicy:
+    """Everything the request path obeys for one ModelGroup.
+
+    capacity_work_seconds_per_second: C of one group at the reference mix (its SLO envelope).
+    max_in_flight_per_group: requests the gateway keeps running on one group (vLLM's max_num_seqs):
+    the rest wait in the gateway's fair queue, where fairness and deadlines order them.
+    """
+
+    model_group: str
+    served_model: str
+    policy_revision: str
+    admission: AdmissionPolicy
+    fairness: FairnessPolicy
+    routing: RoutingPolicy
+    capacity_work_seconds_per_second: float
+    kv_capacity_tokens: int
+    max_in_flight_per_group: int
+    default_tenant: str
+    tenant_tokens_per_minute: dict[str, int]
+    listed_tenants: frozenset[str]
+
+
+def context_tokens(model_group: ModelGroup) -> int:
+    """`--max-model-len` from the engine's arguments, else DEFAULT_CONTEXT_TOKENS."""
+    args = model_group.spec.engine.args
+    for index, arg in enumerate(args):
+        match = _MAX_MODEL_LEN.match(arg)
+        if match:
+            return int(match.group(1))
+        if (
+            arg in ("--max-model-len", "--max_model_len")
+            and index + 1 < len(args)
+            and args[index + 1].isdigit()
+        ):
+            return int(args[index + 1])
+    return DEFAULT_CONTEXT_TOKENS
+
+
+def compile_request_path(
+    model_group: ModelGroup, slo: SloPolicy, *, route_seconds: float = 0.001
+) -> RequestPathPolicy | str:
+    """The request-path policy, or why the pair cannot be served (the same reasons the autoscaler
+    refuses it: a gateway cannot price requests it cannot price)."""
+    spec = model_group.spec
+    problems = compile_problems(spec, slo.spec)
+    if problems:
+        return "; ".join(problems)
+    profile = capacity_profile(spec, slo.spec)
+    if isinstance(profile, str):
+        return profile
+    floor = FloorModel(profile.step_model, profile.max_num_batched_tokens, route_seconds=route_seconds)
+    admission = admission_policy(slo.spec, floor, profile.pricing, context_tokens(model_group))
+    capacity = profile.capacity_per_group(profile.reference_input_tokens, profile.reference_output_tokens)
+    fairness = slo.spec.fairness
+    return RequestPathPolicy(
+        model_group=model_group.metadata.name or "",
+        served_model=spec.model.served_name or spec.model.name,
+        policy_revision=slo.spec.revision,
+        admission=admission,
+        fairness=fairness_policy(fairness),
+        routing=RoutingPolicy(),
+        capacity_work_seconds_per_second=capacity,
+        kv_capacity_tokens=profile.kv_capacity_tokens,
+        max_in_flight_per_group=profile.max_num_seqs,
+        default_tenant=fairness.default_tenant,
+        tenant_tokens_per_minute={
+            tenant.name: tenant.tokens_per_minute
+            for tenant in fairness.tenants
+            if tenant.tokens_per_minute is not None
+        },
+        listed_tenants=frozenset(tenant.name for tenant in fairness.tenants),
+    )

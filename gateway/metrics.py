@@ -1,0 +1,96 @@
+"""The gateway's exact per-request figures, for people and for the autoscaler (§5).
+
+Every request offered is counted once as offered and once under its outcome (admitted, deferred,
+degraded, rejected, invalid), so attainment can be reported against offered load; infeasible ones are
+counted apart as well. Labels are bounded: class names come from the SLOPolicy, tenants are the
+listed ones, the default tenant, or 'other'.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# vLLM's TTFT and E2E buckets reach minutes; ITL buckets are finer.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        labels = ["model_group", "slo_class", "tenant"]
+        self.offered = Counter(
+            "goodput_gateway_requests_offered_total", "Requests offered.", labels, registry=r
+        )
+        self.outcomes = Counter(
+            "goodput_gateway_requests_total",
+            "Requests by admission outcome (admitted, deferred, degraded, rejected, invalid) and reason.",
+            [*labels, "outcome", "reason"],
+            registry=r,
+        )
+        self.infeasible = Counter(
+            "goodput_gateway_requests_infeasible_total",
+            "Requests whose zero-load floors already miss their class's targets.",
+            labels,
+            registry=r,
+        )
+        self.finished = Counter(
+            "goodput_gateway_requests_finished_total",
+            "Requests answered by an engine, by whether they met every target of their class.",
+            [*labels, "slo_met"],
+            registry=r,
+        )
+        self.disconnects = Counter(
+            "goodput_gateway_client_disconnects_total",
+            "Requests whose client went away before the answer ended.",
+            ["model_group", "stage"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "goodput_gateway_time_to_first_token_seconds",
+            "Time to first token as the client sees it.",
+            ["model_group", "slo_class"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "goodput_gateway_inter_token_latency_seconds",
+            "Gaps between streamed chunks.",
+            ["model_group", "slo_class"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "goodput_gateway_e2e_request_latency_seconds",
+            "Arrival to last byte.",
+            ["model_group", "slo_class"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.queued_work = Gauge(
+            "goodput_gateway_queued_work_seconds",
+            "Predicted work of requests waiting in the gateway (Q_work's waiting part).",
+            ["model_group"],
+            registry=r,
+        )
+        self.running_work = Gauge(
+            "goodput_gateway_running_work_seconds",
+            "Predicted remaining work of requests in flight on groups.",
+            ["model_group"],
+            registry=r,
+        )
+        self.queued_requests = Gauge(
+            "goodput_gateway_queued_requests", "Requests waiting in the gateway.", ["model_group"], registry=r
+        )
+        self.earliest_slack = Gauge(
+            "goodput_gateway_earliest_slack_seconds",
+            "Least first-token slack of any waiting request (deadline - now - predicted service); "
+            "absent value when nothing waits is reported as +Inf.",
+            ["model_group"],
+            registry=r,
+        )
+        self.ready_groups = Gauge(
+            "goodput_gateway_routable_groups", "Groups Ready and not draining.", ["model_group"], registry=r
+        )

@@ -1,0 +1,132 @@
+"""Reading an OpenAI-style request: what the gates need, with a clear 400 for anything unreadable.
+
+The gateway does not tokenize: a prompt of token ids is counted exactly, text is estimated at
+`bytes_per_token` UTF-8 bytes a token (4 for English text with Llama-family tokenizers). An
+underestimate only means the engine may still answer 400 for a prompt beyond its context; the gate
+then passes the engine's answer on unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Above this a `max_tokens` is absurd for any served context today; below 1 it is meaningless.
+MAX_OUTPUT_TOKENS_ACCEPTED = 16_777_216
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+class BadRequestError(Exception):
+    """A request the gateway cannot read; the message names the field."""
+
+    def __init__(self, message: str, field: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.field = field
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    prompt_tokens: int
+    requested_output_tokens: int | None
+    output_field: str
+    prompt_text: str
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequestError(f"request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    return body
+
+
+def _max_tokens(body: dict[str, Any], path: str) -> tuple[int | None, str]:
+    names = ("max_completion_tokens", "max_tokens") if path == CHAT_PATH else ("max_tokens",)
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadRequestError(f"`{name}` must be an integer, got {json.dumps(value)[:40]}", name)
+        if not 1 <= value <= MAX_OUTPUT_TOKENS_ACCEPTED:
+            raise BadRequestError(
+                f"`{name}` must be between 1 and {MAX_OUTPUT_TOKENS_ACCEPTED}, got {value}", name
+            )
+        return value, name
+    return None, "max_tokens"
+
+
+def _text_tokens(text: str, bytes_per_token: float) -> int:
+    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / bytes_per_token)
+
+
+def _chat_prompt(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("`messages` must be a non-empty list", "messages")
+    parts: list[str] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequestError(f"`messages[{index}]` must be an object", f"messages[{index}]")
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                str(part.get("text", ""))
+                for part in content
+                if isinstance(part, dict) and part.get("type") == "text"
+            )
+        elif content is not None:
+            raise BadRequestError(
+                f"`messages[{index}].content` must be a string or a list", f"messages[{index}]"
+            )
+    return "\n".join(parts)
+
+
+def _completion_prompt(body: dict[str, Any], bytes_per_token: float) -> tuple[str, int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt, _text_tokens(prompt, bytes_per_token)
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return " ".join(map(str, prompt[:256])), len(prompt)
+    raise BadRequestError(
+        "`prompt` must be a string or a non-empty list of token ids (one prompt per request)", "prompt"
+    )
+
+
+def parse_request(raw: bytes, path: str, bytes_per_token: float = 4.0) -> ParsedRequest:
+    """The fields the gates read; BadRequestError (400) naming the field for anything else."""
+    body = parse_body(raw)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequestError("`model` is required: the served model's name", "model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequestError("`stream` must be true or false", "stream")
+    requested, field = _max_tokens(body, path)
+    if path == CHAT_PATH:
+        text = _chat_prompt(body)
+        tokens = _text_tokens(text, bytes_per_token) + 4 * len(body["messages"])  # role markers
+    else:
+        text, tokens = _completion_prompt(body, bytes_per_token)
+    return ParsedRequest(body, model, stream, max(1, tokens), requested, field, text)
+
+
+def error_body(message: str, kind: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape, which clients of vLLM already parse."""
+    return {"error": {"message": message, "type": kind, "param": field, "code": code}}

@@ -1,0 +1,736 @@
+"""The gateway: an OpenAI-compatible proxy in front of one ModelGroup's Ready leaders.
+
+Per request: read it (400 for anything unreadable), run the admission gates on the current load
+(`controllers.admission`), queue what proceeds in the fair queue (`controllers.fairness`), and when a
+group has a free slot, dispatch the request the counters choose to the group routing picks
+(`controllers.routing`); then proxy the engine's answer, streamed or not. The gateway keeps at most
+`max_in_flight_per_group` requests on each group, so contention is resolved here, by fairness and
+deadlines, rather than in the engine's first-come queue.
+
+Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason` and
+`X-Goodput-Group`; a degraded request also `X-Goodput-Max-Tokens` (the lowered budget). Status codes:
+400 unreadable request, unknown model or class, prompt beyond the context or the class's limits;
+409 a duplicate idempotency key whose answer cannot be replayed; 429 overload, infeasible, tenant
+budget or retry budget, with Retry-After; 502 the engine failed; 503 no group became ready in time,
+with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from goodput.controllers.admission import (
+    AdmissionDecision,
+    AdmissionReason,
+    DrainRateMeter,
+    GroupLoad,
+    IdempotencyLedger,
+    KeyState,
+    Outcome,
+    RequestShape,
+    RetryBudget,
+    TokenBucket,
+    admit,
+)
+from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_seconds
+from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots, prefix_key
+from goodput.estimators.feasibility import ttft_floor_seconds
+from goodput.estimators.work import kv_byte_seconds
+from goodput.gateway.groups import GroupEndpoint, GroupSource
+from goodput.gateway.metrics import GatewayMetrics
+from goodput.gateway.requests import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    BadRequestError,
+    ParsedRequest,
+    error_body,
+    parse_request,
+)
+
+log = logging.getLogger("goodput.gateway")
+
+CLASS_HEADER = "X-Goodput-Class"
+TENANT_HEADER = "X-Goodput-Tenant"
+SESSION_HEADER = "X-Goodput-Session"
+RETRY_HEADER = "X-Goodput-Retry"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_SESSIONS = 100_000
+MAX_KEPT_ANSWERS = 10_000
+MAX_TRACKED_TENANTS = 10_000
+# Deferred and best-effort requests queue this many priority levels behind admitted ones: served when
+# nothing admitted waits, and, as priority ages one level per `aging_seconds`, never starved for good.
+LOWER_PRECEDENCE_LEVELS = 100
+
+
+@dataclass(slots=True)
+class Pending:
+    """A request in the fair queue, waiting for a group."""
+
+    future: asyncio.Future[str]
+    work_seconds: float
+    kv_tokens: int
+    prefix: bytes | None
+    session: str | None
+    prompt_tokens: int = 0
+    started: bool = False
+
+
+@dataclass(slots=True)
+class GroupState:
+    endpoint: GroupEndpoint
+    in_flight: int = 0
+    running_work_seconds: float = 0.0
+    kv_used_tokens: int = 0
+    unstarted_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete non-streamed answer, kept to replay for a duplicate idempotency key."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def response(self) -> web.Response:
+        return web.Response(
+            status=self.status, body=self.body, headers=self.headers, content_type="application/json"
+        )
+
+
+@dataclass(slots=True)
+class Admitted:
+    """What one request carries from admission to its answer."""
+
+    parsed: ParsedRequest
+    shape: RequestShape
+    decision: AdmissionDecision
+    tenant_label: str
+    arrival: float
+    item: QueuedItem[Pending] | None = None
+    group: str | None = None
+
+
+def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Gateway:
+    """One gateway process's state: groups, fair queue, budgets, ledgers and metrics."""
+
+    def __init__(
+        self,
+        policy: RequestPathPolicy,
+        source: GroupSource,
+        *,
+        metrics: GatewayMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        bytes_per_token: float = 4.0,
+        upstream_timeout_seconds: float = 600.0,
+    ) -> None:
+        self.policy = policy
+        self.source = source
+        self.metrics = metrics or GatewayMetrics()
+        self.clock = clock
+        self.bytes_per_token = bytes_per_token
+        self.upstream_timeout_seconds = upstream_timeout_seconds
+        self.groups: dict[str, GroupState] = {}
+        self.queue: FairQueue[Pending] = FairQueue(policy.fairness)
+        self.queued_work_seconds = 0.0
+        self.queued_work_by_tenant: dict[str, float] = {}
+        self.ledger = IdempotencyLedger()
+        self.answers: OrderedDict[tuple[str, str], asyncio.Future[Answer]] = OrderedDict()
+        self.budgets: dict[str, TokenBucket] = {}
+        self.retry_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
+        self.sessions: OrderedDict[str, str] = OrderedDict()
+        self.meter = DrainRateMeter()
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post(CHAT_PATH, self.proxy)
+        app.router.add_post(COMPLETIONS_PATH, self.proxy)
+        app.router.add_get("/healthz", self.healthz)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _: web.Application) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.upstream_timeout_seconds, sock_connect=5)
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
+        self._tasks.append(asyncio.create_task(self.source.run(self.on_groups), name="group-source"))
+        self._tasks.append(asyncio.create_task(self._publish_gauges(), name="gauges"))
+
+    async def _stop(self, _: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._session is not None:
+            await self._session.close()
+
+    def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
+        """Replace the group set; in-flight counts of a group that stays are kept."""
+        fresh: dict[str, GroupState] = {}
+        for name, endpoint in endpoints.items():
+            state = self.groups.get(name)
+            if state is None:
+                fresh[name] = GroupState(endpoint)
+            else:
+                state.endpoint = endpoint
+                fresh[name] = state
+        self.groups = fresh
+        routable = sum(1 for state in fresh.values() if state.endpoint.ready and not state.endpoint.draining)
+        self.metrics.ready_groups.labels(self.policy.model_group).set(routable)
+        self._pump()
+
+    # --- load views ----------------------------------------------------------------------------
+
+    def loads(self, tenant: str | None = None, own_work_seconds: float = 0.0) -> list[GroupLoad]:
+        """Each group's view for the gates; with a tenant, the queued work ahead of its next request
+        is its fair share of the queue (`fair_work_ahead_seconds`), spread over the serving groups."""
+        serving = [s for s in self.groups.values() if s.endpoint.ready and not s.endpoint.draining]
+        ahead = self.queued_work_seconds
+        if tenant is not None:
+            ahead = fair_work_ahead_seconds(
+                self.queued_work_by_tenant, tenant, own_work_seconds, self.policy.fairness
+            )
+        share = ahead / len(serving) if serving else ahead
+        measured = self.meter.work_seconds_per_second()
+        rate = (
+            measured / len(serving) if measured and serving else self.policy.capacity_work_seconds_per_second
+        )
+        capacity = self.policy.kv_capacity_tokens
+        return [
+            GroupLoad(
+                name=name,
+                ready=state.endpoint.ready,
+                draining=state.endpoint.draining,
+                waiting_work_seconds=share,
+                running_work_seconds=state.running_work_seconds,
+                kv_capacity_tokens=capacity,
+                kv_free_tokens=capacity - state.kv_used_tokens,
+                capacity_work_seconds_per_second=rate,
+            )
+            for name, state in self.groups.items()
+        ]
+
+    def candidates(self) -> list[Candidate]:
+        limit = self.policy.max_in_flight_per_group
+        chunk = self.policy.admission.floor_model.chunk_tokens
+        loads = {load.name: load for load in self.loads()}
+        return [
+            Candidate(
+                loads[name],
+                free_dispatch_slots(limit - state.in_flight, state.unstarted_prompt_tokens, chunk),
+            )
+            for name, state in self.groups.items()
+        ]
+
+    # --- dispatch ------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Dispatch queued requests while some routable group has a free slot."""
+        now = self.clock()
+        while len(self.queue):
+            candidates = self.candidates()
+            if not any(c.load.serving and c.free_slots > 0 for c in candidates):
+                return
+            head = self.queue.peek(now)
+            if head is not None and now > head.arrival_time:
+                self.meter.record(now, head.payload.work_seconds)  # a seat freed while requests waited
+            dispatch = self.queue.pop(now)
+            if dispatch is None:
+                return
+            item = dispatch.item
+            pending = item.payload
+            self._unqueue_work(item.tenant, pending.work_seconds)
+            if pending.future.done():
+                self.queue.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
+                continue
+            wait_budget = item.deadline - now
+            session_group = self.sessions.get(pending.session) if pending.session else None
+            route = choose_group(
+                candidates,
+                RouteRequest(wait_budget, pending.kv_tokens, pending.prefix, session_group),
+                self.policy.routing,
+            )
+            if route is None:  # unreachable while a slot is free; keep the request rather than lose it
+                self.queue.push(item)
+                self._queue_work(item.tenant, pending.work_seconds)
+                return
+            state = self.groups[route.group]
+            state.in_flight += 1
+            state.running_work_seconds += pending.work_seconds
+            state.kv_used_tokens += pending.kv_tokens
+            state.unstarted_prompt_tokens += pending.prompt_tokens
+            # A non-streamed answer shows no first token: its prefill is taken as started after its
+            # zero-load TTFT floor; a stream's first chunk marks it sooner.
+            floor = ttft_floor_seconds(self.policy.admission.floor_model, pending.prompt_tokens)
+            asyncio.get_running_loop().call_later(floor, self._started, route.group, pending)
+            if pending.session:
+                self._remember_session(pending.session, route.group)
+            pending.future.set_result(route.group)
+
+    def _queue_work(self, tenant: str, work_seconds: float) -> None:
+        self.queued_work_seconds += work_seconds
+        self.queued_work_by_tenant[tenant] = self.queued_work_by_tenant.get(tenant, 0.0) + work_seconds
+
+    def _unqueue_work(self, tenant: str, work_seconds: float) -> None:
+        self.queued_work_seconds = max(0.0, self.queued_work_seconds - work_seconds)
+        left = self.queued_work_by_tenant.get(tenant, 0.0) - work_seconds
+        if left > 1e-12 and self.queue.backlog(tenant) > 0:
+            self.queued_work_by_tenant[tenant] = left
+        else:
+            self.queued_work_by_tenant.pop(tenant, None)
+
+    def _remember_session(self, session: str, group: str) -> None:
+        self.sessions[session] = group
+        self.sessions.move_to_end(session)
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+
+    def _started(self, group: str, pending: Pending) -> None:
+        """The request's prefill began: its prompt leaves the group's prefill pipeline."""
+        if pending.started:
+            return
+        pending.started = True
+        state = self.groups.get(group)
+        if state is not None:
+            state.unstarted_prompt_tokens = max(0, state.unstarted_prompt_tokens - pending.prompt_tokens)
+        self._pump()
+
+    def _release(self, group: str, pending: Pending) -> None:
+        if not pending.started:
+            pending.started = True
+            state = self.groups.get(group)
+            if state is not None:
+                state.unstarted_prompt_tokens = max(0, state.unstarted_prompt_tokens - pending.prompt_tokens)
+        state = self.groups.get(group)
+        if state is not None:
+            state.in_flight = max(0, state.in_flight - 1)
+            state.running_work_seconds = max(0.0, state.running_work_seconds - pending.work_seconds)
+            state.kv_used_tokens = max(0, state.kv_used_tokens - pending.kv_tokens)
+        self._pump()
+
+    async def _publish_gauges(self) -> None:
+        """Queue gauges once a second (the autoscaler's inputs); an O(queue) pass, off the hot path."""
+        name = self.policy.model_group
+        while True:
+            now = self.clock()
+            pooled = sum(c.load.capacity_work_seconds_per_second for c in self.candidates() if c.load.serving)
+            wait = self.queued_work_seconds / pooled if pooled > 0 else math.inf
+            earliest = min((item.deadline - now for item in self.queue.items()), default=math.inf)
+            self.metrics.queued_work.labels(name).set(self.queued_work_seconds)
+            self.metrics.running_work.labels(name).set(
+                sum(s.running_work_seconds for s in self.groups.values())
+            )
+            self.metrics.queued_requests.labels(name).set(len(self.queue))
+            self.metrics.earliest_slack.labels(name).set(
+                earliest - wait if math.isfinite(earliest) else math.inf
+            )
+            await asyncio.sleep(1.0)
+
+    # --- handlers ------------------------------------------------------------------------------
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def models(self, _: web.Request) -> web.Response:
+        served = self.policy.served_model
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": served,
+                    "object": "model",
+                    "owned_by": "goodput",
+                    "root": served,
+                    "max_model_len": self.policy.admission.context_tokens,
+                }
+            ],
+        }
+        return web.json_response(body)
+
+    def tenant_label(self, tenant: str) -> str:
+        if tenant in self.policy.listed_tenants or tenant == self.policy.default_tenant:
+            return tenant
+        return "other"
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        arrival = self.clock()
+        try:
+            parsed = parse_request(await request.read(), request.path, self.bytes_per_token)
+        except BadRequestError as error:
+            return json_response(error.status, error_body(str(error), "BadRequestError", error.field))
+        if parsed.model != self.policy.served_model:
+            message = f"unknown model {parsed.model!r}: this gateway serves {self.policy.served_model!r}"
+            return json_response(400, error_body(message, "BadRequestError", "model", "model_not_found"))
+        tenant = request.headers.get(TENANT_HEADER) or self.policy.default_tenant
+        shape = RequestShape(
+            tenant=tenant,
+            class_name=request.headers.get(CLASS_HEADER),
+            prompt_tokens=parsed.prompt_tokens,
+            requested_output_tokens=parsed.requested_output_tokens,
+            arrival_time=arrival,
+            is_retry=request.headers.get(RETRY_HEADER, "").lower() in ("1", "true", "yes"),
+        )
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key:
+            duplicate = await self._duplicate(tenant, key, parsed.stream)
+            if duplicate is not None:
+                return duplicate
+        answer_future: asyncio.Future[Answer] | None = None
+        if key and not parsed.stream:
+            answer_future = asyncio.get_running_loop().create_future()
+            self._keep_answer((tenant, key), answer_future)
+        response: web.StreamResponse | None = None
+        try:
+            response = await self._admit_and_serve(request, parsed, shape)
+            return response
+        finally:
+            if key:
+                self._settle_key(tenant, key, response, answer_future)
+
+    async def _duplicate(self, tenant: str, key: str, stream: bool) -> web.StreamResponse | None:
+        """The answer to a duplicate idempotency key, or None when this request owns the key."""
+        state = self.ledger.claim(tenant, key, self.clock())
+        if state is KeyState.NEW:
+            return None
+        kept = self.answers.get((tenant, key))
+        if kept is not None and not stream:
+            answer = await asyncio.shield(kept)
+            return answer.response()
+        message = (
+            f"a request with Idempotency-Key {key!r} is "
+            + ("in flight" if state is KeyState.IN_FLIGHT else "already answered")
+            + " and its answer cannot be replayed"
+        )
+        return json_response(409, error_body(message, "ConflictError", IDEMPOTENCY_HEADER))
+
+    def _keep_answer(self, key: tuple[str, str], future: asyncio.Future[Answer]) -> None:
+        self.answers[key] = future
+        while len(self.answers) > MAX_KEPT_ANSWERS:
+            _, dropped = self.answers.popitem(last=False)
+            if not dropped.done():
+                dropped.cancel()
+
+    def _settle_key(
+        self,
+        tenant: str,
+        key: str,
+        response: web.StreamResponse | None,
+        answer_future: asyncio.Future[Answer] | None,
+    ) -> None:
+        """Complete the key when the engine answered; forget it otherwise, so a retry is new work."""
+        succeeded = response is not None and response.status < 400
+        if succeeded:
+            self.ledger.complete(tenant, key, self.clock())
+        else:
+            self.ledger.release(tenant, key)
+            self.answers.pop((tenant, key), None)
+        if answer_future is not None and not answer_future.done():
+            if isinstance(response, web.Response) and response.body is not None:
+                headers = {
+                    k: v for k, v in response.headers.items() if k.lower().startswith(("x-goodput", "retry"))
+                }
+                body = response.body if isinstance(response.body, bytes) else b""
+                answer_future.set_result(Answer(response.status, body, headers))
+            else:
+                answer_future.set_result(
+                    Answer(
+                        502,
+                        json.dumps(
+                            error_body("the first request ended without an answer", "ServerError")
+                        ).encode(),
+                    )
+                )
+
+    def _count(self, admitted: Admitted) -> None:
+        decision = admitted.decision
+        labels = (self.policy.model_group, decision.class_name or "unknown", admitted.tenant_label)
+        self.metrics.offered.labels(*labels).inc()
+        self.metrics.outcomes.labels(*labels, decision.outcome.value, decision.reason.value).inc()
+        if decision.infeasible:
+            self.metrics.infeasible.labels(*labels).inc()
+
+    async def _admit_and_serve(
+        self, request: web.Request, parsed: ParsedRequest, shape: RequestShape
+    ) -> web.StreamResponse:
+        now = self.clock()
+        tenant = shape.tenant
+        bucket = self._bucket(tenant, now)
+        retry_budget = self.retry_budgets.get(tenant) or RetryBudget(self.policy.admission.retry_budget_ratio)
+        decision = admit(
+            self.policy.admission,
+            shape,
+            self.loads(tenant, self._expected_work_seconds(shape)),
+            now,
+            tenant_budget=bucket,
+            retry_budget=retry_budget,
+        )
+        admitted = Admitted(parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time)
+        self._count(admitted)
+        if not decision.proceeds:
+            return self._refusal(decision)
+        self.retry_budgets[tenant] = retry_budget.after(shape.is_retry)
+        self.retry_budgets.move_to_end(tenant)
+        while len(self.retry_budgets) > MAX_TRACKED_TENANTS:
+            self.retry_budgets.popitem(last=False)  # the least recent tenant starts a fresh budget
+        if bucket is not None:
+            self.budgets[tenant] = bucket.spend(decision.budget_tokens, now)
+        group = await self._wait_for_group(admitted, request)
+        if isinstance(group, web.StreamResponse):
+            return group
+        return await self._serve(request, admitted, group)
+
+    def _expected_work_seconds(self, shape: RequestShape) -> float:
+        pricing = self.policy.admission.pricing
+        output = shape.requested_output_tokens or self.policy.admission.default_output_tokens
+        return pricing.prefill_work_seconds(shape.prompt_tokens) + pricing.decode_work_seconds(
+            shape.prompt_tokens, output
+        )
+
+    def _bucket(self, tenant: str, now: float) -> TokenBucket | None:
+        limit = self.policy.tenant_tokens_per_minute.get(tenant)
+        if limit is None:
+            return None
+        bucket = self.budgets.get(tenant)
+        if bucket is None:
+            bucket = self.budgets[tenant] = TokenBucket.full(limit, now)
+        return bucket
+
+    def _refusal(self, decision: AdmissionDecision) -> web.Response:
+        headers = {"X-Goodput-Outcome": decision.outcome.value, "X-Goodput-Reason": decision.reason.value}
+        if decision.retry_after_seconds is not None:
+            headers["Retry-After"] = str(decision.retry_after_seconds)
+        kind = "BadRequestError" if decision.http_status == 400 else "OverloadedError"
+        return json_response(
+            decision.http_status, error_body(decision.message, kind, None, decision.reason.value), headers
+        )
+
+    async def _wait_for_group(self, admitted: Admitted, request: web.Request) -> str | web.Response:
+        """Queue the request fairly and wait for a slot; 503 when the hold runs out."""
+        decision, shape = admitted.decision, admitted.shape
+        contract = self.policy.admission.contract_for(decision.class_name)
+        assert contract is not None  # admission resolved the class
+        pricing = self.policy.admission.pricing
+        work = pricing.prefill_work_seconds(shape.prompt_tokens) + pricing.decode_work_seconds(
+            shape.prompt_tokens, decision.output_tokens
+        )
+        pending = Pending(
+            asyncio.get_running_loop().create_future(),
+            work,
+            shape.prompt_tokens + decision.output_tokens,
+            prefix_key(admitted.parsed.prompt_text, self.policy.routing),
+            request.headers.get(SESSION_HEADER),
+            shape.prompt_tokens,
+        )
+        # Requests held for lack of any ready group keep their place: they are what wakes the pool.
+        deferred = decision.outcome is Outcome.DEFER and decision.reason is not AdmissionReason.NO_READY_GROUP
+        lower = deferred or decision.best_effort
+        item = QueuedItem(
+            shape.tenant,
+            contract.priority + (LOWER_PRECEDENCE_LEVELS if lower else 0),
+            shape.arrival_time + contract.ttft_seconds,
+            shape.arrival_time,
+            shape.prompt_tokens,
+            decision.output_tokens,
+            pending,
+        )
+        admitted.item = self.queue.push(item)
+        self._queue_work(shape.tenant, work)
+        self._pump()
+        hold = (
+            decision.hold_seconds
+            if decision.outcome is Outcome.DEFER
+            else max(self.policy.admission.max_defer_seconds, contract.ttft_seconds)
+        )
+        if pending.future.done():  # dispatched at once: the common case, no waiting machinery
+            return pending.future.result()
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout=hold)
+        except TimeoutError:
+            self._withdraw(item)
+            message = f"no group could take the request within {hold:.1f}s"
+            retry = str(max(1, math.ceil(self.policy.admission.max_defer_seconds)))
+            return json_response(
+                503, error_body(message, "OverloadedError", None, "HoldExpired"), {"Retry-After": retry}
+            )
+        except asyncio.CancelledError:
+            self._withdraw(item)
+            self.metrics.disconnects.labels(self.policy.model_group, "queued").inc()
+            raise
+
+    def _withdraw(self, item: QueuedItem[Pending]) -> None:
+        """Take a request out of the queue (client gone or hold expired); give back what it took."""
+        pending = item.payload
+        if self.queue.cancel(item):
+            self._unqueue_work(item.tenant, pending.work_seconds)
+        elif pending.future.done() and not pending.future.cancelled():
+            # Dispatched in the same instant: free the slot it was given.
+            self._release(pending.future.result(), pending)
+            self.queue.settle(item.tenant, item.expected_output_tokens, 0)
+            self.queue.charge(item.tenant, -item.input_tokens, 0)
+        if not pending.future.done():
+            pending.future.cancel()
+        self._refund(item.tenant, item.input_tokens + item.expected_output_tokens)
+
+    def _refund(self, tenant: str, tokens: float) -> None:
+        bucket = self.budgets.get(tenant)
+        if bucket is not None and tokens > 0:
+            self.budgets[tenant] = bucket.refund(tokens, self.clock())
+
+    # --- proxying ------------------------------------------------------------------------------
+
+    def _upstream_body(self, admitted: Admitted) -> dict[str, Any]:
+        body = dict(admitted.parsed.body)
+        body[admitted.parsed.output_field] = admitted.decision.output_tokens
+        return body
+
+    def _headers(self, admitted: Admitted, group: str) -> dict[str, str]:
+        decision = admitted.decision
+        headers = {
+            "X-Goodput-Outcome": decision.outcome.value,
+            "X-Goodput-Reason": decision.reason.value,
+            "X-Goodput-Group": group,
+            "X-Goodput-Class": decision.class_name or "",
+        }
+        if decision.outcome is Outcome.DEGRADE:
+            headers["X-Goodput-Max-Tokens"] = str(decision.output_tokens)
+            headers["X-Goodput-Best-Effort"] = "true" if decision.best_effort else "false"
+        return headers
+
+    async def _serve(self, request: web.Request, admitted: Admitted, group: str) -> web.StreamResponse:
+        item = admitted.item
+        assert item is not None and self._session is not None
+        pending = item.payload
+        endpoint = self.groups[group].endpoint if group in self.groups else None
+        generated = 0
+        dispatched_at = self.clock()
+        try:
+            if endpoint is None:
+                raise aiohttp.ClientError(f"group {group} went away")
+            url = endpoint.base_url + request.path
+            async with self._session.post(url, json=self._upstream_body(admitted)) as upstream:
+                if admitted.parsed.stream and upstream.status == 200:
+                    response, generated = await self._relay_stream(request, admitted, group, upstream)
+                    return response
+                response, generated = await self._relay_whole(admitted, group, upstream)
+                return response
+        except asyncio.CancelledError:
+            self.metrics.disconnects.labels(self.policy.model_group, "streaming").inc()
+            raise
+        except (aiohttp.ClientError, TimeoutError) as error:
+            message = f"group {group} failed to answer: {error or type(error).__name__}"
+            return json_response(502, error_body(message, "UpstreamError"), self._headers(admitted, group))
+        finally:
+            self._release(group, pending)
+            # KV held: the prompt for the whole residency, each output token from when it was made
+            # (its gaps taken as even over the residency), priced by the policy's kvByteSeconds.
+            held_seconds = self.clock() - dispatched_at
+            kv = kv_byte_seconds(
+                self.policy.admission.pricing.kv_bytes_per_token,
+                item.input_tokens,
+                generated,
+                held_seconds / generated if generated else 0.0,
+                held_seconds if not generated else 0.0,
+            )
+            self.queue.settle(item.tenant, item.expected_output_tokens, generated, kv)
+            self._refund(item.tenant, max(0, item.expected_output_tokens - generated))
+
+    async def _relay_whole(
+        self, admitted: Admitted, group: str, upstream: aiohttp.ClientResponse
+    ) -> tuple[web.Response, int]:
+        body = await upstream.read()
+        generated = 0
+        if upstream.status == 200:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                generated = int(json.loads(body)["usage"]["completion_tokens"])
+            self._observe(admitted, None, (), generated)
+        headers = self._headers(admitted, group)
+        response = web.Response(
+            status=upstream.status, body=body, headers=headers, content_type="application/json"
+        )
+        return response, generated
+
+    async def _relay_stream(
+        self, request: web.Request, admitted: Admitted, group: str, upstream: aiohttp.ClientResponse
+    ) -> tuple[web.StreamResponse, int]:
+        headers = self._headers(admitted, group)
+        headers["Content-Type"] = upstream.headers.get("Content-Type", "text/event-stream; charset=utf-8")
+        headers["Cache-Control"] = "no-cache"
+        response = web.StreamResponse(status=200, headers=headers)
+        await response.prepare(request)
+        first_at: float | None = None
+        last_at = 0.0
+        gaps: list[float] = []
+        events = 0
+        async for chunk in upstream.content.iter_any():
+            now = self.clock()
+            count = chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+            if count > 0:
+                if first_at is None:
+                    first_at = now
+                    if admitted.item is not None:
+                        self._started(group, admitted.item.payload)
+                else:
+                    gaps.append((now - last_at) / count)
+                last_at = now
+                events += count
+            try:
+                await response.write(chunk)
+            except ConnectionResetError:
+                # The client went away: leaving the upstream context closes the engine's stream, so
+                # the engine aborts the request and its slot and counters are freed in `_serve`.
+                self.metrics.disconnects.labels(self.policy.model_group, "streaming").inc()
+                return response, events
+        await response.write_eof()
+        self._observe(admitted, first_at, gaps, events)
+        return response, events
+
+    def _observe(
+        self, admitted: Admitted, first_at: float | None, gaps: Sequence[float], generated: int
+    ) -> None:
+        """Latency histograms, and whether the request met its class's targets."""
+        decision = admitted.decision
+        contract = self.policy.admission.contract_for(decision.class_name)
+        if contract is None:
+            return
+        name, cls = self.policy.model_group, contract.name
+        e2e = self.clock() - admitted.arrival
+        self.metrics.e2e.labels(name, cls).observe(e2e)
+        if first_at is not None:
+            ttft = first_at - admitted.arrival
+            self.metrics.ttft.labels(name, cls).observe(ttft)
+            itl_hist = self.metrics.itl.labels(name, cls)
+            for gap in gaps:
+                itl_hist.observe(gap)
+            mean_gap = sum(gaps) / len(gaps) if gaps else 0.0
+            met = ttft <= contract.ttft_seconds and mean_gap <= contract.itl_seconds
+        else:
+            met = e2e <= contract.ttft_seconds + contract.itl_seconds * max(0, generated - 1)
+        if contract.e2e_seconds is not None:
+            met = met and e2e <= contract.e2e_seconds
+        if not decision.best_effort:
+            labels = (name, cls, admitted.tenant_label, "true" if met else "false")
+            self.metrics.finished.labels(*labels).inc()
