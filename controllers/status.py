@@ -87,10 +87,12 @@ def model_group_status(
     plan: Plan,
     now: datetime,
     unrecorded_drains: Sequence[DrainEnded] = (),
+    unrecorded_cancellations: int = 0,
 ) -> ModelGroupStatus:
     """The status after applying `plan`, keeping what other controllers wrote.
 
-    unrecorded_drains: drains that ended in an earlier pass whose status write did not land.
+    unrecorded_drains: drains that ended in an earlier pass whose status write did not land;
+    unrecorded_cancellations: drains cancelled in such passes.
     """
     counts: Counter[str] = Counter(group.state for group in plan.groups)
     ready = counts["Ready"]
@@ -137,7 +139,9 @@ def model_group_status(
             "outdated_groups": plan.rollout.outdated if plan.rollout is not None else 0,
             "groups": tuple(group_status(group) for group in plan.groups),
             "drain": drain_summary(
-                previous.drain, [*unrecorded_drains, *plan.drains_ended], len(plan.drains_cancelled)
+                previous.drain,
+                [*unrecorded_drains, *plan.drains_ended],
+                len(plan.drains_cancelled) + unrecorded_cancellations,
             ),
             "conditions": conditions,
         }

@@ -442,6 +442,8 @@ class ModelGroupLoop:
         # Groups whose wait for readiness was reported with an Event (once per group and process).
         self.readiness_reported: set[str] = set()
         self.unrecorded_drains: list[DrainEnded] = []
+        # Drains cancelled in passes whose status write lost a conflict: counted at the next write.
+        self.unrecorded_cancellations = 0
         self.written_status: dict[str, Any] | None = None
         self.written_status_model: ModelGroupStatus | None = None
         self.written_at: datetime | None = None
@@ -488,11 +490,15 @@ class ModelGroupLoop:
             plan=plan,
             now=now,
             unrecorded_drains=self.unrecorded_drains,
+            unrecorded_cancellations=self.unrecorded_cancellations,
         )
         if await self._patch_status(
             resource_version or metadata.get("resourceVersion"), previous, status, now
         ):
             self.unrecorded_drains = []
+            self.unrecorded_cancellations = 0
+        else:
+            self.unrecorded_cancellations += len(plan.drains_cancelled)
 
     def build_world(
         self, model_group: ModelGroup, nodes: list[NodeView], now: datetime, *, deleting: bool = False

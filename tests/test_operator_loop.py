@@ -507,3 +507,17 @@ def test_a_new_engine_image_rolls_out_a_surge_group_first_and_says_so() -> None:
     assert status["revision"] and all(g["outdated"] for g in status["groups"] if g["name"] in ("g0", "g1"))
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
     assert progressing["reason"] == "RollingOut"
+
+
+def test_a_cancelled_drain_is_counted_even_when_that_status_write_conflicts() -> None:
+    h = two_ready_groups(Settings(drain_settle_seconds=0))
+    read(h, "g0", 3, finished=10)
+    read(h, "g1", 1, finished=20)
+    h.run()
+    h.loop.body = kopf.Body({**h.loop.body, "spec": {**h.loop.body["spec"], "replicas": 2}})
+    h.kube.conflict_on_status = True
+    h.run()
+    assert h.events[-1].reason == "DrainCancelled"
+    h.kube.conflict_on_status = False
+    h.run()
+    assert h.kube.status_writes[-1]["status"]["drain"]["cancelled"] == 1
