@@ -103,6 +103,7 @@ MODEL_GROUP = CustomResource(
     printer_columns=(
         PrinterColumn("Desired", "integer", ".spec.replicas", "Complete groups wanted."),
         PrinterColumn("Ready", "integer", ".status.replicas", "Ready complete groups."),
+        PrinterColumn("Updated", "integer", ".status.updatedGroups", "Groups of the current pod template."),
         PrinterColumn("Draining", "integer", ".status.drainingGroups", "Groups draining before removal."),
         PrinterColumn("Policy", "string", ".spec.policyRef.name", "The SLOPolicy applied."),
         _AGE,
@@ -112,6 +113,9 @@ MODEL_GROUP = CustomResource(
         ),
         PrinterColumn(
             "Warming", "integer", ".status.warmingGroups", "Groups running readiness checks.", priority=1
+        ),
+        PrinterColumn(
+            "Outdated", "integer", ".status.outdatedGroups", "Groups a rollout still replaces.", priority=1
         ),
         PrinterColumn("Max", "integer", ".spec.maxReplicas", "Most groups allowed.", priority=1),
         PrinterColumn(

@@ -310,6 +310,26 @@ class Drain(SpecModel):
     """A group younger than this (since it became ready) is not chosen for scale-in."""
 
 
+class Rollout(SpecModel):
+    """How a change to the groups' pod template (engine, model) reaches running groups: complete
+    groups are replaced a few at a time, a new group ready before an old one drains."""
+
+    cel_rules = (
+        CelRule(
+            rule="self.maxSurge > 0 || self.maxUnavailable > 0",
+            message="`rollout.maxSurge` and `rollout.maxUnavailable` must not both be 0: a rollout could "
+            "then neither add a new group nor remove an old one",
+            field_path=".maxSurge",
+            check=lambda rollout: rollout.max_surge > 0 or rollout.max_unavailable > 0,
+        ),
+    )
+
+    max_surge: int = Field(default=1, ge=0, le=64)
+    """Groups of the new revision that may run beyond `replicas` while old groups remain."""
+    max_unavailable: int = Field(default=0, ge=0, le=64)
+    """Ready groups below `replicas` a rollout may take out of service at once."""
+
+
 # With optionalOldSelf, oldSelf is absent on create, so the bounds then apply to `replicas` too.
 _REPLICAS_UNCHANGED = "(oldSelf.hasValue() && oldSelf.value().replicas == self.replicas)"
 
@@ -391,6 +411,8 @@ class ModelGroupSpec(SpecModel):
     """What a group must pass before it counts as capacity."""
     drain: Drain = Drain()
     """How groups are removed on scale-in."""
+    rollout: Rollout = Rollout()
+    """How a changed pod template replaces running groups."""
 
 
 GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]
@@ -430,6 +452,8 @@ class GroupStatus(StatusModel):
     """Ready time by phase, once ready."""
     drain_started_at: Timestamp | None = None
     """When draining began."""
+    outdated: bool = False
+    """Its pods are of an older pod template: a rollout replaces it."""
     message: str | None = Field(default=None, max_length=32768)
     """Why the group is in its state, when that is not obvious (for example why it failed)."""
 
@@ -557,6 +581,12 @@ class ModelGroupStatus(StatusModel):
     """Groups finishing in-flight requests before removal."""
     failed_groups: int = Field(default=0, ge=0)
     """Groups that failed and await replacement."""
+    revision: str | None = Field(default=None, max_length=64)
+    """The current pod template's revision (a hash of every field that shapes a pod)."""
+    updated_groups: int = Field(default=0, ge=0)
+    """Groups serving or on their way whose pods are of the current revision."""
+    outdated_groups: int = Field(default=0, ge=0)
+    """Groups serving or on their way whose pods are of an older revision: a rollout replaces them."""
     groups: tuple[GroupStatus, ...] = Field(default=(), json_schema_extra=list_map("name"))
     """Every group and its state."""
     drain: DrainSummary | None = None

@@ -42,6 +42,7 @@ ANNOTATION_NCCL_CHECK_REQUEST: Final = labels.NCCL_CHECK_REQUEST_ANNOTATION
 # ModelGroup annotations: state that must survive an operator restart.
 ANNOTATION_GROUP_COUNTER: Final = f"{DOMAIN}/group-counter"
 ANNOTATION_PLACEMENT_BACKOFF: Final = f"{DOMAIN}/placement-backoff"
+ANNOTATION_ROLLOUT: Final = f"{DOMAIN}/rollout"
 
 # Held on every pod from creation until the whole group exists, so no rank binds GPUs alone.
 SCHEDULING_GATE: Final = f"{DOMAIN}/gang"

@@ -78,11 +78,28 @@ class CompiledPolicy:
 
 
 def scaling_policy(spec: ModelGroupSpec, slo: SloPolicySpec, *, shadow: bool = False) -> ScalingPolicy:
-    """The decision's policy: the ModelGroup's bounds and the SLOPolicy's targets and behaviour.
+    """The decision's policy: the ModelGroup's bounds and the SLOPolicy's targets and behaviour."""
+    return bounded_scaling_policy(
+        GroupBounds(spec.min_replicas, spec.max_replicas, spec.warm_replicas), slo, shadow=shadow
+    )
 
-    A shadow policy is never applied, so it is compiled as Advisory (unless Frozen): its decisions
-    must not remember scale events that never happened, or its step limits would drift from the
-    active policy's.
+
+@dataclass(frozen=True, slots=True)
+class GroupBounds:
+    """The group counts a decision stays within: a ModelGroup's replica bounds, or the simulator's
+    what-if bounds (a larger GPU budget than the ModelGroup allows)."""
+
+    min_groups: int
+    max_groups: int
+    warm_groups: int = 0
+
+
+def bounded_scaling_policy(bounds: GroupBounds, slo: SloPolicySpec, *, shadow: bool = False) -> ScalingPolicy:
+    """The SLOPolicy's targets and behaviour within `bounds`.
+
+    Warm groups never exceed the maximum. A shadow policy is never applied, so it is compiled as
+    Advisory (unless Frozen): its decisions must not remember scale events that never happened, or
+    its step limits would drift from the active policy's.
     """
     autoscaling = slo.autoscaling
     signals = autoscaling.signals
@@ -90,9 +107,9 @@ def scaling_policy(spec: ModelGroupSpec, slo: SloPolicySpec, *, shadow: bool = F
     if shadow and mode is Mode.ACTIVE:
         mode = Mode.ADVISORY
     return ScalingPolicy(
-        min_groups=spec.min_replicas,
-        max_groups=spec.max_replicas,
-        warm_groups=min(spec.warm_replicas, spec.max_replicas),
+        min_groups=bounds.min_groups,
+        max_groups=bounds.max_groups,
+        warm_groups=min(bounds.warm_groups, bounds.max_groups),
         revision=slo.revision,
         mode=mode,
         interval_seconds=float(autoscaling.interval_seconds),
@@ -120,8 +137,8 @@ def scaling_policy(spec: ModelGroupSpec, slo: SloPolicySpec, *, shadow: bool = F
             if signals.goodput.enabled
             else None,
         ),
-        scale_up=scaling_rules(autoscaling.scale_up, max_groups=spec.max_replicas),
-        scale_down=scaling_rules(autoscaling.scale_down, max_groups=spec.max_replicas),
+        scale_up=scaling_rules(autoscaling.scale_up, max_groups=bounds.max_groups),
+        scale_down=scaling_rules(autoscaling.scale_down, max_groups=bounds.max_groups),
         staleness=MetricStaleness(
             max_age_seconds=float(autoscaling.metrics.max_age_seconds),
             action=StaleMetricsAction(autoscaling.metrics.on_stale),

@@ -52,6 +52,7 @@ def group_status(group: Assessment) -> GroupStatus:
         ready_at=group.ready_at,
         ready_time=ready_time,
         drain_started_at=group.draining_since,
+        outdated=group.outdated,
         message=group.message or None,
     )
 
@@ -86,10 +87,12 @@ def model_group_status(
     plan: Plan,
     now: datetime,
     unrecorded_drains: Sequence[DrainEnded] = (),
+    unrecorded_cancellations: int = 0,
 ) -> ModelGroupStatus:
     """The status after applying `plan`, keeping what other controllers wrote.
 
-    unrecorded_drains: drains that ended in an earlier pass whose status write did not land.
+    unrecorded_drains: drains that ended in an earlier pass whose status write did not land;
+    unrecorded_cancellations: drains cancelled in such passes.
     """
     counts: Counter[str] = Counter(group.state for group in plan.groups)
     ready = counts["Ready"]
@@ -108,51 +111,16 @@ def model_group_status(
         conditions = set_condition(conditions, new, now)
 
     summary = _summary(counts)
-    if desired_groups == 0 and ready == 0:
-        put(ConditionType.READY, "True", Reason.SCALED_TO_ZERO, "no group wanted")
-    elif ready >= desired_groups:
-        put(ConditionType.READY, "True", Reason.GROUPS_READY, f"{ready}/{desired_groups} groups ready")
-    else:
-        put(
-            ConditionType.READY,
-            "False",
-            Reason.GROUPS_NOT_READY,
-            f"{ready}/{desired_groups} groups ready" + (f"; {summary}" if summary else ""),
-        )
-
-    phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
-    if phase is not None:
-        put(ConditionType.PROGRESSING, "True", phase[1], summary)
-    else:
-        put(ConditionType.PROGRESSING, "False", Reason.STABLE, "no group is placing, starting or draining")
-
+    put(ConditionType.READY, *_ready_condition(ready, desired_groups, summary))
+    put(ConditionType.PROGRESSING, *_progressing(plan, counts, summary))
     degraded = _degraded(plan.groups)
     if degraded is not None:
         put(ConditionType.DEGRADED, "True", degraded[0], degraded[1])
     else:
         put(ConditionType.DEGRADED, "False", Reason.STABLE, "no group failed or is being replaced")
-
-    limited = find_condition(conditions, ConditionType.SCALING_LIMITED)
-    if plan.placement_limit is not None:
-        put(ConditionType.SCALING_LIMITED, "True", plan.placement_limit.reason, plan.placement_limit.message)
-    elif plan.backoffs:
-        put(
-            ConditionType.SCALING_LIMITED,
-            "True",
-            plan.backoffs[0].reason,
-            "; ".join(
-                f"a group did not fit {b.domain} in time ({b.reason}); domain avoided until "
-                f"{b.until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-                for b in plan.backoffs
-            ),
-        )
-    elif limited is None or limited.reason in _PLACEMENT_REASONS:
-        put(
-            ConditionType.SCALING_LIMITED,
-            "False",
-            Reason.DESIRED_WITHIN_RANGE,
-            "every wanted group could be placed",
-        )
+    limited = _scaling_limited(plan, find_condition(conditions, ConditionType.SCALING_LIMITED))
+    if limited is not None:
+        put(ConditionType.SCALING_LIMITED, *limited)
 
     return previous.model_copy(
         update={
@@ -166,9 +134,14 @@ def model_group_status(
             "ready_groups": ready,
             "draining_groups": counts["Draining"],
             "failed_groups": counts["Failed"],
+            "revision": plan.rollout.revision if plan.rollout is not None else previous.revision,
+            "updated_groups": plan.rollout.updated if plan.rollout is not None else 0,
+            "outdated_groups": plan.rollout.outdated if plan.rollout is not None else 0,
             "groups": tuple(group_status(group) for group in plan.groups),
             "drain": drain_summary(
-                previous.drain, [*unrecorded_drains, *plan.drains_ended], len(plan.drains_cancelled)
+                previous.drain,
+                [*unrecorded_drains, *plan.drains_ended],
+                len(plan.drains_cancelled) + unrecorded_cancellations,
             ),
             "conditions": conditions,
         }
@@ -241,6 +214,60 @@ def invalid_spec_status(
     )
 
 
+def _ready_condition(ready: int, desired_groups: int, summary: str) -> tuple[ConditionStatus, str, str]:
+    if desired_groups == 0 and ready == 0:
+        return "True", Reason.SCALED_TO_ZERO, "no group wanted"
+    if ready >= desired_groups:
+        return "True", Reason.GROUPS_READY, f"{ready}/{desired_groups} groups ready"
+    return (
+        "False",
+        Reason.GROUPS_NOT_READY,
+        f"{ready}/{desired_groups} groups ready" + (f"; {summary}" if summary else ""),
+    )
+
+
+def _scaling_limited(plan: Plan, current: Condition | None) -> tuple[ConditionStatus, str, str] | None:
+    """ScalingLimited as far as placement goes; None leaves a limit the autoscaler set alone."""
+    if plan.placement_limit is not None:
+        return "True", plan.placement_limit.reason, plan.placement_limit.message
+    if plan.backoffs:
+        return (
+            "True",
+            plan.backoffs[0].reason,
+            "; ".join(
+                f"a group did not fit {b.domain} in time ({b.reason}); domain avoided until "
+                f"{b.until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+                for b in plan.backoffs
+            ),
+        )
+    if current is None or current.reason in _PLACEMENT_REASONS:
+        return "False", Reason.DESIRED_WITHIN_RANGE, "every wanted group could be placed"
+    return None
+
+
+def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[ConditionStatus, str, str]:
+    """Progressing: a rollout under way or stopped, else the earliest phase any group is in."""
+    rollout = plan.rollout
+    if rollout is not None and rollout.outdated and rollout.stalled:
+        return (
+            "False",
+            Reason.ROLLOUT_STALLED,
+            f"rollout to revision {rollout.revision} stopped after {rollout.failed} failed group(s) of that "
+            f"revision; {rollout.outdated} group(s) of an older revision keep serving",
+        )
+    if rollout is not None and rollout.outdated:
+        return (
+            "True",
+            Reason.ROLLING_OUT,
+            f"{rollout.updated} group(s) of revision {rollout.revision}, {rollout.outdated} of an older one"
+            + (f"; {summary}" if summary else ""),
+        )
+    phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
+    if phase is not None:
+        return "True", phase[1], summary + _waits(plan.groups)
+    return "False", Reason.STABLE, "no group is placing, starting or draining"
+
+
 def _summary(counts: Counter[str]) -> str:
     parts = [
         f"{counts[state]} {state.lower()}"
@@ -248,6 +275,19 @@ def _summary(counts: Counter[str]) -> str:
         if counts[state]
     ]
     return ", ".join(parts)
+
+
+# Warming groups whose wait the Progressing condition spells out (the rest are counted).
+_WAITS_SHOWN = 3
+
+
+def _waits(groups: Iterable[Assessment]) -> str:
+    """What warming groups wait for, rank by rank (see `assess`): a readiness check that nothing on
+    the cluster answers shows in `kubectl describe` without reading pod annotations."""
+    warming = [group for group in groups if group.state == "Warming" and group.message]
+    shown = "".join(f"; group {group.name}: {group.message}" for group in warming[:_WAITS_SHOWN])
+    more = len(warming) - _WAITS_SHOWN
+    return shown + (f"; {more} more warming" if more > 0 else "")
 
 
 def _degraded(groups: Iterable[Assessment]) -> tuple[str, str] | None:

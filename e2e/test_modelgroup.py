@@ -205,7 +205,7 @@ def test_a_70b_model_group_serves_only_complete_healthy_warm_groups(
             )
             wait_for(
                 lambda: any(
-                    "warm-up" in (g.get("message") or "")
+                    "warm-up through the leader failed" in (g.get("message") or "")
                     for g in status(cluster, namespace, "llama").get("groups", [])
                 ),
                 timeout_seconds=30,

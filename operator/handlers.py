@@ -38,10 +38,12 @@ from goodput.controllers.groups import (
     EventRecord,
     GateChange,
     Plan,
+    RolloutRules,
     WarmupOutcome,
     WarmupRequest,
     World,
     parse_backoffs,
+    parse_rollout,
     plan_model_group,
 )
 from goodput.controllers.observation import (
@@ -57,6 +59,7 @@ from goodput.controllers.observation import (
 )
 from goodput.controllers.placement import GpuClaim, Inventory
 from goodput.controllers.policy import parse_slo_policy, reconcile_policy
+from goodput.controllers.snapshot import wanted_groups
 from goodput.controllers.status import (
     invalid_spec_status,
     is_own_condition,
@@ -91,6 +94,9 @@ OWNED_STATUS_FIELDS = (
     "readyGroups",
     "drainingGroups",
     "failedGroups",
+    "revision",
+    "updatedGroups",
+    "outdatedGroups",
     "groups",
     "drain",
     "conditions",
@@ -433,7 +439,11 @@ class ModelGroupLoop:
         self.leader_readings: dict[str, LeaderReading] = {}
         self.leader_samples: dict[str, LeaderSample] = {}
         self.probes_in_flight: set[str] = set()
+        # Groups whose wait for readiness was reported with an Event (once per group and process).
+        self.readiness_reported: set[str] = set()
         self.unrecorded_drains: list[DrainEnded] = []
+        # Drains cancelled in passes whose status write lost a conflict: counted at the next write.
+        self.unrecorded_cancellations = 0
         self.written_status: dict[str, Any] | None = None
         self.written_status_model: ModelGroupStatus | None = None
         self.written_at: datetime | None = None
@@ -470,6 +480,7 @@ class ModelGroupLoop:
         finally:
             # What was done is announced even when a later step of the plan failed.
             self.runtime.post_events(self.body, plan.events)
+            self.readiness_reported.update(plan.readiness_reported)
         _record(self.runtime.metrics, self.namespace, self.name, world, plan)
         status = model_group_status(
             previous,
@@ -479,11 +490,15 @@ class ModelGroupLoop:
             plan=plan,
             now=now,
             unrecorded_drains=self.unrecorded_drains,
+            unrecorded_cancellations=self.unrecorded_cancellations,
         )
         if await self._patch_status(
             resource_version or metadata.get("resourceVersion"), previous, status, now
         ):
             self.unrecorded_drains = []
+            self.unrecorded_cancellations = 0
+        else:
+            self.unrecorded_cancellations += len(plan.drains_cancelled)
 
     def build_world(
         self, model_group: ModelGroup, nodes: list[NodeView], now: datetime, *, deleting: bool = False
@@ -503,6 +518,7 @@ class ModelGroupLoop:
         for memory in memories:
             for group in [g for g in memory if g not in live_groups]:
                 del memory[group]
+        self.readiness_reported &= live_groups
         tuning = ControllerTuning(
             warmup_retry_seconds=settings.warmup_retry_seconds,
             placement_backoff_seconds=settings.placement_backoff_seconds,
@@ -517,14 +533,16 @@ class ModelGroupLoop:
             template=template,
             rules=rules,
             placement=placement_rules(spec),
-            # Bounds moved past `replicas` (which the API allows) converge to the nearest bound.
-            desired_groups=max(spec.min_replicas, min(spec.replicas, spec.max_replicas)),
+            desired_groups=wanted_groups(spec.replicas, spec.min_replicas, spec.max_replicas),
             pods=pods,
             inventory=Inventory(tuple(view.inventory for view in nodes), tuple(claims)),
             ready_nodes=frozenset(view.inventory.name for view in nodes if view.ready),
             group_counter=int(counter_text) if counter_text.isdigit() else 0,
             backoffs=parse_backoffs(annotations.get(naming.ANNOTATION_PLACEMENT_BACKOFF)),
             warmups=dict(self.warmups),
+            readiness_reported=frozenset(self.readiness_reported),
+            rollout=RolloutRules(spec.rollout.max_surge, spec.rollout.max_unavailable),
+            rollout_progress=parse_rollout(annotations.get(naming.ANNOTATION_ROLLOUT)),
             warmups_in_flight=frozenset(self.warmups_in_flight),
             leader_readings=dict(self.leader_readings),
             leader_samples=dict(self.leader_samples),

@@ -28,13 +28,11 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
-from goodput.api.conditions import find_condition
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
-from goodput.api.reasons import ConditionType
 from goodput.controllers.autoscale_model import GroupMetrics, GroupObservation, GroupState, ModelGroupSnapshot
 from goodput.controllers.feasible_demand import prompt_evidence, snapshot_feasibility
-from goodput.controllers.placement import NoFitReason
 from goodput.controllers.policy_compile import CompiledPolicy
+from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups, without_replacements
 from goodput.estimators.attainment import Histogram
 from goodput.operator.promql import (
     HISTOGRAM_QUANTITIES,
@@ -47,8 +45,6 @@ from goodput.operator.promql import (
 
 # Without these a group has no engine metrics: the gauges every decision reads, and their age.
 REQUIRED_QUANTITIES = (Quantity.WAITING, Quantity.RUNNING, Quantity.KV_USAGE, Quantity.SAMPLE_AGE)
-_PLACEMENT_REASONS = frozenset(reason.value for reason in NoFitReason)
-_NOT_COMING = frozenset({GroupState.DRAINING, GroupState.FAILED})
 
 
 class MetricsUnavailableError(RuntimeError):
@@ -200,17 +196,13 @@ def group_observations(
         for group in status.groups
     ]
     spec = model_group.spec
-    wanted = max(spec.min_replicas, min(spec.replicas, spec.max_replicas))
-    live = sum(1 for group in observations if group.state not in _NOT_COMING)
-    limited = find_condition(status.conditions, ConditionType.SCALING_LIMITED)
-    unplaceable = limited is not None and limited.status == "True" and limited.reason in _PLACEMENT_REASONS
-    observations.extend(
-        GroupObservation(
-            name=f"wanted-{index}", state=GroupState.PLACING, created_at=now, unschedulable=unplaceable
-        )
-        for index in range(max(0, wanted - live))
+    outdated = frozenset(group.name for group in status.groups if group.outdated)
+    return with_wanted_groups(
+        without_replacements(observations, outdated),
+        wanted_groups(spec.replicas, spec.min_replicas, spec.max_replicas),
+        now=now,
+        unschedulable=unplaceable(status.conditions),
     )
-    return tuple(observations)
 
 
 def build_snapshot(

@@ -1,19 +1,42 @@
-"""The fleet of replica groups: lifecycle, routing, scale-out and drain, failures.
+"""The fleet of replica groups: engines and routing, with the deployed group controller's lifecycle.
 
 A group costs `tensor × pipeline` GPUs from the moment it starts placing until it is removed or
-fails. It serves only when ready; a draining group takes no new requests and is removed when it has
-none left (DESIGN §7); a failed group loses every request in it and is replaced as a whole, because
-the desired count did not change (§5).
+fails. It serves only when ready. Which groups to create, which to remove for scale-in and when a
+draining group may go are decided by the operator's group controller
+(`goodput.controllers.groups`), run against a simulated cluster (`group_world`): the minimum
+lifetime, the drain protocol and its timeout, and putting a draining group back in service on a
+scale-out hold offline as deployed. A failed group loses every request in it and is replaced as a
+whole, because the desired count did not change (§5).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from enum import StrEnum
 
+from goodput.controllers import naming
+from goodput.controllers.drain import LeaderSample
+from goodput.controllers.groups import Backoff, GroupTransition, Plan, WarmupOutcome, World, plan_model_group
+from goodput.controllers.observation import PodView
+from goodput.controllers.pods import render_group
+from goodput.controllers.snapshot import wanted_groups
 from goodput.simulator.engine import Engine, EngineConfig
+from goodput.simulator.group_world import (
+    GroupRules,
+    bound,
+    cluster_nodes,
+    created_pods,
+    default_model_group,
+    failed,
+    gate,
+    instant,
+    inventory,
+    serving,
+    started,
+)
 from goodput.simulator.records import RequestLog
 
 
@@ -27,6 +50,8 @@ class GroupState(StrEnum):
 
 
 ROUTERS = ("least-work", "least-requests", "round-robin")
+# Plans per reconcile: the first, one after the warm-ups and leader reads it asked for, and so on.
+_PASSES_PER_RECONCILE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +80,11 @@ class FleetConfig:
     prefix_block_tokens: int = 512
     itl_targets_seconds: tuple[float, ...] = ()
     """ITL target per SLO class (by class index): engines count each request's slower token gaps."""
+    group_rules: GroupRules | None = None
+    """The ModelGroup's group controller rules (drain, minimum lifetime, template); the API's
+    defaults for a one-pod group when None."""
+    reconcile_interval_seconds: float = 3.0
+    """How often the group controller runs without a change to wake it (the operator's default)."""
 
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
@@ -72,15 +102,18 @@ class Group:
         "ended_at",
         "engine",
         "index",
+        "key",
         "loading_at",
         "name",
         "ready_at",
         "state",
     )
 
-    def __init__(self, index: int, created_at: float, engine: Engine) -> None:
+    def __init__(self, index: int, created_at: float, engine: Engine, key: str = "") -> None:
         self.index = index
         self.name = f"group-{index}"
+        # The group's name in the controller's world (its pods' group label).
+        self.key = key or self.name
         self.state = GroupState.PLACING
         self.created_at = created_at
         self.loading_at: float | None = None
@@ -132,6 +165,20 @@ class Fleet:
         self._round_robin = 0
         self._ready: list[Group] = []
         self.lost_requests = 0
+        self._rules = config.group_rules or GroupRules.for_model_group(
+            default_model_group(config.gpus_per_group, config.max_groups)
+        )
+        # Room for every group the budget allows, twice over: draining groups hold their GPUs.
+        self._nodes = cluster_nodes(self._rules, 2 * config.max_groups + 2)
+        self._pods: dict[str, PodView] = {}
+        self._by_key: dict[str, Group] = {}
+        self._counter = 0
+        self._backoffs: tuple[Backoff, ...] = ()
+        self._warmups: dict[str, WarmupOutcome] = {}
+        self._readings: dict[str, LeaderSample] = {}
+        self.aborted: list[int] = []
+        # Every transition the group controller decided, with the simulated time it did.
+        self.transitions: list[tuple[float, GroupTransition]] = []
 
     # ------------------------------------------------------------------ state
     def counts(self, now: float) -> FleetCounts:
@@ -174,7 +221,7 @@ class Fleet:
     def _group_rng(self, index: int, purpose: str) -> random.Random:
         return random.Random(f"{self._seed}/{purpose}/{index}")
 
-    def _create(self, now: float, ready_immediately: bool) -> tuple[Group, list[LifecycleEvent]]:
+    def _new_group(self, key: str, now: float) -> Group:
         index = len(self.groups)
         engine = Engine(
             self.config.engine,
@@ -184,30 +231,165 @@ class Fleet:
             started_at=now,
             itl_targets_seconds=self.config.itl_targets_seconds,
         )
-        group = Group(index, now, engine)
+        group = Group(index, now, engine, key)
         self.groups.append(group)
-        if ready_immediately:
+        self._by_key[key] = group
+        return group
+
+    def start(self, initial_groups: int, now: float = 0.0) -> list[LifecycleEvent]:
+        """A warm fleet: `initial_groups` groups ready at `now` (the run does not start cold). They
+        have served longer than the minimum lifetime, so the controller may scale them in at once."""
+        self.desired = initial_groups
+        rules = self._rules
+        since = instant(now - rules.rules.min_lifetime_seconds)
+        events: list[LifecycleEvent] = []
+        for _ in range(initial_groups):
+            key = naming.group_name(self._counter)
+            domain = f"d{self._counter}"
+            self._counter += 1
+            manifests = render_group(rules.template, key, domain, None)
+            for pod in created_pods(manifests.pods, since):
+                self._pods[pod.name] = serving(pod, since, rules.rules)
+            group = self._new_group(key, now)
             group.loading_at = group.ready_at = now
             group.state = GroupState.READY
             self._ready.append(group)
-            return group, self._failure_events(group, now)
-        return group, [LifecycleEvent(now + self.config.placement_seconds, index, GroupState.LOADING)]
-
-    def start(self, initial_groups: int, now: float = 0.0) -> list[LifecycleEvent]:
-        """A warm fleet: `initial_groups` groups ready at `now` (the run does not start cold)."""
-        self.desired = initial_groups
-        events: list[LifecycleEvent] = []
-        for _ in range(initial_groups):
-            events.extend(self._create(now, ready_immediately=True)[1])
+            events.extend(self._failure_events(group, now))
         self._record(now)
         return events
 
+    def world(self, now: float) -> World:
+        """What the operator's group controller would see now."""
+        rules = self._rules
+        pods = list(self._pods.values())
+        return World(
+            now=instant(now),
+            template=rules.template,
+            rules=rules.rules,
+            placement=rules.placement,
+            desired_groups=self.desired,
+            pods=tuple(pods),
+            inventory=inventory(self._nodes, pods, rules.placement.topology_key),
+            ready_nodes=frozenset(node.name for node in self._nodes),
+            group_counter=self._counter,
+            backoffs=self._backoffs,
+            warmups=dict(self._warmups),
+            leader_readings=dict(self._readings),
+            leader_samples=dict(self._readings),
+            routed_pods=frozenset(pod.name for pod in pods if pod.marked_group_ready),
+            max_replicas=self.config.max_groups,
+        )
+
+    def reconcile(self, now: float) -> list[LifecycleEvent]:
+        """One pass of the group controller, applied. Warm-ups and leader reads answer at once, so
+        the controller plans again after them, as the operator does when they complete (bounded)."""
+        events: list[LifecycleEvent] = []
+        for _ in range(_PASSES_PER_RECONCILE):
+            plan = plan_model_group(self.world(now))
+            events.extend(self._apply(plan, now))
+            if not (plan.warmups or plan.leader_probes or plan.ready):
+                break
+        self._record(now)
+        return events
+
+    def _apply(self, plan: Plan, now: float) -> list[LifecycleEvent]:
+        """The plan, in the operator's order, on the simulated pods and the engines."""
+        at = instant(now)
+        self.transitions.extend((now, step) for step in plan.transitions)
+        self._counter = int(plan.annotations.get(naming.ANNOTATION_GROUP_COUNTER, self._counter))
+        self._backoffs = plan.backoffs
+        for change in plan.unready:
+            self._set_gate(change.pods, False, at)
+            self._stop_serving(self._by_key[change.group], now)
+        for deletion in plan.deletions:
+            self._delete(deletion.group, deletion.pods, now, plan)
+        events: list[LifecycleEvent] = []
+        for creation in plan.creations:
+            for pod in created_pods(creation.pods, at):
+                self._pods[pod.name] = pod
+            group = self._new_group(creation.group, now)
+            events.append(
+                LifecycleEvent(now + self.config.placement_seconds, group.index, GroupState.LOADING)
+            )
+        for mark in plan.drain_marks:
+            for name in mark.pods:
+                self._pods[name] = replace(self._pods[name], draining_since=mark.since)
+        for progress in plan.drain_progress:
+            self._pods[progress.leader] = replace(
+                self._pods[progress.leader], drain_progress=progress.progress
+            )
+        for change in plan.ready:
+            self._set_gate(change.pods, True, at)
+            events.extend(self._serve(self._by_key[change.group], now))
+        for request in plan.warmups:
+            self._warmups[request.group] = WarmupOutcome(True, at)
+        for probe in plan.leader_probes:
+            self._readings[probe.group] = self._read_leader(self._by_key[probe.group], now)
+        return events
+
+    def _set_gate(self, pods: tuple[str, ...], ready: bool, at: datetime) -> None:
+        for name in pods:
+            self._pods[name] = gate(self._pods[name], ready, at)
+
+    def _stop_serving(self, group: Group, now: float) -> None:
+        """Admission closed: a ready group drains (a failed one already stopped)."""
+        if group.state is GroupState.READY:
+            self._ready.remove(group)
+            group.state = GroupState.DRAINING
+            group.drain_started_at = now
+
+    def _serve(self, group: Group, now: float) -> list[LifecycleEvent]:
+        """The group-ready gate went True: a warmed-up group, or a draining one back in service."""
+        if group.state is GroupState.READY:
+            return []
+        first = group.ready_at is None
+        group.state = GroupState.READY
+        group.drain_started_at = None
+        group.ready_at = now if first else group.ready_at
+        self._ready.append(group)
+        return self._failure_events(group, now) if first else []
+
+    def _delete(self, key: str, pods: tuple[str, ...], now: float, plan: Plan) -> None:
+        """Every rank removed together. A drain that timed out aborts what was still in flight."""
+        for name in pods:
+            self._pods.pop(name, None)
+        self._warmups.pop(key, None)
+        self._readings.pop(key, None)
+        group = self._by_key[key]
+        if group.state is GroupState.FAILED:
+            return
+        if group in self._ready:
+            self._ready.remove(group)
+        if any(ended.group == key and ended.outcome == "TimedOut" for ended in plan.drains_ended):
+            self.aborted.extend(group.engine.abort_all(now))
+        group.state = GroupState.REMOVED
+        group.ended_at = now
+
+    def _read_leader(self, group: Group, now: float) -> LeaderSample:
+        engine = group.engine
+        engine.advance_to(now)
+        return LeaderSample(
+            instant(now),
+            running=len(engine.running),
+            waiting=len(engine.waiting),
+            finished_total=engine.request_success_total,
+            kv_cache_usage=engine.kv_usage,
+        )
+
+    def take_aborted(self) -> list[int]:
+        """Requests aborted by drains that timed out since the last call."""
+        aborted, self.aborted = self.aborted, []
+        return aborted
+
     def advance_lifecycle(self, index: int, state: GroupState, now: float) -> list[LifecycleEvent]:
-        """A scheduled transition is due: placing → loading → ready."""
+        """A scheduled transition of the simulated cluster is due: pods bound, then engines up."""
         group = self.groups[index]
         if not group.live:
             return []  # removed or failed before the transition
+        pods = [name for name, pod in self._pods.items() if pod.group == group.key]
         if state is GroupState.LOADING and group.state is GroupState.PLACING:
+            for name in pods:
+                self._pods[name] = bound(self._pods[name], instant(now))
             group.state = GroupState.LOADING
             group.loading_at = now
             rng = self._group_rng(index, "ready")
@@ -217,11 +399,9 @@ class Fleet:
             self._record(now)
             return [LifecycleEvent(now + loading, index, GroupState.READY)]
         if state is GroupState.READY and group.state is GroupState.LOADING:
-            group.state = GroupState.READY
-            group.ready_at = now
-            self._ready.append(group)
-            self._record(now)
-            return self._failure_events(group, now)
+            for name in pods:
+                self._pods[name] = started(self._pods[name], instant(now), self._rules.rules)
+            return self.reconcile(now)
         return []
 
     def _failure_events(self, group: Group, now: float) -> list[LifecycleEvent]:
@@ -232,55 +412,12 @@ class Fleet:
         return [LifecycleEvent(now + after, group.index, GroupState.FAILED)]
 
     def scale_to(self, desired: int, now: float) -> list[LifecycleEvent]:
-        """Converge the live groups to `desired`: create groups, or drain the cheapest victims."""
-        desired = max(self.config.min_groups, min(self.config.max_groups, desired))
-        self.desired = desired
-        events = self._reconcile(now)
-        self._record(now)
-        return events
-
-    def _reconcile(self, now: float) -> list[LifecycleEvent]:
-        live = self.live_groups
-        events: list[LifecycleEvent] = []
-        for _ in range(self.desired - len(live)):
-            events.extend(self._create(now, ready_immediately=False)[1])
-        excess = len(live) - self.desired
-        if excess > 0:
-            for victim in self._victims(live, excess):
-                self._drain(victim, now)
-        return events
-
-    def _victims(self, live: list[Group], count: int) -> list[Group]:
-        """Cheapest first: groups not yet ready (newest first), then ready groups with least work."""
-        expected = self.config.expected_output_tokens
-
-        def cost(group: Group) -> tuple[int, float, float]:
-            if group.state is not GroupState.READY:
-                return (0, 0.0, -group.created_at)
-            return (1, float(group.outstanding_work_tokens(expected)), -group.created_at)
-
-        return sorted(live, key=cost)[:count]
-
-    def _drain(self, group: Group, now: float) -> None:
-        if group.state is GroupState.READY:
-            self._ready.remove(group)
-            group.state = GroupState.DRAINING
-            group.drain_started_at = now
-            self.remove_if_drained(group, now)
-        else:
-            group.state = GroupState.REMOVED
-            group.ended_at = now
-
-    def remove_if_drained(self, group: Group, now: float) -> bool:
-        if group.state is GroupState.DRAINING and group.engine.in_flight == 0:
-            group.state = GroupState.REMOVED
-            group.ended_at = now
-            self._record(now)
-            return True
-        return False
+        """The autoscaler's new count, clamped as the operator clamps `replicas`, reconciled."""
+        self.desired = wanted_groups(desired, self.config.min_groups, self.config.max_groups)
+        return self.reconcile(now)
 
     def fail(self, index: int, now: float) -> tuple[list[int], float | None]:
-        """The group fails: its requests are lost. Returns them and when its replacement is due."""
+        """The group fails: its requests are lost. Returns them and when the controller sees it."""
         group = self.groups[index]
         if group.state not in (GroupState.READY, GroupState.DRAINING):
             return [], None
@@ -294,10 +431,12 @@ class Fleet:
         return lost, now + self.config.replace_after_seconds
 
     def replace(self, now: float) -> list[LifecycleEvent]:
-        """Reconcile after a failure: bring the live groups back to the desired count."""
-        events = self._reconcile(now)
-        self._record(now)
-        return events
+        """The controller sees the failed groups' crashed ranks and replaces them whole."""
+        failed_keys = {group.key for group in self.groups if group.state is GroupState.FAILED}
+        for name, pod in list(self._pods.items()):
+            if pod.group in failed_keys and pod.rank == 0 and pod.restarts == 0:
+                self._pods[name] = failed(pod)
+        return self.reconcile(now)
 
     def pick_failure_victim(self, now: float) -> int | None:
         """A scheduled failure hits one ready group, chosen by the seed and the time."""

@@ -9,7 +9,6 @@ ModelGroup. Nothing here decides anything; it only translates.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -19,25 +18,15 @@ from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     Decision,
     DecisionState,
-    GoodputSignal,
     GroupMetrics,
     GroupObservation,
     GroupState,
-    KvCacheSignal,
-    MetricStaleness,
-    Mode,
     ModelGroupSnapshot,
-    QueueWorkSignal,
     ScalingPolicy,
-    ScalingRules,
-    SelectPolicy,
-    Signals,
-    SlackSignal,
     SloTargets,
-    StaleMetricsAction,
-    StepPolicy,
-    StepPolicyType,
 )
+from goodput.controllers.policy_compile import GroupBounds, bounded_scaling_policy
+from goodput.controllers.snapshot import wanted_groups, with_wanted_groups
 from goodput.estimators.attainment import Histogram as EstimatorHistogram
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 from goodput.simulator.config import SimulationSetup
@@ -45,6 +34,7 @@ from goodput.simulator.envelope import CapacityEnvelope
 from goodput.simulator.metrics import FleetSample, Histogram, MetricsView
 from goodput.simulator.metrics import GroupMetrics as ScrapedGroup
 from goodput.simulator.policy import FleetObservation, Recommendation
+from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 
 _STATES = {
@@ -56,19 +46,8 @@ _STATES = {
 }
 
 
-def _rules(spec: Any) -> ScalingRules:
-    return ScalingRules(
-        tolerance=spec.tolerance,
-        stabilization_window_seconds=float(spec.stabilization_window_seconds),
-        policies=tuple(
-            StepPolicy(StepPolicyType(p.type), p.value, float(p.period_seconds)) for p in spec.policies
-        ),
-        select_policy=SelectPolicy(spec.select_policy),
-    )
-
-
-def _targets(slo_class: Any) -> SloTargets:
-    """One class's targets (an SLOPolicy class or the simulator's default class)."""
+def _targets(slo_class: ClassTargets) -> SloTargets:
+    """The simulator's default class, for a run without an SLOPolicy."""
     return SloTargets(
         slo_class.name,
         slo_class.ttft_seconds,
@@ -85,40 +64,17 @@ def scaling_policy(
     warm_groups: int,
     fallback_classes: tuple[SloTargets, ...],
 ) -> ScalingPolicy:
-    """The decision pipeline's policy, compiled from the SLOPolicy and the ModelGroup's bounds."""
+    """The decision pipeline's policy: the operator's compile of the SLOPolicy within the run's
+    bounds, or the default policy with the fallback classes when the run has no SLOPolicy."""
+    bounds = GroupBounds(min_groups, max_groups, warm_groups)
     if slo is None:
         return ScalingPolicy(
-            min_groups=min_groups, max_groups=max_groups, warm_groups=warm_groups, classes=fallback_classes
+            min_groups=min_groups,
+            max_groups=max_groups,
+            warm_groups=min(warm_groups, max_groups),
+            classes=fallback_classes,
         )
-    spec = slo.spec
-    autoscaling = spec.autoscaling
-    signals = autoscaling.signals
-    return ScalingPolicy(
-        min_groups=min_groups,
-        max_groups=max_groups,
-        warm_groups=warm_groups,
-        revision=spec.revision,
-        mode=Mode(autoscaling.mode),
-        interval_seconds=float(autoscaling.interval_seconds),
-        classes=tuple(_targets(c) for c in spec.classes),
-        signals=Signals(
-            queue_work=QueueWorkSignal(
-                signals.queue_work.drain_target_seconds, signals.queue_work.safety_factor
-            )
-            if signals.queue_work.enabled
-            else None,
-            slack=SlackSignal(signals.slack.min_slack_seconds, signals.slack.low_slack_fraction)
-            if signals.slack.enabled
-            else None,
-            kv_cache=KvCacheSignal(signals.kv_cache.min_free_fraction) if signals.kv_cache.enabled else None,
-            goodput=GoodputSignal(signals.goodput.attainment_floor) if signals.goodput.enabled else None,
-        ),
-        scale_up=_rules(autoscaling.scale_up),
-        scale_down=_rules(autoscaling.scale_down),
-        staleness=MetricStaleness(
-            float(autoscaling.metrics.max_age_seconds), StaleMetricsAction(autoscaling.metrics.on_stale)
-        ),
-    )
+    return bounded_scaling_policy(bounds, slo.spec)
 
 
 def scaling_policy_for(setup: SimulationSetup) -> ScalingPolicy:
@@ -219,9 +175,12 @@ def snapshot_from(
         if state is GroupState.READY and latest is not None and info.name in by_group:
             metrics = _group_metrics(observation.now, latest, by_group[info.name], first_seen.get(info.name))
         groups.append(GroupObservation(info.name, state, info.created_at, metrics=metrics))
+    # A failed group's replacement not created yet (a replacement delay) is capacity on its way, as
+    # the operator counts it; the simulated cluster always has room, so it is never unschedulable.
+    wanted = wanted_groups(observation.desired_groups, observation.min_groups, observation.max_groups)
     return ModelGroupSnapshot(
         spec_replicas=observation.desired_groups,
-        groups=tuple(groups),
+        groups=with_wanted_groups(groups, wanted, now=observation.now, unschedulable=False),
         profile=profile,
         name=name,
         metrics_window_seconds=window_seconds,

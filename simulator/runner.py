@@ -36,6 +36,7 @@ from goodput.simulator.envelope import (
 )
 from goodput.simulator.feasible import Feasibility, assess, require_feasible_requests
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.group_world import GroupRules
 from goodput.simulator.oracle import ScheduleFollower, ScheduleRules, hindsight_schedule, interval_work
 from goodput.simulator.policy import Autoscaler
 from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE, meets_every_class, summarize
@@ -123,6 +124,9 @@ class Bench:
             scheduled_failures_seconds=options.scheduled_failures_seconds,
             prefix_block_tokens=self.workload.prefix_block_tokens,
             itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
+            group_rules=GroupRules.for_model_group(setup.model_group)
+            if setup.model_group is not None
+            else None,
         )
         self.pricing = WorkPricing.from_step_model(setup.engine.cost)
 

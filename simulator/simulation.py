@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from goodput.controllers.groups import GroupTransition
 from goodput.simulator.engine import Engine
 from goodput.simulator.fleet import Fleet, FleetConfig, FleetCounts, Group, GroupState, LifecycleEvent
 from goodput.simulator.metrics import FleetSample, GroupMetrics, MetricsHistory
@@ -23,7 +24,7 @@ from goodput.simulator.policy import Autoscaler, FleetObservation, GroupInfo
 from goodput.simulator.records import Outcome, RequestLog
 from goodput.simulator.workload import Workload
 
-_STEP, _LIFECYCLE, _FAIL, _REPLACE, _SCHEDULED_FAIL, _SCRAPE, _CONTROL = range(7)
+_STEP, _LIFECYCLE, _FAIL, _REPLACE, _SCHEDULED_FAIL, _SCRAPE, _CONTROL, _GROUPS = range(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,8 @@ class SimulationResult:
     engine_totals: dict[str, float]
     wall_seconds: float
     events_processed: int
+    group_transitions: tuple[tuple[float, GroupTransition], ...] = ()
+    """Every move the group controller decided, with the simulated time it did (see `fleet`)."""
 
 
 def scrape(group: Group, now: float) -> GroupMetrics:
@@ -180,6 +183,7 @@ def simulate(
 
     push_lifecycle(fleet.start(config.initial_groups))
     push(0.0, _SCRAPE)
+    push(config.fleet.reconcile_interval_seconds, _GROUPS)
     push(max(autoscaler.interval_seconds, config.control_start_seconds), _CONTROL)
     for failure_at in config.fleet.scheduled_failures_seconds:
         push(failure_at, _SCHEDULED_FAIL)
@@ -220,8 +224,6 @@ def simulate(
                     continue
                 engine.complete_step(now)
                 schedule_step(group)
-                if group.state is GroupState.DRAINING:
-                    fleet.remove_if_drained(group, now)
             elif kind == _SCRAPE:
                 bar.update(now)
                 history.append(
@@ -268,15 +270,20 @@ def simulate(
                             dict(recommendation.detail),
                         )
                     )
-                for group in fleet.groups:
-                    if group.state is GroupState.DRAINING:
-                        fleet.remove_if_drained(group, now)
+                lose(fleet.take_aborted(), now)
                 if work_left():
                     push(now + autoscaler.interval_seconds, _CONTROL)
+            elif kind == _GROUPS:
+                # The group controller's periodic pass: drains progress, young groups age.
+                push_lifecycle(fleet.reconcile(now))
+                lose(fleet.take_aborted(), now)
+                if work_left():
+                    push(now + config.fleet.reconcile_interval_seconds, _GROUPS)
             elif not work_left():
                 continue  # lifecycle and failures after the last request change nothing reported
             elif kind == _LIFECYCLE:
                 push_lifecycle(fleet.advance_lifecycle(a, states[b], now))
+                lose(fleet.take_aborted(), now)
             elif kind == _FAIL:
                 lost, replace_at = fleet.fail(a, now)
                 lose(lost, now)
@@ -284,6 +291,7 @@ def simulate(
                     push(replace_at, _REPLACE)
             elif kind == _REPLACE:
                 push_lifecycle(fleet.replace(now))
+                lose(fleet.take_aborted(), now)
             elif kind == _SCHEDULED_FAIL:
                 victim = fleet.pick_failure_victim(now)
                 if victim is not None:
@@ -341,6 +349,7 @@ def simulate(
         engine_totals=totals,
         wall_seconds=time.perf_counter() - started,
         events_processed=processed,
+        group_transitions=tuple(fleet.transitions),
     )
 
 

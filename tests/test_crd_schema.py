@@ -320,8 +320,8 @@ def test_model_group_printer_columns() -> None:
 
     default_view = [column["name"] for column in columns if column.get("priority", 0) == 0]
     wide_only = [column["name"] for column in columns if column.get("priority", 0) == 1]
-    assert default_view == ["Desired", "Ready", "Draining", "Policy", "Age"]
-    assert {"Placing", "Warming", "Reason"} <= set(wide_only)
+    assert default_view == ["Desired", "Ready", "Updated", "Draining", "Policy", "Age"]
+    assert {"Placing", "Warming", "Outdated", "Reason"} <= set(wide_only)
 
 
 def test_slo_policy_printer_columns_show_the_revision_in_force() -> None:

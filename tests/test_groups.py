@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -789,7 +790,12 @@ def test_replanning_converges_without_over_creating(
     second = plan_model_group(after)
 
     active = [g for g in first.groups if g.state in ("Placing", "Provisioning", "Warming", "Ready")]
-    assert len(active) <= max(desired, len([g for g in groups if g]))
+    # Exactly what is wanted, short only when nothing more fits, and over only while ready leaders
+    # are read before one of them is chosen for scale-in.
+    if first.placement_limit is None:
+        assert len(active) >= desired
+    if len(active) > desired:
+        assert first.leader_probes and all(g.state == "Ready" for g in active)
     # Creations make up the shortfall and no more.
     assert len(first.creations) <= max(0, desired - (len(active) - len(first.creations)))
     # Once applied, the same world needs no further creation or deletion.
@@ -802,10 +808,25 @@ def test_replanning_converges_without_over_creating(
 
 
 @settings(max_examples=50, deadline=None)
-@given(desired=st.integers(min_value=0, max_value=8))
-def test_the_plan_is_a_function_of_the_world(desired: int) -> None:
-    w = world(group("g0", "ready"), group("g1", "healthy", domain="c"), desired=desired, group_counter=2)
-    assert plan_model_group(w) == plan_model_group(w)
+@given(
+    desired=st.integers(min_value=0, max_value=8),
+    stages=st.lists(group_stage, min_size=1, max_size=4),
+    order=st.randoms(use_true_random=False),
+)
+def test_the_plan_is_a_function_of_the_world_not_of_the_order_pods_are_listed(
+    desired: int, stages: list[str], order: random.Random
+) -> None:
+    """A restarted operator lists the same pods in another order and must pick up the same plan."""
+    groups = [group(f"g{i}", stage, domain="abcd"[i % 4]) for i, stage in enumerate(stages)]
+    w = world(
+        *groups,
+        desired=desired,
+        group_counter=len(stages),
+        leader_readings=idle(*(f"g{i}" for i in range(4))),
+    )
+    shuffled = list(w.pods)
+    order.shuffle(shuffled)
+    assert plan_model_group(replace(w, pods=tuple(shuffled))) == plan_model_group(w)
 
 
 def test_a_group_drained_the_moment_it_became_ready_is_not_marked_ready() -> None:

@@ -505,3 +505,18 @@ def test_infeasible_long_prompts_do_not_scale_the_recorded_groups_out() -> None:
         dataclasses.replace(snapshot, feasibility=()), policy.policy, DecisionState.initial(), NOW.timestamp()
     )
     assert counted.desired_groups > 2  # the same waiting requests, counted as demand, would scale out
+
+
+def test_during_a_rollout_surge_groups_are_not_capacity_on_its_way() -> None:
+    """Two groups wanted, both of the old template and ready, one new group surging: the autoscaler
+    sees two groups' capacity and nothing coming, as the new group replaces an old one."""
+    old = (
+        GroupStatus(name="g0", state="Ready", created_at=NOW, outdated=True),
+        GroupStatus(name="g1", state="Ready", created_at=NOW, outdated=True),
+    )
+    status = ModelGroupStatus(groups=(*old, GroupStatus(name="g2", state="Placing", created_at=NOW)))
+    observed = group_observations(MODEL_GROUP, status, {}, now=NOW.timestamp())
+    assert [(group.name, group.state) for group in observed] == [
+        ("g0", GroupState.READY),
+        ("g1", GroupState.READY),
+    ]

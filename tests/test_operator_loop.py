@@ -67,12 +67,17 @@ class FakeKube:
     status_writes: list[dict[str, Any]] = field(default_factory=list)
     pod_patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     conflict_on_status: bool = False
+    # The ModelGroup's resourceVersion as the API server keeps it: every write moves it on, and a
+    # write whose precondition names another version is refused, as the API server refuses it.
+    resource_version: int = int(MODEL_GROUP["metadata"]["resourceVersion"])
 
     def patch_custom(
         self, plural: str, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
+        precondition = patch.get("metadata", {}).get("resourceVersion")
         if subresource == "status":
-            if self.conflict_on_status:
+            stale = precondition is not None and precondition != str(self.resource_version)
+            if self.conflict_on_status or stale:
                 raise KubeError(409, "Conflict", "the object has been modified")
             self.status_writes.append(patch)
             self.calls.append(("patch-status", name))
@@ -80,7 +85,8 @@ class FakeKube:
             self.calls.append(
                 ("patch-annotations", name, *sorted(patch["metadata"]["annotations"].items())[0])
             )
-        return {"metadata": {"resourceVersion": "8"}}
+        self.resource_version += 1
+        return {"metadata": {"resourceVersion": str(self.resource_version)}}
 
     def create_service(self, manifest: dict[str, Any]) -> bool:
         self.calls.append(("create-service", manifest["metadata"]["name"]))
@@ -115,7 +121,13 @@ class Harness:
     events: list[EventRecord]
     routes: dict[str, list[tuple[RouteView, ...]]] = field(default_factory=dict)
 
-    def run(self) -> list[tuple[str, ...]]:
+    def run(self, *, watch_lags: bool = False) -> list[tuple[str, ...]]:
+        """One reconcile. Unless the watch lags, the loop sees the ModelGroup's latest
+        resourceVersion (its own earlier writes included), as a watch that caught up delivers it."""
+        if not watch_lags:
+            body = self.loop.body
+            metadata = {**body["metadata"], "resourceVersion": str(self.kube.resource_version)}
+            self.loop.body = kopf.Body({**body, "metadata": metadata})
         before = len(self.kube.calls)
         asyncio.run(self.loop.reconcile())
         return self.kube.calls[before:]
@@ -171,7 +183,7 @@ def test_the_loop_does_not_repeat_its_own_writes_while_the_watch_lags() -> None:
     h = harness()
     h.run()
     # The index has not seen the pods, the annotation nor the status yet.
-    assert h.run() == []
+    assert h.run(watch_lags=True) == []
     assert h.events[2:] == []
 
 
@@ -476,3 +488,36 @@ def test_a_loop_cancelled_after_it_was_told_to_stop_ends_quietly() -> None:
 
     task = asyncio.run(scenario())
     assert task.done() and not task.cancelled() and task.exception() is None
+
+
+def test_a_new_engine_image_rolls_out_a_surge_group_first_and_says_so() -> None:
+    h = two_ready_groups(replicas=2)
+    body = h.loop.body
+    spec = {**body["spec"], "engine": {**body["spec"]["engine"], "image": "vllm/vllm-openai:v0.34.0"}}
+    h.loop.body = kopf.Body({**body, "spec": spec})
+    calls = h.run()
+    # One new group (maxSurge 1) is created whole; no old group is touched while it is not ready.
+    assert [c for c in calls if c[0] == "create-pod"] == [
+        ("create-pod", "llama-g2-0"),
+        ("create-pod", "llama-g2-1"),
+    ]
+    assert not any(c[0] in ("gate", "delete-pod") for c in calls)
+    status = h.kube.status_writes[-1]["status"]
+    assert (status["updatedGroups"], status["outdatedGroups"], status["readyGroups"]) == (1, 2, 2)
+    assert status["revision"] and all(g["outdated"] for g in status["groups"] if g["name"] in ("g0", "g1"))
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "RollingOut"
+
+
+def test_a_cancelled_drain_is_counted_even_when_that_status_write_conflicts() -> None:
+    h = two_ready_groups(Settings(drain_settle_seconds=0))
+    read(h, "g0", 3, finished=10)
+    read(h, "g1", 1, finished=20)
+    h.run()
+    h.loop.body = kopf.Body({**h.loop.body, "spec": {**h.loop.body["spec"], "replicas": 2}})
+    h.kube.conflict_on_status = True
+    h.run()
+    assert h.events[-1].reason == "DrainCancelled"
+    h.kube.conflict_on_status = False
+    h.run()
+    assert h.kube.status_writes[-1]["status"]["drain"]["cancelled"] == 1

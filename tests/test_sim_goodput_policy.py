@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from goodput.api.slopolicy import SloPolicy
+from goodput.controllers import policy_compile
 from goodput.controllers.autoscale_model import (
     GroupState,
     Mode,
@@ -15,6 +18,7 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
+from goodput.simulator.config import load_model_group, load_slo_policy
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
@@ -82,6 +86,30 @@ def scraped(
     )
 
 
+def test_a_replacement_not_created_yet_counts_as_placing_as_the_operator_counts_it() -> None:
+    """A failed group's replacement waits out the replacement delay: wanted, not created. The
+    operator's snapshot counts such a group as placing capacity; so must the simulator's."""
+    observation = FleetObservation(
+        now=30.0,
+        desired_groups=3,
+        placing_groups=0,
+        loading_groups=0,
+        ready_groups=2,
+        draining_groups=0,
+        min_groups=1,
+        max_groups=8,
+        metrics=MetricsView(30.0, ()),
+        groups=(GroupInfo("group-0", "Ready", 0.0, 0.0), GroupInfo("group-1", "Ready", 0.0, 0.0)),
+    )
+    snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama")
+    assert [(g.state, g.unschedulable) for g in snapshot.groups] == [
+        (GroupState.READY, False),
+        (GroupState.READY, False),
+        (GroupState.PLACING, False),
+    ]
+    assert snapshot.groups[-1].created_at == 30.0
+
+
 def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready_group() -> None:
     start = scraped("group-0", prompt=1000, finished=10, prompt_sum=10_000, ttfts=(0.05,) * 10)
     end = scraped(
@@ -90,7 +118,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
     view = MetricsView(70.0, (FleetSample(0.0, (start,)), FleetSample(60.0, (end,))))
     observation = FleetObservation(
         now=72.0,
-        desired_groups=4,
+        desired_groups=3,
         placing_groups=1,
         loading_groups=1,
         ready_groups=1,
@@ -106,7 +134,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
         ),
     )
     snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama")
-    assert snapshot.spec_replicas == 4
+    assert snapshot.spec_replicas == 3
     assert [g.state for g in snapshot.groups] == [
         GroupState.READY,
         GroupState.PLACING,
@@ -200,3 +228,27 @@ def test_goodput_scales_out_a_burst_through_the_decision_pipeline() -> None:
     assert max(event.to_groups for event in ups) >= 3
     assert policy.last_decision is not None and policy.last_decision.policy_revision == ""
     assert np.isfinite(result.gpu_seconds)
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+
+
+def test_the_simulator_compiles_a_sample_exactly_as_the_operator_does() -> None:
+    group = load_model_group(SAMPLES / "modelgroup-llama-8b-tp1.yaml")
+    slo = load_slo_policy(SAMPLES / "slopolicy-interactive.yaml")
+    spec = group.spec
+    simulated = scaling_policy(
+        slo, spec.min_replicas, spec.max_replicas, spec.warm_replicas, fallback_classes=()
+    )
+    assert simulated == policy_compile.scaling_policy(spec, slo.spec)
+
+
+def test_what_only_the_operators_compile_had_holds_in_the_simulator() -> None:
+    """An SLOPolicy with no step policies compiles (no step limit); warm groups never exceed the
+    maximum."""
+    body = SLO.model_dump(mode="json", by_alias=True)
+    body["spec"]["autoscaling"]["scaleUp"] = {"policies": []}
+    no_steps = SloPolicy.model_validate(body)
+    policy = scaling_policy(no_steps, 1, 6, 9, fallback_classes=())
+    assert policy.warm_groups == 6
+    assert [(p.type, p.value) for p in policy.scale_up.policies] == [(StepPolicyType.GROUPS, 6)]
