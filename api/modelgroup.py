@@ -213,10 +213,14 @@ class Placement(SpecModel):
 
     topology_key: str = Field(default="nvidia.com/gpu.clique", max_length=317, pattern=LABEL_KEY_PATTERN)
     """Node label whose value names a topology domain (an NVLink clique, a rack, a network block);
-    all pods of one group are placed in one domain."""
-    mode: Literal["Required", "Preferred"] = "Required"
-    """'Required': a group waits until one domain fits all its pods. 'Preferred': a group that fits
-    no single domain is spread over several rather than waiting."""
+    all pods of one group are placed in one domain. GPU Feature Discovery sets the default label only
+    on multi-node NVLink systems (GB200 NVL72 and the like); see `mode` for nodes without it."""
+    mode: Literal["Required", "Preferred"] = "Preferred"
+    """'Preferred' (the default): a group goes to one domain when one fits it whole, else it is spread
+    over several rather than waiting; a node without `topologyKey` is a domain of its own, so
+    ordinary GPU nodes (which carry no `nvidia.com/gpu.clique`) still hold groups. 'Required': a
+    group waits until one labelled domain fits all its pods; nodes without the label are never
+    used, and `ScalingLimited` (reason TopologyLabelMissing) names them."""
     spread_key: str = Field(default="topology.kubernetes.io/zone", max_length=317, pattern=LABEL_KEY_PATTERN)
     """Node label whose domains groups are spread across (best effort), so losing one failure
     domain does not take every group."""
@@ -312,11 +316,15 @@ class Warmup(SpecModel):
 class Readiness(SpecModel):
     """What a group must prove before it counts as capacity: serving correct tokens, not just listening."""
 
-    nccl_check: Literal["Required", "Skip"] = "Required"
-    """'Required': every rank must report a passing NCCL health check. 'Skip': trust the engine's own
-    start-up (for single-GPU groups or clusters without the health agent)."""
-    revision_check: bool = True
-    """Require every rank to report the model revision of `model.revision`."""
+    nccl_check: Literal["Required", "Skip"] = "Skip"
+    """'Required': every rank must report a passing NCCL health check, the pod condition
+    `goodput.dev/NCCLHealthy` that goodput's health agent writes; only set it where the agent runs in
+    the engine pods, or groups never become ready. 'Skip' (the default): trust the engine's own
+    start-up, which already fails when the ranks cannot form their process group."""
+    revision_check: bool = False
+    """Require every rank to report, in the pod annotation `goodput.dev/model-revision` that
+    goodput's health agent writes, the model revision of `model.revision`. Off by default: only set
+    it where the agent runs in the engine pods, or groups never become ready."""
     warmup: Warmup = Warmup()
     """The warm-up request."""
 
@@ -396,7 +404,11 @@ class ModelGroupSpec(SpecModel):
     Setting it outside [`minReplicas`, `maxReplicas`] is rejected; moving the bounds past it is
     accepted and the operator converges to the nearest bound."""
     min_replicas: int = Field(default=1, ge=0, le=1000)
-    """Fewest groups `replicas` may ask for; 0 allows scaling to zero."""
+    """Fewest groups `replicas` may ask for. 0 lets the autoscaler remove the last group, but nothing
+    in the operator brings a pool back from zero groups yet: with no group there is no engine whose
+    metrics show waiting requests, and requests sent meanwhile fail. Until the gateway holds requests
+    and signals demand at zero groups, use 0 only for pools that someone (or something) scales up
+    by hand, for example `kubectl scale mg <name> --replicas=1`."""
     max_replicas: int = Field(ge=1, le=1000)
     """Most groups `replicas` may ask for: the GPU budget is maxReplicas x tensor x pipeline GPUs."""
     warm_replicas: int = Field(default=0, ge=0, le=1000)

@@ -80,6 +80,8 @@ class Reason:
     """The domains that would fit are avoided after a group failed to schedule there."""
     NO_ELIGIBLE_NODES: Final = "NoEligibleNodes"
     """No node matches the placement's selector, tolerations and topology key."""
+    TOPOLOGY_LABEL_MISSING: Final = "TopologyLabelMissing"
+    """In Required mode, the eligible GPU nodes lack `placement.topologyKey`; the message names them."""
 
     # Metrics
     METRICS_FRESH: Final = "MetricsFresh"

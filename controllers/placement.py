@@ -8,6 +8,11 @@ Free GPUs of a node = allocatable − requests of the live pods bound to it. Pod
 already assigned to a domain (our gated groups) are packed into that domain's nodes first, so two
 groups decided a moment apart do not both count the same free GPUs.
 
+Nodes without the topology label: in `Preferred` mode each is a domain of its own (ordinary HGX
+nodes carry no `nvidia.com/gpu.clique`, and a one-node group must still be placeable there); in
+`Required` mode they are never used, and a group that cannot be placed says which nodes lack the
+label, so the condition points at the fix.
+
 Among the domains that fit, the choice prefers the spread domain (e.g. zone) holding the fewest
 groups of this ModelGroup, then best fit (the least spare GPUs left, to keep big holes for big
 groups), then the name, so the same inventory always gives the same answer.
@@ -22,9 +27,10 @@ from enum import StrEnum
 
 from goodput.api.modelgroup import Toleration
 from goodput.api.reasons import Reason
+from goodput.controllers import naming
 from goodput.controllers.pods import PlacementMode
 
-# How many domains a "no fit" message lists before summarising the rest.
+# How many domains (or nodes) a "no fit" message lists before summarising the rest.
 _DOMAINS_IN_MESSAGE = 6
 
 
@@ -34,6 +40,7 @@ class NoFitReason(StrEnum):
     INSUFFICIENT_GPUS = Reason.INSUFFICIENT_GPUS
     DOMAINS_BACKED_OFF = Reason.DOMAINS_BACKED_OFF
     NO_ELIGIBLE_NODES = Reason.NO_ELIGIBLE_NODES
+    TOPOLOGY_LABEL_MISSING = Reason.TOPOLOGY_LABEL_MISSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,15 @@ def eligible(node: NodeInventory, rules: PlacementRules) -> bool:
     )
 
 
+def domain_of(node: NodeInventory, rules: PlacementRules) -> str | None:
+    """The topology domain of a node: its label value; without the label, the node itself in
+    Preferred mode and no domain at all in Required mode."""
+    value = node.label(rules.topology_key)
+    if value is None and rules.mode == "Preferred":
+        return naming.node_domain(node.name)
+    return value
+
+
 def domain_capacities(inventory: Inventory, rules: PlacementRules) -> tuple[DomainCapacity, ...]:
     """Free GPUs per topology domain among the nodes eligible under `rules`, sorted by domain name."""
     used_by_node: Counter[str] = Counter()
@@ -167,7 +183,7 @@ def domain_capacities(inventory: Inventory, rules: PlacementRules) -> tuple[Doma
 
     nodes_by_domain: defaultdict[str, list[NodeInventory]] = defaultdict(list)
     for node in inventory.nodes:
-        domain = node.label(rules.topology_key)
+        domain = domain_of(node, rules)
         if domain is not None and eligible(node, rules):
             nodes_by_domain[domain].append(node)
 
@@ -195,6 +211,13 @@ def place_group(
     """
     spread_counts = groups_by_spread_value or {}
     capacities = domain_capacities(inventory, rules)
+    unlabelled = unlabelled_nodes(inventory.nodes, rules)
+    if unlabelled and not any(
+        node.allocatable_gpus > 0 and eligible(node, rules) and node.label(rules.topology_key) is not None
+        for node in inventory.nodes
+    ):
+        # Every GPU node placement could use lacks the label: that, not a busy cluster, is the limit.
+        return NoFit(NoFitReason.TOPOLOGY_LABEL_MISSING, missing_label_message(unlabelled, rules))
     if not capacities:
         return NoFit(
             NoFitReason.NO_ELIGIBLE_NODES,
@@ -222,8 +245,33 @@ def place_group(
             f"the group fits only in {', '.join(c.domain for c in fitting)}, where a group "
             "recently failed to schedule; retrying after the back-off",
         )
-    return NoFit(
-        NoFitReason.INSUFFICIENT_GPUS, insufficient_gpus_message(capacities, shape, rules.topology_key)
+    message = insufficient_gpus_message(capacities, shape, rules.topology_key)
+    if unlabelled:
+        message += "; " + missing_label_message(unlabelled, rules)
+    return NoFit(NoFitReason.INSUFFICIENT_GPUS, message)
+
+
+def unlabelled_nodes(nodes: Iterable[NodeInventory], rules: PlacementRules) -> tuple[str, ...]:
+    """Names of the eligible GPU nodes that Required placement cannot use for lack of the label."""
+    if rules.mode != "Required":
+        return ()
+    return tuple(
+        sorted(
+            node.name
+            for node in nodes
+            if node.allocatable_gpus > 0 and eligible(node, rules) and node.label(rules.topology_key) is None
+        )
+    )
+
+
+def missing_label_message(node_names: tuple[str, ...], rules: PlacementRules) -> str:
+    listed = ", ".join(node_names[:_DOMAINS_IN_MESSAGE])
+    if len(node_names) > _DOMAINS_IN_MESSAGE:
+        listed += f" and {len(node_names) - _DOMAINS_IN_MESSAGE} more"
+    return (
+        f"{len(node_names)} eligible GPU node(s) lack the topology label {rules.topology_key} and are "
+        f"never used in Required mode: {listed}; label them, set spec.placement.topologyKey to a label "
+        "they carry, or set spec.placement.mode to Preferred"
     )
 
 

@@ -252,7 +252,13 @@ def _render_pod(
 
 
 def _domain_affinity(template: GroupTemplate, domain: str) -> dict[str, Any]:
-    term = {"matchExpressions": [{"key": template.topology_key, "operator": "In", "values": [domain]}]}
+    node = naming.node_of_domain(domain)
+    term: dict[str, Any]
+    if node is not None:
+        # A node without the topology label is a domain of its own (Preferred mode only).
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    else:
+        term = {"matchExpressions": [{"key": template.topology_key, "operator": "In", "values": [domain]}]}
     if template.placement_mode == "Required":
         return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
     return {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]}

@@ -22,6 +22,7 @@ from goodput.controllers.placement import (
     GroupShape,
     NodeInventory,
     PlacementRules,
+    domain_of,
     eligible,
     fits_empty_cluster,
 )
@@ -148,9 +149,7 @@ def spec_problems(model_group: ModelGroup, nodes: Iterable[NodeInventory]) -> tu
         problems.append(f"spec.engine.env: {', '.join(owned)} are set by goodput from each pod's identity")
     rules = placement_rules(spec)
     shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.gpus_per_pod)
-    candidates = [
-        node for node in nodes if eligible(node, rules) and node.label(rules.topology_key) is not None
-    ]
+    candidates = [node for node in nodes if eligible(node, rules) and domain_of(node, rules) is not None]
     if candidates and not fits_empty_cluster(candidates, shape, rules):
         largest_node = max(node.allocatable_gpus for node in candidates)
         problems.append(

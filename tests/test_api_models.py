@@ -71,12 +71,12 @@ def test_model_group_defaults_match_the_documented_contract() -> None:
     )
     assert (spec.parallelism.tensor, spec.parallelism.pipeline) == (1, 1)
     assert spec.placement.topology_key == "nvidia.com/gpu.clique"
-    assert spec.placement.mode == "Required"
+    assert spec.placement.mode == "Preferred"
     assert spec.placement.spread_key == "topology.kubernetes.io/zone"
     assert spec.placement.schedule_timeout_seconds == 300
     assert (spec.replicas, spec.min_replicas, spec.warm_replicas) == (1, 1, 0)
     assert spec.policy_ref is None and spec.shadow_policy_ref is None and spec.profile is None
-    assert (spec.readiness.nccl_check, spec.readiness.revision_check) == ("Required", True)
+    assert (spec.readiness.nccl_check, spec.readiness.revision_check) == ("Skip", False)
     assert (spec.readiness.warmup.max_tokens, spec.readiness.warmup.timeout_seconds) == (8, 60)
     assert (spec.drain.max_seconds, spec.drain.on_timeout, spec.drain.min_lifetime_seconds) == (
         600,

@@ -80,7 +80,7 @@ def test_rules_come_from_the_spec() -> None:
     assert (placement.topology_key, placement.spread_key, placement.mode) == (
         CLIQUE,
         "topology.kubernetes.io/zone",
-        "Required",
+        "Preferred",
     )
 
 

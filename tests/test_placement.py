@@ -131,10 +131,52 @@ CASES = [
         no_fit=NoFitReason.DOMAINS_BACKED_OFF,
     ),
     PlaceCase(
-        "nodes without the topology label are not a domain",
+        "Required: nodes without the topology label are no domain, and that is the reason given",
         (node("n0", None), node("n1", None)),
         GROUP_16,
-        no_fit=NoFitReason.NO_ELIGIBLE_NODES,
+        no_fit=NoFitReason.TOPOLOGY_LABEL_MISSING,
+    ),
+    PlaceCase(
+        "Preferred: a node without the topology label is a domain of its own",
+        (node("n0", None), node("n1", None)),
+        GROUP_8,
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n0",
+    ),
+    PlaceCase(
+        "Preferred: best fit among unlabelled nodes",
+        (node("n0", None, gpus=8), node("n1", None, gpus=4)),
+        GroupShape(pods=1, gpus_per_pod=4),
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n1",
+    ),
+    PlaceCase(
+        "Preferred: a two-node group over unlabelled nodes spreads rather than waits",
+        (node("n0", None), node("n1", None)),
+        GROUP_16,
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n0",
+    ),
+    PlaceCase(
+        "Preferred: a labelled domain that holds the group whole beats single nodes",
+        (node("n0", None), node("a-0", "a"), node("a-1", "a")),
+        GROUP_16,
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="a",
+    ),
+    PlaceCase(
+        "Preferred: a pending group on an unlabelled node holds its GPUs",
+        (node("n0", None), node("n1", None)),
+        GROUP_8,
+        claims=(GpuClaim(8, None, CLIQUE, "node/n0"),),
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n1",
+    ),
+    PlaceCase(
+        "Required: labelled domains too small, unlabelled nodes unused: still short of GPUs",
+        (node("a-0", "a"), node("n0", None)),
+        GROUP_16,
+        no_fit=NoFitReason.INSUFFICIENT_GPUS,
     ),
     PlaceCase(
         "the node selector narrows the nodes",
@@ -209,6 +251,28 @@ def test_no_fit_names_needed_and_free_gpus_per_domain() -> None:
     assert decision.message == (
         "insufficient GPUs: a group needs 16 GPUs (2 pods × 8) in one nvidia.com/gpu.clique domain; "
         "free GPUs per domain: a=8, b=8"
+    )
+
+
+def test_missing_label_names_the_label_and_the_nodes() -> None:
+    nodes = (node("gpu-b", None), node("gpu-a", None), node("cpu", None, gpus=0), node("a-0", "a", gpus=0))
+    decision = place_group(Inventory(nodes), GROUP_8, RULES)
+    assert isinstance(decision, NoFit)
+    assert decision.reason == NoFitReason.TOPOLOGY_LABEL_MISSING
+    assert decision.message.startswith(
+        "2 eligible GPU node(s) lack the topology label nvidia.com/gpu.clique and are never used in "
+        "Required mode: gpu-a, gpu-b;"
+    )
+    assert "spec.placement.mode to Preferred" in decision.message
+
+
+def test_short_of_gpus_in_required_mode_also_names_unlabelled_nodes() -> None:
+    decision = place_group(Inventory((node("a-0", "a"), node("n0", None))), GROUP_16, RULES)
+    assert isinstance(decision, NoFit)
+    assert "free GPUs per domain: a=8; 1 eligible GPU node(s) lack the topology label" in decision.message
+    assert decision.message.endswith(
+        "Required mode: n0; label them, set spec.placement.topologyKey to a "
+        "label they carry, or set spec.placement.mode to Preferred"
     )
 
 

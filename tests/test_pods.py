@@ -222,6 +222,16 @@ def test_affinity_follows_the_placement_mode() -> None:
     }
 
 
+def test_a_node_without_the_topology_label_is_its_own_domain() -> None:
+    pods = render_group(LLAMA_70B, "g0", naming.node_domain("gpu-node-7")).pods
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-7"]}]}
+    for pod in pods:
+        assert pod["spec"]["affinity"]["nodeAffinity"] == {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
+        }
+        assert pod["metadata"]["annotations"][naming.ANNOTATION_TOPOLOGY_DOMAIN] == "node/gpu-node-7"
+
+
 def test_only_the_leader_is_probed_and_scraped() -> None:
     leader, follower = render_group(LLAMA_70B, "g1", "clique-a").pods
     assert _container(leader)["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8080}
