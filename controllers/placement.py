@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from goodput.api.modelgroup import Toleration
+from goodput.api.modelgroup import NodeAffinityTerm, NodeSelectorRequirement, Toleration
 from goodput.api.reasons import Reason
 from goodput.controllers import naming
 from goodput.controllers.pods import PlacementMode
@@ -102,6 +102,8 @@ class PlacementRules:
     spread_key: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    required_node_terms: tuple[NodeAffinityTerm, ...] = ()
+    """The spec's required node affinity: a node must meet one term (empty: no constraint)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +151,35 @@ def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
     return False
 
 
+def meets(node: NodeInventory, requirement: NodeSelectorRequirement) -> bool:
+    """Kubernetes node selector requirement matching for one node label."""
+    value = node.label(requirement.key)
+    match requirement.operator:
+        case "In":
+            return value in requirement.values
+        case "NotIn":
+            return value not in requirement.values
+        case "Exists":
+            return value is not None
+        case "DoesNotExist":
+            return value is None
+    try:
+        number, bound = int(value or ""), int(requirement.values[0])
+    except (ValueError, IndexError):
+        return False
+    return number > bound if requirement.operator == "Gt" else number < bound
+
+
 def eligible(node: NodeInventory, rules: PlacementRules) -> bool:
     """Whether a group's pod could ever be scheduled onto this node, GPUs aside."""
     if not node.schedulable:
         return False
     if any(node.label(key) != value for key, value in rules.node_selector):
+        return False
+    if rules.required_node_terms and not any(
+        all(meets(node, requirement) for requirement in term.match_expressions)
+        for term in rules.required_node_terms
+    ):
         return False
     return all(
         tolerates(rules.tolerations, taint)

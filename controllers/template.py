@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
+from goodput.api.modelgroup import ModelGroup, ModelGroupSpec, NodeAffinityTerm, PodOptions
 from goodput.controllers import naming
 from goodput.controllers.groups import ReadinessRules
 from goodput.controllers.placement import (
@@ -77,7 +77,11 @@ def group_template(model_group: ModelGroup) -> GroupTemplate:
         served_name=spec.model.served_name,
         image=spec.engine.image,
         args=tuple(spec.engine.args),
-        env=tuple((variable.name, variable.value) for variable in spec.engine.env),
+        # Plain values stay (name, value) pairs, as they always were in the revision hash.
+        env=tuple(
+            variable if variable.value_from is not None else (variable.name, variable.value or "")
+            for variable in spec.engine.env
+        ),
         requests=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.requests.items())),
         limits=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.limits.items())),
         port=spec.engine.port,
@@ -92,6 +96,13 @@ def group_template(model_group: ModelGroup) -> GroupTemplate:
         node_selector=tuple((term.key, term.value) for term in spec.placement.node_selector),
         max_num_seqs=limits[0] if limits else None,
         max_num_batched_tokens=limits[1] if limits else None,
+        volume_mounts=tuple(spec.engine.volume_mounts),
+        shared_memory_size=None
+        if spec.engine.shared_memory_size is None
+        else str(spec.engine.shared_memory_size),
+        security_context=spec.engine.security_context,
+        pod=None if spec.pod == PodOptions() else spec.pod,
+        node_affinity=spec.placement.node_affinity,
     )
 
 
@@ -103,7 +114,14 @@ def placement_rules(spec: ModelGroupSpec) -> PlacementRules:
         spread_key=placement.spread_key or None,
         node_selector=tuple((term.key, term.value) for term in placement.node_selector),
         tolerations=tuple(placement.tolerations),
+        required_node_terms=_required_node_terms(spec),
     )
+
+
+def _required_node_terms(spec: ModelGroupSpec) -> tuple[NodeAffinityTerm, ...]:
+    affinity = spec.placement.node_affinity
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    return tuple(required.node_selector_terms) if required else ()
 
 
 def readiness_rules(spec: ModelGroupSpec, tuning: ControllerTuning = ControllerTuning()) -> ReadinessRules:

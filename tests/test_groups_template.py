@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from goodput.controllers.placement import NodeInventory
+from goodput.controllers.pods import render_group
 from goodput.controllers.template import (
     IMAGE_REFERENCE,
     group_template,
@@ -152,3 +155,29 @@ def test_a_valid_spec_has_no_problems_and_a_cluster_without_nodes_is_not_a_spec_
 )
 def test_image_references(image: str, valid: bool) -> None:
     assert bool(IMAGE_REFERENCE.match(image)) is valid
+
+
+def test_the_gated_sample_reads_its_token_from_a_secret_and_caches_weights_on_a_claim() -> None:
+    path = (
+        Path(__file__).resolve().parent.parent
+        / "manifests"
+        / "samples"
+        / "modelgroup-gated-llama-8b-secret-pvc.yaml"
+    )
+    document = yaml.safe_load(path.read_text())
+    document["metadata"].update(namespace="serving", uid="u-2")
+    (pod,) = render_group(group_template(model_group(document)), "g0", "node/gpu-0").pods
+    container = pod["spec"]["containers"][0]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    }
+    assert "value" not in env["HF_TOKEN"]
+    assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod["spec"]["volumes"]
+    assert {"name": "hf-cache", "mountPath": "/models"} in container["volumeMounts"]
+    assert pod["metadata"]["labels"]["cost-center"] == "ml-platform"
+    # No clique label on the node: the domain is the node itself.
+    assert pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0][
+        "preference"
+    ] == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-0"]}]}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.api.modelgroup import Toleration
+from goodput.api.modelgroup import NodeAffinityTerm, Toleration
 from goodput.controllers.placement import (
     GpuClaim,
     GroupShape,
@@ -252,6 +252,39 @@ def test_no_fit_names_needed_and_free_gpus_per_domain() -> None:
         "insufficient GPUs: a group needs 16 GPUs (2 pods × 8) in one nvidia.com/gpu.clique domain; "
         "free GPUs per domain: a=8, b=8"
     )
+
+
+def _term(*requirements: tuple[str, str, list[str]]) -> NodeAffinityTerm:
+    return NodeAffinityTerm.model_validate(
+        {"matchExpressions": [{"key": k, "operator": op, "values": values} for k, op, values in requirements]}
+    )
+
+
+@pytest.mark.parametrize(
+    ("terms", "expected_domain"),
+    [
+        ((_term(("pool", "In", ["b"])),), "b"),
+        ((_term(("pool", "NotIn", ["a"])),), "b"),
+        ((_term(("pool", "In", ["x"])), _term(("pool", "In", ["b"]))), "b"),
+        ((_term(("spot", "DoesNotExist", [])),), "b"),
+        ((_term(("pool", "Exists", []), ("memory", "Gt", ["80"])),), "b"),
+        ((_term(("memory", "Lt", ["80"])),), "a"),
+        ((_term(("pool", "In", ["c"])),), None),
+    ],
+    ids=["In", "NotIn", "any one term", "DoesNotExist", "every requirement of a term", "Lt", "none"],
+)
+def test_required_node_affinity_limits_the_eligible_nodes(
+    terms: tuple[NodeAffinityTerm, ...], expected_domain: str | None
+) -> None:
+    nodes = (
+        node("a-0", "a", extra=(("pool", "a"), ("spot", "true"), ("memory", "40"))),
+        node("b-0", "b", extra=(("pool", "b"), ("memory", "141"))),
+    )
+    decision = place_group(Inventory(nodes), GROUP_8, PlacementRules(CLIQUE, required_node_terms=terms))
+    if expected_domain is None:
+        assert isinstance(decision, NoFit) and decision.reason == NoFitReason.NO_ELIGIBLE_NODES
+    else:
+        assert isinstance(decision, Placed) and decision.domain == expected_domain
 
 
 def test_missing_label_names_the_label_and_the_nodes() -> None:
