@@ -793,6 +793,6 @@ def _record(metrics: OperatorMetrics, namespace: str, name: str, world: World, p
         counts[group.state] = counts.get(group.state, 0) + 1
         if group.state == "Failed":
             metrics.group_failures.labels(group.reason).inc()
-    metrics.set_group_counts(namespace, name, world.desired_groups, counts)
+    metrics.set_group_counts(namespace, name, world.desired_groups, counts, world.template.gpus_per_group)
     if plan.placement_limit is not None:
         metrics.placement_limited.labels(plan.placement_limit.reason).inc()

@@ -266,7 +266,7 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
         h.sample(
             "goodput_autoscaler_decisions_total",
             namespace=NAMESPACE,
-            modelgroup=NAME,
+            model_group=NAME,
             policy="active",
             mode="Active",
             reason=outcome.active.reason,
@@ -274,7 +274,7 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
         == 1.0
     )
     assert h.sample(
-        "goodput_autoscaler_desired_groups", namespace=NAMESPACE, modelgroup=NAME, policy="active"
+        "goodput_autoscaler_desired_groups", namespace=NAMESPACE, model_group=NAME, policy="active"
     ) == (outcome.active.desired_groups)
     for stage in ("metrics", "decide", "total"):
         assert h.sample("goodput_autoscaler_decision_duration_seconds_count", stage=stage) == 1.0
@@ -361,7 +361,7 @@ def test_a_prometheus_that_is_down_holds_the_count_and_says_why() -> None:
         h.tick(at=10)
     assert len(h.events) == 1, "the failure is announced once"
     assert (
-        h.sample("goodput_autoscaler_metrics_query_failures_total", namespace=NAMESPACE, modelgroup=NAME)
+        h.sample("goodput_autoscaler_metrics_query_failures_total", namespace=NAMESPACE, model_group=NAME)
         == 2.0
     )
 
@@ -512,7 +512,7 @@ def test_forgetting_a_model_group_drops_its_memory_and_series() -> None:
     h.autoscaler.forget(NAMESPACE, NAME)
     assert h.autoscaler.memories == {}
     assert (
-        h.sample("goodput_autoscaler_desired_groups", namespace=NAMESPACE, modelgroup=NAME, policy="active")
+        h.sample("goodput_autoscaler_desired_groups", namespace=NAMESPACE, model_group=NAME, policy="active")
         is None
     )
 
@@ -526,7 +526,7 @@ def test_a_revision_bump_is_named_by_the_next_decision_and_its_series() -> None:
     assert h.status["lastDecision"]["policyRevision"] == "r2"
     info = {
         "namespace": NAMESPACE,
-        "modelgroup": NAME,
+        "model_group": NAME,
         "policy": "active",
         "slopolicy": "chat",
         "mode": "Active",
