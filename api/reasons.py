@@ -50,6 +50,10 @@ class Reason:
     SCALED_TO_ZERO: Final = "ScaledToZero"
     GROUPS_PLACING: Final = "GroupsPlacing"
     GROUPS_PROVISIONING: Final = "GroupsProvisioning"
+    CONTAINERS_NOT_STARTING: Final = "ContainersNotStarting"
+    """A rank's engine container waits for something no wait fixes: an image that cannot be pulled,
+    a Secret, ConfigMap or key that does not exist. The message names the rank, the kubelet's reason
+    and the ModelGroup field."""
     GROUPS_WARMING: Final = "GroupsWarming"
     GROUPS_DRAINING: Final = "GroupsDraining"
     STABLE: Final = "Stable"

@@ -53,6 +53,8 @@ class PodView:
     nccl_healthy: ConditionView | None
     reported_model_revision: str | None
     drain_progress: DrainProgress | None = None
+    waiting: ContainerWaiting | None = None
+    """Why the engine container is not running yet, when the kubelet says (image pull, config)."""
 
     @property
     def terminated(self) -> bool:
@@ -66,6 +68,37 @@ class PodView:
     @property
     def marked_group_ready(self) -> bool:
         return _is_true(self.group_ready)
+
+
+# Waiting reasons that are the spec's fault, and the ModelGroup field to fix; the others
+# (ContainerCreating, PodInitializing) are progress.
+_WAITING_FIELDS = {
+    "ErrImagePull": "spec.engine.image (or spec.pod.imagePullSecrets)",
+    "ImagePullBackOff": "spec.engine.image (or spec.pod.imagePullSecrets)",
+    "InvalidImageName": "spec.engine.image",
+    "CreateContainerConfigError": "spec.engine.env[].valueFrom or spec.pod.volumes",
+    "CreateContainerError": "spec.engine or spec.pod",
+    "RunContainerError": "spec.engine or spec.pod",
+    "CrashLoopBackOff": "spec.engine (read the rank's logs with --previous)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerWaiting:
+    """A container's `state.waiting` as the kubelet reports it."""
+
+    reason: str
+    message: str
+
+    @property
+    def spec_field(self) -> str | None:
+        """The ModelGroup field to look at, for a reason that no amount of waiting fixes."""
+        return _WAITING_FIELDS.get(self.reason)
+
+    def describe(self) -> str:
+        detail = f": {self.message}" if self.message else ""
+        field = f" (check {self.spec_field})" if self.spec_field else ""
+        return f"{self.reason}{detail}{field}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +202,20 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         nccl_healthy=_condition(conditions.get(naming.CONDITION_NCCL_HEALTHY)),
         reported_model_revision=annotations.get(naming.ANNOTATION_MODEL_REVISION),
         drain_progress=parse_progress(annotations.get(naming.ANNOTATION_DRAIN_PROGRESS)),
+        waiting=_container_waiting(status),
     )
+
+
+def _container_waiting(status: Mapping[str, Any]) -> ContainerWaiting | None:
+    """The first waiting container with a reason (init containers first, as the kubelet runs them)."""
+    statuses = [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]
+    for container in statuses:
+        waiting = (
+            ((container.get("state") or {}).get("waiting") or {}) if isinstance(container, Mapping) else {}
+        )
+        if waiting.get("reason"):
+            return ContainerWaiting(str(waiting["reason"]), str(waiting.get("message") or ""))
+    return None
 
 
 def parse_endpoint_slice(endpoint_slice: Mapping[str, Any]) -> tuple[RouteView, ...]:

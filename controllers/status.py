@@ -121,7 +121,10 @@ def model_group_status(
         )
 
     phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
-    if phase is not None:
+    not_starting = _containers_not_starting(plan.groups)
+    if not_starting:
+        put(ConditionType.PROGRESSING, "True", Reason.CONTAINERS_NOT_STARTING, "; ".join(not_starting))
+    elif phase is not None:
         put(ConditionType.PROGRESSING, "True", phase[1], summary)
     else:
         put(ConditionType.PROGRESSING, "False", Reason.STABLE, "no group is placing, starting or draining")
@@ -173,6 +176,18 @@ def model_group_status(
             "conditions": conditions,
         }
     )
+
+
+def _containers_not_starting(groups: Iterable[Assessment]) -> list[str]:
+    """Ranks of starting groups whose container waits for something waiting does not fix, with the
+    kubelet's reason and message and the ModelGroup field to look at."""
+    return [
+        f"group {group.name} rank {pod.rank} ({pod.name}): {pod.waiting.describe()}"
+        for group in groups
+        if group.state == "Provisioning"
+        for pod in group.pods
+        if pod.waiting is not None and pod.waiting.spec_field is not None
+    ]
 
 
 def drain_summary(

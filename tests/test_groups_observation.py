@@ -184,3 +184,57 @@ def test_later_writes_merge_with_earlier_ones() -> None:
     assert pods[0].gated is False
     pods, outstanding = overlay([created], expectations, NOW)
     assert pods[0].gated is False and outstanding[created.name].fields == frozenset({"gated"})
+
+
+@pytest.mark.parametrize(
+    ("statuses", "reason", "field"),
+    [
+        (
+            {"containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "ContainerCreating"}}}]},
+            "ContainerCreating",
+            None,
+        ),
+        (
+            {
+                "containerStatuses": [
+                    {
+                        "name": "vllm",
+                        "state": {
+                            "waiting": {
+                                "reason": "CreateContainerConfigError",
+                                "message": 'secret "hf-token" not found',
+                            }
+                        },
+                    }
+                ]
+            },
+            "CreateContainerConfigError",
+            "spec.engine.env[].valueFrom or spec.pod.volumes",
+        ),
+        (
+            {
+                "initContainerStatuses": [
+                    {
+                        "name": "agent",
+                        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off"}},
+                    }
+                ],
+                "containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "PodInitializing"}}}],
+            },
+            "ImagePullBackOff",
+            "spec.engine.image (or spec.pod.imagePullSecrets)",
+        ),
+        ({"containerStatuses": [{"name": "vllm", "state": {"running": {}}}]}, None, None),
+    ],
+    ids=["progress is not a problem", "missing Secret", "init containers first", "running"],
+)
+def test_a_waiting_container_is_read_with_the_field_to_fix(
+    statuses: dict[str, Any], reason: str | None, field: str | None
+) -> None:
+    view = parse_pod(raw_pod(phase="Pending", **statuses))
+    assert view is not None
+    if reason is None:
+        assert view.waiting is None
+    else:
+        assert view.waiting is not None
+        assert (view.waiting.reason, view.waiting.spec_field) == (reason, field)
