@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from goodput.api.base import (
     DNS_LABEL_PATTERN,
@@ -383,15 +383,14 @@ class PodOptions(SpecModel):
         ),
     )
 
-    labels: dict[
-        Annotated[str, Field(max_length=317, pattern=LABEL_KEY_PATTERN)],
-        Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)],
-    ] = Field(default={}, json_schema_extra={"maxProperties": 32})
+    # Keys are checked below, not in the schema: a CRD schema cannot constrain map keys.
+    labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] = Field(
+        default={}, json_schema_extra={"maxProperties": 32}
+    )
     """Labels added to every engine pod, for example for cost allocation."""
-    annotations: dict[
-        Annotated[str, Field(max_length=317, pattern=LABEL_KEY_PATTERN)],
-        Annotated[str, Field(max_length=4096)],
-    ] = Field(default={}, json_schema_extra={"maxProperties": 32})
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default={}, json_schema_extra={"maxProperties": 32}
+    )
     """Annotations added to every engine pod, for example Multus network attachments."""
     volumes: tuple[Volume, ...] = Field(default=(), max_length=32, json_schema_extra=list_map("name"))
     """Volumes of the engine pods: a model-weights cache, Secrets or ConfigMaps as files."""
@@ -409,6 +408,15 @@ class PodOptions(SpecModel):
     """Mount the ServiceAccount's token in the pods (off: vLLM needs no access to the API server)."""
     priority_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """PriorityClass of the pods."""
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _keys_are_label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        """A key the API server would refuse on a pod fails here, before any pod is created."""
+        bad = sorted(key for key in value if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key))
+        if bad:
+            raise ValueError(f"keys must be label keys ([prefix/]name): {', '.join(repr(k) for k in bad)}")
+        return value
 
 
 class ResourceRequirements(SpecModel):
