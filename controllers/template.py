@@ -170,9 +170,14 @@ def spec_problems(model_group: ModelGroup, nodes: Iterable[NodeInventory]) -> tu
     candidates = [node for node in nodes if eligible(node, rules) and domain_of(node, rules) is not None]
     if candidates and not fits_empty_cluster(candidates, shape, rules):
         largest_node = max(node.allocatable_gpus for node in candidates)
+        where = (
+            f"no {rules.topology_key} domain"
+            if rules.mode == "Required"
+            else f"not even the {len(candidates)} eligible node(s) together"
+        )
         problems.append(
             f"spec.parallelism: a group of {shape.pods} pod(s) × {spec.parallelism.gpus_per_pod} GPUs "
-            f"fits no {rules.topology_key} domain even on an empty cluster "
+            f"fits {where} even on an empty cluster "
             f"(largest node: {largest_node} GPUs); change gpusPerPod or the placement, or add larger nodes"
         )
     return tuple(problems)

@@ -113,7 +113,14 @@ def test_a_spec_the_api_server_would_reject_is_described_field_by_field() -> Non
         (body(metadata={"name": "x" * 60, "namespace": "serving", "uid": "u"}), "metadata.name: "),
         (
             body(spec__parallelism={"tensor": 16, "pipeline": 1, "gpusPerPod": 16}),
-            "spec.parallelism: a group of 1 pod(s) × 16 GPUs fits no nvidia.com/gpu.clique domain",
+            "spec.parallelism: a group of 1 pod(s) × 16 GPUs fits not even the 2 eligible node(s) together",
+        ),
+        (
+            body(
+                spec__parallelism={"tensor": 8, "pipeline": 3, "gpusPerPod": 8},
+                spec__placement={"mode": "Required"},
+            ),
+            "spec.parallelism: a group of 3 pod(s) × 8 GPUs fits no nvidia.com/gpu.clique domain",
         ),
         (
             body(spec__parallelism={"tensor": 8, "pipeline": 3, "gpusPerPod": 8}),
@@ -125,7 +132,8 @@ def test_a_spec_the_api_server_would_reject_is_described_field_by_field() -> Non
         "operator-owned env",
         "name too long for pod names",
         "pod larger than any node",
-        "group larger than any domain",
+        "group larger than any domain (Required)",
+        "group larger than every node together (Preferred)",
     ],
 )
 def test_problems_only_the_controller_can_see(raw: dict[str, Any], problem: str) -> None:
