@@ -39,6 +39,11 @@ from goodput.estimators.service_time import (
 )
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# A device plugin's resource: a DNS-subdomain prefix and a name, as `amd.com/gpu`.
+EXTENDED_RESOURCE_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 # vLLM flags that goodput renders from the spec; setting them in `engine.args` as well would make
 # the running engine disagree with the spec the autoscaler reasons about.
@@ -445,6 +450,18 @@ class Engine(SpecModel):
 
     cel_rules = (
         CelRule(
+            rule="!has(self.resources) || ((!has(self.resources.requests) || "
+            "!(self.gpuResourceName in self.resources.requests)) && (!has(self.resources.limits) || "
+            "!(self.gpuResourceName in self.resources.limits)))",
+            message="`engine.resources` must not set `engine.gpuResourceName`: goodput requests "
+            "`parallelism.gpusPerPod` of it for every pod",
+            field_path=".resources",
+            check=lambda engine: (
+                engine.gpu_resource_name not in engine.resources.requests
+                and engine.gpu_resource_name not in engine.resources.limits
+            ),
+        ),
+        CelRule(
             rule=f"!has(self.args) || self.args.all(arg, !arg.matches('{OPERATOR_OWNED_FLAGS_PATTERN}'))",
             message="`engine.args` must not set a flag that goodput renders from the spec (model, revision, "
             "served name, port, parallelism, node ranks, shutdown timeout, batch limits, log stats): set "
@@ -456,6 +473,10 @@ class Engine(SpecModel):
 
     image: str = Field(min_length=1, max_length=1024)
     """Container image with vLLM, for example 'vllm/vllm-openai:v0.33.0'."""
+    gpu_resource_name: str = Field(default=GPU_RESOURCE, max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
+    """Resource name under which the nodes' device plugin advertises the GPUs, for example
+    'amd.com/gpu' or a MIG profile such as 'nvidia.com/mig-3g.40gb'. Every pod requests
+    `parallelism.gpusPerPod` of it, and placement counts the nodes' free devices in it."""
     args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field(default=(), max_length=64)
     """Extra `vllm serve` arguments. Flags that goodput derives from the spec (parallelism, port,
     model, revision, ranks, shutdown timeout, batch limits) are rejected here."""

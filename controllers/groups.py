@@ -625,7 +625,7 @@ def plan_model_group(world: World) -> Plan:
         inventory = world.inventory
         spread_counts = _spread_counts(active, inventory, world.placement)
         replaced = [f.name for f in failures]
-        shape = GroupShape(template.pods_per_group, template.gpus_per_pod)
+        shape = GroupShape(template.pods_per_group, template.gpus_per_pod, template.gpu_resource)
         for _ in range(shortfall):
             decision = place_group(
                 inventory,

@@ -7,6 +7,7 @@ inputs explicit. Parsing is pure: plain dicts in (as the API server sends them),
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -127,15 +128,16 @@ def parse_time(value: object) -> datetime | None:
         return None
 
 
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod requests as the scheduler counts them: max(sum over containers, any init container)."""
+def pod_gpus(pod: Mapping[str, Any], resource: str = naming.GPU_RESOURCE) -> int:
+    """Devices of `resource` a pod requests as the scheduler counts them: max(sum over containers,
+    any init container)."""
     spec = pod.get("spec") or {}
 
     def gpus(container: Mapping[str, Any]) -> int:
         resources = container.get("resources") or {}
         quantity = (
-            (resources.get("requests") or {}).get(naming.GPU_RESOURCE)
-            or (resources.get("limits") or {}).get(naming.GPU_RESOURCE)
+            (resources.get("requests") or {}).get(resource)
+            or (resources.get("limits") or {}).get(resource)
             or 0
         )
         try:
@@ -148,11 +150,26 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
     return max(regular, init)
 
 
+def pod_accelerator(pod: Mapping[str, Any]) -> str | None:
+    """The device resource a pod requests: nvidia.com/gpu when it asks for it, else the first (by
+    name) other domain-qualified resource it asks for (amd.com/gpu, a MIG profile), else None."""
+    names: set[str] = set()
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+        resources = container.get("resources") or {} if isinstance(container, Mapping) else {}
+        for kind in ("requests", "limits"):
+            names.update(name for name in (resources.get(kind) or {}) if "/" in name)
+    if naming.GPU_RESOURCE in names:
+        return naming.GPU_RESOURCE
+    return next((name for name in sorted(names) if pod_gpus(pod, name) > 0), None)
+
+
 def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
-    """The GPUs a live pod holds or is about to hold; None for pods that hold none."""
-    gpus = pod_gpus(pod)
+    """The devices a live pod holds or is about to hold; None for pods that hold none."""
+    resource = pod_accelerator(pod)
+    gpus = pod_gpus(pod, resource) if resource is not None else 0
     status = pod.get("status") or {}
-    if gpus == 0 or status.get("phase") in _TERMINAL_PHASES:
+    if resource is None or gpus == 0 or status.get("phase") in _TERMINAL_PHASES:
         return None
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -162,6 +179,7 @@ def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
         node_name=node_name,
         topology_key=annotations.get(naming.ANNOTATION_TOPOLOGY_KEY),
         domain=annotations.get(naming.ANNOTATION_TOPOLOGY_DOMAIN),
+        resource=resource,
     )
 
 
@@ -258,12 +276,18 @@ def parse_node(node: Mapping[str, Any]) -> NodeView:
         for t in spec.get("taints") or ()
     )
     labels = tuple(sorted((metadata.get("labels") or {}).items()))
+    devices = []
+    for resource, quantity in (status.get("allocatable") or {}).items():
+        if "/" in resource and resource != naming.GPU_RESOURCE:
+            with contextlib.suppress(TypeError, ValueError):
+                devices.append((resource, int(quantity)))
     inventory = NodeInventory(
         name=metadata.get("name", ""),
         labels=labels,
         allocatable_gpus=gpus,
         schedulable=ready and not spec.get("unschedulable", False),
         taints=taints,
+        other_devices=tuple(sorted(devices)),
     )
     return NodeView(inventory=inventory, ready=ready)
 

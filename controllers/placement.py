@@ -57,11 +57,20 @@ class NodeInventory:
     name: str
     labels: tuple[tuple[str, str], ...]
     allocatable_gpus: int
+    """Allocatable nvidia.com/gpu."""
     schedulable: bool = True
     taints: tuple[Taint, ...] = ()
+    other_devices: tuple[tuple[str, int], ...] = ()
+    """Allocatable of the node's other domain-qualified resources (amd.com/gpu, MIG profiles)."""
 
     def label(self, key: str) -> str | None:
         return next((value for name, value in self.labels if name == key), None)
+
+    def allocatable(self, resource: str) -> int:
+        """Allocatable devices of `resource` (the ModelGroup's `engine.gpuResourceName`)."""
+        if resource == naming.GPU_RESOURCE:
+            return self.allocatable_gpus
+        return next((count for name, count in self.other_devices if name == resource), 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,7 @@ class GpuClaim:
     node_name: str | None = None
     topology_key: str | None = None
     domain: str | None = None
+    resource: str = naming.GPU_RESOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +91,10 @@ class Inventory:
 
     def with_group(self, topology_key: str, domain: str, shape: GroupShape) -> Inventory:
         """The inventory after a group was assigned to `domain` (its pods not bound yet)."""
-        added = tuple(GpuClaim(shape.gpus_per_pod, None, topology_key, domain) for _ in range(shape.pods))
+        added = tuple(
+            GpuClaim(shape.gpus_per_pod, None, topology_key, domain, shape.resource)
+            for _ in range(shape.pods)
+        )
         return replace(self, claims=self.claims + added)
 
 
@@ -89,6 +102,7 @@ class Inventory:
 class GroupShape:
     pods: int
     gpus_per_pod: int
+    resource: str = naming.GPU_RESOURCE
 
     @property
     def gpus(self) -> int:
@@ -102,6 +116,8 @@ class PlacementRules:
     spread_key: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    gpu_resource: str = naming.GPU_RESOURCE
+    """The device resource the group's pods request; nodes and claims are counted in it."""
     required_node_terms: tuple[NodeAffinityTerm, ...] = ()
     """The spec's required node affinity: a node must meet one term (empty: no constraint)."""
 
@@ -202,6 +218,8 @@ def domain_capacities(inventory: Inventory, rules: PlacementRules) -> tuple[Doma
     used_by_node: Counter[str] = Counter()
     pending_by_domain: defaultdict[str, list[int]] = defaultdict(list)
     for claim in inventory.claims:
+        if claim.resource != rules.gpu_resource:
+            continue
         if claim.node_name is not None:
             used_by_node[claim.node_name] += claim.gpus
         elif claim.topology_key == rules.topology_key and claim.domain is not None:
@@ -215,7 +233,7 @@ def domain_capacities(inventory: Inventory, rules: PlacementRules) -> tuple[Doma
 
     capacities = []
     for domain, nodes in sorted(nodes_by_domain.items()):
-        free = [max(0, node.allocatable_gpus - used_by_node[node.name]) for node in nodes]
+        free = [max(0, node.allocatable(rules.gpu_resource) - used_by_node[node.name]) for node in nodes]
         free = _pack_pending(free, pending_by_domain.get(domain, []))
         spread = sorted({node.label(rules.spread_key) or "" for node in nodes}) if rules.spread_key else [""]
         capacities.append(DomainCapacity(domain, spread[0], tuple(free)))
@@ -239,7 +257,9 @@ def place_group(
     capacities = domain_capacities(inventory, rules)
     unlabelled = unlabelled_nodes(inventory.nodes, rules)
     if unlabelled and not any(
-        node.allocatable_gpus > 0 and eligible(node, rules) and node.label(rules.topology_key) is not None
+        node.allocatable(rules.gpu_resource) > 0
+        and eligible(node, rules)
+        and node.label(rules.topology_key) is not None
         for node in inventory.nodes
     ):
         # Every GPU node placement could use lacks the label: that, not a busy cluster, is the limit.
@@ -285,7 +305,9 @@ def unlabelled_nodes(nodes: Iterable[NodeInventory], rules: PlacementRules) -> t
         sorted(
             node.name
             for node in nodes
-            if node.allocatable_gpus > 0 and eligible(node, rules) and node.label(rules.topology_key) is None
+            if node.allocatable(rules.gpu_resource) > 0
+            and eligible(node, rules)
+            and node.label(rules.topology_key) is None
         )
     )
 

@@ -53,7 +53,7 @@ PlacementMode = Literal["Required", "Preferred"]
 # Fields added to GroupTemplate after the first release shape the revision only when set, so an
 # operator upgrade does not make every running group outdated.
 _REVISION_WHEN_SET = frozenset(
-    {"volume_mounts", "shared_memory_size", "security_context", "pod", "node_affinity"}
+    {"volume_mounts", "shared_memory_size", "security_context", "pod", "node_affinity", "gpu_resource_name"}
 )
 
 
@@ -94,6 +94,12 @@ class GroupTemplate:
     security_context: SecurityContext | None = None
     pod: PodOptions | None = None
     node_affinity: NodeAffinity | None = None
+    gpu_resource_name: str | None = None
+
+    @property
+    def gpu_resource(self) -> str:
+        """The device resource every pod requests gpus_per_pod of (None above: nvidia.com/gpu)."""
+        return self.gpu_resource_name or naming.GPU_RESOURCE
 
     @property
     def shm_size(self) -> str:
@@ -373,8 +379,8 @@ def _render_container(
         "args": vllm_args(template, rank, leader_address),
         "env": _render_env(template, group, rank),
         "resources": {
-            "requests": {**dict(template.requests), naming.GPU_RESOURCE: gpus},
-            "limits": {**dict(template.limits), naming.GPU_RESOURCE: gpus},
+            "requests": {**dict(template.requests), template.gpu_resource: gpus},
+            "limits": {**dict(template.limits), template.gpu_resource: gpus},
         },
         "volumeMounts": [
             {"name": SHM_VOLUME, "mountPath": SHM_PATH},

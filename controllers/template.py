@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from goodput.api.modelgroup import ModelGroup, ModelGroupSpec, NodeAffinityTerm, PodOptions
+from goodput.api.modelgroup import GPU_RESOURCE, ModelGroup, ModelGroupSpec, NodeAffinityTerm, PodOptions
 from goodput.controllers import naming
 from goodput.controllers.groups import ReadinessRules
 from goodput.controllers.placement import (
@@ -103,6 +103,9 @@ def group_template(model_group: ModelGroup) -> GroupTemplate:
         security_context=spec.engine.security_context,
         pod=None if spec.pod == PodOptions() else spec.pod,
         node_affinity=spec.placement.node_affinity,
+        gpu_resource_name=None
+        if spec.engine.gpu_resource_name == GPU_RESOURCE
+        else spec.engine.gpu_resource_name,
     )
 
 
@@ -114,6 +117,7 @@ def placement_rules(spec: ModelGroupSpec) -> PlacementRules:
         spread_key=placement.spread_key or None,
         node_selector=tuple((term.key, term.value) for term in placement.node_selector),
         tolerations=tuple(placement.tolerations),
+        gpu_resource=spec.engine.gpu_resource_name,
         required_node_terms=_required_node_terms(spec),
     )
 
@@ -166,10 +170,10 @@ def spec_problems(model_group: ModelGroup, nodes: Iterable[NodeInventory]) -> tu
     if owned:
         problems.append(f"spec.engine.env: {', '.join(owned)} are set by goodput from each pod's identity")
     rules = placement_rules(spec)
-    shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.gpus_per_pod)
+    shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.gpus_per_pod, rules.gpu_resource)
     candidates = [node for node in nodes if eligible(node, rules) and domain_of(node, rules) is not None]
     if candidates and not fits_empty_cluster(candidates, shape, rules):
-        largest_node = max(node.allocatable_gpus for node in candidates)
+        largest_node = max(node.allocatable(rules.gpu_resource) for node in candidates)
         where = (
             f"no {rules.topology_key} domain"
             if rules.mode == "Required"

@@ -189,3 +189,18 @@ def test_the_gated_sample_reads_its_token_from_a_secret_and_caches_weights_on_a_
     assert pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0][
         "preference"
     ] == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-0"]}]}
+
+
+def test_the_device_resource_of_the_spec_reaches_placement_and_pods() -> None:
+    spec_engine = {**BODY["spec"]["engine"], "gpuResourceName": "nvidia.com/mig-3g.40gb"}
+    parsed = model_group(body(spec__engine=spec_engine))
+    assert placement_rules(parsed.spec).gpu_resource == "nvidia.com/mig-3g.40gb"
+    assert group_template(parsed).gpu_resource == "nvidia.com/mig-3g.40gb"
+    # The default leaves the template as it was, so running groups keep their revision.
+    assert group_template(model_group(BODY)).gpu_resource_name is None
+    mig_nodes = tuple(
+        NodeInventory(f"n{i}", ((CLIQUE, "a"),), 0, other_devices=(("nvidia.com/mig-3g.40gb", 2),))
+        for i in range(2)
+    )
+    # 16 slices are needed, 4 exist: the spec can never be placed there.
+    assert spec_problems(parsed, mig_nodes)[0].startswith("spec.parallelism: a group of 2 pod(s) × 8 GPUs")

@@ -409,3 +409,25 @@ def test_repeated_placement_never_overbooks(node_counts: list[int], gpus_per_pod
     for domain, count in groups_per_domain.items():
         domain_nodes = sum(1 for n in nodes if n.label(CLIQUE) == domain)
         assert count * pods <= domain_nodes * (8 // gpus_per_pod)
+
+
+def test_groups_are_counted_in_their_own_device_resource() -> None:
+    """A ModelGroup on AMD GPUs or MIG slices places by that resource's allocatable and claims, and
+    nvidia.com/gpu claims on the same node take nothing from it."""
+    amd = PlacementRules(CLIQUE, gpu_resource="amd.com/gpu")
+    nodes = (
+        NodeInventory("mi300-0", ((CLIQUE, "a"),), 0, other_devices=(("amd.com/gpu", 8),)),
+        NodeInventory("mi300-1", ((CLIQUE, "b"),), 0, other_devices=(("amd.com/gpu", 8),)),
+        NodeInventory("h100-0", ((CLIQUE, "c"),), 8),
+    )
+    claims = (
+        GpuClaim(8, node_name="mi300-0", resource="amd.com/gpu"),
+        GpuClaim(8, node_name="mi300-1"),  # an nvidia.com/gpu claim: not an AMD GPU
+    )
+    decision = place_group(Inventory(nodes, claims), GroupShape(1, 8, "amd.com/gpu"), amd)
+    assert isinstance(decision, Placed) and decision.domain == "b"
+    # The NVIDIA node holds no AMD GPUs, and a pending AMD group reserves its domain in AMD GPUs.
+    after = Inventory(nodes, claims).with_group(CLIQUE, "b", GroupShape(1, 8, "amd.com/gpu"))
+    full = place_group(after, GroupShape(1, 8, "amd.com/gpu"), amd)
+    assert isinstance(full, NoFit) and full.reason == NoFitReason.INSUFFICIENT_GPUS
+    assert isinstance(place_group(after, GROUP_8, RULES), Placed), "nvidia.com/gpu groups still fit on h100-0"

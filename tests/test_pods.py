@@ -400,6 +400,15 @@ def test_unset_platform_settings_leave_the_pod_and_its_revision_as_before() -> N
     assert secret.revision != replace(LLAMA_8B, env=(*LLAMA_8B.env, other)).revision
 
 
+def test_pods_request_the_device_resource_of_the_spec() -> None:
+    amd = replace(LLAMA_70B, gpu_resource_name="amd.com/gpu")
+    for pod in render_group(amd, "g0", "clique-a").pods:
+        resources = _container(pod)["resources"]
+        assert resources["requests"]["amd.com/gpu"] == resources["limits"]["amd.com/gpu"] == "8"
+        assert naming.GPU_RESOURCE not in resources["requests"]
+    assert amd.revision != LLAMA_70B.revision
+
+
 def test_revision_hash_of_a_plain_template_is_stable() -> None:
     # Pinned: a change here outdates every running group on the next operator upgrade.
     assert LLAMA_8B.revision == PINNED_8B_REVISION
