@@ -205,7 +205,8 @@ def test_the_operator_reaches_an_authenticated_prometheus_through_settings(
         "",
     )
     container = operator_container(all_features)
-    configured = Settings.from_sources({}, env_of(container))
+    # Two replicas: each derives its peering priority from its pod name.
+    configured = Settings.from_sources({}, {**env_of(container), "POD_ID": "goodput-7d9f-x2"})
     assert configured.prometheus_url == "https://thanos-querier.openshift-monitoring.svc:9091"
     assert configured.prometheus_bearer_token_file == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert configured.prometheus_ca_file == "/etc/prometheus-ca/service-ca.crt"
@@ -481,7 +482,8 @@ def test_the_operator_pod_meets_the_restricted_pod_security_standard(helm: Path,
     for forbidden in ("hostNetwork", "hostPID", "hostIPC"):
         assert not pod.get(forbidden)
     assert all("hostPath" not in volume for volume in pod["volumes"])
-    assert {mount["mountPath"] for mount in container["volumeMounts"]} == {"/tmp"}, "the only writable path"
+    writable = {mount["mountPath"] for mount in container["volumeMounts"] if not mount.get("readOnly")}
+    assert writable == {"/tmp"}, "the only writable path"
 
 
 def test_liveness_probe_and_metrics_ports_are_the_ones_the_operator_serves(defaults: Rendered) -> None:
@@ -1054,9 +1056,7 @@ def test_the_dashboard_shows_what_an_operator_of_goodput_watches(
         for target in panel["targets"]:
             unknown = _selected_metrics(target["expr"]) - known
             assert not unknown, f"{panel['title']} reads metrics nobody exposes: {unknown}"
-            assert "__" not in target["expr"].replace("__name__", ""), (
-                f"unfilled placeholder in {target['expr']}"
-            )
+            assert not re.search(r"__[A-Z_]+__", target["expr"]), f"unfilled placeholder in {target['expr']}"
 
 
 def test_the_dashboard_draws_the_slo_of_the_alerts(all_features: Rendered) -> None:
