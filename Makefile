@@ -85,3 +85,39 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) out
+
+# The operator's image, built without a Docker daemon: a base of Debian packages (mmdebstrap, as no
+# container registry need be reachable), then the Containerfile with buildah (chroot isolation, its
+# storage under out/image), written as an OCI archive. Repository and tag are the chart's defaults
+# (image.repository, appVersion), so `helm install` on a cluster that loaded the archive runs it.
+IMAGE_REPOSITORY := ghcr.io/goodput-dev/goodput
+IMAGE_TAG := $(shell sed -n 's/^appVersion: "\(.*\)"$$/\1/p' charts/goodput/Chart.yaml)
+IMAGE_OUT := out/image
+IMAGE_ARCHIVE := $(IMAGE_OUT)/goodput-$(IMAGE_TAG).oci.tar
+DEBIAN_SUITE ?= bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+# The host's CA bundle, lent to the build's pip (for a TLS-inspecting proxy on the way to PyPI).
+BUILD_CA_BUNDLE ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt))
+BUILDAH := buildah --root $(CURDIR)/$(IMAGE_OUT)/storage --runroot $(CURDIR)/$(IMAGE_OUT)/run --storage-driver vfs
+
+.PHONY: image
+image:
+	@missing=""; for tool in buildah mmdebstrap; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make image: installing$$missing with apt-get (Debian packages buildah and mmdebstrap)"; \
+	  apt-get install -y --no-install-recommends$$missing || { echo "make image needs$$missing: apt-get install -y$$missing"; exit 1; }; \
+	fi
+	mkdir -p $(IMAGE_OUT)
+	test -s $(IMAGE_OUT)/base-$(DEBIAN_SUITE).tar || mmdebstrap --variant=minbase \
+	  --include=python3,python3-venv,ca-certificates \
+	  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+	  --dpkgopt='path-exclude=/usr/share/locale/*' \
+	  $(DEBIAN_SUITE) $(IMAGE_OUT)/base-$(DEBIAN_SUITE).tar $(DEBIAN_MIRROR)
+	base=$$($(BUILDAH) from scratch) && $(BUILDAH) add $$base $(IMAGE_OUT)/base-$(DEBIAN_SUITE).tar / \
+	  && $(BUILDAH) commit --rm $$base localhost/goodput-base:$(DEBIAN_SUITE)
+	$(BUILDAH) build --isolation chroot --pull-never --build-arg BASE=localhost/goodput-base:$(DEBIAN_SUITE) \
+	  $(if $(BUILD_CA_BUNDLE),--volume $(BUILD_CA_BUNDLE):/run/build-ca.crt:ro --build-arg PIP_CERT=/run/build-ca.crt) \
+	  --build-arg VERSION=$(IMAGE_TAG) -f Containerfile -t $(IMAGE_REPOSITORY):$(IMAGE_TAG) .
+	rm -f $(IMAGE_ARCHIVE)
+	$(BUILDAH) push $(IMAGE_REPOSITORY):$(IMAGE_TAG) oci-archive:$(IMAGE_ARCHIVE):$(IMAGE_REPOSITORY):$(IMAGE_TAG)
+	@echo "$(IMAGE_ARCHIVE): $(IMAGE_REPOSITORY):$(IMAGE_TAG)"

@@ -9,9 +9,10 @@ warm. `spec.replicas` is the number of complete groups wanted and is what the sc
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from goodput.api.base import (
     DNS_LABEL_PATTERN,
@@ -30,6 +31,11 @@ from goodput.api.conditions import Condition
 from goodput.api.slopolicy import AutoscalingMode
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# A device plugin's resource: a DNS-subdomain prefix and a name, as `amd.com/gpu`.
+EXTENDED_RESOURCE_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 # vLLM flags that goodput renders from the spec; setting them in `engine.args` as well would make
 # the running engine disagree with the spec the autoscaler reasons about.
@@ -53,13 +59,361 @@ class ModelSource(SpecModel):
     """Name clients put in the request's `model` field (vLLM --served-model-name); absent: `name`."""
 
 
+# What a key of a Secret or ConfigMap may be called (Kubernetes' ConfigMap key rule).
+_CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+# Label and annotation keys on engine pods that goodput writes and reads back.
+RESERVED_POD_LABEL_PREFIX = "goodput.dev/"
+# The memory-backed volume goodput mounts at /dev/shm (NCCL and vLLM's shared-memory queues).
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+# /dev/shm per GPU of a pod when `engine.sharedMemorySize` is absent: NCCL's shared-memory transport
+# and vLLM's broadcast queues grow with the ranks that share a node; a container runtime's 64 MiB
+# default stops tensor parallelism at start-up.
+SHM_BYTES_PER_GPU = 2 * 1024**3
+
+
+class SecretKeySelector(SpecModel):
+    """One key of a Secret in the ModelGroup's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the Secret."""
+    key: str = Field(min_length=1, max_length=253, pattern=_CONFIG_KEY_PATTERN)
+    """Key in the Secret's data."""
+    optional: bool | None = None
+    """Start the engine even when the Secret or the key does not exist."""
+
+
+class ConfigMapKeySelector(SpecModel):
+    """One key of a ConfigMap in the ModelGroup's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the ConfigMap."""
+    key: str = Field(min_length=1, max_length=253, pattern=_CONFIG_KEY_PATTERN)
+    """Key in the ConfigMap's data."""
+    optional: bool | None = None
+    """Start the engine even when the ConfigMap or the key does not exist."""
+
+
+class ObjectFieldSelector(SpecModel):
+    """A field of the pod itself, as in a Pod's `env[].valueFrom.fieldRef`."""
+
+    field_path: str = Field(min_length=1, max_length=256)
+    """Path of the field, for example 'metadata.name' or 'spec.nodeName'."""
+    api_version: str | None = Field(default=None, max_length=64)
+    """Version of the schema the path is written in; absent: 'v1'."""
+
+
+class EnvVarSource(SpecModel):
+    """Where a variable's value comes from: exactly one of a Secret key, a ConfigMap key or a pod field."""
+
+    cel_rules = (
+        CelRule(
+            rule="[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)]"
+            ".filter(x, x).size() == 1",
+            message="`valueFrom` must set exactly one of `secretKeyRef`, `configMapKeyRef` and `fieldRef`",
+            check=lambda source: (
+                [source.secret_key_ref, source.config_map_key_ref, source.field_ref].count(None) == 2
+            ),
+        ),
+    )
+
+    secret_key_ref: SecretKeySelector | None = None
+    """A key of a Secret, for example a Hugging Face token: the value never sits in the ModelGroup."""
+    config_map_key_ref: ConfigMapKeySelector | None = None
+    """A key of a ConfigMap."""
+    field_ref: ObjectFieldSelector | None = None
+    """A field of the pod."""
+
+
 class EnvVar(SpecModel):
-    """An environment variable of the engine container."""
+    """An environment variable of the engine container, as in a Pod spec."""
+
+    cel_rules = (
+        CelRule(
+            rule="!has(self.valueFrom) || !has(self.value) || self.value == ''",
+            message="an environment variable must set either `value` or `valueFrom`, not both",
+            field_path=".valueFrom",
+            check=lambda variable: variable.value_from is None or not variable.value,
+        ),
+    )
 
     name: str = Field(min_length=1, max_length=256)
     """Variable name."""
-    value: str = Field(default="", max_length=32768)
-    """Variable value."""
+    value: str | None = Field(default=None, max_length=32768)
+    """Variable value; `$(NAME)` refers to a variable defined earlier in the list."""
+    value_from: EnvVarSource | None = None
+    """Where the value comes from instead: a Secret or ConfigMap key, or a field of the pod."""
+
+
+class KeyToPath(SpecModel):
+    """One key of a Secret or ConfigMap projected to a file."""
+
+    key: str = Field(min_length=1, max_length=253, pattern=_CONFIG_KEY_PATTERN)
+    """The key."""
+    path: str = Field(min_length=1, max_length=1024)
+    """Relative path of the file in the volume."""
+
+
+class SecretVolumeSource(SpecModel):
+    """A Secret's keys as files."""
+
+    secret_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the Secret in the ModelGroup's namespace."""
+    items: tuple[KeyToPath, ...] = Field(default=(), max_length=64)
+    """Keys to project; absent: every key, one file each."""
+    optional: bool | None = None
+    """Start the engine even when the Secret does not exist."""
+
+
+class ConfigMapVolumeSource(SpecModel):
+    """A ConfigMap's keys as files."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the ConfigMap in the ModelGroup's namespace."""
+    items: tuple[KeyToPath, ...] = Field(default=(), max_length=64)
+    """Keys to project; absent: every key, one file each."""
+    optional: bool | None = None
+    """Start the engine even when the ConfigMap does not exist."""
+
+
+class PersistentVolumeClaimVolumeSource(SpecModel):
+    """A PersistentVolumeClaim, for example a shared model-weights cache (ReadWriteMany or ReadOnlyMany)."""
+
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the claim in the ModelGroup's namespace."""
+    read_only: bool | None = None
+    """Mount the claim read-only."""
+
+
+class EmptyDirVolumeSource(SpecModel):
+    """A scratch directory that lives as long as the pod."""
+
+    medium: Literal["", "Memory"] | None = None
+    """'' for the node's disk, 'Memory' for a tmpfs counted against the pod's memory."""
+    size_limit: Quantity | None = None
+    """Largest size of the directory."""
+
+
+class HostPathVolumeSource(SpecModel):
+    """A path of the node, for example a node-local NVMe weights cache or the RDMA devices."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    """Path on the node."""
+    type: (
+        Literal[
+            "",
+            "DirectoryOrCreate",
+            "Directory",
+            "FileOrCreate",
+            "File",
+            "Socket",
+            "CharDevice",
+            "BlockDevice",
+        ]
+        | None
+    ) = None
+    """What must exist at the path."""
+
+
+class Volume(SpecModel):
+    """A volume of the engine pods, in the shape of a Pod's `volumes[]` (the sources listed here)."""
+
+    cel_rules = (
+        CelRule(
+            rule="[has(self.secret), has(self.configMap), has(self.persistentVolumeClaim), "
+            "has(self.emptyDir), has(self.hostPath)].filter(x, x).size() == 1",
+            message="a volume must set exactly one of `secret`, `configMap`, `persistentVolumeClaim`, "
+            "`emptyDir` and `hostPath`",
+            check=lambda volume: (
+                [
+                    volume.secret,
+                    volume.config_map,
+                    volume.persistent_volume_claim,
+                    volume.empty_dir,
+                    volume.host_path,
+                ].count(None)
+                == 4
+            ),
+        ),
+        CelRule(
+            rule=f"self.name != '{SHM_VOLUME}'",
+            message=f"a volume's `name` must not be '{SHM_VOLUME}', goodput's /dev/shm: size it with "
+            "`engine.sharedMemorySize` instead",
+            field_path=".name",
+            check=lambda volume: volume.name != SHM_VOLUME,
+        ),
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Volume name, referred to by `engine.volumeMounts[].name`."""
+    secret: SecretVolumeSource | None = None
+    """A Secret's keys as files."""
+    config_map: ConfigMapVolumeSource | None = None
+    """A ConfigMap's keys as files."""
+    persistent_volume_claim: PersistentVolumeClaimVolumeSource | None = None
+    """A PersistentVolumeClaim."""
+    empty_dir: EmptyDirVolumeSource | None = None
+    """A scratch directory."""
+    host_path: HostPathVolumeSource | None = None
+    """A path of the node."""
+
+
+class VolumeMount(SpecModel):
+    """Where a volume of `pod.volumes` appears in the engine container."""
+
+    cel_rules = (
+        CelRule(
+            rule=f"self.mountPath != '{SHM_PATH}' && !self.mountPath.startsWith('{SHM_PATH}/')",
+            message=f"`mountPath` must not be {SHM_PATH}: goodput mounts a memory-backed volume there, "
+            "sized by `engine.sharedMemorySize`",
+            field_path=".mountPath",
+            check=lambda mount: (
+                mount.mount_path != SHM_PATH and not mount.mount_path.startswith(SHM_PATH + "/")
+            ),
+        ),
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Name of a volume in `pod.volumes`."""
+    mount_path: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+    """Absolute path in the container."""
+    read_only: bool | None = None
+    """Mount read-only."""
+    sub_path: str | None = Field(default=None, max_length=4096)
+    """Path inside the volume to mount instead of its root."""
+
+
+class Capabilities(SpecModel):
+    """Linux capabilities added to or dropped from the engine container."""
+
+    add: tuple[Annotated[str, Field(max_length=64)], ...] = Field(default=(), max_length=64)
+    """Capabilities to add, for example IPC_LOCK for RDMA memory registration."""
+    drop: tuple[Annotated[str, Field(max_length=64)], ...] = Field(default=(), max_length=64)
+    """Capabilities to drop."""
+
+
+class SecurityContext(SpecModel):
+    """The engine container's security context, as in a Pod spec (the fields listed here)."""
+
+    capabilities: Capabilities | None = None
+    """Linux capabilities to add or drop."""
+    privileged: bool | None = None
+    """Run privileged (rarely needed; prefer specific capabilities)."""
+    allow_privilege_escalation: bool | None = None
+    """Whether a process may gain more privileges than its parent."""
+    run_as_user: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    """User id of the engine process."""
+    run_as_group: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    """Group id of the engine process."""
+    run_as_non_root: bool | None = None
+    """Refuse to start as root."""
+    read_only_root_filesystem: bool | None = None
+    """Mount the image read-only (the engine then needs writable volumes for its caches)."""
+
+
+class SeccompProfile(SpecModel):
+    """A seccomp profile."""
+
+    type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
+    """Which profile."""
+    localhost_profile: str | None = Field(default=None, max_length=4096)
+    """With type 'Localhost': the profile's path on the node."""
+
+
+class PodSecurityContext(SpecModel):
+    """The engine pods' security context, as in a Pod spec (the fields listed here)."""
+
+    run_as_user: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    """User id of every container."""
+    run_as_group: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    """Group id of every container."""
+    run_as_non_root: bool | None = None
+    """Refuse to start containers as root."""
+    fs_group: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    """Group that owns the volumes (a writable weights cache on a PersistentVolumeClaim needs it)."""
+    supplemental_groups: tuple[Annotated[int, Field(ge=0)], ...] = Field(default=(), max_length=32)
+    """Further groups of every container."""
+    seccomp_profile: SeccompProfile | None = None
+    """The seccomp profile of every container."""
+
+
+class LocalObjectReference(SpecModel):
+    """An object in the ModelGroup's namespace, by name."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the object."""
+
+
+_RESERVED_KEYS_RULE = (
+    f"self.all(key, !key.startsWith('{RESERVED_POD_LABEL_PREFIX}') && key != 'app.kubernetes.io/managed-by')"
+)
+
+
+def _no_reserved_keys(keys: Iterable[str]) -> bool:
+    return all(
+        not key.startswith(RESERVED_POD_LABEL_PREFIX) and key != "app.kubernetes.io/managed-by"
+        for key in keys
+    )
+
+
+class PodOptions(SpecModel):
+    """Settings of the engine pods a platform team owns, in the shape of a Pod spec.
+
+    goodput owns the rest of the pod: GPU counts, ranks, ports, probes, scheduling and readiness gates,
+    its own labels and annotations, and /dev/shm.
+    """
+
+    cel_rules = (
+        CelRule(
+            rule=f"!has(self.labels) || self.labels.{_RESERVED_KEYS_RULE.removeprefix('self.')}",
+            message=f"`pod.labels` must not set keys under '{RESERVED_POD_LABEL_PREFIX}' or "
+            "'app.kubernetes.io/managed-by': goodput identifies its pods by them",
+            field_path=".labels",
+            check=lambda pod: _no_reserved_keys(pod.labels),
+        ),
+        CelRule(
+            rule=f"!has(self.annotations) || self.annotations.{_RESERVED_KEYS_RULE.removeprefix('self.')}",
+            message=f"`pod.annotations` must not set keys under '{RESERVED_POD_LABEL_PREFIX}' or "
+            "'app.kubernetes.io/managed-by': goodput records its own state in them",
+            field_path=".annotations",
+            check=lambda pod: _no_reserved_keys(pod.annotations),
+        ),
+    )
+
+    # Keys are checked below, not in the schema: a CRD schema cannot constrain map keys.
+    labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] = Field(
+        default={}, json_schema_extra={"maxProperties": 32}
+    )
+    """Labels added to every engine pod, for example for cost allocation."""
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default={}, json_schema_extra={"maxProperties": 32}
+    )
+    """Annotations added to every engine pod, for example Multus network attachments."""
+    volumes: tuple[Volume, ...] = Field(default=(), max_length=32, json_schema_extra=list_map("name"))
+    """Volumes of the engine pods: a model-weights cache, Secrets or ConfigMaps as files."""
+    security_context: PodSecurityContext | None = None
+    """The pods' security context."""
+    runtime_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """RuntimeClass of the pods, for example 'nvidia' where the NVIDIA runtime is not the default."""
+    image_pull_secrets: tuple[LocalObjectReference, ...] = Field(
+        default=(), max_length=16, json_schema_extra=list_map("name")
+    )
+    """Secrets that pull the engine image from a private registry."""
+    service_account_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """ServiceAccount of the pods; absent: the namespace's default."""
+    automount_service_account_token: bool = False
+    """Mount the ServiceAccount's token in the pods (off: vLLM needs no access to the API server)."""
+    priority_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """PriorityClass of the pods."""
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _keys_are_label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        """A key the API server would refuse on a pod fails here, before any pod is created."""
+        bad = sorted(key for key in value if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key))
+        if bad:
+            raise ValueError(f"keys must be label keys ([prefix/]name): {', '.join(repr(k) for k in bad)}")
+        return value
 
 
 class ResourceRequirements(SpecModel):
@@ -88,6 +442,18 @@ class Engine(SpecModel):
 
     cel_rules = (
         CelRule(
+            rule="!has(self.resources) || ((!has(self.resources.requests) || "
+            "!(self.gpuResourceName in self.resources.requests)) && (!has(self.resources.limits) || "
+            "!(self.gpuResourceName in self.resources.limits)))",
+            message="`engine.resources` must not set `engine.gpuResourceName`: goodput requests "
+            "`parallelism.gpusPerPod` of it for every pod",
+            field_path=".resources",
+            check=lambda engine: (
+                engine.gpu_resource_name not in engine.resources.requests
+                and engine.gpu_resource_name not in engine.resources.limits
+            ),
+        ),
+        CelRule(
             rule=f"!has(self.args) || self.args.all(arg, !arg.matches('{OPERATOR_OWNED_FLAGS_PATTERN}'))",
             message="`engine.args` must not set a flag that goodput renders from the spec (model, revision, "
             "served name, port, parallelism, node ranks, shutdown timeout, batch limits, log stats): set "
@@ -99,11 +465,25 @@ class Engine(SpecModel):
 
     image: str = Field(min_length=1, max_length=1024)
     """Container image with vLLM, for example 'vllm/vllm-openai:v0.33.0'."""
+    gpu_resource_name: str = Field(default=GPU_RESOURCE, max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
+    """Resource name under which the nodes' device plugin advertises the GPUs, for example
+    'amd.com/gpu' or a MIG profile such as 'nvidia.com/mig-3g.40gb'. Every pod requests
+    `parallelism.gpusPerPod` of it, and placement counts the nodes' free devices in it."""
     args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field(default=(), max_length=64)
     """Extra `vllm serve` arguments. Flags that goodput derives from the spec (parallelism, port,
     model, revision, ranks, shutdown timeout, batch limits) are rejected here."""
     env: tuple[EnvVar, ...] = Field(default=(), max_length=128, json_schema_extra=list_map("name"))
-    """Extra environment variables of the engine container."""
+    """Extra environment variables of the engine container, each a `value` or a `valueFrom` (a Secret
+    or ConfigMap key, or a field of the pod)."""
+    volume_mounts: tuple[VolumeMount, ...] = Field(
+        default=(), max_length=32, json_schema_extra=list_map("mountPath")
+    )
+    """Where volumes of `pod.volumes` appear in the engine container."""
+    shared_memory_size: Quantity | None = None
+    """Size of the memory-backed /dev/shm; absent: 2Gi per GPU of the pod. It counts against the
+    pod's memory."""
+    security_context: SecurityContext | None = None
+    """The engine container's security context, for example `capabilities.add: [IPC_LOCK]` for RDMA."""
     resources: ResourceRequirements = ResourceRequirements()
     """CPU and memory of each pod. GPUs come from `parallelism.gpusPerPod` and must not be set here."""
     port: int = Field(default=8000, ge=1, le=65535)
@@ -200,15 +580,85 @@ class NodeSelectorTerm(SpecModel):
     """Required value of the label."""
 
 
+class NodeSelectorRequirement(SpecModel):
+    """One requirement on a node label, as in a Pod's node affinity."""
+
+    cel_rules = (
+        CelRule(
+            rule="(self.operator in ['Exists', 'DoesNotExist']) == "
+            "(!has(self.values) || size(self.values) == 0)",
+            message="`values` must be empty for operators 'Exists' and 'DoesNotExist' and set for the others",
+            field_path=".values",
+            check=lambda term: (term.operator in ("Exists", "DoesNotExist")) == (not term.values),
+        ),
+        CelRule(
+            rule="!(self.operator in ['Gt', 'Lt']) || "
+            "(size(self.values) == 1 && self.values[0].matches('^-?[0-9]+$'))",
+            message="`values` must hold exactly one integer for operators 'Gt' and 'Lt'",
+            field_path=".values",
+            check=lambda term: (
+                term.operator not in ("Gt", "Lt")
+                or (len(term.values) == 1 and re.match(r"^-?[0-9]+$", term.values[0]) is not None)
+            ),
+        ),
+    )
+
+    key: str = Field(max_length=317, pattern=LABEL_KEY_PATTERN)
+    """Node label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    """How the label's value is compared with `values`."""
+    values: tuple[Annotated[str, Field(max_length=63)], ...] = Field(default=(), max_length=64)
+    """Values to compare with."""
+
+
+class NodeAffinityTerm(SpecModel):
+    """Requirements a node meets together."""
+
+    match_expressions: tuple[NodeSelectorRequirement, ...] = Field(min_length=1, max_length=16)
+    """Every requirement must hold."""
+
+
+class RequiredNodeAffinity(SpecModel):
+    """Node terms of which at least one must hold."""
+
+    node_selector_terms: tuple[NodeAffinityTerm, ...] = Field(min_length=1, max_length=16)
+    """At least one term must hold."""
+
+
+class PreferredNodeAffinity(SpecModel):
+    """A weighted preference for nodes meeting a term."""
+
+    weight: int = Field(ge=1, le=100)
+    """Weight of the preference against the scheduler's other scores."""
+    preference: NodeAffinityTerm
+    """The preferred nodes."""
+
+
+class NodeAffinity(SpecModel):
+    """Node affinity of the engine pods, in the shape of a Pod's `affinity.nodeAffinity`."""
+
+    required_during_scheduling_ignored_during_execution: RequiredNodeAffinity | None = None
+    """Nodes the pods may run on. goodput's placement only considers such nodes, and adds its
+    topology domain to every term."""
+    preferred_during_scheduling_ignored_during_execution: tuple[PreferredNodeAffinity, ...] = Field(
+        default=(), max_length=16
+    )
+    """Nodes the scheduler prefers, beside goodput's own preference for the group's domain."""
+
+
 class Placement(SpecModel):
     """Where the pods of a group may run. A group is placed as a whole or not at all."""
 
     topology_key: str = Field(default="nvidia.com/gpu.clique", max_length=317, pattern=LABEL_KEY_PATTERN)
     """Node label whose value names a topology domain (an NVLink clique, a rack, a network block);
-    all pods of one group are placed in one domain."""
-    mode: Literal["Required", "Preferred"] = "Required"
-    """'Required': a group waits until one domain fits all its pods. 'Preferred': a group that fits
-    no single domain is spread over several rather than waiting."""
+    all pods of one group are placed in one domain. GPU Feature Discovery sets the default label only
+    on multi-node NVLink systems (GB200 NVL72 and the like); see `mode` for nodes without it."""
+    mode: Literal["Required", "Preferred"] = "Preferred"
+    """'Preferred' (the default): a group goes to one domain when one fits it whole, else it is spread
+    over several rather than waiting; a node without `topologyKey` is a domain of its own, so
+    ordinary GPU nodes (which carry no `nvidia.com/gpu.clique`) still hold groups. 'Required': a
+    group waits until one labelled domain fits all its pods; nodes without the label are never
+    used, and `ScalingLimited` (reason TopologyLabelMissing) names them."""
     spread_key: str = Field(default="topology.kubernetes.io/zone", max_length=317, pattern=LABEL_KEY_PATTERN)
     """Node label whose domains groups are spread across (best effort), so losing one failure
     domain does not take every group."""
@@ -221,6 +671,8 @@ class Placement(SpecModel):
         default=(), max_length=32, json_schema_extra=list_map("key")
     )
     """Node labels every engine pod requires, as a list of key and value."""
+    node_affinity: NodeAffinity | None = None
+    """Node affinity of the engine pods, as in a Pod spec."""
 
 
 class PolicyRef(SpecModel):
@@ -289,11 +741,15 @@ class Warmup(SpecModel):
 class Readiness(SpecModel):
     """What a group must prove before it counts as capacity: serving correct tokens, not just listening."""
 
-    nccl_check: Literal["Required", "Skip"] = "Required"
-    """'Required': every rank must report a passing NCCL health check. 'Skip': trust the engine's own
-    start-up (for single-GPU groups or clusters without the health agent)."""
-    revision_check: bool = True
-    """Require every rank to report the model revision of `model.revision`."""
+    nccl_check: Literal["Required", "Skip"] = "Skip"
+    """'Required': every rank must report a passing NCCL health check, the pod condition
+    `goodput.dev/NCCLHealthy` that goodput's health agent writes; only set it where the agent runs in
+    the engine pods, or groups never become ready. 'Skip' (the default): trust the engine's own
+    start-up, which already fails when the ranks cannot form their process group."""
+    revision_check: bool = False
+    """Require every rank to report, in the pod annotation `goodput.dev/model-revision` that
+    goodput's health agent writes, the model revision of `model.revision`. Off by default: only set
+    it where the agent runs in the engine pods, or groups never become ready."""
     warmup: Warmup = Warmup()
     """The warm-up request."""
 
@@ -369,6 +825,15 @@ class ModelGroupSpec(SpecModel):
             optional_old_self=True,
         ),
         CelRule(
+            rule="!has(self.engine.volumeMounts) || self.engine.volumeMounts.all(m, has(self.pod) && "
+            "has(self.pod.volumes) && self.pod.volumes.exists(v, v.name == m.name))",
+            message="every `engine.volumeMounts[].name` must name a volume of `pod.volumes`",
+            field_path=".engine.volumeMounts",
+            check=lambda spec: (
+                {m.name for m in spec.engine.volume_mounts} <= {v.name for v in spec.pod.volumes}
+            ),
+        ),
+        CelRule(
             rule="has(self.profile) || (!has(self.policyRef) && !has(self.shadowPolicyRef))",
             message="`profile` must be set when `policyRef` or `shadowPolicyRef` is set: the autoscaler "
             "prices work with it",
@@ -387,13 +852,20 @@ class ModelGroupSpec(SpecModel):
     """Tensor and pipeline parallelism and the pods of one group. Immutable."""
     placement: Placement = Placement()
     """Gang placement of each group into one topology domain."""
+    pod: PodOptions = PodOptions()
+    """Settings of the engine pods a platform team owns: labels, annotations, volumes, security
+    context, runtime class, image pull secrets, ServiceAccount, priority class."""
     replicas: int = Field(default=1, ge=0, le=1000)
     """Complete groups wanted. Written through the scale subresource by the autoscaler when
     `policyRef` is set (leave it out of GitOps diffs then), else by hand or by another autoscaler.
     Setting it outside [`minReplicas`, `maxReplicas`] is rejected; moving the bounds past it is
     accepted and the operator converges to the nearest bound."""
     min_replicas: int = Field(default=1, ge=0, le=1000)
-    """Fewest groups `replicas` may ask for; 0 allows scaling to zero."""
+    """Fewest groups `replicas` may ask for. 0 lets the autoscaler remove the last group, but nothing
+    in the operator brings a pool back from zero groups yet: with no group there is no engine whose
+    metrics show waiting requests, and requests sent meanwhile fail. Until the gateway holds requests
+    and signals demand at zero groups, use 0 only for pools that someone (or something) scales up
+    by hand, for example `kubectl scale mg <name> --replicas=1`."""
     max_replicas: int = Field(ge=1, le=1000)
     """Most groups `replicas` may ask for: the GPU budget is maxReplicas x tensor x pipeline GPUs."""
     warm_replicas: int = Field(default=0, ge=0, le=1000)

@@ -54,6 +54,10 @@ class Reason:
     SCALED_TO_ZERO: Final = "ScaledToZero"
     GROUPS_PLACING: Final = "GroupsPlacing"
     GROUPS_PROVISIONING: Final = "GroupsProvisioning"
+    CONTAINERS_NOT_STARTING: Final = "ContainersNotStarting"
+    """A rank's engine container waits for something no wait fixes: an image that cannot be pulled,
+    a Secret, ConfigMap or key that does not exist. The message names the rank, the kubelet's reason
+    and the ModelGroup field."""
     GROUPS_WARMING: Final = "GroupsWarming"
     GROUPS_DRAINING: Final = "GroupsDraining"
     ROLLING_OUT: Final = "RollingOut"
@@ -115,6 +119,8 @@ class Reason:
     """The domains that would fit are avoided after a group failed to schedule there."""
     NO_ELIGIBLE_NODES: Final = "NoEligibleNodes"
     """No node matches the placement's selector, tolerations and topology key."""
+    TOPOLOGY_LABEL_MISSING: Final = "TopologyLabelMissing"
+    """In Required mode, the eligible GPU nodes lack `placement.topologyKey`; the message names them."""
 
     # Metrics
     METRICS_FRESH: Final = "MetricsFresh"

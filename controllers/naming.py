@@ -58,6 +58,10 @@ GPU_RESOURCE: Final = modelgroup.GPU_RESOURCE
 MODEL_GROUP_API_VERSION: Final = API_VERSION
 MODEL_GROUP_KIND: Final = "ModelGroup"
 
+# The topology domain of a node without the topology label (Preferred placement): the node alone.
+# A label value cannot hold "/", so it never collides with a domain named by a label value.
+NODE_DOMAIN_PREFIX: Final = "node/"
+
 # A DNS-1123 label is at most 63 characters; the longest suffix we add is "-g99999-999".
 _MAX_DNS_LABEL: Final = 63
 _LONGEST_SUFFIX: Final = len("-g99999-999")
@@ -92,3 +96,13 @@ def model_group_of_pod(pod: str) -> str | None:
 def max_model_group_name_length() -> int:
     """Longest ModelGroup name whose Service and pod names still fit a DNS-1123 label."""
     return _MAX_DNS_LABEL - _LONGEST_SUFFIX
+
+
+def node_domain(node_name: str) -> str:
+    """The domain of one node that lacks the topology label: the node alone."""
+    return NODE_DOMAIN_PREFIX + node_name
+
+
+def node_of_domain(domain: str) -> str | None:
+    """The node a single-node domain stands for; None for a domain named by a label value."""
+    return domain.removeprefix(NODE_DOMAIN_PREFIX) if domain.startswith(NODE_DOMAIN_PREFIX) else None

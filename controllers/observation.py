@@ -7,6 +7,7 @@ inputs explicit. Parsing is pure: plain dicts in (as the API server sends them),
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -57,6 +58,8 @@ class PodView:
     """Written by the in-pod health agent; False is a critical GPU fault."""
     engine_healthy: ConditionView | None = None
     """Written by the in-pod health agent; False is an engine holding requests without progress."""
+    waiting: ContainerWaiting | None = None
+    """Why the engine container is not running yet, when the kubelet says (image pull, config)."""
 
     @property
     def terminated(self) -> bool:
@@ -70,6 +73,37 @@ class PodView:
     @property
     def marked_group_ready(self) -> bool:
         return _is_true(self.group_ready)
+
+
+# Waiting reasons that are the spec's fault, and the ModelGroup field to fix; the others
+# (ContainerCreating, PodInitializing) are progress.
+_WAITING_FIELDS = {
+    "ErrImagePull": "spec.engine.image (or spec.pod.imagePullSecrets)",
+    "ImagePullBackOff": "spec.engine.image (or spec.pod.imagePullSecrets)",
+    "InvalidImageName": "spec.engine.image",
+    "CreateContainerConfigError": "spec.engine.env[].valueFrom or spec.pod.volumes",
+    "CreateContainerError": "spec.engine or spec.pod",
+    "RunContainerError": "spec.engine or spec.pod",
+    "CrashLoopBackOff": "spec.engine (read the rank's logs with --previous)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerWaiting:
+    """A container's `state.waiting` as the kubelet reports it."""
+
+    reason: str
+    message: str
+
+    @property
+    def spec_field(self) -> str | None:
+        """The ModelGroup field to look at, for a reason that no amount of waiting fixes."""
+        return _WAITING_FIELDS.get(self.reason)
+
+    def describe(self) -> str:
+        detail = f": {self.message}" if self.message else ""
+        field = f" (check {self.spec_field})" if self.spec_field else ""
+        return f"{self.reason}{detail}{field}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,15 +132,16 @@ def parse_time(value: object) -> datetime | None:
         return None
 
 
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod requests as the scheduler counts them: max(sum over containers, any init container)."""
+def pod_gpus(pod: Mapping[str, Any], resource: str = naming.GPU_RESOURCE) -> int:
+    """Devices of `resource` a pod requests as the scheduler counts them: max(sum over containers,
+    any init container)."""
     spec = pod.get("spec") or {}
 
     def gpus(container: Mapping[str, Any]) -> int:
         resources = container.get("resources") or {}
         quantity = (
-            (resources.get("requests") or {}).get(naming.GPU_RESOURCE)
-            or (resources.get("limits") or {}).get(naming.GPU_RESOURCE)
+            (resources.get("requests") or {}).get(resource)
+            or (resources.get("limits") or {}).get(resource)
             or 0
         )
         try:
@@ -119,11 +154,26 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
     return max(regular, init)
 
 
+def pod_accelerator(pod: Mapping[str, Any]) -> str | None:
+    """The device resource a pod requests: nvidia.com/gpu when it asks for it, else the first (by
+    name) other domain-qualified resource it asks for (amd.com/gpu, a MIG profile), else None."""
+    names: set[str] = set()
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+        resources = container.get("resources") or {} if isinstance(container, Mapping) else {}
+        for kind in ("requests", "limits"):
+            names.update(name for name in (resources.get(kind) or {}) if "/" in name)
+    if naming.GPU_RESOURCE in names:
+        return naming.GPU_RESOURCE
+    return next((name for name in sorted(names) if pod_gpus(pod, name) > 0), None)
+
+
 def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
-    """The GPUs a live pod holds or is about to hold; None for pods that hold none."""
-    gpus = pod_gpus(pod)
+    """The devices a live pod holds or is about to hold; None for pods that hold none."""
+    resource = pod_accelerator(pod)
+    gpus = pod_gpus(pod, resource) if resource is not None else 0
     status = pod.get("status") or {}
-    if gpus == 0 or status.get("phase") in _TERMINAL_PHASES:
+    if resource is None or gpus == 0 or status.get("phase") in _TERMINAL_PHASES:
         return None
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -133,6 +183,7 @@ def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
         node_name=node_name,
         topology_key=annotations.get(naming.ANNOTATION_TOPOLOGY_KEY),
         domain=annotations.get(naming.ANNOTATION_TOPOLOGY_DOMAIN),
+        resource=resource,
     )
 
 
@@ -175,7 +226,20 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         drain_progress=parse_progress(annotations.get(naming.ANNOTATION_DRAIN_PROGRESS)),
         gpu_healthy=_condition(conditions.get(naming.CONDITION_GPU_HEALTHY)),
         engine_healthy=_condition(conditions.get(naming.CONDITION_ENGINE_HEALTHY)),
+        waiting=_container_waiting(status),
     )
+
+
+def _container_waiting(status: Mapping[str, Any]) -> ContainerWaiting | None:
+    """The first waiting container with a reason (init containers first, as the kubelet runs them)."""
+    statuses = [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]
+    for container in statuses:
+        waiting = (
+            ((container.get("state") or {}).get("waiting") or {}) if isinstance(container, Mapping) else {}
+        )
+        if waiting.get("reason"):
+            return ContainerWaiting(str(waiting["reason"]), str(waiting.get("message") or ""))
+    return None
 
 
 def parse_endpoint_slice(endpoint_slice: Mapping[str, Any]) -> tuple[RouteView, ...]:
@@ -218,12 +282,18 @@ def parse_node(node: Mapping[str, Any]) -> NodeView:
         for t in spec.get("taints") or ()
     )
     labels = tuple(sorted((metadata.get("labels") or {}).items()))
+    devices = []
+    for resource, quantity in (status.get("allocatable") or {}).items():
+        if "/" in resource and resource != naming.GPU_RESOURCE:
+            with contextlib.suppress(TypeError, ValueError):
+                devices.append((resource, int(quantity)))
     inventory = NodeInventory(
         name=metadata.get("name", ""),
         labels=labels,
         allocatable_gpus=gpus,
         schedulable=ready and not spec.get("unschedulable", False),
         taints=taints,
+        other_devices=tuple(sorted(devices)),
     )
     return NodeView(inventory=inventory, ready=ready)
 

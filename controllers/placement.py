@@ -8,6 +8,11 @@ Free GPUs of a node = allocatable − requests of the live pods bound to it. Pod
 already assigned to a domain (our gated groups) are packed into that domain's nodes first, so two
 groups decided a moment apart do not both count the same free GPUs.
 
+Nodes without the topology label: in `Preferred` mode each is a domain of its own (ordinary HGX
+nodes carry no `nvidia.com/gpu.clique`, and a one-node group must still be placeable there); in
+`Required` mode they are never used, and a group that cannot be placed says which nodes lack the
+label, so the condition points at the fix.
+
 Among the domains that fit, the choice prefers the spread domain (e.g. zone) holding the fewest
 groups of this ModelGroup, then best fit (the least spare GPUs left, to keep big holes for big
 groups), then the name, so the same inventory always gives the same answer.
@@ -20,11 +25,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from goodput.api.modelgroup import Toleration
+from goodput.api.modelgroup import NodeAffinityTerm, NodeSelectorRequirement, Toleration
 from goodput.api.reasons import Reason
+from goodput.controllers import naming
 from goodput.controllers.pods import PlacementMode
 
-# How many domains a "no fit" message lists before summarising the rest.
+# How many domains (or nodes) a "no fit" message lists before summarising the rest.
 _DOMAINS_IN_MESSAGE = 6
 
 
@@ -34,6 +40,7 @@ class NoFitReason(StrEnum):
     INSUFFICIENT_GPUS = Reason.INSUFFICIENT_GPUS
     DOMAINS_BACKED_OFF = Reason.DOMAINS_BACKED_OFF
     NO_ELIGIBLE_NODES = Reason.NO_ELIGIBLE_NODES
+    TOPOLOGY_LABEL_MISSING = Reason.TOPOLOGY_LABEL_MISSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +57,20 @@ class NodeInventory:
     name: str
     labels: tuple[tuple[str, str], ...]
     allocatable_gpus: int
+    """Allocatable nvidia.com/gpu."""
     schedulable: bool = True
     taints: tuple[Taint, ...] = ()
+    other_devices: tuple[tuple[str, int], ...] = ()
+    """Allocatable of the node's other domain-qualified resources (amd.com/gpu, MIG profiles)."""
 
     def label(self, key: str) -> str | None:
         return next((value for name, value in self.labels if name == key), None)
+
+    def allocatable(self, resource: str) -> int:
+        """Allocatable devices of `resource` (the ModelGroup's `engine.gpuResourceName`)."""
+        if resource == naming.GPU_RESOURCE:
+            return self.allocatable_gpus
+        return next((count for name, count in self.other_devices if name == resource), 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +81,7 @@ class GpuClaim:
     node_name: str | None = None
     topology_key: str | None = None
     domain: str | None = None
+    resource: str = naming.GPU_RESOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +91,10 @@ class Inventory:
 
     def with_group(self, topology_key: str, domain: str, shape: GroupShape) -> Inventory:
         """The inventory after a group was assigned to `domain` (its pods not bound yet)."""
-        added = tuple(GpuClaim(shape.gpus_per_pod, None, topology_key, domain) for _ in range(shape.pods))
+        added = tuple(
+            GpuClaim(shape.gpus_per_pod, None, topology_key, domain, shape.resource)
+            for _ in range(shape.pods)
+        )
         return replace(self, claims=self.claims + added)
 
 
@@ -82,6 +102,7 @@ class Inventory:
 class GroupShape:
     pods: int
     gpus_per_pod: int
+    resource: str = naming.GPU_RESOURCE
 
     @property
     def gpus(self) -> int:
@@ -95,6 +116,10 @@ class PlacementRules:
     spread_key: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    gpu_resource: str = naming.GPU_RESOURCE
+    """The device resource the group's pods request; nodes and claims are counted in it."""
+    required_node_terms: tuple[NodeAffinityTerm, ...] = ()
+    """The spec's required node affinity: a node must meet one term (empty: no constraint)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +167,35 @@ def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
     return False
 
 
+def meets(node: NodeInventory, requirement: NodeSelectorRequirement) -> bool:
+    """Kubernetes node selector requirement matching for one node label."""
+    value = node.label(requirement.key)
+    match requirement.operator:
+        case "In":
+            return value in requirement.values
+        case "NotIn":
+            return value not in requirement.values
+        case "Exists":
+            return value is not None
+        case "DoesNotExist":
+            return value is None
+    try:
+        number, bound = int(value or ""), int(requirement.values[0])
+    except (ValueError, IndexError):
+        return False
+    return number > bound if requirement.operator == "Gt" else number < bound
+
+
 def eligible(node: NodeInventory, rules: PlacementRules) -> bool:
     """Whether a group's pod could ever be scheduled onto this node, GPUs aside."""
     if not node.schedulable:
         return False
     if any(node.label(key) != value for key, value in rules.node_selector):
+        return False
+    if rules.required_node_terms and not any(
+        all(meets(node, requirement) for requirement in term.match_expressions)
+        for term in rules.required_node_terms
+    ):
         return False
     return all(
         tolerates(rules.tolerations, taint)
@@ -155,11 +204,22 @@ def eligible(node: NodeInventory, rules: PlacementRules) -> bool:
     )
 
 
+def domain_of(node: NodeInventory, rules: PlacementRules) -> str | None:
+    """The topology domain of a node: its label value; without the label, the node itself in
+    Preferred mode and no domain at all in Required mode."""
+    value = node.label(rules.topology_key)
+    if value is None and rules.mode == "Preferred":
+        return naming.node_domain(node.name)
+    return value
+
+
 def domain_capacities(inventory: Inventory, rules: PlacementRules) -> tuple[DomainCapacity, ...]:
     """Free GPUs per topology domain among the nodes eligible under `rules`, sorted by domain name."""
     used_by_node: Counter[str] = Counter()
     pending_by_domain: defaultdict[str, list[int]] = defaultdict(list)
     for claim in inventory.claims:
+        if claim.resource != rules.gpu_resource:
+            continue
         if claim.node_name is not None:
             used_by_node[claim.node_name] += claim.gpus
         elif claim.topology_key == rules.topology_key and claim.domain is not None:
@@ -167,13 +227,13 @@ def domain_capacities(inventory: Inventory, rules: PlacementRules) -> tuple[Doma
 
     nodes_by_domain: defaultdict[str, list[NodeInventory]] = defaultdict(list)
     for node in inventory.nodes:
-        domain = node.label(rules.topology_key)
+        domain = domain_of(node, rules)
         if domain is not None and eligible(node, rules):
             nodes_by_domain[domain].append(node)
 
     capacities = []
     for domain, nodes in sorted(nodes_by_domain.items()):
-        free = [max(0, node.allocatable_gpus - used_by_node[node.name]) for node in nodes]
+        free = [max(0, node.allocatable(rules.gpu_resource) - used_by_node[node.name]) for node in nodes]
         free = _pack_pending(free, pending_by_domain.get(domain, []))
         spread = sorted({node.label(rules.spread_key) or "" for node in nodes}) if rules.spread_key else [""]
         capacities.append(DomainCapacity(domain, spread[0], tuple(free)))
@@ -195,6 +255,15 @@ def place_group(
     """
     spread_counts = groups_by_spread_value or {}
     capacities = domain_capacities(inventory, rules)
+    unlabelled = unlabelled_nodes(inventory.nodes, rules)
+    if unlabelled and not any(
+        node.allocatable(rules.gpu_resource) > 0
+        and eligible(node, rules)
+        and node.label(rules.topology_key) is not None
+        for node in inventory.nodes
+    ):
+        # Every GPU node placement could use lacks the label: that, not a busy cluster, is the limit.
+        return NoFit(NoFitReason.TOPOLOGY_LABEL_MISSING, missing_label_message(unlabelled, rules))
     if not capacities:
         return NoFit(
             NoFitReason.NO_ELIGIBLE_NODES,
@@ -222,8 +291,35 @@ def place_group(
             f"the group fits only in {', '.join(c.domain for c in fitting)}, where a group "
             "recently failed to schedule; retrying after the back-off",
         )
-    return NoFit(
-        NoFitReason.INSUFFICIENT_GPUS, insufficient_gpus_message(capacities, shape, rules.topology_key)
+    message = insufficient_gpus_message(capacities, shape, rules.topology_key)
+    if unlabelled:
+        message += "; " + missing_label_message(unlabelled, rules)
+    return NoFit(NoFitReason.INSUFFICIENT_GPUS, message)
+
+
+def unlabelled_nodes(nodes: Iterable[NodeInventory], rules: PlacementRules) -> tuple[str, ...]:
+    """Names of the eligible GPU nodes that Required placement cannot use for lack of the label."""
+    if rules.mode != "Required":
+        return ()
+    return tuple(
+        sorted(
+            node.name
+            for node in nodes
+            if node.allocatable(rules.gpu_resource) > 0
+            and eligible(node, rules)
+            and node.label(rules.topology_key) is None
+        )
+    )
+
+
+def missing_label_message(node_names: tuple[str, ...], rules: PlacementRules) -> str:
+    listed = ", ".join(node_names[:_DOMAINS_IN_MESSAGE])
+    if len(node_names) > _DOMAINS_IN_MESSAGE:
+        listed += f" and {len(node_names) - _DOMAINS_IN_MESSAGE} more"
+    return (
+        f"{len(node_names)} eligible GPU node(s) lack the topology label {rules.topology_key} and are "
+        f"never used in Required mode: {listed}; label them, set spec.placement.topologyKey to a label "
+        "they carry, or set spec.placement.mode to Preferred"
     )
 
 

@@ -19,8 +19,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from goodput.api.base import wire_dict
-from goodput.api.modelgroup import Toleration
+from goodput.api.modelgroup import (
+    SHM_BYTES_PER_GPU,
+    SHM_PATH,
+    SHM_VOLUME,
+    EnvVar,
+    NodeAffinity,
+    PodOptions,
+    SecurityContext,
+    Toleration,
+    VolumeMount,
+)
 from goodput.controllers import naming
 from goodput.controllers.agent_sidecar import AgentRank, AgentSidecar, add_agent
 
@@ -39,13 +51,30 @@ OPERATOR_ENV = frozenset(
 
 PlacementMode = Literal["Required", "Preferred"]
 
+# Fields added to GroupTemplate after the first release shape the revision only when set, so an
+# operator upgrade does not make every running group outdated.
+# Fields that shape a pod only when set: templates that leave them unset keep the revision they had
+# before the field existed, so an operator upgrade does not mark running groups outdated.
+_REVISION_WHEN_SET = frozenset(
+    {
+        "volume_mounts",
+        "shared_memory_size",
+        "security_context",
+        "pod",
+        "node_affinity",
+        "gpu_resource_name",
+        "agent",
+    }
+)
+
 
 @dataclass(frozen=True, slots=True)
 class GroupTemplate:
     """Everything about a ModelGroup that shapes its pods, already validated.
 
     requests and limits are (resource, quantity) pairs without the GPU resource, which comes from
-    gpus_per_pod. node_selector is (label key, value) pairs.
+    gpus_per_pod. node_selector is (label key, value) pairs. env holds (name, value) pairs for plain
+    values and the spec's EnvVar for a `valueFrom`, in the spec's order ($(NAME) refers backwards).
     """
 
     model_group: str
@@ -56,7 +85,7 @@ class GroupTemplate:
     served_name: str | None
     image: str
     args: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str] | EnvVar, ...]
     requests: tuple[tuple[str, str], ...]
     limits: tuple[tuple[str, str], ...]
     port: int
@@ -74,6 +103,24 @@ class GroupTemplate:
     agent: AgentSidecar | None = None
     """The health agent injected into every rank; None: not injected (no NCCL check required, or
     the operator has no agent image)."""
+    volume_mounts: tuple[VolumeMount, ...] = ()
+    shared_memory_size: str | None = None
+    security_context: SecurityContext | None = None
+    pod: PodOptions | None = None
+    node_affinity: NodeAffinity | None = None
+    gpu_resource_name: str | None = None
+
+    @property
+    def gpu_resource(self) -> str:
+        """The device resource every pod requests gpus_per_pod of (None above: nvidia.com/gpu)."""
+        return self.gpu_resource_name or naming.GPU_RESOURCE
+
+    @property
+    def shm_size(self) -> str:
+        """Size of the memory-backed /dev/shm: the spec's, else 2Gi per GPU of the pod."""
+        if self.shared_memory_size is not None:
+            return self.shared_memory_size
+        return f"{SHM_BYTES_PER_GPU * self.gpus_per_pod // 1024**3}Gi"
 
     @property
     def pods_per_group(self) -> int:
@@ -86,11 +133,20 @@ class GroupTemplate:
     @property
     def revision(self) -> str:
         """A short hash of every field that shapes a pod: pods of an older revision are outdated."""
-        shaping = {name: getattr(self, name) for name in self.__slots__ if name not in ("uid",)}
-        if self.agent is None:
-            del shaping["agent"]  # templates without the agent keep the revision they always had
-        canonical = json.dumps(shaping, sort_keys=True, default=str)
+        shaping = {
+            name: getattr(self, name)
+            for name in self.__slots__
+            if name != "uid" and not (name in _REVISION_WHEN_SET and getattr(self, name) in ((), None))
+        }
+        canonical = json.dumps(shaping, sort_keys=True, default=_canonical)
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def _canonical(value: object) -> object:
+    """JSON form of a template value for the revision hash (tolerations kept as they always were)."""
+    if isinstance(value, BaseModel) and not isinstance(value, Toleration | EnvVar):
+        return wire_dict(value)
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +272,11 @@ def _render_pod(
     replaces: str | None,
 ) -> dict[str, Any]:
     leader = rank == 0
-    labels = {**group_labels(template, group), naming.LABEL_RANK: str(rank)}
+    options = template.pod or PodOptions()
+    # The spec's labels and annotations first: goodput's own keys always win.
+    labels = {**options.labels, **group_labels(template, group), naming.LABEL_RANK: str(rank)}
     annotations = {
+        **options.annotations,
         naming.ANNOTATION_TOPOLOGY_KEY: template.topology_key,
         naming.ANNOTATION_TOPOLOGY_DOMAIN: domain,
     }
@@ -232,13 +291,17 @@ def _render_pod(
         "readinessGates": [{"conditionType": naming.CONDITION_GROUP_READY}],
         "affinity": {"nodeAffinity": _domain_affinity(template, domain)},
         "containers": [_render_container(template, group, rank, leader_address)],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}},
+            *(_pod_dict(volume) for volume in options.volumes),
+        ],
         # vLLM drains for --shutdown-timeout after SIGTERM, then stops its workers.
         "terminationGracePeriodSeconds": template.shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS,
         "restartPolicy": "Always",
         "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
+        "automountServiceAccountToken": options.automount_service_account_token,
     }
+    spec.update(_pod_options(options))
     spec = add_agent(spec, template.agent, _agent_rank(template, rank, leader_address))
     if template.node_selector:
         spec["nodeSelector"] = dict(template.node_selector)
@@ -270,11 +333,66 @@ def _agent_rank(template: GroupTemplate, rank: int, leader_address: str | None) 
     )
 
 
+def _pod_dict(model: BaseModel) -> dict[str, Any]:
+    """A spec model in Pod-spec form: what the spec leaves unset (None, empty lists) is left out."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+
+
+def _pod_options(options: PodOptions) -> dict[str, Any]:
+    """The pod-level fields a platform team sets, as the Pod spec names them; unset ones left out."""
+    rendered: dict[str, Any] = {}
+    if options.security_context is not None:
+        rendered["securityContext"] = _pod_dict(options.security_context)
+    if options.runtime_class_name:
+        rendered["runtimeClassName"] = options.runtime_class_name
+    if options.image_pull_secrets:
+        rendered["imagePullSecrets"] = [_pod_dict(secret) for secret in options.image_pull_secrets]
+    if options.service_account_name:
+        rendered["serviceAccountName"] = options.service_account_name
+    if options.priority_class_name:
+        rendered["priorityClassName"] = options.priority_class_name
+    return rendered
+
+
 def _domain_affinity(template: GroupTemplate, domain: str) -> dict[str, Any]:
-    term = {"matchExpressions": [{"key": template.topology_key, "operator": "In", "values": [domain]}]}
+    """The group's domain as node affinity, combined with the spec's own node affinity.
+
+    Required mode: the domain is added to every required term of the spec (terms are alternatives,
+    requirements inside a term all hold). Preferred mode: the spec's required terms stay as they
+    are and the domain becomes the strongest preference.
+    """
+    node = naming.node_of_domain(domain)
+    domain_term: dict[str, Any]
+    if node is not None:
+        # A node without the topology label is a domain of its own (Preferred mode only).
+        domain_term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    else:
+        domain_term = {
+            "matchExpressions": [{"key": template.topology_key, "operator": "In", "values": [domain]}]
+        }
+    user = template.node_affinity or NodeAffinity()
+    required = user.required_during_scheduling_ignored_during_execution
+    user_terms = [_pod_dict(term) for term in required.node_selector_terms] if required else []
+    preferred = [_pod_dict(item) for item in user.preferred_during_scheduling_ignored_during_execution]
+    affinity: dict[str, Any] = {}
     if template.placement_mode == "Required":
-        return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-    return {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]}
+        terms = [_and_terms(term, domain_term) for term in user_terms] or [domain_term]
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
+    else:
+        if user_terms:
+            affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": user_terms}
+        preferred.insert(0, {"weight": 100, "preference": domain_term})
+    if preferred:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    return affinity
+
+
+def _and_terms(term: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """One node selector term requiring both terms' requirements."""
+    merged = {key: list(values) for key, values in term.items()}
+    for key, values in extra.items():
+        merged[key] = merged.get(key, []) + list(values)
+    return merged
 
 
 def _render_container(
@@ -288,11 +406,16 @@ def _render_container(
         "args": vllm_args(template, rank, leader_address),
         "env": _render_env(template, group, rank),
         "resources": {
-            "requests": {**dict(template.requests), naming.GPU_RESOURCE: gpus},
-            "limits": {**dict(template.limits), naming.GPU_RESOURCE: gpus},
+            "requests": {**dict(template.requests), template.gpu_resource: gpus},
+            "limits": {**dict(template.limits), template.gpu_resource: gpus},
         },
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": SHM_VOLUME, "mountPath": SHM_PATH},
+            *(_pod_dict(mount) for mount in template.volume_mounts),
+        ],
     }
+    if template.security_context is not None:
+        container["securityContext"] = _pod_dict(template.security_context)
     if rank == 0:
         container["ports"] = [
             {"name": "http", "containerPort": template.port, "protocol": "TCP"},
@@ -324,10 +447,14 @@ def _render_env(template: GroupTemplate, group: str, rank: int) -> list[dict[str
         {"name": "GOODPUT_RANK", "value": str(rank)},
         {"name": "GOODPUT_GROUP_SIZE", "value": str(template.pods_per_group)},
     ]
-    user = dict(template.env)
+    user = [
+        {"name": item[0], "value": item[1]} if isinstance(item, tuple) else _pod_dict(item)
+        for item in template.env
+    ]
+    named = {item["name"] for item in user}
     defaults = [
         {"name": name, "value": POD_INTERFACE}
         for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-        if name not in user
+        if name not in named
     ]
-    return identity + defaults + [{"name": name, "value": value} for name, value in template.env]
+    return identity + defaults + user

@@ -148,6 +148,18 @@ def model_group_status(
     )
 
 
+def _containers_not_starting(groups: Iterable[Assessment]) -> list[str]:
+    """Ranks of starting groups whose container waits for something waiting does not fix, with the
+    kubelet's reason and message and the ModelGroup field to look at."""
+    return [
+        f"group {group.name} rank {pod.rank} ({pod.name}): {pod.waiting.describe()}"
+        for group in groups
+        if group.state == "Provisioning"
+        for pod in group.pods
+        if pod.waiting is not None and pod.waiting.spec_field is not None
+    ]
+
+
 def drain_summary(
     previous: DrainSummary | None, ended: Iterable[DrainEnded], cancelled: int
 ) -> DrainSummary | None:
@@ -262,6 +274,9 @@ def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[Condit
             f"{rollout.updated} group(s) of revision {rollout.revision}, {rollout.outdated} of an older one"
             + (f"; {summary}" if summary else ""),
         )
+    not_starting = _containers_not_starting(plan.groups)
+    if not_starting:
+        return "True", Reason.CONTAINERS_NOT_STARTING, "; ".join(not_starting)
     phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
     if phase is not None:
         return "True", phase[1], summary + _waits(plan.groups)

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
+from goodput.api.modelgroup import GPU_RESOURCE, ModelGroup, ModelGroupSpec, NodeAffinityTerm, PodOptions
 from goodput.controllers import naming
 from goodput.controllers.agent_sidecar import agent_sidecar
 from goodput.controllers.groups import ReadinessRules
@@ -24,6 +24,7 @@ from goodput.controllers.placement import (
     GroupShape,
     NodeInventory,
     PlacementRules,
+    domain_of,
     eligible,
     fits_empty_cluster,
 )
@@ -79,7 +80,11 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
         served_name=spec.model.served_name,
         image=spec.engine.image,
         args=tuple(spec.engine.args),
-        env=tuple((variable.name, variable.value) for variable in spec.engine.env),
+        # Plain values stay (name, value) pairs, as they always were in the revision hash.
+        env=tuple(
+            variable if variable.value_from is not None else (variable.name, variable.value or "")
+            for variable in spec.engine.env
+        ),
         requests=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.requests.items())),
         limits=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.limits.items())),
         port=spec.engine.port,
@@ -95,6 +100,16 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
         max_num_seqs=limits[0] if limits else None,
         max_num_batched_tokens=limits[1] if limits else None,
         agent=agent_sidecar(spec, agent_image),
+        volume_mounts=tuple(spec.engine.volume_mounts),
+        shared_memory_size=None
+        if spec.engine.shared_memory_size is None
+        else str(spec.engine.shared_memory_size),
+        security_context=spec.engine.security_context,
+        pod=None if spec.pod == PodOptions() else spec.pod,
+        node_affinity=spec.placement.node_affinity,
+        gpu_resource_name=None
+        if spec.engine.gpu_resource_name == GPU_RESOURCE
+        else spec.engine.gpu_resource_name,
     )
 
 
@@ -106,7 +121,15 @@ def placement_rules(spec: ModelGroupSpec) -> PlacementRules:
         spread_key=placement.spread_key or None,
         node_selector=tuple((term.key, term.value) for term in placement.node_selector),
         tolerations=tuple(placement.tolerations),
+        gpu_resource=spec.engine.gpu_resource_name,
+        required_node_terms=_required_node_terms(spec),
     )
+
+
+def _required_node_terms(spec: ModelGroupSpec) -> tuple[NodeAffinityTerm, ...]:
+    affinity = spec.placement.node_affinity
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    return tuple(required.node_selector_terms) if required else ()
 
 
 def readiness_rules(spec: ModelGroupSpec, tuning: ControllerTuning = ControllerTuning()) -> ReadinessRules:
@@ -151,15 +174,18 @@ def spec_problems(model_group: ModelGroup, nodes: Iterable[NodeInventory]) -> tu
     if owned:
         problems.append(f"spec.engine.env: {', '.join(owned)} are set by goodput from each pod's identity")
     rules = placement_rules(spec)
-    shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.gpus_per_pod)
-    candidates = [
-        node for node in nodes if eligible(node, rules) and node.label(rules.topology_key) is not None
-    ]
+    shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.gpus_per_pod, rules.gpu_resource)
+    candidates = [node for node in nodes if eligible(node, rules) and domain_of(node, rules) is not None]
     if candidates and not fits_empty_cluster(candidates, shape, rules):
-        largest_node = max(node.allocatable_gpus for node in candidates)
+        largest_node = max(node.allocatable(rules.gpu_resource) for node in candidates)
+        where = (
+            f"no {rules.topology_key} domain"
+            if rules.mode == "Required"
+            else f"not even the {len(candidates)} eligible node(s) together"
+        )
         problems.append(
             f"spec.parallelism: a group of {shape.pods} pod(s) × {spec.parallelism.gpus_per_pod} GPUs "
-            f"fits no {rules.topology_key} domain even on an empty cluster "
+            f"fits {where} even on an empty cluster "
             f"(largest node: {largest_node} GPUs); change gpusPerPod or the placement, or add larger nodes"
         )
     return tuple(problems)

@@ -14,14 +14,18 @@ with the environment the chart's Deployment sets.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
+import io
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -36,6 +40,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from goodput.operator.metrics import OperatorMetrics
+from goodput.operator.testing import fake_leaders
 from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
 from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries
 from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
@@ -339,8 +344,7 @@ def test_the_operator_reconciles_a_sample_with_only_the_charts_permissions(
 ) -> None:
     flags = ["--set", f"watchNamespaces[0]={workload_namespace}"] if mode == "namespaced" else []
     # As a platform team would: point the autoscaler at the Prometheus that scrapes the vLLM pods.
-    prometheus = [{"name": "GOODPUT_PROMETHEUS_URL", "value": cluster.prometheus_url}]
-    flags += ["--set-json", f"extraEnv={json.dumps(prometheus)}"]
+    flags += ["--set", f"prometheus.url={cluster.prometheus_url}"]
     with installed(cluster, restricted_namespace, *flags) as install:
         fullname = f"{install.release}-goodput"
         kubeconfig = service_account_kubeconfig(
@@ -433,6 +437,188 @@ def test_the_operator_reconciles_a_sample_with_only_the_charts_permissions(
             if '"severity": "error"' in line or '"severity": "critical"' in line
         ]
         assert not errors, "the operator logged errors:\n" + "\n".join(errors[:10])
+
+
+# --- the operator's image, as the chart deploys it ---------------------------------------------------
+
+IMAGE_TAG = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+IMAGE_ARCHIVE = ROOT / "out" / "image" / f"goodput-{IMAGE_TAG}.oci.tar"
+# The layers the image holds (Containerfile); a newer source file means the archive is stale.
+IMAGE_LAYERS = ("api", "estimators", "controllers", "operator")
+
+
+def unpack_oci_archive(archive: Path, rootfs: Path) -> dict[str, Any]:
+    """The image's root filesystem, layer by layer (whiteouts applied), and its config."""
+    with tarfile.open(archive) as outer:
+
+        def blob(digest: str) -> bytes:
+            member = outer.extractfile(f"blobs/{digest.replace(':', '/')}")
+            assert member is not None, digest
+            return member.read()
+
+        index = json.loads(blob_of_path(outer, "index.json"))
+        manifest = json.loads(blob(index["manifests"][0]["digest"]))
+        config: dict[str, Any] = json.loads(blob(manifest["config"]["digest"]))
+        rootfs.mkdir(parents=True)
+        for layer in manifest["layers"]:
+            with tarfile.open(fileobj=io.BytesIO(blob(layer["digest"]))) as tar:
+                members = []
+                for member in tar.getmembers():
+                    name = Path(member.name)
+                    if name.name.startswith(".wh."):
+                        target = rootfs / name.parent / name.name.removeprefix(".wh.")
+                        if target.is_dir() and not target.is_symlink():
+                            shutil.rmtree(target)
+                        else:
+                            target.unlink(missing_ok=True)
+                        continue
+                    if member.isdev():
+                        continue  # the runtime provides /dev
+                    members.append(member)
+                tar.extractall(rootfs, members=members, filter="tar")
+    return config
+
+
+def blob_of_path(archive: tarfile.TarFile, name: str) -> bytes:
+    member = archive.extractfile(name)
+    assert member is not None, name
+    return member.read()
+
+
+@pytest.fixture(scope="module")
+def operator_rootfs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """`make image`'s archive unpacked; built first when absent or older than the operator's sources
+    (minutes: Debian packages, wheels), since an older operator would refuse fields of the CRDs."""
+    sources = [path for layer in IMAGE_LAYERS for path in (ROOT / layer).rglob("*.py")]
+    newest_source = max(
+        path.stat().st_mtime for path in [*sources, ROOT / "pyproject.toml", ROOT / "Containerfile"]
+    )
+    if not IMAGE_ARCHIVE.exists() or IMAGE_ARCHIVE.stat().st_mtime < newest_source:
+        built = subprocess.run(
+            ["make", "image"], cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False
+        )
+        assert built.returncode == 0, f"make image failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
+    rootfs = tmp_path_factory.mktemp("image") / "rootfs"
+    return rootfs, unpack_oci_archive(IMAGE_ARCHIVE, rootfs)
+
+
+@contextlib.contextmanager
+def image_operator_process(
+    rootfs: Path, config: Mapping[str, Any], env: Mapping[str, str], kubeconfig: Path, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The image's entrypoint as the kubelet would start it: its own mount namespace, the image as a
+    read-only root, a tmpfs at /tmp (the chart's emptyDir), the image's user, its environment plus
+    the chart's."""
+    image = config["config"]
+    environment = dict(item.split("=", 1) for item in image.get("Env", []))
+    environment |= {**env, "KUBECONFIG": "/tmp/kubeconfig"}
+    user = image["User"]
+    command = [*image["Entrypoint"], *image["Cmd"]]
+    # Host tools prepare the mounts; inside the root, only the image's environment (env -i).
+    script = (
+        'set -e; root="$1"; kubeconfig="$2"; user="$3"; shift 3; mount --bind "$root" "$root"; '
+        'mount -t tmpfs -o size=64m,mode=1777 tmpfs "$root/tmp"; mount -t proc proc "$root/proc"; '
+        'cp "$kubeconfig" "$root/tmp/kubeconfig"; chmod 0444 "$root/tmp/kubeconfig"; '
+        'mount -o remount,bind,ro "$root"; exec chroot --userspec="$user" "$root" "$@"'
+    )
+    inside = ["/usr/bin/env", "-i", *(f"{key}={value}" for key, value in environment.items()), *command]
+    argv = ["unshare", "--mount", "--fork", "--", "sh", "-c", script, "sh", str(rootfs), str(kubeconfig)]
+    argv += [user, *inside]
+    with log.open("wb") as output:
+        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            yield process
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def self_contained(kubeconfig: Path) -> Path:
+    """The kubeconfig with its CA inlined: inside the image's root the host's files do not exist."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for entry in config["clusters"]:
+        path = entry["cluster"].pop("certificate-authority", None)
+        if path is not None:
+            entry["cluster"]["certificate-authority-data"] = base64.b64encode(
+                Path(path).read_bytes()
+            ).decode()
+    kubeconfig.write_text(yaml.safe_dump(config))
+    return kubeconfig
+
+
+def test_the_operator_image_serves_a_model_group_with_the_charts_account_and_environment(
+    cluster: LocalCluster,
+    *,
+    restricted_namespace: str,
+    workload_namespace: str,
+    goodput_crds: list[str],
+    operator_rootfs: tuple[Path, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    rootfs, config = operator_rootfs
+    assert config["config"]["User"] == "65532:65532", "the image runs as the chart's non-root user"
+    with installed(
+        cluster, restricted_namespace, "--set", f"prometheus.url={cluster.prometheus_url}"
+    ) as install:
+        fullname = f"{install.release}-goodput"
+        deployment = get_json(cluster, "deployment", fullname, "-n", install.namespace)
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == f"ghcr.io/goodput-dev/goodput:{IMAGE_TAG}", (
+            "the chart deploys this image"
+        )
+        kubeconfig = self_contained(
+            service_account_kubeconfig(cluster, restricted_namespace, fullname, tmp_path / "kubeconfig")
+        )
+        env = operator_environment(cluster, install)
+        model_group = {
+            "apiVersion": "goodput.dev/v1alpha1",
+            "kind": "ModelGroup",
+            "metadata": {"name": "llama-8b", "namespace": workload_namespace},
+            "spec": {
+                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                "engine": {"image": "vllm/vllm-openai:v0.33.0"},
+                "parallelism": {"gpusPerPod": 1},
+                "maxReplicas": 1,
+                "readiness": {"warmup": {"maxTokens": 4, "timeoutSeconds": 10}},
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(model_group))
+        log = tmp_path / "operator.log"
+        with (
+            fake_leaders(cluster, tmp_path / "completions.jsonl"),
+            image_operator_process(rootfs, config, env, kubeconfig, log) as operator,
+        ):
+
+            def ready() -> bool:
+                if operator.poll() is not None:
+                    raise AssertionError(
+                        f"the operator exited {operator.returncode}:\n{log.read_text()[-4000:]}"
+                    )
+                body = get_json(cluster, "modelgroup", "llama-8b", "-n", workload_namespace) or {}
+                return (condition(body, "Ready") or {}).get("status") == "True" and body["status"][
+                    "replicas"
+                ] == 1
+
+            wait_for(
+                ready,
+                timeout_seconds=120,
+                describe=lambda: (
+                    f"the ModelGroup Ready from the image's operator; log:\n{log.read_text()[-4000:]}"
+                ),
+            )
+            cluster.kubectl("delete", "modelgroup", "llama-8b", "-n", workload_namespace, "--wait=false")
+            wait_for(
+                lambda: get_json(cluster, "modelgroup", "llama-8b", "-n", workload_namespace) is None,
+                timeout_seconds=60,
+                describe="the ModelGroup finalized by the image's operator",
+            )
+        output = log.read_text()
+        assert "Read-only file system" not in output, "the operator wrote to its read-only root"
+        assert "Forbidden" not in output, "the chart's RBAC refused the image's operator"
 
 
 # --- the alert rules in a real Prometheus -------------------------------------------------------------------

@@ -123,14 +123,19 @@ def llama_70b(name: str, namespace: str, *, replicas: int, max_replicas: int = 4
             "model": {"name": "meta-llama/Llama-3.1-70B-Instruct", "revision": "main"},
             "engine": {"image": "vllm/vllm-openai:v0.33.0"},
             "parallelism": {"tensor": 8, "pipeline": 2, "gpusPerPod": 8},
+            # Required: these stories are about a group held whole inside one NVLink domain.
             "placement": {
+                "mode": "Required",
                 "nodeSelector": [{"key": POOL_LABEL, "value": namespace}],
                 "scheduleTimeoutSeconds": 60,
             },
             "replicas": replicas,
             "maxReplicas": max_replicas,
+            # These stories run the (simulated) health agent, so they ask for its checks.
             "readiness": {
-                "warmup": {"prompt": "The capital of France is", "maxTokens": 4, "timeoutSeconds": 5}
+                "ncclCheck": "Required",
+                "revisionCheck": True,
+                "warmup": {"prompt": "The capital of France is", "maxTokens": 4, "timeoutSeconds": 5},
             },
             "drain": {"minLifetimeSeconds": 0},
             **spec,

@@ -75,6 +75,7 @@ from goodput.estimators.capacity import CapacityProfile
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics_source import (
     MetricsUnavailableError,
+    PrometheusConnection,
     PrometheusMetricsSource,
     build_snapshot,
     query_windows,
@@ -102,6 +103,8 @@ class AutoscalerSettings:
     prometheus_url: str = "http://127.0.0.1:9090"
     prometheus_timeout_seconds: float = 5.0
     """A query slower than this counts as Prometheus being down."""
+    prometheus_connection: PrometheusConnection = field(default_factory=PrometheusConnection)
+    """Bearer token file, CA bundle and extra headers of every query."""
     rate_window_seconds: float = 60.0
     """Window of token rates and the request mix; at least two scrape intervals."""
     state_refresh_seconds: float = 60.0
@@ -123,6 +126,11 @@ class AutoscalerSettings:
         return cls(
             prometheus_url=settings.prometheus_url.rstrip("/"),
             prometheus_timeout_seconds=settings.prometheus_timeout_seconds,
+            prometheus_connection=PrometheusConnection.from_settings(
+                bearer_token_file=settings.prometheus_bearer_token_file,
+                ca_file=settings.prometheus_ca_file,
+                headers_json=settings.prometheus_headers,
+            ),
             rate_window_seconds=settings.prometheus_rate_window_seconds,
             state_refresh_seconds=settings.autoscaler_state_refresh_seconds,
             labels=SeriesLabels(
@@ -157,7 +165,7 @@ class AutoscalerMetrics:
     """The autoscaler's own series, on the operator's registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        labels = ["namespace", "modelgroup"]
+        labels = ["namespace", "model_group"]
         self.decisions = Counter(
             "goodput_autoscaler_decisions_total",
             "Scaling decisions by policy (active or shadow), mode and reason.",
@@ -417,7 +425,7 @@ class Autoscaler:
         except MetricsUnavailableError as error:
             self.metrics.metrics_failures.labels(namespace, name).inc()
             message = f"{error}; holding at {spec.replicas} group(s)"
-            log.warning("metrics unavailable: %s", error, extra={"namespace": namespace, "modelgroup": name})
+            log.warning("metrics unavailable: %s", error, extra={"namespace": namespace, "model_group": name})
             await self._fail(obj, status, Unusable(Reason.METRICS_QUERY_FAILED, message), post_events)
             # A blind spot restarts the stabilisation windows: once the metrics are back, the count
             # goes down only after a full scale-down window of seeing them (step limits still count).
@@ -653,7 +661,7 @@ class Autoscaler:
             current = await self._get(namespace, name)
         log.info(
             "status write lost twice to other writers; next tick",
-            extra={"namespace": namespace, "modelgroup": name},
+            extra={"namespace": namespace, "model_group": name},
         )
 
     async def _fail(
@@ -703,7 +711,7 @@ class Autoscaler:
             # The decision stands; the next tick writes the state again.
             log.warning(
                 "decision state not saved",
-                extra={"namespace": namespace, "modelgroup": name, "error": str(error)},
+                extra={"namespace": namespace, "model_group": name, "error": str(error)},
             )
             return
         memory.state_text, memory.state_written_at = text, now
@@ -765,7 +773,10 @@ def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSet
     async def start(*, memo: Any, **_: Any) -> None:
         runtime = memo.runtime
         source = PrometheusMetricsSource(
-            chosen.prometheus_url, chosen.labels, timeout_seconds=chosen.prometheus_timeout_seconds
+            chosen.prometheus_url,
+            chosen.labels,
+            timeout_seconds=chosen.prometheus_timeout_seconds,
+            connection=chosen.prometheus_connection,
         )
         memo.autoscaler = Autoscaler(
             runtime.kube, source, AutoscalerMetrics(runtime.metrics.registry), chosen

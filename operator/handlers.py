@@ -55,7 +55,7 @@ from goodput.controllers.observation import (
     parse_endpoint_slice,
     parse_node,
     parse_pod,
-    pod_gpus,
+    pod_accelerator,
 )
 from goodput.controllers.placement import GpuClaim, Inventory
 from goodput.controllers.policy import parse_slo_policy, reconcile_policy
@@ -208,7 +208,9 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         memo.runtime.wake(namespace, view.model_group)
         return {(namespace or "", view.model_group): view}
 
-    @kopf.index("pods", when=lambda body, **_: pod_gpus(body) > 0, id="gpu_claims", registry=registry)
+    @kopf.index(
+        "pods", when=lambda body, **_: pod_accelerator(body) is not None, id="gpu_claims", registry=registry
+    )
     async def gpu_claims(
         *, body: kopf.Body, name: str, namespace: str | None, **_: Any
     ) -> dict[str, tuple[str, GpuClaim]]:
@@ -811,6 +813,6 @@ def _record(metrics: OperatorMetrics, namespace: str, name: str, world: World, p
         counts[group.state] = counts.get(group.state, 0) + 1
         if group.state == "Failed":
             metrics.group_failures.labels(group.reason).inc()
-    metrics.set_group_counts(namespace, name, world.desired_groups, counts)
+    metrics.set_group_counts(namespace, name, world.desired_groups, counts, world.template.gpus_per_group)
     if plan.placement_limit is not None:
         metrics.placement_limited.labels(plan.placement_limit.reason).inc()

@@ -47,13 +47,19 @@ class OperatorMetrics:
         self.groups = Gauge(
             "goodput_groups",
             "Replica groups of a ModelGroup by state.",
-            ["namespace", "modelgroup", "state"],
+            ["namespace", "model_group", "state"],
             registry=r,
         )
         self.desired_groups = Gauge(
             "goodput_desired_groups",
             "Replica groups a ModelGroup asks for.",
-            ["namespace", "modelgroup"],
+            ["namespace", "model_group"],
+            registry=r,
+        )
+        self.group_gpus = Gauge(
+            "goodput_group_gpus",
+            "GPUs requested by a ModelGroup's groups, by group state (integrate for GPU-hours).",
+            ["namespace", "model_group", "state"],
             registry=r,
         )
         self.group_ready_seconds = Histogram(
@@ -113,10 +119,13 @@ class OperatorMetrics:
     def kube_request(self, verb: str, resource: str, code: int) -> None:
         self.kube_requests.labels(verb, resource, str(code)).inc()
 
-    def set_group_counts(self, namespace: str, name: str, desired: int, counts: dict[str, int]) -> None:
+    def set_group_counts(
+        self, namespace: str, name: str, desired: int, counts: dict[str, int], gpus_per_group: int = 0
+    ) -> None:
         self.desired_groups.labels(namespace, name).set(desired)
         for state in GROUP_STATES:
             self.groups.labels(namespace, name, state).set(counts.get(state, 0))
+            self.group_gpus.labels(namespace, name, state).set(counts.get(state, 0) * gpus_per_group)
 
     def drain_ended(self, namespace: str, name: str, drain: DrainEnded) -> None:
         self.drain_duration.labels(namespace, name, drain.outcome).observe(drain.duration_seconds)
@@ -129,8 +138,9 @@ class OperatorMetrics:
 
     def forget_model_group(self, namespace: str, name: str) -> None:
         for state in GROUP_STATES:
-            with contextlib.suppress(KeyError):
-                self.groups.remove(namespace, name, state)
+            for gauge in (self.groups, self.group_gpus):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(namespace, name, state)
         with contextlib.suppress(KeyError):
             self.desired_groups.remove(namespace, name)
         for outcome in DRAIN_OUTCOMES:

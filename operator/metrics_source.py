@@ -16,13 +16,16 @@ unschedulable while the group controller reports that none can be placed.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import requests
+import requests.auth
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
@@ -233,18 +236,79 @@ def query_windows(compiled: CompiledPolicy, rate_window_seconds: float) -> Windo
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PrometheusConnection:
+    """How every query reaches Prometheus beyond its URL: a bearer token, a CA bundle, extra headers."""
+
+    bearer_token_file: str = ""
+    ca_file: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_settings(
+        cls, *, bearer_token_file: str, ca_file: str, headers_json: str
+    ) -> PrometheusConnection:
+        """Checked at start-up, so a typo stops the operator with the setting's name, not every query."""
+        headers: tuple[tuple[str, str], ...] = ()
+        if headers_json.strip():
+            try:
+                parsed = json.loads(headers_json)
+            except ValueError as error:
+                raise ValueError(f"GOODPUT_PROMETHEUS_HEADERS is not a JSON object: {error}") from None
+            if not isinstance(parsed, dict) or not all(
+                isinstance(key, str) and isinstance(value, str) for key, value in parsed.items()
+            ):
+                raise ValueError(
+                    "GOODPUT_PROMETHEUS_HEADERS must be a JSON object of strings, "
+                    'e.g. {"X-Scope-OrgID": "ml"}'
+                )
+            headers = tuple(sorted(parsed.items()))
+        for name, path in (("BEARER_TOKEN_FILE", bearer_token_file), ("CA_FILE", ca_file)):
+            if path and not Path(path).is_file():
+                raise ValueError(f"GOODPUT_PROMETHEUS_{name}={path!r} is not a readable file")
+        return cls(bearer_token_file, ca_file, headers)
+
+    def session(self) -> requests.Session:
+        session = requests.Session()
+        session.verify = self.ca_file or True
+        session.headers.update(dict(self.headers))
+        if self.bearer_token_file:
+            session.auth = _BearerTokenFile(Path(self.bearer_token_file))
+        return session
+
+
+class _BearerTokenFile(requests.auth.AuthBase):
+    """`Authorization: Bearer <token>` read from a file at each request: rotated tokens keep working."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {self.path.read_text().strip()}"
+        return request
+
+
 class PrometheusMetricsSource:
     """Reads one ModelGroup's engine series from Prometheus (blocking; call it from a thread)."""
 
-    def __init__(self, url: str, labels: SeriesLabels, *, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        labels: SeriesLabels,
+        *,
+        timeout_seconds: float,
+        connection: PrometheusConnection | None = None,
+    ) -> None:
         self.url = url
         self.labels = labels
         self.timeout_seconds = timeout_seconds
+        self._session = (connection or PrometheusConnection()).session()
         # No retries: the decision interval is the retry, and a slow answer is as useless as none.
         self._client = PrometheusConnect(
             url=url,
             retry=Retry(total=0, connect=0, read=0, redirect=0),
             timeout=timeout_seconds,
+            session=self._session,
         )
 
     def read(self, namespace: str, model_group: str, windows: Windows) -> dict[str, GroupMetrics]:
@@ -253,6 +317,10 @@ class PrometheusMetricsSource:
             result = self._client.custom_query(query)
         except requests.RequestException as error:
             raise MetricsUnavailableError(f"Prometheus at {self.url} {self._describe(error)}") from error
+        except OSError as error:  # the bearer token file, read for each query
+            raise MetricsUnavailableError(
+                f"Prometheus at {self.url}: cannot read the bearer token: {_short(error)}"
+            ) from error
         except (PrometheusApiClientException, ValueError, KeyError) as error:
             raise MetricsUnavailableError(f"Prometheus at {self.url} failed: {_short(error)}") from error
         if not isinstance(result, list):

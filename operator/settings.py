@@ -57,6 +57,15 @@ class Settings:
     """Timeout of one Kubernetes API request made by the controllers."""
     prometheus_url: str = "http://127.0.0.1:9090"
     """Prometheus that scrapes the vLLM leaders; the autoscaler's only source of load."""
+    prometheus_bearer_token_file: str = ""
+    """File holding a bearer token sent with every query (a managed or multi-tenant Prometheus);
+    read again for each query, so a rotated token (a projected ServiceAccount token) keeps working.
+    Empty: no Authorization header."""
+    prometheus_ca_file: str = ""
+    """PEM bundle that verifies Prometheus' TLS certificate; empty: the system's CAs."""
+    prometheus_headers: str = ""
+    """Extra HTTP headers of every query as a JSON object, for example '{"X-Scope-OrgID": "ml"}'
+    (Cortex, Mimir and Thanos tenants)."""
     prometheus_timeout_seconds: float = 5.0
     """A query slower than this counts as Prometheus being down (no scale-in, retried)."""
     prometheus_rate_window_seconds: float = 60.0

@@ -74,6 +74,8 @@ def test_a_minimal_model_groups_defaults_hold_together() -> None:
     assert spec.readiness.warmup.max_tokens >= 1 and spec.readiness.warmup.prompt
     # A default the API server applies must be one the model accepts when it is written out.
     assert ModelGroupSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec
+    # Without the health agent nothing answers the NCCL and revision checks: they are off by default.
+    assert (spec.readiness.nccl_check, spec.readiness.revision_check) == ("Skip", False)
 
 
 def test_slo_policy_defaults_match_the_documented_contract() -> None:

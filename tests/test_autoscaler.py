@@ -268,7 +268,7 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
         h.sample(
             "goodput_autoscaler_decisions_total",
             namespace=NAMESPACE,
-            modelgroup=NAME,
+            model_group=NAME,
             policy="active",
             mode="Active",
             reason=outcome.active.reason,
@@ -276,7 +276,7 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
         == 1.0
     )
     assert h.sample(
-        "goodput_autoscaler_desired_groups", namespace=NAMESPACE, modelgroup=NAME, policy="active"
+        "goodput_autoscaler_desired_groups", namespace=NAMESPACE, model_group=NAME, policy="active"
     ) == (outcome.active.desired_groups)
     for stage in ("metrics", "decide", "total"):
         assert h.sample("goodput_autoscaler_decision_duration_seconds_count", stage=stage) == 1.0
@@ -363,7 +363,7 @@ def test_a_prometheus_that_is_down_holds_the_count_and_says_why() -> None:
         h.tick(at=10)
     assert len(h.events) == 1, "the failure is announced once"
     assert (
-        h.sample("goodput_autoscaler_metrics_query_failures_total", namespace=NAMESPACE, modelgroup=NAME)
+        h.sample("goodput_autoscaler_metrics_query_failures_total", namespace=NAMESPACE, model_group=NAME)
         == 2.0
     )
 
@@ -514,7 +514,7 @@ def test_forgetting_a_model_group_drops_its_memory_and_series() -> None:
     h.autoscaler.forget(NAMESPACE, NAME)
     assert h.autoscaler.memories == {}
     assert (
-        h.sample("goodput_autoscaler_desired_groups", namespace=NAMESPACE, modelgroup=NAME, policy="active")
+        h.sample("goodput_autoscaler_desired_groups", namespace=NAMESPACE, model_group=NAME, policy="active")
         is None
     )
 
@@ -528,7 +528,7 @@ def test_a_revision_bump_is_named_by_the_next_decision_and_its_series() -> None:
     assert h.status["lastDecision"]["policyRevision"] == "r2"
     info = {
         "namespace": NAMESPACE,
-        "modelgroup": NAME,
+        "model_group": NAME,
         "policy": "active",
         "slopolicy": "chat",
         "mode": "Active",
@@ -566,7 +566,7 @@ def test_prompts_no_group_can_serve_in_time_raise_slo_attainable_false_not_group
         {"name": "chat", "longestFeasiblePromptTokens": threshold, "infeasibleShare": 1.0}
     ]
     assert [event.reason for event in h.events] == ["SLOUnattainable"]
-    labels = {"namespace": NAMESPACE, "modelgroup": NAME, "class": "chat"}
+    labels = {"namespace": NAMESPACE, "model_group": NAME, "class": "chat"}
     assert h.sample("goodput_autoscaler_infeasible_share", **labels) == 1.0
     assert h.sample("goodput_autoscaler_feasible_prompt_tokens", **labels) == threshold
     h.tick(at=10)
@@ -618,6 +618,6 @@ def test_attainment_is_reported_against_offered_and_against_the_attainable_ceili
     assert chat["attainmentAttainable"] == pytest.approx(1.0)
     for basis, value in (("offered", 0.8), ("attainable", 1.0)):
         sample = h.sample(
-            "goodput_autoscaler_attainment_ratio", namespace=NAMESPACE, modelgroup=NAME, basis=basis
+            "goodput_autoscaler_attainment_ratio", namespace=NAMESPACE, model_group=NAME, basis=basis
         )
         assert sample == pytest.approx(value)

@@ -224,6 +224,14 @@ def test_values_touched_by_rules_are_bounded_for_the_cost_budget(resource: Custo
                 assert "maxProperties" in node, path
 
 
+def test_no_object_loses_its_content_to_pruning(resource: CustomResource) -> None:
+    """An object with neither properties nor typed values is pruned empty by the API server: a map
+    whose keys the schema tried to constrain (labels, annotations) would vanish without an error."""
+    for path, node in walk(openapi_schema(resource)):
+        if node.get("type") == "object" and path not in ("", ".metadata"):
+            assert "properties" in node or "additionalProperties" in node, f"{path} would be pruned empty"
+
+
 def test_rule_messages_name_their_field_in_back_quotes(resource: CustomResource) -> None:
     for path, node in walk(openapi_schema(resource)):
         for rule in node.get("x-kubernetes-validations", []):

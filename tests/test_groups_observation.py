@@ -208,3 +208,85 @@ def test_later_writes_merge_with_earlier_ones() -> None:
     assert pods[0].gated is False
     pods, outstanding = overlay([created], expectations, NOW)
     assert pods[0].gated is False and outstanding[created.name].fields == frozenset({"gated"})
+
+
+@pytest.mark.parametrize(
+    ("statuses", "reason", "field"),
+    [
+        (
+            {"containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "ContainerCreating"}}}]},
+            "ContainerCreating",
+            None,
+        ),
+        (
+            {
+                "containerStatuses": [
+                    {
+                        "name": "vllm",
+                        "state": {
+                            "waiting": {
+                                "reason": "CreateContainerConfigError",
+                                "message": 'secret "hf-token" not found',
+                            }
+                        },
+                    }
+                ]
+            },
+            "CreateContainerConfigError",
+            "spec.engine.env[].valueFrom or spec.pod.volumes",
+        ),
+        (
+            {
+                "initContainerStatuses": [
+                    {
+                        "name": "agent",
+                        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off"}},
+                    }
+                ],
+                "containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "PodInitializing"}}}],
+            },
+            "ImagePullBackOff",
+            "spec.engine.image (or spec.pod.imagePullSecrets)",
+        ),
+        ({"containerStatuses": [{"name": "vllm", "state": {"running": {}}}]}, None, None),
+    ],
+    ids=["progress is not a problem", "missing Secret", "init containers first", "running"],
+)
+def test_a_waiting_container_is_read_with_the_field_to_fix(
+    statuses: dict[str, Any], reason: str | None, field: str | None
+) -> None:
+    view = parse_pod(raw_pod(phase="Pending", **statuses))
+    assert view is not None
+    if reason is None:
+        assert view.waiting is None
+    else:
+        assert view.waiting is not None
+        assert (view.waiting.reason, view.waiting.spec_field) == (reason, field)
+
+
+def test_a_pod_on_another_device_resource_claims_it() -> None:
+    pod = raw_pod(phase="Running")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"amd.com/gpu": "4", "rdma/hca": "1"}}
+    claim = gpu_claim(pod)
+    assert claim is not None
+    # rdma/hca sorts after amd.com/gpu; nvidia.com/gpu, when asked for, always wins.
+    assert (claim.resource, claim.gpus, claim.node_name) == ("amd.com/gpu", 4, "node-1")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    claim = gpu_claim(pod)
+    assert claim is not None and (claim.resource, claim.gpus) == ("nvidia.com/gpu", 2)
+
+
+def test_a_node_reports_every_device_resource() -> None:
+    node = parse_node(
+        {
+            "metadata": {"name": "mi300-0", "labels": {}},
+            "spec": {},
+            "status": {
+                "allocatable": {"amd.com/gpu": "8", "cpu": "224", "nvidia.com/gpu": "0", "rdma/hca": "bad"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+    assert node.inventory.allocatable("amd.com/gpu") == 8
+    assert node.inventory.allocatable("nvidia.com/gpu") == 0
+    assert node.inventory.allocatable("example.com/none") == 0

@@ -12,6 +12,7 @@ from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.groups import Assessment, Backoff, DrainEnded, Plan
+from goodput.controllers.observation import ContainerWaiting, PodView
 from goodput.controllers.placement import NoFit, NoFitReason
 from goodput.controllers.status import (
     RECENT_DRAINS,
@@ -342,3 +343,35 @@ def test_building_on_our_unechoed_write_keeps_other_controllers_conditions(
 ) -> None:
     merged = with_others_conditions(ModelGroupStatus(conditions=ours), ModelGroupStatus(conditions=observed))
     assert {c.type: c.status for c in merged.conditions} == expected
+
+
+def test_a_rank_whose_container_cannot_start_is_named_with_its_reason_and_field() -> None:
+    def rank(index: int, waiting: ContainerWaiting | None) -> PodView:
+        return PodView(
+            name=f"llama-g0-{index}", model_group="llama", group="g0", rank=index, revision="r",
+            created_at=EARLIER, deleting=False, phase="Pending", node_name="n", ip=None, gated=False,
+            topology_domain="a", replaces=None, draining_since=None, gpus=8, restarts=0,
+            containers_ready=None, scheduled=None, group_ready=None, nccl_healthy=None,
+            reported_model_revision=None, waiting=waiting,
+        )  # fmt: skip
+
+    missing_secret = ContainerWaiting("CreateContainerConfigError", 'secret "hf-token" not found')
+    blocked = assessment(
+        "g0",
+        "Provisioning",
+        pods=(rank(0, ContainerWaiting("ContainerCreating", "")), rank(1, missing_secret)),
+    )
+    status = status_of(blocked, assessment("g1", "Ready"), desired=2)
+    progressing = find_condition(status.conditions, ConditionType.PROGRESSING)
+    assert progressing is not None
+    assert (progressing.status, progressing.reason) == ("True", Reason.CONTAINERS_NOT_STARTING)
+    assert progressing.message == (
+        'group g0 rank 1 (llama-g0-1): CreateContainerConfigError: secret "hf-token" not found '
+        "(check spec.engine.env[].valueFrom or spec.pod.volumes)"
+    )
+    # Containers that are merely being created are progress, not a problem.
+    starting = assessment("g0", "Provisioning", pods=(rank(0, ContainerWaiting("ContainerCreating", "")),))
+    assert condition(status_of(starting, desired=1), ConditionType.PROGRESSING) == (
+        "True",
+        Reason.GROUPS_PROVISIONING,
+    )

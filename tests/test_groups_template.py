@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from goodput.controllers.placement import NodeInventory
+from goodput.controllers.pods import render_group
 from goodput.controllers.template import (
     IMAGE_REFERENCE,
     group_template,
@@ -80,7 +83,7 @@ def test_rules_come_from_the_spec() -> None:
     assert (placement.topology_key, placement.spread_key, placement.mode) == (
         CLIQUE,
         "topology.kubernetes.io/zone",
-        "Required",
+        "Preferred",
     )
 
 
@@ -110,7 +113,14 @@ def test_a_spec_the_api_server_would_reject_is_described_field_by_field() -> Non
         (body(metadata={"name": "x" * 60, "namespace": "serving", "uid": "u"}), "metadata.name: "),
         (
             body(spec__parallelism={"tensor": 16, "pipeline": 1, "gpusPerPod": 16}),
-            "spec.parallelism: a group of 1 pod(s) × 16 GPUs fits no nvidia.com/gpu.clique domain",
+            "spec.parallelism: a group of 1 pod(s) × 16 GPUs fits not even the 2 eligible node(s) together",
+        ),
+        (
+            body(
+                spec__parallelism={"tensor": 8, "pipeline": 3, "gpusPerPod": 8},
+                spec__placement={"mode": "Required"},
+            ),
+            "spec.parallelism: a group of 3 pod(s) × 8 GPUs fits no nvidia.com/gpu.clique domain",
         ),
         (
             body(spec__parallelism={"tensor": 8, "pipeline": 3, "gpusPerPod": 8}),
@@ -122,7 +132,8 @@ def test_a_spec_the_api_server_would_reject_is_described_field_by_field() -> Non
         "operator-owned env",
         "name too long for pod names",
         "pod larger than any node",
-        "group larger than any domain",
+        "group larger than any domain (Required)",
+        "group larger than every node together (Preferred)",
     ],
 )
 def test_problems_only_the_controller_can_see(raw: dict[str, Any], problem: str) -> None:
@@ -152,3 +163,44 @@ def test_a_valid_spec_has_no_problems_and_a_cluster_without_nodes_is_not_a_spec_
 )
 def test_image_references(image: str, valid: bool) -> None:
     assert bool(IMAGE_REFERENCE.match(image)) is valid
+
+
+def test_the_gated_sample_reads_its_token_from_a_secret_and_caches_weights_on_a_claim() -> None:
+    path = (
+        Path(__file__).resolve().parent.parent
+        / "manifests"
+        / "samples"
+        / "modelgroup-gated-llama-8b-secret-pvc.yaml"
+    )
+    document = yaml.safe_load(path.read_text())
+    document["metadata"].update(namespace="serving", uid="u-2")
+    (pod,) = render_group(group_template(model_group(document)), "g0", "node/gpu-0").pods
+    container = pod["spec"]["containers"][0]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    }
+    assert "value" not in env["HF_TOKEN"]
+    assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod["spec"]["volumes"]
+    assert {"name": "hf-cache", "mountPath": "/models"} in container["volumeMounts"]
+    assert pod["metadata"]["labels"]["cost-center"] == "ml-platform"
+    # No clique label on the node: the domain is the node itself.
+    assert pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0][
+        "preference"
+    ] == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-0"]}]}
+
+
+def test_the_device_resource_of_the_spec_reaches_placement_and_pods() -> None:
+    spec_engine = {**BODY["spec"]["engine"], "gpuResourceName": "nvidia.com/mig-3g.40gb"}
+    parsed = model_group(body(spec__engine=spec_engine))
+    assert placement_rules(parsed.spec).gpu_resource == "nvidia.com/mig-3g.40gb"
+    assert group_template(parsed).gpu_resource == "nvidia.com/mig-3g.40gb"
+    # The default leaves the template as it was, so running groups keep their revision.
+    assert group_template(model_group(BODY)).gpu_resource_name is None
+    mig_nodes = tuple(
+        NodeInventory(f"n{i}", ((CLIQUE, "a"),), 0, other_devices=(("nvidia.com/mig-3g.40gb", 2),))
+        for i in range(2)
+    )
+    # 16 slices are needed, 4 exist: the spec can never be placed there.
+    assert spec_problems(parsed, mig_nodes)[0].startswith("spec.parallelism: a group of 2 pod(s) × 8 GPUs")

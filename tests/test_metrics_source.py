@@ -9,12 +9,15 @@ requests a second of 256-token prompts and 64-token outputs, with windows of 8 s
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
 import math
+import re
 import socket
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +31,7 @@ from goodput.controllers.policy_compile import CompiledPolicy, compile_policy
 from goodput.estimators.attainment import fraction_within
 from goodput.operator.metrics_source import (
     MetricsUnavailableError,
+    PrometheusConnection,
     PrometheusMetricsSource,
     build_snapshot,
     group_observations,
@@ -520,3 +524,93 @@ def test_during_a_rollout_surge_groups_are_not_capacity_on_its_way() -> None:
         ("g0", GroupState.READY),
         ("g1", GroupState.READY),
     ]
+
+
+@pytest.fixture
+def recording_prometheus() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A Prometheus stand-in that answers an empty vector and records each request's headers."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(dict(self.headers.items()))
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=2)
+
+
+def test_queries_carry_the_bearer_token_as_it_is_now_and_the_extra_headers(
+    recording_prometheus: tuple[str, list[dict[str, str]]], tmp_path: Path
+) -> None:
+    url, seen = recording_prometheus
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    connection = PrometheusConnection.from_settings(
+        bearer_token_file=str(token), ca_file="", headers_json='{"X-Scope-OrgID": "ml-team"}'
+    )
+    source = PrometheusMetricsSource(url, LABELS, timeout_seconds=2.0, connection=connection)
+    assert source.read("serving", "llama", Windows(60, 300)) == {}
+    token.write_text("rotated")
+    source.read("serving", "llama", Windows(60, 300))
+    source.close()
+    assert [request["Authorization"] for request in seen] == ["Bearer first", "Bearer rotated"]
+    assert all(request["X-Scope-OrgID"] == "ml-team" for request in seen)
+
+
+def test_a_vanished_token_file_makes_metrics_unavailable_not_a_crash(
+    recording_prometheus: tuple[str, list[dict[str, str]]], tmp_path: Path
+) -> None:
+    url, _ = recording_prometheus
+    token = tmp_path / "token"
+    token.write_text("t")
+    connection = PrometheusConnection.from_settings(bearer_token_file=str(token), ca_file="", headers_json="")
+    source = PrometheusMetricsSource(url, LABELS, timeout_seconds=2.0, connection=connection)
+    token.unlink()
+    with pytest.raises(MetricsUnavailableError, match="cannot read the bearer token"):
+        source.read("serving", "llama", Windows(60, 300))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"headers_json": "X-Scope-OrgID: ml"}, "GOODPUT_PROMETHEUS_HEADERS is not a JSON object"),
+        (
+            {"headers_json": '{"X-Scope-OrgID": 1}'},
+            "GOODPUT_PROMETHEUS_HEADERS must be a JSON object of strings",
+        ),
+        (
+            {"bearer_token_file": "/nonexistent/token"},
+            "GOODPUT_PROMETHEUS_BEARER_TOKEN_FILE='/nonexistent/token'",
+        ),
+        ({"ca_file": "/nonexistent/ca.pem"}, "GOODPUT_PROMETHEUS_CA_FILE='/nonexistent/ca.pem'"),
+    ],
+    ids=["headers not JSON", "header value not a string", "missing token file", "missing CA file"],
+)
+def test_bad_connection_settings_name_the_setting(settings: dict[str, str], message: str) -> None:
+    arguments = {"bearer_token_file": "", "ca_file": "", "headers_json": "", **settings}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        PrometheusConnection.from_settings(**arguments)
+
+
+def test_the_ca_bundle_verifies_prometheus(tmp_path: Path) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    with_ca = PrometheusConnection.from_settings(bearer_token_file="", ca_file=str(bundle), headers_json="")
+    assert with_ca.session().verify == str(bundle)
+    assert PrometheusConnection().session().verify is True

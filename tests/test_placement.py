@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.api.modelgroup import Toleration
+from goodput.api.modelgroup import NodeAffinityTerm, Toleration
 from goodput.controllers.placement import (
     GpuClaim,
     GroupShape,
@@ -131,10 +131,52 @@ CASES = [
         no_fit=NoFitReason.DOMAINS_BACKED_OFF,
     ),
     PlaceCase(
-        "nodes without the topology label are not a domain",
+        "Required: nodes without the topology label are no domain, and that is the reason given",
         (node("n0", None), node("n1", None)),
         GROUP_16,
-        no_fit=NoFitReason.NO_ELIGIBLE_NODES,
+        no_fit=NoFitReason.TOPOLOGY_LABEL_MISSING,
+    ),
+    PlaceCase(
+        "Preferred: a node without the topology label is a domain of its own",
+        (node("n0", None), node("n1", None)),
+        GROUP_8,
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n0",
+    ),
+    PlaceCase(
+        "Preferred: best fit among unlabelled nodes",
+        (node("n0", None, gpus=8), node("n1", None, gpus=4)),
+        GroupShape(pods=1, gpus_per_pod=4),
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n1",
+    ),
+    PlaceCase(
+        "Preferred: a two-node group over unlabelled nodes spreads rather than waits",
+        (node("n0", None), node("n1", None)),
+        GROUP_16,
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n0",
+    ),
+    PlaceCase(
+        "Preferred: a labelled domain that holds the group whole beats single nodes",
+        (node("n0", None), node("a-0", "a"), node("a-1", "a")),
+        GROUP_16,
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="a",
+    ),
+    PlaceCase(
+        "Preferred: a pending group on an unlabelled node holds its GPUs",
+        (node("n0", None), node("n1", None)),
+        GROUP_8,
+        claims=(GpuClaim(8, None, CLIQUE, "node/n0"),),
+        rules=PlacementRules(CLIQUE, mode="Preferred"),
+        domain="node/n1",
+    ),
+    PlaceCase(
+        "Required: labelled domains too small, unlabelled nodes unused: still short of GPUs",
+        (node("a-0", "a"), node("n0", None)),
+        GROUP_16,
+        no_fit=NoFitReason.INSUFFICIENT_GPUS,
     ),
     PlaceCase(
         "the node selector narrows the nodes",
@@ -209,6 +251,61 @@ def test_no_fit_names_needed_and_free_gpus_per_domain() -> None:
     assert decision.message == (
         "insufficient GPUs: a group needs 16 GPUs (2 pods × 8) in one nvidia.com/gpu.clique domain; "
         "free GPUs per domain: a=8, b=8"
+    )
+
+
+def _term(*requirements: tuple[str, str, list[str]]) -> NodeAffinityTerm:
+    return NodeAffinityTerm.model_validate(
+        {"matchExpressions": [{"key": k, "operator": op, "values": values} for k, op, values in requirements]}
+    )
+
+
+@pytest.mark.parametrize(
+    ("terms", "expected_domain"),
+    [
+        ((_term(("pool", "In", ["b"])),), "b"),
+        ((_term(("pool", "NotIn", ["a"])),), "b"),
+        ((_term(("pool", "In", ["x"])), _term(("pool", "In", ["b"]))), "b"),
+        ((_term(("spot", "DoesNotExist", [])),), "b"),
+        ((_term(("pool", "Exists", []), ("memory", "Gt", ["80"])),), "b"),
+        ((_term(("memory", "Lt", ["80"])),), "a"),
+        ((_term(("pool", "In", ["c"])),), None),
+    ],
+    ids=["In", "NotIn", "any one term", "DoesNotExist", "every requirement of a term", "Lt", "none"],
+)
+def test_required_node_affinity_limits_the_eligible_nodes(
+    terms: tuple[NodeAffinityTerm, ...], expected_domain: str | None
+) -> None:
+    nodes = (
+        node("a-0", "a", extra=(("pool", "a"), ("spot", "true"), ("memory", "40"))),
+        node("b-0", "b", extra=(("pool", "b"), ("memory", "141"))),
+    )
+    decision = place_group(Inventory(nodes), GROUP_8, PlacementRules(CLIQUE, required_node_terms=terms))
+    if expected_domain is None:
+        assert isinstance(decision, NoFit) and decision.reason == NoFitReason.NO_ELIGIBLE_NODES
+    else:
+        assert isinstance(decision, Placed) and decision.domain == expected_domain
+
+
+def test_missing_label_names_the_label_and_the_nodes() -> None:
+    nodes = (node("gpu-b", None), node("gpu-a", None), node("cpu", None, gpus=0), node("a-0", "a", gpus=0))
+    decision = place_group(Inventory(nodes), GROUP_8, RULES)
+    assert isinstance(decision, NoFit)
+    assert decision.reason == NoFitReason.TOPOLOGY_LABEL_MISSING
+    assert decision.message.startswith(
+        "2 eligible GPU node(s) lack the topology label nvidia.com/gpu.clique and are never used in "
+        "Required mode: gpu-a, gpu-b;"
+    )
+    assert "spec.placement.mode to Preferred" in decision.message
+
+
+def test_short_of_gpus_in_required_mode_also_names_unlabelled_nodes() -> None:
+    decision = place_group(Inventory((node("a-0", "a"), node("n0", None))), GROUP_16, RULES)
+    assert isinstance(decision, NoFit)
+    assert "free GPUs per domain: a=8; 1 eligible GPU node(s) lack the topology label" in decision.message
+    assert decision.message.endswith(
+        "Required mode: n0; label them, set spec.placement.topologyKey to a "
+        "label they carry, or set spec.placement.mode to Preferred"
     )
 
 
@@ -312,3 +409,25 @@ def test_repeated_placement_never_overbooks(node_counts: list[int], gpus_per_pod
     for domain, count in groups_per_domain.items():
         domain_nodes = sum(1 for n in nodes if n.label(CLIQUE) == domain)
         assert count * pods <= domain_nodes * (8 // gpus_per_pod)
+
+
+def test_groups_are_counted_in_their_own_device_resource() -> None:
+    """A ModelGroup on AMD GPUs or MIG slices places by that resource's allocatable and claims, and
+    nvidia.com/gpu claims on the same node take nothing from it."""
+    amd = PlacementRules(CLIQUE, gpu_resource="amd.com/gpu")
+    nodes = (
+        NodeInventory("mi300-0", ((CLIQUE, "a"),), 0, other_devices=(("amd.com/gpu", 8),)),
+        NodeInventory("mi300-1", ((CLIQUE, "b"),), 0, other_devices=(("amd.com/gpu", 8),)),
+        NodeInventory("h100-0", ((CLIQUE, "c"),), 8),
+    )
+    claims = (
+        GpuClaim(8, node_name="mi300-0", resource="amd.com/gpu"),
+        GpuClaim(8, node_name="mi300-1"),  # an nvidia.com/gpu claim: not an AMD GPU
+    )
+    decision = place_group(Inventory(nodes, claims), GroupShape(1, 8, "amd.com/gpu"), amd)
+    assert isinstance(decision, Placed) and decision.domain == "b"
+    # The NVIDIA node holds no AMD GPUs, and a pending AMD group reserves its domain in AMD GPUs.
+    after = Inventory(nodes, claims).with_group(CLIQUE, "b", GroupShape(1, 8, "amd.com/gpu"))
+    full = place_group(after, GroupShape(1, 8, "amd.com/gpu"), amd)
+    assert isinstance(full, NoFit) and full.reason == NoFitReason.INSUFFICIENT_GPUS
+    assert isinstance(place_group(after, GROUP_8, RULES), Placed), "nvidia.com/gpu groups still fit on h100-0"

@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from goodput.api.modelgroup import Toleration
+from goodput.api.modelgroup import (
+    EnvVar,
+    EnvVarSource,
+    NodeAffinity,
+    PodOptions,
+    SecretKeySelector,
+    SecurityContext,
+    Toleration,
+    VolumeMount,
+)
 from goodput.controllers import naming
 from goodput.controllers.pods import GroupTemplate, render_group, vllm_args
 
@@ -208,7 +217,9 @@ def test_every_pod_is_gated_owned_and_waits_for_the_group(template: GroupTemplat
         ]
         assert pod["metadata"]["annotations"][naming.ANNOTATION_TOPOLOGY_DOMAIN] == "clique-b"
         assert spec["terminationGracePeriodSeconds"] > template.shutdown_timeout_seconds
-        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in spec["volumes"]
+        # Memory-backed /dev/shm, 2Gi per GPU of the pod unless the spec sizes it.
+        shm = {"medium": "Memory", "sizeLimit": f"{2 * template.gpus_per_pod}Gi"}
+        assert {"name": "dshm", "emptyDir": shm} in spec["volumes"]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in _container(pod)["volumeMounts"]
 
 
@@ -220,6 +231,16 @@ def test_affinity_follows_the_placement_mode() -> None:
     assert preferred == {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
     }
+
+
+def test_a_node_without_the_topology_label_is_its_own_domain() -> None:
+    pods = render_group(LLAMA_70B, "g0", naming.node_domain("gpu-node-7")).pods
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-7"]}]}
+    for pod in pods:
+        assert pod["spec"]["affinity"]["nodeAffinity"] == {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
+        }
+        assert pod["metadata"]["annotations"][naming.ANNOTATION_TOPOLOGY_DOMAIN] == "node/gpu-node-7"
 
 
 def test_only_the_leader_is_probed_and_scraped() -> None:
@@ -264,3 +285,133 @@ def test_revision_changes_with_the_pod_template_only() -> None:
 def test_multi_pod_args_need_a_leader_address() -> None:
     with pytest.raises(ValueError, match="leader"):
         vllm_args(LLAMA_70B, 1, None)
+
+
+HF_TOKEN = EnvVar(
+    name="HF_TOKEN", value_from=EnvVarSource(secret_key_ref=SecretKeySelector(name="hf", key="token"))
+)
+PLATFORM = replace(
+    LLAMA_70B,
+    env=(("HF_HOME", "/models"), HF_TOKEN, ("HF_HUB_OFFLINE", "0")),
+    volume_mounts=(VolumeMount(name="weights", mount_path="/models"),),
+    shared_memory_size="32Gi",
+    security_context=SecurityContext.model_validate({"capabilities": {"add": ["IPC_LOCK"]}}),
+    pod=PodOptions.model_validate(
+        {
+            "labels": {"team": "ml", naming.LABEL_GROUP.replace("goodput.dev/", "x/"): "y"},
+            "annotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+            "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": "hf-cache"}}],
+            "securityContext": {"fsGroup": 1000},
+            "runtimeClassName": "nvidia",
+            "imagePullSecrets": [{"name": "registry"}],
+            "serviceAccountName": "vllm",
+            "automountServiceAccountToken": True,
+            "priorityClassName": "inference-high",
+        }
+    ),
+    node_affinity=NodeAffinity.model_validate(
+        {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}]},
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 10,
+                    "preference": {"matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}]},
+                }
+            ],
+        }
+    ),
+)
+
+
+def test_a_platform_teams_pod_settings_reach_every_rank_in_pod_spec_shape() -> None:
+    for pod in render_group(PLATFORM, "g0", "clique-a").pods:
+        spec, container = pod["spec"], _container(pod)
+        env = [item for item in container["env"] if item["name"].startswith("HF_")]
+        # In the spec's order, so $(NAME) still refers to a variable defined before it.
+        assert env == [
+            {"name": "HF_HOME", "value": "/models"},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+            {"name": "HF_HUB_OFFLINE", "value": "0"},
+        ]
+        assert spec["volumes"] == [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
+            {"name": "weights", "persistentVolumeClaim": {"claimName": "hf-cache"}},
+        ]
+        assert container["volumeMounts"] == [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "weights", "mountPath": "/models"},
+        ]
+        assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert spec["securityContext"] == {"fsGroup": 1000}
+        assert spec["runtimeClassName"] == "nvidia"
+        assert spec["imagePullSecrets"] == [{"name": "registry"}]
+        assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == ("vllm", True)
+        assert spec["priorityClassName"] == "inference-high"
+        assert pod["metadata"]["labels"]["team"] == "ml"
+        assert pod["metadata"]["labels"][naming.LABEL_MODEL_GROUP] == "llama-70b"
+        assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net"
+        # The GPU count stays goodput's.
+        assert container["resources"]["limits"][naming.GPU_RESOURCE] == "8"
+
+
+def test_node_affinity_of_the_spec_combines_with_the_groups_domain() -> None:
+    domain = {"key": "nvidia.com/gpu.clique", "operator": "In", "values": ["clique-a"]}
+    preferred_spec = {
+        "weight": 10,
+        "preference": {"matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}]},
+    }
+    # Preferred mode: the spec's required terms stand, the domain is the strongest preference.
+    affinity = render_group(PLATFORM, "g0", "clique-a").pods[0]["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}]},
+    ]
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {"weight": 100, "preference": {"matchExpressions": [domain]}},
+        preferred_spec,
+    ]
+    # Required mode: each alternative of the spec also requires the domain.
+    required = replace(PLATFORM, placement_mode="Required")
+    affinity = render_group(required, "g0", "clique-a").pods[0]["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}, domain]},
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}, domain]},
+    ]
+
+
+def test_unset_platform_settings_leave_the_pod_and_its_revision_as_before() -> None:
+    plain = render_group(LLAMA_8B, "g0", "clique-a").pods[0]["spec"]
+    for field in ("securityContext", "runtimeClassName", "imagePullSecrets", "serviceAccountName"):
+        assert field not in plain
+    assert plain["automountServiceAccountToken"] is False
+    # Fields added later count in the revision only when set: an upgrade outdates no running group.
+    assert replace(LLAMA_8B, pod=None, volume_mounts=()).revision == LLAMA_8B.revision
+    assert replace(LLAMA_8B, shared_memory_size="8Gi").revision != LLAMA_8B.revision
+    assert replace(LLAMA_8B, pod=PodOptions(runtime_class_name="nvidia")).revision != LLAMA_8B.revision
+    secret = replace(LLAMA_8B, env=(*LLAMA_8B.env, HF_TOKEN))
+    other = EnvVar(
+        name="HF_TOKEN", value_from=EnvVarSource(secret_key_ref=SecretKeySelector(name="hf2", key="token"))
+    )
+    assert secret.revision != replace(LLAMA_8B, env=(*LLAMA_8B.env, other)).revision
+
+
+def test_pods_request_the_device_resource_of_the_spec() -> None:
+    amd = replace(LLAMA_70B, gpu_resource_name="amd.com/gpu")
+    for pod in render_group(amd, "g0", "clique-a").pods:
+        resources = _container(pod)["resources"]
+        assert resources["requests"]["amd.com/gpu"] == resources["limits"]["amd.com/gpu"] == "8"
+        assert naming.GPU_RESOURCE not in resources["requests"]
+    assert amd.revision != LLAMA_70B.revision
+
+
+def test_revision_hash_of_a_plain_template_is_stable() -> None:
+    # Pinned: a change here outdates every running group on the next operator upgrade.
+    assert LLAMA_8B.revision == PINNED_8B_REVISION
+
+
+PINNED_8B_REVISION = "3b029c3fd2"  # the revision of this template before platform settings existed

@@ -274,7 +274,7 @@ def _create(tick: Tick, shortfall: int) -> Tick:
         for step in tick.transitions
         if step.event is GroupEvent.REPLACED and step.group not in claimed
     ]
-    shape = GroupShape(template.pods_per_group, template.gpus_per_pod)
+    shape = GroupShape(template.pods_per_group, template.gpus_per_pod, template.gpu_resource)
     for _ in range(shortfall):
         backed_off = frozenset(b.domain for b in tick.backoffs)
         decision = place_group(

@@ -56,13 +56,33 @@ app.kubernetes.io/part-of: goodput
 {{- end }}
 {{- end }}
 
-{{/* The operator image reference: a digest wins over a tag; the tag defaults to appVersion. */}}
+{{/*
+The operator image reference: a digest wins over a tag; the tag defaults to appVersion.
+global.imageRegistry (set by a parent chart) replaces the repository's registry: its first path
+component when that names a host (has a "." or ":" or is "localhost"), else it is put in front.
+*/}}
 {{- define "goodput.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $repository := .Values.image.repository }}
+{{- $registry := (.Values.global | default dict).imageRegistry }}
+{{- if $registry }}
+{{- $parts := splitn "/" 2 $repository }}
+{{- $first := $parts._0 }}
+{{- if and $parts._1 (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $repository = $parts._1 }}
 {{- end }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}
+{{- end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Image pull Secrets: the chart's own, then a parent chart's global ones, each name once. */}}
+{{- define "goodput.imagePullSecrets" -}}
+{{- $global := (.Values.global | default dict).imagePullSecrets | default list }}
+{{- toJson (uniq (concat .Values.imagePullSecrets $global)) }}
 {{- end }}
 
 {{/* The kopf peering object's name. */}}

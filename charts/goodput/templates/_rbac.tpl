@@ -33,6 +33,11 @@ The operator's permissions, in two parts (kopf's deployment RBAC draws the same 
 - apiGroups: ["goodput.dev"]
   resources: ["modelgroups/status", "slopolicies/status"]
   verbs: ["patch"]
+# Group pods name their ModelGroup as owner with blockOwnerDeletion, which the OwnerReferences
+# admission plugin (OpenShift, hardened clusters) allows only with update on the owner's finalizers.
+- apiGroups: ["goodput.dev"]
+  resources: ["modelgroups/finalizers"]
+  verbs: ["update"]
 # The autoscaler sets a ModelGroup's replicas through its scale subresource, as the HPA does.
 - apiGroups: ["goodput.dev"]
   resources: ["modelgroups/scale"]
