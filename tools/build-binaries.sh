@@ -19,7 +19,10 @@ case "${1:-}" in
   *) echo "usage: $0 [--print-bin-dir]" >&2; exit 2 ;;
 esac
 
-export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOFLAGS=-mod=mod CGO_ENABLED=0
+# Go's module and build caches live in the cache too, unless given (the fresh-machine check may
+# share them to skip recompiling, while the binaries themselves are built anew).
+export GOMODCACHE=${GOODPUT_GOMODCACHE:-$CACHE/go/mod} GOCACHE=${GOODPUT_GOCACHE:-$CACHE/go/build}
+export GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
 # One build of a cache at a time: a second run (another test session, make -j) waits for the first
 # and then finds its binaries cached, instead of writing the same files at once.
