@@ -202,6 +202,9 @@ class EventReason:
     ROLLOUT_STALLED: Final = "RolloutStalled"
     """Groups of the new pod template kept failing: the rollout stopped and old groups keep serving."""
     READINESS_WAITING: Final = "ReadinessWaiting"
+    CONTAINERS_NOT_STARTING: Final = "ContainersNotStarting"
+    """A starting group's rank waits on something waiting does not fix (an image that cannot be
+    pulled, a Secret or key that does not exist): the message names the rank and the spec field."""
     """A group's ranks all run but it is still not ready after a while: which rank waits for what."""
     INVALID_SPEC: Final = "InvalidSpec"
     POLICY_ACCEPTED: Final = "PolicyAccepted"

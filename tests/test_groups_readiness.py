@@ -12,7 +12,7 @@ from test_groups import NOW, RULES, group, world
 from goodput.api.modelgroup import ModelGroupStatus
 from goodput.api.reasons import ConditionType, EventReason
 from goodput.controllers.groups import WarmupOutcome, plan_model_group
-from goodput.controllers.observation import PodView
+from goodput.controllers.observation import ContainerWaiting, PodView
 from goodput.controllers.status import model_group_status
 
 
@@ -104,3 +104,32 @@ def test_the_progressing_condition_says_what_warming_groups_wait_for() -> None:
     (progressing,) = [c for c in status.conditions if c.type == ConditionType.PROGRESSING]
     assert progressing.message.startswith("1 warming; group g0: rank 0 (llama-70b-g0-0), rank 1")
     assert "goodput.dev/NCCLHealthy=True" in progressing.message
+
+
+@pytest.mark.parametrize(
+    ("waiting", "reported", "events"),
+    [
+        (ContainerWaiting("ImagePullBackOff", 'pull "vllm/vllm-openai:v9" failed'), False, 1),
+        (ContainerWaiting("CreateContainerConfigError", 'secret "hf-token" not found'), False, 1),
+        (ContainerWaiting("CreateContainerConfigError", 'secret "hf-token" not found'), True, 0),
+        (ContainerWaiting("ContainerCreating", ""), False, 0),
+    ],
+    ids=["missing image", "missing secret", "already reported", "merely creating"],
+)
+def test_a_rank_that_cannot_start_is_an_event_naming_the_rank_and_the_field(
+    waiting: ContainerWaiting, reported: bool, events: int
+) -> None:
+    pods = group("g0", "bound")
+    stuck = [replace(pods[0], waiting=waiting), *pods[1:]]
+    plan = plan_model_group(
+        world(stuck, desired=1, readiness_reported=frozenset({"g0"} if reported else set()))
+    )
+    (provisioning,) = plan.groups
+    assert provisioning.state == "Provisioning"
+    problems = [e for e in plan.events if e.reason == EventReason.CONTAINERS_NOT_STARTING]
+    assert len(problems) == events
+    assert plan.readiness_reported == (("g0",) if events else ())
+    if events:
+        assert problems[0].type == "Warning"
+        assert f"rank 0 ({pods[0].name}): {waiting.reason}: {waiting.message}" in problems[0].message
+        assert f"(check {waiting.spec_field})" in problems[0].message

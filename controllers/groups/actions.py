@@ -67,7 +67,7 @@ def plan_actions(tick: Tick) -> Plan:
     probes = [_probe(g, world) for g in still_draining if continuing[g.name].probe]
     probes += [_probe(tick.groups[name], world) for name in tick.unread_leaders]
     probes += actions.probes
-    reported = _readiness_waits(final, world)
+    reported = _start_problems(final, world) + _readiness_waits(final, world)
     actions.events.extend(event for _, event in reported)
     rollout = _rollout_status(tick, final)
     actions.events.extend(_rollout_events(rollout, world))
@@ -162,6 +162,26 @@ def _readiness_waits(final: list[Assessment], world: World) -> list[tuple[str, E
         if waited >= world.rules.readiness_report_seconds:
             message = f"group {group.name} not ready {waited:.0f}s after every rank started: {group.message}"
             reports.append((group.name, EventRecord("Warning", EventReason.READINESS_WAITING, message)))
+    return reports
+
+
+def _start_problems(final: list[Assessment], world: World) -> list[tuple[str, EventRecord]]:
+    """A starting group whose rank waits on something waiting does not fix (the kubelet cannot pull
+    the image, or a Secret or key it names does not exist) says so once, naming the rank, the
+    kubelet's reason and the spec field to check. A group is reported once, for whichever of this
+    and a readiness wait comes first."""
+    reports = []
+    for group in final:
+        if group.state != "Provisioning" or group.name in world.readiness_reported:
+            continue
+        stuck = [
+            f"rank {pod.rank} ({pod.name}): {pod.waiting.describe()}"
+            for pod in group.pods
+            if pod.waiting is not None and pod.waiting.spec_field is not None
+        ]
+        if stuck:
+            message = f"group {group.name} cannot start: " + "; ".join(stuck)
+            reports.append((group.name, EventRecord("Warning", EventReason.CONTAINERS_NOT_STARTING, message)))
     return reports
 
 
