@@ -29,6 +29,7 @@ from goodput.api.modelgroup import (
     EnvVar,
     NodeAffinity,
     PodOptions,
+    Readiness,
     SecurityContext,
     Toleration,
     VolumeMount,
@@ -64,6 +65,7 @@ _REVISION_WHEN_SET = frozenset(
         "node_affinity",
         "gpu_resource_name",
         "agent",
+        "readiness",
     }
 )
 
@@ -109,6 +111,9 @@ class GroupTemplate:
     pod: PodOptions | None = None
     node_affinity: NodeAffinity | None = None
     gpu_resource_name: str | None = None
+    readiness: Readiness | None = None
+    """The readiness checks a group passed, when not the defaults: a group proved ready under other
+    checks is outdated, so a change of them rolls the groups like a change of the pod."""
 
     @property
     def gpu_resource(self) -> str:

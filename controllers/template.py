@@ -15,7 +15,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from goodput.api.modelgroup import GPU_RESOURCE, ModelGroup, ModelGroupSpec, NodeAffinityTerm, PodOptions
+from goodput.api.modelgroup import (
+    GPU_RESOURCE,
+    ModelGroup,
+    ModelGroupSpec,
+    NodeAffinityTerm,
+    PodOptions,
+    Readiness,
+)
 from goodput.controllers import naming
 from goodput.controllers.agent_sidecar import agent_sidecar
 from goodput.controllers.groups import ReadinessRules
@@ -100,6 +107,7 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
         max_num_seqs=limits[0] if limits else None,
         max_num_batched_tokens=limits[1] if limits else None,
         agent=agent_sidecar(spec, agent_image),
+        readiness=None if spec.readiness == Readiness() else spec.readiness,
         volume_mounts=tuple(spec.engine.volume_mounts),
         shared_memory_size=None
         if spec.engine.shared_memory_size is None

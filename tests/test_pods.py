@@ -12,10 +12,12 @@ from goodput.api.modelgroup import (
     EnvVarSource,
     NodeAffinity,
     PodOptions,
+    Readiness,
     SecretKeySelector,
     SecurityContext,
     Toleration,
     VolumeMount,
+    Warmup,
 )
 from goodput.controllers import naming
 from goodput.controllers.pods import GroupTemplate, render_group, vllm_args
@@ -407,6 +409,16 @@ def test_pods_request_the_device_resource_of_the_spec() -> None:
         assert resources["requests"]["amd.com/gpu"] == resources["limits"]["amd.com/gpu"] == "8"
         assert naming.GPU_RESOURCE not in resources["requests"]
     assert amd.revision != LLAMA_70B.revision
+
+
+def test_a_change_of_the_readiness_checks_outdates_the_groups_proved_under_the_old_ones() -> None:
+    revision_checked = replace(LLAMA_8B, readiness=Readiness(revision_check=True))
+    longer_warmup = replace(LLAMA_8B, readiness=Readiness(warmup=Warmup(max_tokens=64)))
+
+    assert revision_checked.revision != LLAMA_8B.revision
+    assert longer_warmup.revision not in (LLAMA_8B.revision, revision_checked.revision)
+    # The defaults are what every template had before readiness counted: nothing is outdated by it.
+    assert replace(LLAMA_8B, readiness=None).revision == LLAMA_8B.revision == PINNED_8B_REVISION
 
 
 def test_revision_hash_of_a_plain_template_is_stable() -> None:
