@@ -485,6 +485,23 @@ def test_schedule_timeout_deletes_the_group_and_backs_off_its_domain() -> None:
     assert EventReason.SCHEDULE_TIMEOUT in event_reasons(plan)
 
 
+def test_a_missing_volume_claim_names_the_claim_and_the_field_while_placing_and_at_the_timeout() -> None:
+    unschedulable = 'persistentvolumeclaim "llama-weights" not found'
+    for age_seconds, event in ((30, None), (301, EventReason.SCHEDULE_TIMEOUT)):
+        stuck = group(
+            "g0",
+            "released",
+            created=NOW - timedelta(seconds=age_seconds),
+            scheduled=condition("False", NOW, unschedulable),
+        )
+        plan = plan_model_group(world(stuck, desired=1))
+        message = plan.groups[0].message
+        assert f"{unschedulable} (check spec.pod.volumes)" in message
+        if event is not None:
+            (timeout,) = [e for e in plan.events if e.reason == event]
+            assert unschedulable in timeout.message
+
+
 def test_expired_backoffs_are_dropped_and_active_ones_avoided() -> None:
     backoffs = (
         Backoff("a", NOW - timedelta(seconds=1), "old"),

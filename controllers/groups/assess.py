@@ -237,7 +237,10 @@ def _wait(pods: list[PodView]) -> str:
 
 
 def _unschedulable_detail(pods: Iterable[PodView]) -> str:
+    """The scheduler's word on a pod it cannot place, with the spec field to check when the cause is
+    in the ModelGroup (a PersistentVolumeClaim that does not exist or is not bound)."""
     for pod in pods:
         if pod.scheduled is not None and pod.scheduled.status == "False" and pod.scheduled.message:
-            return f" ({pod.name}: {pod.scheduled.message})"
+            field = " (check spec.pod.volumes)" if "persistentvolumeclaim" in pod.scheduled.message else ""
+            return f" ({pod.name}: {pod.scheduled.message}{field})"
     return ""
