@@ -118,7 +118,9 @@ def wilson_lower_bound(successes: int, trials: int, z: float = 1.96) -> float:
     denominator = 1 + z * z / trials
     centre = share + z * z / (2 * trials)
     spread = z * math.sqrt(share * (1 - share) / trials + z * z / (4 * trials * trials))
-    return (centre - spread) / denominator
+    # With no successes the centre and the spread are equal in exact arithmetic; rounding can leave a
+    # share a hair below zero.
+    return max(0.0, (centre - spread) / denominator)
 
 
 @dataclass(frozen=True, slots=True)
