@@ -105,7 +105,7 @@ image:
 	@missing=""; for tool in buildah mmdebstrap; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "make image: installing$$missing with apt-get (Debian packages buildah and mmdebstrap)"; \
-	  apt-get install -y --no-install-recommends$$missing || { echo "make image needs$$missing: apt-get install -y$$missing"; exit 1; }; \
+	  { apt-get update -qq && apt-get install -y --no-install-recommends$$missing; } || { echo "make image needs$$missing: apt-get install -y$$missing"; exit 1; }; \
 	fi
 	mkdir -p $(IMAGE_OUT)
 	test -s $(IMAGE_OUT)/base-$(DEBIAN_SUITE).tar || mmdebstrap --variant=minbase \

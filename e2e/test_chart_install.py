@@ -40,11 +40,11 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from goodput.operator.metrics import OperatorMetrics
-from goodput.operator.testing import fake_leaders
 from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
 from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries
 from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
 from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.operator_process import fake_leaders
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "goodput"
@@ -444,7 +444,7 @@ def test_the_operator_reconciles_a_sample_with_only_the_charts_permissions(
 IMAGE_TAG = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
 IMAGE_ARCHIVE = ROOT / "out" / "image" / f"goodput-{IMAGE_TAG}.oci.tar"
 # The layers the image holds (Containerfile); a newer source file means the archive is stale.
-IMAGE_LAYERS = ("api", "estimators", "controllers", "operator")
+IMAGE_LAYERS = ("api", "estimators", "controllers", "operator", "simulator", "gateway", "agent")
 
 
 def unpack_oci_archive(archive: Path, rootfs: Path) -> dict[str, Any]:

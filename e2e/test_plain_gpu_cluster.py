@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.cluster.controlplane import LocalCluster
-from goodput.cluster.testing import wait_for
-from goodput.operator.testing import FakeLeaders, OperatorProcess, fake_leaders
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.operator_process import FakeLeaders, OperatorProcess, fake_leaders
 
 pytestmark = pytest.mark.e2e
 
