@@ -146,7 +146,13 @@ def test_every_chart_object_passes_the_api_servers_validation_and_pod_security(
     release = release_name(namespace)
     flags = {
         "defaults": [],
-        "all-features": ["-f", str(CHART / "ci" / "all-features-values.yaml")],
+        # The health agent's objects go to the namespaces it serves: here, the test's own.
+        "all-features": [
+            "-f",
+            str(CHART / "ci" / "all-features-values.yaml"),
+            "--set",
+            f"agent.namespaces[0]={namespace}",
+        ],
         "namespaced": ["--set", f"watchNamespaces[0]={namespace}", "--set", "prometheus.rules.enabled=true"],
     }[variant]
     objects = template(cluster, release, namespace, *flags)
