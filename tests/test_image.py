@@ -63,3 +63,21 @@ def test_the_image_holds_the_operator_and_its_production_dependencies_only() -> 
 def test_the_build_context_leaves_out_what_the_image_never_copies() -> None:
     ignored = (ROOT / ".containerignore").read_text().split()
     assert {".git", ".venv", "out", "tests", "e2e"} <= set(ignored)
+
+
+def test_the_wheel_holds_every_package_of_the_layers_it_maps() -> None:
+    # Development imports the layers through folder links, so a sub-package missing from the list
+    # only shows in the wheel and the image, where the operator then fails to start.
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        f"goodput.{package}": Path(folder)
+        for package, folder in (
+            (name.removeprefix("goodput."), path) for name, path in setuptools["package-dir"].items()
+        )
+    }
+    found = {
+        ".".join((name, *init.parent.relative_to(ROOT / folder).parts))
+        for name, folder in folders.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert found == set(setuptools["packages"])
