@@ -206,14 +206,23 @@ def test_kubectl_get_shows_the_printer_columns(cluster: Any, namespace: str) -> 
         apply(cluster, namespace, documents(path)[0])
 
     header, rows = header_and_rows(cluster.kubectl("get", "mg", "-n", namespace).stdout)
-    assert header == ["NAME", "DESIRED", "READY", "DRAINING", "POLICY", "AGE"]
+    assert header == ["NAME", "DESIRED", "READY", "UPDATED", "DRAINING", "POLICY", "AGE"]
     by_name = {row[0]: row for row in rows}
     assert by_name["llama-8b"][1] == "2"
-    assert by_name["llama-8b"][4] == "interactive"
-    assert by_name["llama-70b"][4] == "batch"
+    assert by_name["llama-8b"][5] == "interactive"
+    assert by_name["llama-70b"][5] == "batch"
 
     wide_header, _ = header_and_rows(cluster.kubectl("get", "mg", "-n", namespace, "-o", "wide").stdout)
-    assert wide_header == [*header, "PLACING", "PROVISIONING", "WARMING", "MAX", "DECISION", "REASON"]
+    assert wide_header == [
+        *header,
+        "PLACING",
+        "PROVISIONING",
+        "WARMING",
+        "OUTDATED",
+        "MAX",
+        "DECISION",
+        "REASON",
+    ]
 
     slo_header, slo_rows = header_and_rows(cluster.kubectl("get", "slo", "-n", namespace).stdout)
     assert slo_header == ["NAME", "REVISION", "MODE", "ACCEPTED", "AGE"]
