@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from test_api_models import minimal_model_group_spec
 
 from goodput.api.modelgroup import ModelGroupSpec
 from goodput.controllers.hardware import (
@@ -16,17 +17,6 @@ from goodput.controllers.hardware import (
     step_cost_model,
 )
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B, StepCostModel
-
-
-def minimal_model_group_spec(**overrides: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-        "engine": {"image": "vllm/vllm-openai:v0.33.0"},
-        "parallelism": {"gpusPerPod": 1},
-        "maxReplicas": 4,
-    }
-    spec.update(overrides)
-    return spec
 
 
 @pytest.mark.parametrize(
