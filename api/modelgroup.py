@@ -1018,8 +1018,9 @@ class ClassFeasibilityStatus(StatusModel):
     """The longest prompt whose prefill on an idle group (net of expected prefix-cache hits) fits
     the class's TTFT target; 0 when no request can meet the class."""
     infeasible_share: float | None = Field(default=None, ge=0, le=1)
-    """Share of the window's prompts longer than that (from vllm:request_prompt_tokens); absent
-    while no prompt lengths were observed (unknown, counted as feasible)."""
+    """Share of the window's prompts longer than that (from vllm:request_prompt_tokens; the last ten
+    minutes' when none finished within the window); absent while no prompt lengths were observed
+    (unknown, counted as feasible)."""
     unmet_field: str | None = Field(default=None, max_length=64)
     """The class's field no request can meet ('ttftSeconds' or 'itlSeconds'), if any."""
     attainment_offered: float | None = Field(default=None, ge=0, le=1)

@@ -272,6 +272,9 @@ class GroupMetrics:
     request (its decode time over its tokens after the first); None where the engine does not export it.
     prompt_tokens: window delta of vllm:request_prompt_tokens, the prompt lengths of finished
     requests (what the infeasible share is estimated from).
+    prompt_tokens_lookback: the same over a longer lookback, read only when no group finished a
+    prompt within the window (a backlog of long prefills can finish nothing for a whole window, and a
+    missed scrape leaves a short window without the two samples a delta needs).
     finished_requests: finished with stop or length; aborted_requests: abort or error;
     rejected_requests: admission rejections (HTTP 503s).
     """
@@ -290,6 +293,7 @@ class GroupMetrics:
     queue_time: Histogram | None = None
     tpot: Histogram | None = None
     prompt_tokens: Histogram | None = None
+    prompt_tokens_lookback: Histogram | None = None
     finished_requests: float = 0.0
     aborted_requests: float = 0.0
     rejected_requests: float = 0.0

@@ -209,25 +209,42 @@ class PromptEvidence:
 
 def prompt_evidence(groups: Sequence[GroupObservation], max_age_seconds: float) -> PromptEvidence:
     """Pool the prompt histograms and prefix hits of the ready groups with fresh metrics (the same
-    groups the decision reads); histograms with bounds unlike the first are left out."""
-    histograms: list[Histogram] = []
+    groups the decision reads); histograms with bounds unlike the first are left out.
+
+    The window's prompt lengths first; when no group finished a prompt within it, the longer lookback
+    (`GroupMetrics.prompt_tokens_lookback`): a window of long prefills that finishes nothing must not
+    turn a known infeasible share into "unknown" and so into demand to scale for.
+    """
+    fresh = [
+        group.metrics
+        for group in groups
+        if group.state is GroupState.READY
+        and group.metrics is not None
+        and group.metrics.age_seconds <= max_age_seconds
+    ]
     prompt_rate = hit_rate = 0.0
-    for group in groups:
-        metrics = group.metrics
-        if group.state is not GroupState.READY or metrics is None or metrics.age_seconds > max_age_seconds:
-            continue
+    for metrics in fresh:
         if math.isfinite(metrics.prompt_tokens_per_second) and math.isfinite(metrics.prefix_hit_fraction):
             prompt_rate += metrics.prompt_tokens_per_second
             hit_rate += metrics.prompt_tokens_per_second * metrics.prefix_hit_fraction
-        if metrics.prompt_tokens is not None and (
-            not histograms or metrics.prompt_tokens.upper_bounds == histograms[0].upper_bounds
-        ):
-            histograms.append(metrics.prompt_tokens)
-    pooled = merge_histograms(histograms)
+    pooled = _pooled([metrics.prompt_tokens for metrics in fresh]) or _pooled(
+        [metrics.prompt_tokens_lookback for metrics in fresh]
+    )
     return PromptEvidence(
-        prompt_tokens=pooled if pooled is not None and pooled.total > 0 else None,
+        prompt_tokens=pooled,
         cached_fraction=hit_rate / prompt_rate if prompt_rate > 0 else 0.0,
     )
+
+
+def _pooled(histograms: Sequence[Histogram | None]) -> Histogram | None:
+    """The merged histogram of those sharing the first one's bounds; None when it counts nothing."""
+    present = [histogram for histogram in histograms if histogram is not None]
+    pooled = (
+        merge_histograms([h for h in present if h.upper_bounds == present[0].upper_bounds])
+        if present
+        else None
+    )
+    return pooled if pooled is not None and pooled.total > 0 else None
 
 
 def snapshot_feasibility(

@@ -642,9 +642,10 @@ def test_long_prompts_past_the_feasible_threshold_do_not_scale_out_and_the_condi
     assert chat["infeasibleShare"] > 0.9
     assert f"longer than {threshold} tokens" in unattainable["message"]
     assert "tensor parallelism of about" in unattainable["message"]
-    assert set(seen.replicas_since(0)) == {1}, "infeasible prompts scaled the group out"
-    assert stage.replicas("llama") == 1
     records = stage.decisions("llama")
+    scale_outs = [r for r in records if r["result"]["desired_groups"] > r["result"]["current_groups"]]
+    assert set(seen.replicas_since(0)) == {1}, f"infeasible prompts scaled the group out: {scale_outs[:2]}"
+    assert stage.replicas("llama") == 1
     assert any(
         (r["estimates"]["feasibility"] or [{}])[0].get("infeasible_request_share") == 1.0 for r in records
     ), records[-3:]

@@ -142,6 +142,7 @@ def group_metrics(series: GroupSeries) -> GroupMetrics | None:
         queue_time=histogram(Quantity.QUEUE_TIME_BUCKETS),
         tpot=histogram(Quantity.TPOT_BUCKETS),
         prompt_tokens=histogram(Quantity.PROMPT_TOKENS_BUCKETS),
+        prompt_tokens_lookback=histogram(Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS),
         finished_requests=max(0.0, values.get(Quantity.FINISHED, 0.0)),
         aborted_requests=max(0.0, values.get(Quantity.ABORTED, 0.0)),
         rejected_requests=max(0.0, values.get(Quantity.REJECTED, 0.0)),
@@ -160,7 +161,13 @@ def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
     itl = _common_bounds([group.itl for group in metrics.values()])
     queue_time = _common_bounds([group.queue_time for group in metrics.values()])
     tpot = _common_bounds([group.tpot for group in metrics.values()])
-    prompt_tokens = _common_bounds([group.prompt_tokens for group in metrics.values()])
+    prompt_tokens = _common_bounds(
+        [
+            histogram
+            for group in metrics.values()
+            for histogram in (group.prompt_tokens, group.prompt_tokens_lookback)
+        ]
+    )
 
     def keep(histogram: Histogram | None, bounds: tuple[float, ...] | None) -> Histogram | None:
         return histogram if histogram is not None and histogram.upper_bounds == bounds else None
@@ -173,6 +180,7 @@ def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
             queue_time=keep(group.queue_time, queue_time),
             tpot=keep(group.tpot, tpot),
             prompt_tokens=keep(group.prompt_tokens, prompt_tokens),
+            prompt_tokens_lookback=keep(group.prompt_tokens_lookback, prompt_tokens),
         )
         for name, group in metrics.items()
     }

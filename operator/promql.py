@@ -47,6 +47,7 @@ class Quantity(StrEnum):
     QUEUE_TIME_BUCKETS = "queue_time_buckets"
     TPOT_BUCKETS = "tpot_buckets"
     PROMPT_TOKENS_BUCKETS = "prompt_tokens_buckets"
+    PROMPT_TOKENS_LOOKBACK_BUCKETS = "prompt_tokens_lookback_buckets"
 
 
 HISTOGRAM_QUANTITIES = frozenset(
@@ -56,6 +57,7 @@ HISTOGRAM_QUANTITIES = frozenset(
         Quantity.QUEUE_TIME_BUCKETS,
         Quantity.TPOT_BUCKETS,
         Quantity.PROMPT_TOKENS_BUCKETS,
+        Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS,
     }
 )
 # vLLM's finished_reason values (vllm-contract §1.2): completed requests, and those that were not.
@@ -82,10 +84,13 @@ class SeriesLabels:
 class Windows:
     """rate_seconds: the recent window of token rates and request mix (the arrival rate must follow a
     burst within an interval or two). histogram_seconds: the SLOPolicy's goodput window, over which
-    latency histograms, finished, aborted and rejected requests are counted."""
+    latency histograms, finished, aborted and rejected requests are counted. prompt_lookback_seconds:
+    the longer span whose prompt lengths stand in when none finished within the goodput window (never
+    shorter than it)."""
 
     rate_seconds: int
     histogram_seconds: int
+    prompt_lookback_seconds: int = 600
 
     def __post_init__(self) -> None:
         if self.rate_seconds < 1 or self.histogram_seconds < 1:
@@ -118,6 +123,7 @@ def sub_queries(
     by_bucket = f"by ({labels.group}, le)"
     rate = f"{windows.rate_seconds}s"
     window = f"{windows.histogram_seconds}s"
+    lookback = f"{max(windows.prompt_lookback_seconds, windows.histogram_seconds)}s"
 
     def capacity_waiting() -> str:
         by_reason = model_group_selector(labels, namespace, model_group, 'reason="capacity"')
@@ -133,8 +139,8 @@ def sub_queries(
     def rate_of(metric: str) -> str:
         return f"sum {by_group} (rate({metric}{selector}[{rate}]))"
 
-    def buckets(metric: str) -> str:
-        return f"sum {by_bucket} (increase({metric}{selector}[{window}]))"
+    def buckets(metric: str, span: str = window) -> str:
+        return f"sum {by_bucket} (increase({metric}{selector}[{span}]))"
 
     return {
         Quantity.WAITING: capacity_waiting(),
@@ -162,6 +168,7 @@ def sub_queries(
         Quantity.TPOT_BUCKETS: buckets("vllm:request_time_per_output_token_seconds_bucket"),
         # Prompt lengths of the window's finished requests: the infeasible share is read from them.
         Quantity.PROMPT_TOKENS_BUCKETS: buckets("vllm:request_prompt_tokens_bucket"),
+        Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS: buckets("vllm:request_prompt_tokens_bucket", lookback),
     }
 
 

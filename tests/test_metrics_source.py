@@ -422,15 +422,16 @@ PROMPT_BOUNDS = (
 )
 
 
-def prompt_buckets(group: str, prompts: list[int]) -> list[dict[str, Any]]:
-    """The `prompt_tokens_buckets` sub-query's answer for one group that finished `prompts`."""
+def prompt_buckets(
+    group: str, prompts: list[int], query: str = "prompt_tokens_buckets"
+) -> list[dict[str, Any]]:
+    """The `prompt_tokens_buckets` sub-query's answer (or `query`'s) for one group that finished
+    `prompts`."""
     answer = [
-        series(
-            "prompt_tokens_buckets", group, str(sum(1 for p in prompts if p <= bound)), le=str(float(bound))
-        )
+        series(query, group, str(sum(1 for p in prompts if p <= bound)), le=str(float(bound)))
         for bound in PROMPT_BOUNDS
     ]
-    return [*answer, series("prompt_tokens_buckets", group, str(len(prompts)), le="+Inf")]
+    return [*answer, series(query, group, str(len(prompts)), le="+Inf")]
 
 
 def ready_status() -> ModelGroupStatus:
@@ -464,6 +465,41 @@ def test_without_prompt_lengths_feasibility_is_unknown_not_invented() -> None:
     assert chat.longest_feasible_prompt_tokens > 0
     assert chat.infeasible_request_share is None
     assert chat.feasible_request_fraction == 1.0
+
+
+LOOKBACK = "prompt_tokens_lookback_buckets"
+
+
+def test_a_window_that_finished_no_prompt_reads_the_lookback_instead_of_turning_unknown() -> None:
+    """Long prefills can finish nothing for a whole window: the last ten minutes' prompt lengths
+    (every one 100k tokens) keep the infeasible share known."""
+    answer = [
+        *RECORDED,
+        *prompt_buckets("g0", []),
+        *prompt_buckets("g1", []),
+        *prompt_buckets("g0", [100_000] * 3, LOOKBACK),
+        *prompt_buckets("g1", [100_000] * 2, LOOKBACK),
+    ]
+    metrics = metrics_by_group(answer, LABELS)
+    lookback = metrics["g0"].prompt_tokens_lookback
+    assert lookback is not None and lookback.total == 3
+    snapshot = build_snapshot(MODEL_GROUP, ready_status(), compiled(), metrics, now=NOW.timestamp())
+    (chat,) = snapshot.feasibility
+    assert chat.infeasible_request_share == 1.0
+
+
+def test_the_windows_own_prompt_lengths_win_over_the_lookback() -> None:
+    """Traffic that turned short within the window is judged on the window: the long prompts of the
+    lookback are history, and counting them would starve feasible demand."""
+    answer = [
+        *RECORDED,
+        *prompt_buckets("g0", [256] * 10),
+        *prompt_buckets("g0", [100_000] * 500, LOOKBACK),
+    ]
+    snapshot = build_snapshot(
+        MODEL_GROUP, ready_status(), compiled(), metrics_by_group(answer, LABELS), now=NOW.timestamp()
+    )
+    assert snapshot.feasibility[0].infeasible_request_share == 0.0
 
 
 def test_prefix_cache_hits_lengthen_the_feasible_threshold() -> None:

@@ -115,3 +115,23 @@ def test_prompt_lengths_are_read_per_bucket_from_vllms_histogram() -> None:
     assert "vllm:request_prompt_tokens_bucket" in expression
     assert "by (group, le)" in expression
     assert Quantity.PROMPT_TOKENS_BUCKETS in HISTOGRAM_QUANTITIES
+
+
+@pytest.mark.parametrize(
+    ("windows", "span"),
+    [
+        pytest.param(Windows(rate_seconds=45, histogram_seconds=300), "[600s]", id="ten-minutes-by-default"),
+        pytest.param(
+            Windows(rate_seconds=45, histogram_seconds=1200), "[1200s]", id="never-shorter-than-the-window"
+        ),
+        pytest.param(
+            Windows(rate_seconds=10, histogram_seconds=30, prompt_lookback_seconds=120), "[120s]", id="set"
+        ),
+    ],
+)
+def test_the_prompt_lookback_spans_at_least_the_goodput_window(windows: Windows, span: str) -> None:
+    expression = sub_queries(SeriesLabels(), "serving", "llama", windows)[
+        Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS
+    ]
+    assert "increase(vllm:request_prompt_tokens_bucket{" in expression and expression.endswith(f"{span}))")
+    assert Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS in HISTOGRAM_QUANTITIES
