@@ -251,7 +251,9 @@ def test_readiness_gate_decides_ready_and_endpoint_slice_readiness(
 
     # The health agent reports NCCL health while the model is still loading.
     wait_pod(cluster, namespace, "leader", lambda p: p["status"].get("phase") == "Running", "Running")
-    set_pod_condition(cluster, namespace, "leader", kind=NCCL_HEALTHY, status="True", reason="AllReduceOK")
+    set_pod_condition(
+        cluster, namespace, "leader", kind=NCCL_HEALTHY, status="True", reason="AllReducePassed"
+    )
 
     waiting = wait_pod(
         cluster,
@@ -283,7 +285,7 @@ def test_readiness_gate_decides_ready_and_endpoint_slice_readiness(
     wait_for(endpoint_ready, timeout_seconds=20, describe="the pod's endpoint to become ready")
     # A condition written by another process survives every lifecycle step.
     assert condition(ready, NCCL_HEALTHY)["status"] == "True"
-    assert condition(ready, NCCL_HEALTHY)["reason"] == "AllReduceOK"
+    assert condition(ready, NCCL_HEALTHY)["reason"] == "AllReducePassed"
 
     set_pod_condition(cluster, namespace, "leader", kind=GROUP_READY, status="False", reason="Draining")
     unready = wait_pod(
@@ -457,7 +459,7 @@ def test_simulated_health_agent_reports_nccl_health_from_the_annotation(
         lambda p: condition(p, NCCL_HEALTHY).get("status") == "True",
         "NCCL healthy",
     )
-    assert condition(healthy, NCCL_HEALTHY)["reason"] == "AllReduceOK"
+    assert condition(healthy, NCCL_HEALTHY)["reason"] == "AllReducePassed"
 
     annotate(cluster, "pods", "rank3", namespace, **{"sim.goodput.dev/nccl-health": "unhealthy"})
     unhealthy = wait_pod(

@@ -542,3 +542,60 @@ def test_a_critical_gpu_xid_reported_by_the_agent_takes_the_group_out_and_a_repl
     )
     failures = cluster.api.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector=reason%3DGroupFailed")
     assert any("critical XID 79" in event["message"] for event in failures["items"]), failures["items"]
+
+
+def test_a_hung_all_reduce_and_then_a_slow_link_each_fail_their_group_with_the_agents_verdict(
+    cluster: LocalCluster, namespace: str, emulator: Emulator, operator: Operator
+) -> None:
+    """The emulator publishes NCCLHealthy through the health agent's own verdict over an emulated
+    all-reduce: a rank whose all-reduce hangs, and then a rank whose link fell far below the
+    topology's bandwidth, each fail their group, which the operator replaces; the GroupFailed Event
+    carries the agent's reason. Two pods per group, so the all-reduce crosses a link."""
+    body = json.loads(json.dumps(MODEL_GROUP))
+    body["spec"]["replicas"] = 1
+    body["spec"]["parallelism"] = {"tensor": 2, "pipeline": 1, "gpusPerPod": 1}
+    body["spec"]["readiness"] = {"ncclCheck": "Required"}
+    apply(cluster, namespace, body)
+    path = f"/apis/goodput.dev/v1alpha1/namespaces/{namespace}/modelgroups/{SERVED}"
+
+    def ready_groups() -> list[str]:
+        current = cluster.api.get(path).get("status") or {}
+        return [g["name"] for g in current.get("groups") or () if g.get("state") == "Ready"]
+
+    def describe() -> str:
+        ranks = {
+            name: (
+                pod["metadata"].get("annotations", {}).get("sim.goodput.dev/fault"),
+                [c for c in pod["status"].get("conditions", []) if c["type"] == "goodput.dev/NCCLHealthy"],
+            )
+            for name, pod in pods(cluster, namespace).items()
+        }
+        return (
+            f"status {cluster.api.get(path).get('status')}\nranks {ranks}\nemulator log:\n"
+            + "\n".join(emulator.log[-20:])
+            + f"\noperator log:\n{operator.log_tail()}"
+        )
+
+    def fail_one_rank(fault: str) -> str:
+        wait_for(lambda: len(ready_groups()) == 1, timeout_seconds=120, describe=describe)
+        (serving,) = ready_groups()
+        victim = min(name for name in pods(cluster, namespace) if f"-{serving}-" in name)
+        assert condition_status(pods(cluster, namespace)[victim], "goodput.dev/NCCLHealthy") == "True"
+        cluster.kubectl("annotate", "pod", victim, "-n", namespace, f"sim.goodput.dev/fault={fault}")
+        wait_for(
+            lambda: len(ready_groups()) == 1 and ready_groups() != [serving],
+            timeout_seconds=120,
+            describe=describe,
+        )
+        return serving
+
+    def failure_messages() -> list[str]:
+        events = cluster.api.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector=reason%3DGroupFailed")
+        return [event["message"] for event in events["items"]]
+
+    hung = fail_one_rank("nccl-hang")
+    assert any(hung in m and "AllReduceTimeout" in m for m in failure_messages()), failure_messages()
+    slow = fail_one_rank("nccl-slow")
+    assert any(slow in m and "AllReduceSlow" in m and "GB/s floor" in m for m in failure_messages()), (
+        failure_messages()
+    )

@@ -9,7 +9,8 @@ containers would do:
 - Every rank: what the in-pod health agent would publish (DESIGN §5, §9): the annotation
   `goodput.dev/model-revision` with the `--revision` it loaded, once loaded, and the pod condition
   `goodput.dev/NCCLHealthy` (through the pods/status subresource) `nccl-check-seconds` after that:
-  True, or False with reason AllReduceFailed under the `nccl-failure` fault.
+  the agent's own verdict (`goodput.agent.nccl.evaluate`) on an emulated all-reduce that measures
+  the bandwidth the group's topology should give, or the pod's NCCL fault.
 - Deletion: a pod with a deletionTimestamp gets SIGTERM after its preStop sleep: the server drains
   for the pod's `--shutdown-timeout` and aborts the rest (emulator_server). The server outlives
   the pod object if the fake kubelet removes the object earlier than vLLM would exit.
@@ -18,7 +19,9 @@ containers would do:
   annotation `sim.goodput.dev/gpu-faults` (the agent's JSON faults, e.g. `{"xids": {"0": [79]}}`).
 - Faults (`sim.goodput.dev/fault`): `engine-death` (leader: /health 503, then the listener closes;
   removing the annotation restarts the engine, which loads again), `hang` (leader: health 200, no
-  tokens until the annotation goes), `nccl-failure` (that rank's NCCLHealthy turns False).
+  tokens until the annotation goes), `nccl-failure` (the rank's all-reduce errors), `nccl-hang` (it
+  does not finish within the check's bound), `nccl-slow` (a link degraded far below expectation):
+  each turns that rank's NCCLHealthy False with the agent's reason.
 
 The decisions are pure (`parse_pod`, `plan_pod`, `serving_profile`); `FleetEmulator` applies them:
 a pod watch and a 0.25 s reconcile tick on one event loop, sockets opened in the harness's network
@@ -45,6 +48,8 @@ from goodput.agent import report as agent_report
 from goodput.agent.emulated import EmulatedBackend, faults_from_json
 from goodput.agent.gpu import Allocation
 from goodput.agent.gpu import evaluate as evaluate_gpus
+from goodput.agent.nccl import NCCL_CHECK_BYTES, CheckOutcome, RankMeasurement, expectation_for
+from goodput.agent.nccl import evaluate as evaluate_nccl
 from goodput.agent.publish import PodCondition
 from goodput.api.modelgroup import ModelGroupSpec
 from goodput.controllers import naming
@@ -78,7 +83,16 @@ ANNOTATION_GPU_FAULTS = "sim.goodput.dev/gpu-faults"
 FAULT_ENGINE_DEATH = "engine-death"
 FAULT_HANG = "hang"
 FAULT_NCCL_FAILURE = "nccl-failure"
-FAULTS = (FAULT_ENGINE_DEATH, FAULT_HANG, FAULT_NCCL_FAILURE)
+FAULT_NCCL_HANG = "nccl-hang"
+FAULT_NCCL_SLOW = "nccl-slow"
+FAULTS = (FAULT_ENGINE_DEATH, FAULT_HANG, FAULT_NCCL_FAILURE, FAULT_NCCL_HANG, FAULT_NCCL_SLOW)
+EMULATED_CHECK_TIMEOUT_SECONDS = 120.0
+"""The bound the emulated all-reduce is said to have hit under `nccl-hang` (the agent's default)."""
+EMULATED_LINK_FRACTION = 0.85
+"""Share of the expected bus bandwidth a healthy emulated all-reduce measures."""
+DEGRADED_LINK_FRACTION = 0.05
+"""Under `nccl-slow`: a link fallen back to TCP or PCIe, far below the agent's floor."""
+EMULATED_LATENCY_SECONDS = 20e-6
 DEFAULT_LOAD_SECONDS = 3.0
 DEFAULT_NCCL_CHECK_SECONDS = 1.0
 DEFAULT_PORT = 8000
@@ -245,19 +259,27 @@ def parse_pod(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class NcclReport:
-    """The NCCLHealthy condition the health agent publishes."""
-
-    status: str
-    reason: str
-    message: str
-
-
-NCCL_HEALTHY = NcclReport("True", "AllReduceOK", "all-reduce across the group's ranks passed (emulated)")
-NCCL_FAILED = NcclReport(
-    "False", "AllReduceFailed", "all-reduce across the group's ranks failed (emulated fault)"
-)
+def agent_nccl_condition(pod: EmulatedPod) -> PodCondition:
+    """What the health agent in this pod publishes after its all-reduce: an emulated outcome (what
+    the group's topology should give, or the pod's NCCL fault) judged by the agent's own rule."""
+    world_size = max(1, pod.vllm.tensor_parallel * pod.vllm.pipeline_parallel)
+    pods_per_group = max(1, -(-world_size // max(1, pod.gpus)))
+    expectation = expectation_for(pods_per_group)
+    first_rank = pod.rank * max(1, pod.gpus)
+    if pod.fault == FAULT_NCCL_FAILURE:
+        outcome = CheckOutcome(errors=(f"rank {first_rank}: NCCL error: unhandled system error (emulated)",))
+    elif pod.fault == FAULT_NCCL_HANG:
+        outcome = CheckOutcome(timed_out_ranks=(first_rank,), timeout_seconds=EMULATED_CHECK_TIMEOUT_SECONDS)
+    else:
+        fraction = DEGRADED_LINK_FRACTION if pod.fault == FAULT_NCCL_SLOW else EMULATED_LINK_FRACTION
+        busbw_bytes_per_second = expectation.busbw_gb_per_s * fraction * 1e9
+        moved_bytes = NCCL_CHECK_BYTES * 2 * (world_size - 1) / world_size
+        seconds = moved_bytes / busbw_bytes_per_second if world_size > 1 else EMULATED_LATENCY_SECONDS
+        measured = RankMeasurement(
+            first_rank, EMULATED_LATENCY_SECONDS, seconds, NCCL_CHECK_BYTES, world_size
+        )
+        outcome = CheckOutcome(measurements=(measured,))
+    return agent_report.nccl_condition(evaluate_nccl(outcome, expectation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +293,7 @@ class PodPlan:
     terminate: bool = False
     report_revision: str | None = None
     """Annotation value to write (None: nothing to write)."""
-    report_nccl: NcclReport | None = None
+    report_nccl: PodCondition | None = None
     """Condition to write (None: nothing to write)."""
     report_gpu: PodCondition | None = None
     """GPUHealthy condition to write (None: nothing to write)."""
@@ -306,7 +328,7 @@ def plan_pod(
         report_gpu = gpu if pod.gpu_condition != (gpu.status, gpu.reason) else None
         checked_at = pod.started_at + pod.load_seconds + pod.nccl_check_seconds
         if now >= checked_at:
-            wanted = NCCL_FAILED if pod.fault == FAULT_NCCL_FAILURE else NCCL_HEALTHY
+            wanted = agent_nccl_condition(pod)
             if pod.nccl_status != wanted.status:
                 report_nccl = wanted
         else:

@@ -38,6 +38,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from goodput.api.reasons import Reason
 from goodput.controllers import naming
 from goodput.testbed.cluster import controlplane
 from goodput.testbed.cluster.binaries import ensure_binaries
@@ -212,7 +213,7 @@ class HealthAgent:
             healthy = {
                 "type": naming.CONDITION_NCCL_HEALTHY,
                 "status": "True",
-                "reason": "AllReduceOK",
+                "reason": Reason.ALL_REDUCE_PASSED,
                 "message": "all-reduce across the group's ranks passed",
                 "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             }

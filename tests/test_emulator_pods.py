@@ -15,18 +15,18 @@ import pytest
 import yaml
 
 from goodput.api.modelgroup import ModelGroup
+from goodput.api.reasons import Reason
 from goodput.controllers import naming
 from goodput.controllers.pods import render_group
 from goodput.controllers.template import group_template
 from goodput.estimators.service_time import A100_80G, H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B, StepCostModel
 from goodput.testbed.emulator import (
     ANNOTATION_GPU_FAULTS,
-    NCCL_FAILED,
-    NCCL_HEALTHY,
     EmulatedPod,
     PodPlan,
     ProfileDefaults,
     VllmArgs,
+    agent_nccl_condition,
     parse_pod,
     parse_vllm_args,
     plan_pod,
@@ -236,7 +236,7 @@ PLAN_CASES = [
         "nccl-healthy-after-the-check",
         replace(LEADER, reported_revision="abc123"),
         106.0,
-        PodPlan(serve=True, report_nccl=NCCL_HEALTHY),
+        PodPlan(serve=True, report_nccl=agent_nccl_condition(LEADER)),
     ),
     PlanCase(
         "nothing-left-to-report",
@@ -248,7 +248,7 @@ PLAN_CASES = [
         "nccl-failure-fault-reports-false",
         replace(LEADER, reported_revision="abc123", nccl_status="True", fault="nccl-failure"),
         500.0,
-        PodPlan(serve=True, report_nccl=NCCL_FAILED),
+        PodPlan(serve=True, report_nccl=agent_nccl_condition(replace(LEADER, fault="nccl-failure"))),
     ),
     PlanCase(
         "engine-death-stops-serving",
@@ -267,13 +267,13 @@ PLAN_CASES = [
         "a-follower-reports-but-never-serves",
         FOLLOWER,
         106.0,
-        PodPlan(report_revision="abc123", report_nccl=NCCL_HEALTHY),
+        PodPlan(report_revision="abc123", report_nccl=agent_nccl_condition(LEADER)),
     ),
     PlanCase(
         "a-follower-ignores-engine-death",
         replace(FOLLOWER, fault="engine-death"),
         106.0,
-        PodPlan(report_revision="abc123", report_nccl=NCCL_HEALTHY),
+        PodPlan(report_revision="abc123", report_nccl=agent_nccl_condition(LEADER)),
     ),
     PlanCase(
         "without-the-health-agent-nothing-is-reported", LEADER, 106.0, PodPlan(serve=True), health_agent=False
@@ -298,6 +298,64 @@ PLAN_CASES = [
 def test_each_pod_is_planned_as_its_vllm_and_health_agent_would_behave(case: PlanCase) -> None:
     plan = plan_pod(case.pod, case.now, health_agent=case.health_agent, restarted_at=case.restarted_at)
     assert plan == case.expected
+
+
+TP8_PP2 = replace(LEADER, vllm=VllmArgs(model="m", tensor_parallel=8, pipeline_parallel=2), gpus=8)
+
+
+@pytest.mark.parametrize(
+    ("pod", "status", "reason", "words"),
+    [
+        pytest.param(LEADER, "True", Reason.ALL_REDUCE_PASSED, "NVLink within one node", id="one-gpu-passes"),
+        pytest.param(
+            TP8_PP2, "True", Reason.ALL_REDUCE_PASSED, "over 16 GPU(s)", id="two-pods-cross-the-fabric"
+        ),
+        pytest.param(
+            replace(TP8_PP2, rank=1, fault="nccl-failure"),
+            "False",
+            Reason.ALL_REDUCE_FAILED,
+            "rank 8: NCCL error",
+            id="failure-names-the-pods-first-global-rank",
+        ),
+        pytest.param(
+            replace(TP8_PP2, fault="nccl-hang"),
+            "False",
+            Reason.ALL_REDUCE_TIMEOUT,
+            "within 120s",
+            id="hang-times-out",
+        ),
+        pytest.param(
+            replace(TP8_PP2, fault="nccl-slow"),
+            "False",
+            Reason.ALL_REDUCE_SLOW,
+            "below the 10 GB/s floor",
+            id="slow-link",
+        ),
+        pytest.param(
+            replace(LEADER, fault="nccl-slow"),
+            "True",
+            Reason.ALL_REDUCE_PASSED,
+            "1 GPU(s)",
+            id="one-rank-has-no-link",
+        ),
+    ],
+)
+def test_the_emulated_all_reduce_is_judged_by_the_agents_own_rule(
+    pod: EmulatedPod, status: str, reason: str, words: str
+) -> None:
+    condition = agent_nccl_condition(pod)
+    assert (condition.type, condition.status, condition.reason) == (
+        naming.CONDITION_NCCL_HEALTHY,
+        status,
+        reason,
+    )
+    assert words in condition.message
+
+
+def test_a_slow_link_fault_on_the_plan_reports_the_agents_reason() -> None:
+    pod = replace(TP8_PP2, reported_revision="main", nccl_status="True", fault="nccl-slow")
+    plan = plan_pod(pod, 500.0)
+    assert plan.report_nccl is not None and plan.report_nccl.reason == Reason.ALL_REDUCE_SLOW
 
 
 LOADED = replace(LEADER, reported_revision="abc123", nccl_status="True", gpus=4)

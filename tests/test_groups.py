@@ -868,3 +868,16 @@ def test_a_group_drained_the_moment_it_became_ready_is_not_marked_ready() -> Non
 def test_names_of_terminating_groups_are_not_reused() -> None:
     plan = plan_model_group(world(group("g7", "ready", deleting=True), desired=1, group_counter=0))
     assert [c.group for c in plan.creations] == ["g8"]
+
+
+def test_a_group_that_lost_nccl_health_says_which_check_failed_and_how() -> None:
+    """The agent's reason (a hang, an error or a slow link) and its figures reach the group's status,
+    so the replacement's Event says what the all-reduce found."""
+    hung = ConditionView("False", "AllReduceTimeout", "rank 8 did not finish the all-reduce within 120s", NOW)
+    plan = plan_model_group(world(group("g0", "ready", nccl_healthy=hung), desired=1))
+    (failed,) = (g for g in plan.groups if g.name == "g0")
+    assert failed.reason == Reason.NCCL_UNHEALTHY
+    assert (
+        "lost NCCL health (AllReduceTimeout: rank 8 did not finish the all-reduce within 120s)"
+        in failed.message
+    )

@@ -99,8 +99,11 @@ def _rank_fault(pod: PodView, world: World) -> tuple[str, str] | None:
             f"rank {pod.rank} ({pod.name}) is on node {pod.node_name}, which is not ready",
         )
     if world.rules.nccl_required and pod.nccl_healthy is not None and pod.nccl_healthy.status == "False":
-        detail = f": {pod.nccl_healthy.message}" if pod.nccl_healthy.message else ""
-        return Reason.NCCL_UNHEALTHY, f"rank {pod.rank} ({pod.name}) lost NCCL health{detail}"
+        check = pod.nccl_healthy
+        detail = ": ".join(part for part in (check.reason, check.message) if part)
+        return Reason.NCCL_UNHEALTHY, f"rank {pod.rank} ({pod.name}) lost NCCL health" + (
+            f" ({detail})" if detail else ""
+        )
     if pod.gpu_healthy is not None and pod.gpu_healthy.status == "False":
         return (
             Reason.GPU_UNHEALTHY,
