@@ -27,11 +27,11 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.controllers.policy_compile import GroupBounds, bounded_scaling_policy
 from goodput.controllers.snapshot import wanted_groups, with_wanted_groups
-from goodput.estimators.attainment import Histogram as EstimatorHistogram
+from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
-from goodput.simulator.metrics import FleetSample, Histogram, MetricsView
+from goodput.simulator.metrics import FleetSample, MetricsView
 from goodput.simulator.metrics import GroupMetrics as ScrapedGroup
 from goodput.simulator.policy import FleetObservation, Recommendation
 from goodput.simulator.report import ClassTargets
@@ -106,11 +106,6 @@ def capacity_profile(
     return profile
 
 
-def _histogram(latest: Histogram, earlier: Histogram | None) -> EstimatorHistogram:
-    delta = latest if earlier is None else latest.minus(earlier)
-    return EstimatorHistogram(delta.bounds, tuple(float(count) for count in delta.cumulative_counts))
-
-
 def _group_metrics(
     now: float, latest: FleetSample, metrics: ScrapedGroup, start: tuple[float, ScrapedGroup] | None
 ) -> GroupMetrics:
@@ -144,12 +139,12 @@ def _group_metrics(
         if finished > 0
         else None,
         prefix_hit_fraction=hits / queries if queries > 0 else 0.0,
-        ttft=_histogram(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
-        itl=_histogram(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
-        queue_time=_histogram(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
+        ttft=histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
+        itl=histogram_delta(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
+        queue_time=histogram_delta(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
         tpot=None
         if metrics.request_time_per_output_token_seconds is None
-        else _histogram(
+        else histogram_delta(
             metrics.request_time_per_output_token_seconds, earlier.request_time_per_output_token_seconds
         ),
         finished_requests=float(finished),
