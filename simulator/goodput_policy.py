@@ -31,8 +31,7 @@ from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
-from goodput.simulator.metrics import FleetSample, MetricsView
-from goodput.simulator.metrics import GroupMetrics as ScrapedGroup
+from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
 from goodput.simulator.policy import FleetObservation, Recommendation
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
@@ -107,7 +106,7 @@ def capacity_profile(
 
 
 def _group_metrics(
-    now: float, latest: FleetSample, metrics: ScrapedGroup, start: tuple[float, ScrapedGroup] | None
+    now: float, latest: FleetSample, metrics: GroupScrape, start: tuple[float, GroupScrape] | None
 ) -> GroupMetrics:
     """One group's snapshot entry: gauges from the latest scrape, rates and deltas over the window."""
     age = now - latest.time
@@ -158,7 +157,7 @@ def snapshot_from(
     view: MetricsView = observation.metrics
     latest = view.latest
     by_group = latest.by_group() if latest is not None else {}
-    first_seen: dict[str, tuple[float, ScrapedGroup]] = {}
+    first_seen: dict[str, tuple[float, GroupScrape]] = {}
     if latest is not None:
         for sample in view.within(latest.time - window_seconds - 1e-9):
             for scraped in sample.groups:

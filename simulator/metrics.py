@@ -142,8 +142,9 @@ class HistogramAccumulator:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupMetrics:
-    """One group's leader `/metrics` at one scrape (rank 0 serves the whole group's engine).
+class GroupScrape:
+    """One group's leader `/metrics` at one scrape (rank 0 serves the whole group's engine), raw:
+    the controllers' `GroupMetrics` is what the operator derives from such scrapes over a window.
 
     Counters are cumulative since the group started, as Prometheus sees them. `gpu_busy_seconds_total`
     is what DCGM's GPU utilisation integrates (time with a kernel running: any engine step), and
@@ -185,9 +186,9 @@ class FleetSample:
     """Every serving or draining group's metrics from one scrape round, at `time`."""
 
     time: float
-    groups: tuple[GroupMetrics, ...]
+    groups: tuple[GroupScrape, ...]
 
-    def by_group(self) -> dict[str, GroupMetrics]:
+    def by_group(self) -> dict[str, GroupScrape]:
         return {metrics.group: metrics for metrics in self.groups}
 
 

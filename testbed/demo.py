@@ -57,7 +57,7 @@ from goodput.testbed.demo_report import (
     NOT_SENT,
     OK,
     DecisionRecord,
-    FleetSample,
+    ModelGroupSample,
     RequestRecord,
     SloTargets,
     decision_records,
@@ -358,10 +358,10 @@ def _wait_until(
 class Sampler:
     """Reads the ModelGroup every second in the background, until stopped or its time limit."""
 
-    read: Callable[[float], tuple[FleetSample, list[DecisionRecord]]]
+    read: Callable[[float], tuple[ModelGroupSample, list[DecisionRecord]]]
     started: float
     limit_seconds: float
-    samples: list[FleetSample] = field(default_factory=list)
+    samples: list[ModelGroupSample] = field(default_factory=list)
     decisions: list[DecisionRecord] = field(default_factory=list)
     failed_reads: int = 0
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -386,7 +386,7 @@ class Sampler:
             if self.stopped.wait(SAMPLE_INTERVAL_SECONDS):
                 return
 
-    def latest(self) -> FleetSample | None:
+    def latest(self) -> ModelGroupSample | None:
         with self.lock:
             return self.samples[-1] if self.samples else None
 
@@ -769,7 +769,7 @@ class Demo:
 
     def observe(
         self, cluster: controlplane.LocalCluster, started_wall: datetime, offset: float
-    ) -> tuple[FleetSample, list[DecisionRecord]]:
+    ) -> tuple[ModelGroupSample, list[DecisionRecord]]:
         model_group = self.model_group(cluster)
         if model_group is None:
             raise KeyError(self.objects.model_group)
@@ -827,7 +827,7 @@ class Demo:
                 self.say(f"load: {self.describe(sampler.latest(), time.monotonic() - started)}")
         return sampler, load, started_wall
 
-    def describe(self, sample: FleetSample | None, offset: float) -> str:
+    def describe(self, sample: ModelGroupSample | None, offset: float) -> str:
         if sample is None:
             return f"t={offset:.0f} s, no sample of the ModelGroup yet"
         return (

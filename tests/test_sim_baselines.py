@@ -27,7 +27,7 @@ from goodput.simulator.baselines import (
 from goodput.simulator.metrics import (
     TTFT_BUCKETS_SECONDS,
     FleetSample,
-    GroupMetrics,
+    GroupScrape,
     HistogramAccumulator,
     MetricsView,
 )
@@ -342,9 +342,9 @@ def scraped(
     busy: float = 0.0,
     in_flight: float = 0.0,
     serving: bool = True,
-) -> GroupMetrics:
+) -> GroupScrape:
     empty = HistogramAccumulator(TTFT_BUCKETS_SECONDS).snapshot()
-    return GroupMetrics(
+    return GroupScrape(
         group=name,
         serving=serving,
         num_requests_running=0,
