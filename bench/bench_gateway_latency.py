@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -26,16 +25,11 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from goodput.testbed.cluster.controlplane import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "manifests" / "samples"
 BODY = {"model": "llama-8b", "prompt": "Hello, my name is", "max_tokens": 16}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
