@@ -26,6 +26,7 @@ import aiohttp
 import numpy as np
 
 from goodput.testbed.cluster.controlplane import free_port
+from goodput.testbed.cluster.processes import stop_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "manifests" / "samples"
@@ -38,12 +39,7 @@ def process(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield child
     finally:
-        child.terminate()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_child(child, grace_seconds=10)
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, attempts: int = 100) -> None:

@@ -53,6 +53,7 @@ from goodput.testbed.cluster.controlplane import free_ports
 from goodput.testbed.cluster.kube import ApiError
 from goodput.testbed.cluster.netns import NetnsError
 from goodput.testbed.cluster.pki import PkiError
+from goodput.testbed.cluster.processes import log_tail, stop_child
 from goodput.testbed.demo_report import (
     NOT_SENT,
     OK,
@@ -325,18 +326,10 @@ class ChildProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        if not self.running() or self.process is None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=PROCESS_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
+        stop_child(self.process, grace_seconds=PROCESS_STOP_SECONDS)
 
     def log_tail(self, lines: int = 15) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 def _wait_until(
