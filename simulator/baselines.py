@@ -45,8 +45,8 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from goodput.controllers.autoscale_model import Recommendation as StabilizationSample
 from goodput.controllers.autoscale_model import (
+    Recommendation,
     ScaleEvent,
     ScalingRules,
     SelectPolicy,
@@ -55,7 +55,7 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.controllers.scaling_behavior import clamp, limit_rate, stabilize
 from goodput.simulator.metrics import FleetSample, MetricsView
-from goodput.simulator.policy import FleetObservation, Recommendation
+from goodput.simulator.policy import FleetObservation, PolicyAnswer
 
 # ---------------------------------------------------------------------------------------------- HPA
 
@@ -122,7 +122,7 @@ class HpaBehavior:
 class HpaState:
     """The controller's memory: unstabilised recommendations and applied scale events, timestamped."""
 
-    recommendations: tuple[StabilizationSample, ...] = ()
+    recommendations: tuple[Recommendation, ...] = ()
     scale_up_events: tuple[ScaleEvent, ...] = ()
     scale_down_events: tuple[ScaleEvent, ...] = ()
 
@@ -238,7 +238,7 @@ def normalize(
     is below maxReplicas, "TooManyReplicas" otherwise (and alike downwards).
     """
     if not state.recommendations and behavior.scale_down.stabilization_window_seconds > 0:
-        state = replace(state, recommendations=(StabilizationSample(now, current),))
+        state = replace(state, recommendations=(Recommendation(now, current),))
     stabilized, stabilize_guard = stabilize(
         current,
         recommended,
@@ -266,7 +266,7 @@ def normalize(
     horizon = now - behavior.longest_memory_seconds()
     recommendations = (
         *(sample for sample in state.recommendations if sample.at > horizon),
-        StabilizationSample(now, recommended),
+        Recommendation(now, recommended),
     )
     return (
         desired,
@@ -332,10 +332,10 @@ class HpaGpuUtilization:
             "sync_seconds": self.interval_seconds,
         }
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         current = observation.desired_groups
         if observation.metrics.latest is None:
-            return Recommendation(current, "hpa: no metrics yet")
+            return PolicyAnswer(current, "hpa: no metrics yet")
         utilization = group_rates(observation.metrics, "gpu_busy_seconds_total", self.metric_window_seconds)
         values = tuple(min(1.0, value) for value in utilization.values())
         missing = max(0, observation.ready_groups - len(values))
@@ -357,7 +357,7 @@ class HpaGpuUtilization:
             now=observation.now,
         )
         mean = sum(values) / len(values) if values else float("nan")
-        return Recommendation(
+        return PolicyAnswer(
             desired,
             f"hpa {reason}: gpu utilisation {mean:.2f} vs target {self.target_utilization:.2f}",
             {"gpu_utilization": mean, "recommended": recommended},
@@ -390,11 +390,11 @@ class KedaWaitingRequests:
             "hpa_sync_seconds": self.interval_seconds,
         }
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         current = observation.desired_groups
         latest = observation.metrics.latest
         if latest is None:
-            return Recommendation(current, "keda: no metrics yet")
+            return PolicyAnswer(current, "keda: no metrics yet")
         waiting = float(sum(metrics.num_requests_waiting for metrics in latest.groups))
         now = observation.now
         if now - self._last_poll >= self.polling_interval_seconds:
@@ -405,11 +405,11 @@ class KedaWaitingRequests:
             elif now - self._last_active >= self.cooldown_seconds:
                 self._active = False
         if not self._active and observation.min_groups == 0:
-            return Recommendation(0, "keda: inactive past cooldownPeriod, scaling to zero")
+            return PolicyAnswer(0, "keda: inactive past cooldownPeriod, scaling to zero")
         if current == 0:
             # KEDA's scale executor, not the HPA (which never scales from zero), activates a target
             groups = max(1, observation.min_groups)
-            return Recommendation(groups, f"keda: active, scaling from zero to {groups}")
+            return PolicyAnswer(groups, f"keda: active, scaling from zero to {groups}")
         recommended = max(
             1,
             external_average_value_replicas(
@@ -425,7 +425,7 @@ class KedaWaitingRequests:
             state=self.state,
             now=now,
         )
-        return Recommendation(
+        return PolicyAnswer(
             desired,
             f"keda {reason}: {waiting:.0f} waiting over "
             f"{observation.ready_groups} ready groups, target "
@@ -553,21 +553,21 @@ class KnativeKpa:
         total = sum(span for _, span in inside)
         return sum(value * span for value, span in inside) / total if total > 0 else None
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         spec = self.spec
         latest = observation.metrics.latest
         if latest is None:
-            return Recommendation(observation.desired_groups, "kpa: no concurrency data yet")
+            return PolicyAnswer(observation.desired_groups, "kpa: no concurrency data yet")
         self._collect(observation.metrics)
         stable = self._average(latest.time, spec.stable_window_seconds)
         panic = self._average(latest.time, spec.stable_window_seconds * spec.panic_window_percentage / 100)
         if stable is None or panic is None:
-            return Recommendation(observation.desired_groups, "kpa: no concurrency data yet")
+            return PolicyAnswer(observation.desired_groups, "kpa: no concurrency data yet")
         desired, mode, self.state = kpa_decide(
             stable, panic, observation.ready_groups, spec=spec, state=self.state, now=observation.now
         )
         desired = max(observation.min_groups, min(observation.max_groups, desired))
-        return Recommendation(
+        return PolicyAnswer(
             desired,
             f"kpa {mode}: concurrency stable {stable:.1f} panic {panic:.1f}, "
             f"target {spec.target_per_group:.1f} per group",
@@ -586,8 +586,8 @@ class FixedFleet:
     def describe(self) -> dict[str, float | str]:
         return {"groups": self.groups}
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
-        return Recommendation(self.groups, f"fixed fleet of {self.groups}")
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        return PolicyAnswer(self.groups, f"fixed fleet of {self.groups}")
 
 
 def with_target(policy: HpaGpuUtilization, target: float) -> HpaGpuUtilization:

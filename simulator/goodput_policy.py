@@ -32,7 +32,7 @@ from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
-from goodput.simulator.policy import FleetObservation, Recommendation
+from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 
@@ -229,7 +229,7 @@ class GoodputPolicy:
             "metrics_window_seconds": self.metrics_window_seconds,
         }
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         snapshot = snapshot_from(observation, self.profile, self.metrics_window_seconds, self.model_group)
         decision = decide(snapshot, self.policy, self.state, observation.now)
         self.state = decision.next_state
@@ -242,4 +242,4 @@ class GoodputPolicy:
             detail["proposal"] = winner.detail
         if decision.reason != str(decision.signal):
             why = f"signal {decision.signal}: {why}"
-        return Recommendation(desired, f"{decision.reason} ({why})", detail)
+        return PolicyAnswer(desired, f"{decision.reason} ({why})", detail)

@@ -7,8 +7,13 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from goodput.controllers.autoscale_model import Recommendation as StabilizationSample
-from goodput.controllers.autoscale_model import ScaleEvent, ScalingRules, StepPolicy, StepPolicyType
+from goodput.controllers.autoscale_model import (
+    Recommendation,
+    ScaleEvent,
+    ScalingRules,
+    StepPolicy,
+    StepPolicyType,
+)
 from goodput.simulator.baselines import (
     HPA_TOLERANCE,
     HpaBehavior,
@@ -94,8 +99,8 @@ def test_external_average_value(total: float, status_replicas: int, expected: in
 NOW = 1000.0
 
 
-def seen(*samples: tuple[float, int]) -> tuple[StabilizationSample, ...]:
-    return tuple(StabilizationSample(at, groups) for at, groups in samples)
+def seen(*samples: tuple[float, int]) -> tuple[Recommendation, ...]:
+    return tuple(Recommendation(at, groups) for at, groups in samples)
 
 
 @dataclass(frozen=True)
