@@ -58,7 +58,7 @@ def start_emulator(port: int) -> subprocess.Popen[str]:
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line.startswith("listening"):
-        process.kill()
+        stop_child(process, grace_seconds=5, kill=True)
         raise SystemExit(f"the emulator did not start: {line!r}")
     return process
 
