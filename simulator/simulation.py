@@ -47,7 +47,7 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class ScaleEvent:
+class ScaleChange:
     """A decision that changed the desired group count."""
 
     time: float
@@ -77,7 +77,7 @@ class SimulationResult:
     end_seconds: float
     gpu_seconds: float
     timeline: tuple[FleetCounts, ...]
-    scale_events: tuple[ScaleEvent, ...]
+    scale_events: tuple[ScaleChange, ...]
     decisions: int
     groups: tuple[GroupRecord, ...]
     engine_totals: dict[str, float]
@@ -188,7 +188,7 @@ def simulate(
     for failure_at in config.fleet.scheduled_failures_seconds:
         push(failure_at, _SCHEDULED_FAIL)
 
-    scale_events: list[ScaleEvent] = []
+    scale_events: list[ScaleChange] = []
     decisions = 0
     states = list(GroupPhase)
     bar = _Progress(progress, stop_at - config.tail_seconds, autoscaler.name)
@@ -262,7 +262,7 @@ def simulate(
                 push_lifecycle(fleet.scale_to(recommendation.desired_groups, now))
                 if fleet.desired != before_desired:
                     scale_events.append(
-                        ScaleEvent(
+                        ScaleChange(
                             now,
                             before_desired,
                             fleet.desired,
