@@ -59,6 +59,9 @@ from goodput.simulator.policy import FleetObservation, PolicyAnswer
 
 # ---------------------------------------------------------------------------------------------- HPA
 
+HPA_TOLERANCE = 0.1
+"""kube-controller-manager's `--horizontal-pod-autoscaler-tolerance` default."""
+
 
 def _hpa_default_scale_up() -> ScalingRules:
     """autoscaling/v2's default `behavior.scaleUp`: no stabilisation window, and per 15 s at most
@@ -83,10 +86,6 @@ def _hpa_default_scale_down() -> ScalingRules:
         policies=(StepPolicy(StepPolicyType.PERCENT, 100, 15.0),),
         select_policy=SelectPolicy.MAX,
     )
-
-
-HPA_TOLERANCE = 0.1
-"""kube-controller-manager's `--horizontal-pod-autoscaler-tolerance` default."""
 
 
 @dataclass(frozen=True, slots=True)
