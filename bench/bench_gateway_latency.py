@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -26,16 +25,12 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from goodput.testbed.cluster.controlplane import free_port
+from goodput.testbed.cluster.processes import stop_child
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "manifests" / "samples"
 BODY = {"model": "llama-8b", "prompt": "Hello, my name is", "max_tokens": 16}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -44,12 +39,7 @@ def process(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield child
     finally:
-        child.terminate()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_child(child, grace_seconds=10)
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, attempts: int = 100) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from goodput.testbed.cluster.controlplane import free_port
+from goodput.testbed.cluster.processes import stop_child
 from goodput.testbed.loadgen import (
     LoadGenerator,
     LoadReport,
@@ -57,7 +58,7 @@ def start_emulator(port: int) -> subprocess.Popen[str]:
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line.startswith("listening"):
-        process.kill()
+        stop_child(process, grace_seconds=5, kill=True)
         raise SystemExit(f"the emulator did not start: {line!r}")
     return process
 
@@ -120,8 +121,7 @@ def main() -> int:
                 f"{report.cpu_seconds / wall:>9.0%} {emulator_cpu / wall:>11.0%}"
             )
     finally:
-        emulator.terminate()
-        emulator.wait(timeout=30)
+        stop_child(emulator, grace_seconds=30)
     print("CPU columns: share of one core over the run (client: this process, emulator: its process).")
     return 0
 

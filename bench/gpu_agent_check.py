@@ -1,6 +1,7 @@
 """The health agent's real backends on a machine with NVIDIA GPUs: NVML and an NCCL all-reduce.
 
     .venv/bin/python bench/gpu_agent_check.py [--gpus N] [--bytes 67108864] [--timeout-seconds 180]
+        [--rendezvous-port 29510]
 
 Needs an NVIDIA driver (for NVML) and, for the all-reduce, the `vllm` package with a CUDA build of
 torch in the same environment (the agent uses vLLM's StatelessProcessGroup and PyNcclCommunicator,
@@ -15,21 +16,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import socket
 import sys
 import time
 
 from goodput.agent import gpu, nccl, report
+from goodput.agent.main import DEFAULT_RENDEZVOUS_PORT
 from goodput.agent.nvml import NvmlBackend
 
 EXIT_NO_GPU = 2
 EXIT_NO_VLLM = 3
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def memory_used_mib() -> list[float]:
@@ -62,6 +57,12 @@ def main() -> int:
     )
     parser.add_argument("--bytes", type=int, default=nccl.NCCL_CHECK_BYTES)
     parser.add_argument("--timeout-seconds", type=float, default=180.0)
+    parser.add_argument(
+        "--rendezvous-port",
+        type=int,
+        default=DEFAULT_RENDEZVOUS_PORT,
+        help=f"the all-reduce's rendezvous port (default {DEFAULT_RENDEZVOUS_PORT}, the agent's own)",
+    )
     args = parser.parse_args()
 
     backend = NvmlBackend()
@@ -83,8 +84,8 @@ def main() -> int:
         return EXIT_NO_VLLM
     before = memory_used_mib()
     specs = nccl.local_ranks(
-        kind="vllm", leader_host="127.0.0.1", port=free_port(), pod_rank=0, pods=1, gpus_per_pod=gpus,
-        rendezvous_timeout_seconds=args.timeout_seconds,
+        kind="vllm", leader_host="127.0.0.1", port=args.rendezvous_port, pod_rank=0, pods=1,
+        gpus_per_pod=gpus, rendezvous_timeout_seconds=args.timeout_seconds,
     )  # fmt: skip
     started = time.monotonic()
     outcome = nccl.run_check(specs, args.timeout_seconds, size_bytes=args.bytes)

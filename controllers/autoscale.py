@@ -988,6 +988,8 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
             scale_up=up_rules,
             scale_down=down_rules,
             now=now,
+            # a pool at zero groups must be able to start on Percent policies alone
+            percent_floor_groups=1,
         )
     )
     trail.apply(clamp(trail.desired, policy.min_groups, policy.max_groups))

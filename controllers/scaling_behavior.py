@@ -11,7 +11,10 @@ Each stage is a pure function of plain values, in the HPA's documented order:
    `selectPolicy` picks the policy allowing the most change (Max), the least (Min), or none (Disabled);
 4. bounds: [min, max].
 
-Each function returns the new count and the guard that changed it, or None.
+Each function returns the new count and the guard that changed it, or None. This is the one step
+limiter of the project: goodput's decision (`controllers.autoscale`) and the simulator's HPA, KEDA
+baselines (`simulator.baselines`) call the same functions; only the order of the stages and the
+floor of a Percent policy at zero differ between them, and each caller says which it uses.
 """
 
 from __future__ import annotations
@@ -99,10 +102,14 @@ def scale_up_limit(
     down_events: Sequence[ScaleEvent],
     rules: ScalingRules,
     now: float,
+    *,
+    percent_floor_groups: int,
 ) -> int:
     """The most groups the step policies allow now (never below the current count).
 
-    Percent of zero is zero; from zero one group is always allowed, or a pool could never start.
+    As the HPA computes it, a Percent policy allows ceil(start x (1 + value/100)), so percent of
+    zero is zero; `percent_floor_groups` is the least a Percent policy allows: 0 for the HPA, 1 for
+    goodput, whose pool at zero could otherwise never start on Percent policies alone.
     """
     if rules.select_policy is SelectPolicy.DISABLED:
         return current_groups
@@ -116,7 +123,7 @@ def scale_up_limit(
         if policy.type is StepPolicyType.GROUPS:
             limits.append(period_start + policy.value)
         else:
-            limits.append(max(1, math.ceil(period_start * (1 + policy.value / 100))))
+            limits.append(max(percent_floor_groups, math.ceil(period_start * (1 + policy.value / 100))))
     limit = max(limits) if rules.select_policy is SelectPolicy.MAX else min(limits)
     return max(limit, current_groups)
 
@@ -128,7 +135,10 @@ def scale_down_limit(
     rules: ScalingRules,
     now: float,
 ) -> int:
-    """The fewest groups the step policies allow now (never above the current count)."""
+    """The fewest groups the step policies allow now (never above the current count).
+
+    A Percent policy allows floor(start x (1 - value/100)), the HPA's truncation.
+    """
     if rules.select_policy is SelectPolicy.DISABLED:
         return current_groups
     limits = []
@@ -156,9 +166,14 @@ def limit_rate(
     scale_up: ScalingRules,
     scale_down: ScalingRules,
     now: float,
+    percent_floor_groups: int,
 ) -> tuple[int, Guard | None]:
+    """The desired count within the step policies of its direction (`scale_up_limit`,
+    `scale_down_limit`); the HPA baselines of the simulator and goodput's decision both use it."""
     if desired_groups > current_groups:
-        limit = scale_up_limit(current_groups, up_events, down_events, scale_up, now)
+        limit = scale_up_limit(
+            current_groups, up_events, down_events, scale_up, now, percent_floor_groups=percent_floor_groups
+        )
         if desired_groups > limit:
             return limit, Guard.SCALE_UP_LIMIT
     elif desired_groups < current_groups:

@@ -26,11 +26,14 @@ from dataclasses import dataclass
 class Histogram:
     """A Prometheus histogram: ascending finite upper bounds and cumulative counts.
 
-    `cumulative_counts` has one entry per bound plus a last one for +Inf (the total).
+    `cumulative_counts` has one entry per bound plus a last one for +Inf (the total). `sum` is the
+    series' `_sum`, the sum of the observed values; the estimators never read it, but an exporter
+    (the simulator's `/metrics`) writes it, so the one histogram type carries it. 0 where unknown.
     """
 
     upper_bounds: tuple[float, ...]
     cumulative_counts: tuple[float, ...]
+    sum: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.cumulative_counts) != len(self.upper_bounds) + 1:
@@ -49,14 +52,16 @@ class Histogram:
         """Bucket raw observations as prometheus_client does (value <= bound)."""
         bounds = tuple(upper_bounds)
         counts = [0.0] * (len(bounds) + 1)
+        observed_sum = 0.0
         for value in observations:
             counts[bisect_left(bounds, value)] += 1
+            observed_sum += value
         cumulative = []
         running = 0.0
         for count in counts:
             running += count
             cumulative.append(running)
-        return cls(bounds, tuple(cumulative))
+        return cls(bounds, tuple(cumulative), observed_sum)
 
 
 def histogram_delta(later: Histogram, earlier: Histogram | None) -> Histogram:
@@ -79,6 +84,7 @@ def histogram_delta(later: Histogram, earlier: Histogram | None) -> Histogram:
             now - before
             for now, before in zip(later.cumulative_counts, earlier.cumulative_counts, strict=True)
         ),
+        later.sum - earlier.sum,
     )
 
 
@@ -95,7 +101,7 @@ def merge_histograms(histograms: Iterable[Histogram]) -> Histogram | None:
             raise ValueError("histograms with different bucket bounds cannot be merged")
     # One pass over the columns; equal bounds mean equal lengths (a Histogram checks its own shape).
     columns = zip(*(histogram.cumulative_counts for histogram in parts), strict=True)
-    return Histogram(bounds, tuple(map(sum, columns)))
+    return Histogram(bounds, tuple(map(sum, columns)), sum(histogram.sum for histogram in parts))
 
 
 def fraction_within(

@@ -4,10 +4,13 @@
   tolerance band, unready groups counted as idle on scale-up, missing metrics counted
   conservatively, a 300 s scale-down stabilisation window taking the highest recommendation,
   immediate scale-up, and the default rate policies (up: max(+100 %, +4) per 15 s; down: −100 % per
-  15 s). Synced every 15 s.
+  15 s). A target at zero replicas is not scaled (minReplicas > 0), one outside [min, max] is set to
+  the bound without limits. Synced every 15 s. The stabilisation and step policies are the
+  controllers' (`controllers.scaling_behavior`), the same functions goodput's decision calls.
 - KEDA: a ScaledObject on `sum(vllm:num_requests_waiting)` is an HPA External metric with an
   AverageValue target: desired = ceil(total / target) against `status.replicas` (ready groups),
-  same tolerance and behaviour. KEDA's `pollingInterval` (30 s) drives activation and
+  same tolerance and behaviour; KEDA itself, not the HPA, scales a target from zero on activation.
+  KEDA's `pollingInterval` (30 s) drives activation and
   `cooldownPeriod` (300 s) only the step to zero (it never delays N → N−1, the HPA window does).
 - Knative KPA (`pkg/autoscaler/scaling/autoscaler.go`): concurrency averaged over a 60 s stable and
   a 6 s panic window, desired = ceil(average / target per group) bounded by the max scale-up rate
@@ -42,47 +45,85 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
+from goodput.controllers.autoscale_model import (
+    Recommendation,
+    ScaleEvent,
+    ScalingRules,
+    SelectPolicy,
+    StepPolicy,
+    StepPolicyType,
+)
+from goodput.controllers.scaling_behavior import clamp, limit_rate, stabilize
 from goodput.simulator.metrics import FleetSample, MetricsView
-from goodput.simulator.policy import FleetObservation, Recommendation
+from goodput.simulator.policy import FleetObservation, PolicyAnswer
 
 # ---------------------------------------------------------------------------------------------- HPA
 
-
-@dataclass(frozen=True, slots=True)
-class RatePolicy:
-    """One HPA scaling policy: `value` pods or percent per `period_seconds`."""
-
-    kind: str  # "Pods" | "Percent"
-    value: int
-    period_seconds: float
+HPA_TOLERANCE = 0.1
+"""kube-controller-manager's `--horizontal-pod-autoscaler-tolerance` default."""
 
 
-@dataclass(frozen=True, slots=True)
-class ScalingRules:
-    """HPA `behavior.scaleUp` or `behavior.scaleDown`."""
+def _hpa_default_scale_up() -> ScalingRules:
+    """autoscaling/v2's default `behavior.scaleUp`: no stabilisation window, and per 15 s at most
+    100 % more or 4 more replicas, whichever allows more (selectPolicy Max)."""
+    return ScalingRules(
+        tolerance=HPA_TOLERANCE,
+        stabilization_window_seconds=0.0,
+        policies=(
+            StepPolicy(StepPolicyType.PERCENT, 100, 15.0),
+            StepPolicy(StepPolicyType.GROUPS, 4, 15.0),
+        ),
+        select_policy=SelectPolicy.MAX,
+    )
 
-    stabilization_window_seconds: float
-    policies: tuple[RatePolicy, ...]
-    select_policy: str = "Max"  # "Max" | "Min" | "Disabled"
+
+def _hpa_default_scale_down() -> ScalingRules:
+    """autoscaling/v2's default `behavior.scaleDown`: a 300 s stabilisation window, then up to
+    100 % of the replicas per 15 s."""
+    return ScalingRules(
+        tolerance=HPA_TOLERANCE,
+        stabilization_window_seconds=300.0,
+        policies=(StepPolicy(StepPolicyType.PERCENT, 100, 15.0),),
+        select_policy=SelectPolicy.MAX,
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class HpaBehavior:
-    """The HPA defaults of autoscaling/v2."""
+    """An HPA's `behavior`, in the controllers' `ScalingRules` (the one step limiter's input).
 
-    scale_up: ScalingRules = ScalingRules(
-        0.0, (RatePolicy("Percent", 100, 15.0), RatePolicy("Pods", 4, 15.0))
-    )
-    scale_down: ScalingRules = ScalingRules(300.0, (RatePolicy("Percent", 100, 15.0),))
-    tolerance: float = 0.1
+    The HPA's tolerance is one controller-manager flag for both directions, so both rules carry the
+    same tolerance.
+    """
+
+    scale_up: ScalingRules = field(default_factory=_hpa_default_scale_up)
+    scale_down: ScalingRules = field(default_factory=_hpa_default_scale_down)
+
+    def __post_init__(self) -> None:
+        if self.scale_up.tolerance != self.scale_down.tolerance:
+            raise ValueError("the HPA's tolerance is one value: scale_up and scale_down must agree")
+
+    @property
+    def tolerance(self) -> float:
+        return self.scale_up.tolerance
+
+    def longest_memory_seconds(self) -> float:
+        """How far back a recommendation or a scale event can still matter."""
+        policies = self.scale_up.policies + self.scale_down.policies
+        return max(
+            self.scale_up.stabilization_window_seconds,
+            self.scale_down.stabilization_window_seconds,
+            *(policy.period_seconds for policy in policies),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class HpaState:
-    """The controller's memory: unstabilised recommendations and applied changes, with timestamps."""
+    """The controller's memory: unstabilised recommendations and applied scale events, timestamped."""
 
-    recommendations: tuple[tuple[float, int], ...] = ()
-    scale_changes: tuple[tuple[float, int], ...] = ()  # (time, +added / −removed)
+    recommendations: tuple[Recommendation, ...] = ()
+    scale_up_events: tuple[ScaleEvent, ...] = ()
+    scale_down_events: tuple[ScaleEvent, ...] = ()
 
 
 def within_tolerance(usage_ratio: float, tolerance: float) -> bool:
@@ -144,43 +185,37 @@ def external_average_value_replicas(
     return math.ceil(total / target_average)
 
 
-def _changes_in_period(changes: tuple[tuple[float, int], ...], now: float, period: float, up: bool) -> int:
-    cutoff = now - period
-    return sum(abs(delta) for when, delta in changes if when > cutoff and (delta > 0) == up)
+def reconcile_replicas(
+    recommended: int,
+    current: int,
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    behavior: HpaBehavior,
+    state: HpaState,
+    now: float,
+) -> tuple[int, str, HpaState]:
+    """HPA's `reconcileAutoscaler` once the metric's recommendation is known.
 
-
-def scale_up_limit(current: int, state: HpaState, rules: ScalingRules, now: float) -> int:
-    if rules.select_policy == "Disabled":
-        return current
-    proposals = []
-    for policy in rules.policies:
-        start = (
-            current
-            - _changes_in_period(state.scale_changes, now, policy.period_seconds, True)
-            + _changes_in_period(state.scale_changes, now, policy.period_seconds, False)
-        )
-        if policy.kind == "Pods":
-            proposals.append(start + policy.value)
-        else:
-            proposals.append(math.ceil(start * (1 + policy.value / 100)))
-    return min(proposals) if rules.select_policy == "Min" else max(proposals)
-
-
-def scale_down_limit(current: int, state: HpaState, rules: ScalingRules, now: float) -> int:
-    if rules.select_policy == "Disabled":
-        return current
-    proposals = []
-    for policy in rules.policies:
-        start = (
-            current
-            - _changes_in_period(state.scale_changes, now, policy.period_seconds, True)
-            + _changes_in_period(state.scale_changes, now, policy.period_seconds, False)
-        )
-        if policy.kind == "Pods":
-            proposals.append(start - policy.value)
-        else:
-            proposals.append(int(start * (1 - policy.value / 100)))
-    return max(proposals) if rules.select_policy == "Min" else min(proposals)
+    A target at zero replicas (with minReplicas > 0) is not scaled ("ScalingDisabled"); one outside
+    [min, max] is set to the bound it crossed without stabilisation or step limits; otherwise the
+    recommendation goes through `normalize`.
+    """
+    if current == 0 and min_replicas != 0:
+        return current, "ScalingDisabled", state
+    if current > max_replicas or current < min_replicas:
+        desired = min(max(current, min_replicas), max_replicas)
+        reason = "TooManyReplicas" if current > max_replicas else "TooFewReplicas"
+        return desired, reason, _record(state, behavior, current, desired, now)
+    return normalize(
+        recommended,
+        current,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        behavior=behavior,
+        state=state,
+        now=now,
+    )
 
 
 def normalize(
@@ -193,49 +228,62 @@ def normalize(
     state: HpaState,
     now: float,
 ) -> tuple[int, str, HpaState]:
-    """HPA's `normalizeDesiredReplicasWithBehaviors`: stabilise, then rate-limit, then clamp.
+    """HPA's `normalizeDesiredReplicasWithBehaviors`: stabilise, then bound and rate-limit.
 
     On its first sync the controller seeds the recommendations with the current count
     (`maybeInitScaleDownStabilizationWindow`), so a fresh HPA never scales in before one window.
+    The stabilisation and step limits are the controllers' (`controllers.scaling_behavior`).
+    Bounding before the step limit gives the HPA's reasons: "ScaleUpLimit" only when the step limit
+    is below maxReplicas, "TooManyReplicas" otherwise (and alike downwards).
     """
     if not state.recommendations and behavior.scale_down.stabilization_window_seconds > 0:
-        state = HpaState(((now, current),), state.scale_changes)
-    up_cutoff = now - behavior.scale_up.stabilization_window_seconds
-    down_cutoff = now - behavior.scale_down.stabilization_window_seconds
-    up_recommendation = down_recommendation = recommended
-    for when, value in state.recommendations:
-        if when > up_cutoff:
-            up_recommendation = min(up_recommendation, value)
-        if when > down_cutoff:
-            down_recommendation = max(down_recommendation, value)
-    stabilized = min(max(current, up_recommendation), down_recommendation)
-    reason = (
-        "ScaleDownStabilized"
-        if stabilized > recommended
-        else ("ScaleUpStabilized" if stabilized < recommended else "DesiredWithinRange")
+        state = replace(state, recommendations=(Recommendation(now, current),))
+    stabilized, stabilize_guard = stabilize(
+        current,
+        recommended,
+        state.recommendations,
+        scale_up=behavior.scale_up,
+        scale_down=behavior.scale_down,
+        now=now,
     )
-    horizon = now - max(
-        behavior.scale_up.stabilization_window_seconds,
-        behavior.scale_down.stabilization_window_seconds,
-        *(p.period_seconds for p in behavior.scale_up.policies + behavior.scale_down.policies),
-    )
-    recommendations = (*(r for r in state.recommendations if r[0] > horizon), (now, recommended))
+    reason = str(stabilize_guard) if stabilize_guard is not None else "DesiredWithinRange"
     desired = stabilized
-    if stabilized > current:
-        limit = max(current, scale_up_limit(current, state, behavior.scale_up, now))
-        ceiling = min(max_replicas, limit)
-        if desired > ceiling:
-            desired, reason = ceiling, ("ScaleUpLimit" if limit < max_replicas else "TooManyReplicas")
-    elif stabilized < current:
-        limit = min(current, scale_down_limit(current, state, behavior.scale_down, now))
-        floor = max(min_replicas, limit)
-        if desired < floor:
-            desired, reason = floor, ("ScaleDownLimit" if limit > min_replicas else "TooFewReplicas")
-    desired = max(min_replicas, min(max_replicas, desired))
-    changes = tuple(c for c in state.scale_changes if c[0] > horizon)
-    if desired != current:
-        changes = (*changes, (now, desired - current))
-    return desired, reason, HpaState(recommendations, changes)
+    if stabilized != current:
+        desired, bound_guard = clamp(stabilized, min_replicas, max_replicas)
+        desired, limit_guard = limit_rate(
+            current,
+            desired,
+            up_events=state.scale_up_events,
+            down_events=state.scale_down_events,
+            scale_up=behavior.scale_up,
+            scale_down=behavior.scale_down,
+            now=now,
+            percent_floor_groups=0,
+        )
+        guard = limit_guard or bound_guard
+        reason = str(guard) if guard is not None else reason
+    horizon = now - behavior.longest_memory_seconds()
+    recommendations = (
+        *(sample for sample in state.recommendations if sample.at > horizon),
+        Recommendation(now, recommended),
+    )
+    return (
+        desired,
+        reason,
+        _record(replace(state, recommendations=recommendations), behavior, current, desired, now),
+    )
+
+
+def _record(state: HpaState, behavior: HpaBehavior, current: int, desired: int, now: float) -> HpaState:
+    """`storeScaleEvent`: remember a change for the step policies' periods, forget expired ones."""
+    horizon = now - behavior.longest_memory_seconds()
+    ups = tuple(event for event in state.scale_up_events if event.at > horizon)
+    downs = tuple(event for event in state.scale_down_events if event.at > horizon)
+    if desired > current:
+        ups = (*ups, ScaleEvent(now, desired - current))
+    elif desired < current:
+        downs = (*downs, ScaleEvent(now, current - desired))
+    return replace(state, scale_up_events=ups, scale_down_events=downs)
 
 
 def group_rates(view: MetricsView, counter: str, window_seconds: float) -> dict[str, float]:
@@ -283,10 +331,10 @@ class HpaGpuUtilization:
             "sync_seconds": self.interval_seconds,
         }
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         current = observation.desired_groups
         if observation.metrics.latest is None:
-            return Recommendation(current, "hpa: no metrics yet")
+            return PolicyAnswer(current, "hpa: no metrics yet")
         utilization = group_rates(observation.metrics, "gpu_busy_seconds_total", self.metric_window_seconds)
         values = tuple(min(1.0, value) for value in utilization.values())
         missing = max(0, observation.ready_groups - len(values))
@@ -298,7 +346,7 @@ class HpaGpuUtilization:
             target=self.target_utilization,
             tolerance=self.behavior.tolerance,
         )
-        desired, reason, self.state = normalize(
+        desired, reason, self.state = reconcile_replicas(
             recommended,
             current,
             min_replicas=observation.min_groups,
@@ -308,7 +356,7 @@ class HpaGpuUtilization:
             now=observation.now,
         )
         mean = sum(values) / len(values) if values else float("nan")
-        return Recommendation(
+        return PolicyAnswer(
             desired,
             f"hpa {reason}: gpu utilisation {mean:.2f} vs target {self.target_utilization:.2f}",
             {"gpu_utilization": mean, "recommended": recommended},
@@ -341,11 +389,11 @@ class KedaWaitingRequests:
             "hpa_sync_seconds": self.interval_seconds,
         }
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         current = observation.desired_groups
         latest = observation.metrics.latest
         if latest is None:
-            return Recommendation(current, "keda: no metrics yet")
+            return PolicyAnswer(current, "keda: no metrics yet")
         waiting = float(sum(metrics.num_requests_waiting for metrics in latest.groups))
         now = observation.now
         if now - self._last_poll >= self.polling_interval_seconds:
@@ -356,14 +404,18 @@ class KedaWaitingRequests:
             elif now - self._last_active >= self.cooldown_seconds:
                 self._active = False
         if not self._active and observation.min_groups == 0:
-            return Recommendation(0, "keda: inactive past cooldownPeriod, scaling to zero")
+            return PolicyAnswer(0, "keda: inactive past cooldownPeriod, scaling to zero")
+        if current == 0:
+            # KEDA's scale executor, not the HPA (which never scales from zero), activates a target
+            groups = max(1, observation.min_groups)
+            return PolicyAnswer(groups, f"keda: active, scaling from zero to {groups}")
         recommended = max(
             1,
             external_average_value_replicas(
                 waiting, observation.ready_groups, self.target_waiting_per_group, self.behavior.tolerance
             ),
         )
-        desired, reason, self.state = normalize(
+        desired, reason, self.state = reconcile_replicas(
             recommended,
             current,
             min_replicas=max(1, observation.min_groups),
@@ -372,7 +424,7 @@ class KedaWaitingRequests:
             state=self.state,
             now=now,
         )
-        return Recommendation(
+        return PolicyAnswer(
             desired,
             f"keda {reason}: {waiting:.0f} waiting over "
             f"{observation.ready_groups} ready groups, target "
@@ -500,21 +552,21 @@ class KnativeKpa:
         total = sum(span for _, span in inside)
         return sum(value * span for value, span in inside) / total if total > 0 else None
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         spec = self.spec
         latest = observation.metrics.latest
         if latest is None:
-            return Recommendation(observation.desired_groups, "kpa: no concurrency data yet")
+            return PolicyAnswer(observation.desired_groups, "kpa: no concurrency data yet")
         self._collect(observation.metrics)
         stable = self._average(latest.time, spec.stable_window_seconds)
         panic = self._average(latest.time, spec.stable_window_seconds * spec.panic_window_percentage / 100)
         if stable is None or panic is None:
-            return Recommendation(observation.desired_groups, "kpa: no concurrency data yet")
+            return PolicyAnswer(observation.desired_groups, "kpa: no concurrency data yet")
         desired, mode, self.state = kpa_decide(
             stable, panic, observation.ready_groups, spec=spec, state=self.state, now=observation.now
         )
         desired = max(observation.min_groups, min(observation.max_groups, desired))
-        return Recommendation(
+        return PolicyAnswer(
             desired,
             f"kpa {mode}: concurrency stable {stable:.1f} panic {panic:.1f}, "
             f"target {spec.target_per_group:.1f} per group",
@@ -533,8 +585,8 @@ class FixedFleet:
     def describe(self) -> dict[str, float | str]:
         return {"groups": self.groups}
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
-        return Recommendation(self.groups, f"fixed fleet of {self.groups}")
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        return PolicyAnswer(self.groups, f"fixed fleet of {self.groups}")
 
 
 def with_target(policy: HpaGpuUtilization, target: float) -> HpaGpuUtilization:

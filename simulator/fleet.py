@@ -40,7 +40,10 @@ from goodput.simulator.group_world import (
 from goodput.simulator.records import RequestLog
 
 
-class GroupState(StrEnum):
+class GroupPhase(StrEnum):
+    """Where a simulated group is in its life: the engine's view (loading, serving, removed), not
+    the controllers' `GroupState` of a ModelGroup's status."""
+
     PLACING = "Placing"
     LOADING = "Loading"
     READY = "Ready"
@@ -114,7 +117,7 @@ class Group:
         self.name = f"group-{index}"
         # The group's name in the controller's world (its pods' group label).
         self.key = key or self.name
-        self.state = GroupState.PLACING
+        self.state = GroupPhase.PLACING
         self.created_at = created_at
         self.loading_at: float | None = None
         self.ready_at: float | None = None
@@ -124,7 +127,7 @@ class Group:
 
     @property
     def live(self) -> bool:
-        return self.state in (GroupState.PLACING, GroupState.LOADING, GroupState.READY)
+        return self.state in (GroupPhase.PLACING, GroupPhase.LOADING, GroupPhase.READY)
 
     def outstanding_work_tokens(self, expected_output_tokens: int) -> int:
         """What the router weighs: prompt tokens still to prefill plus a decode guess per request."""
@@ -137,7 +140,7 @@ class LifecycleEvent:
 
     time: float
     group: int
-    state: GroupState
+    state: GroupPhase
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,16 +185,16 @@ class Fleet:
 
     # ------------------------------------------------------------------ state
     def counts(self, now: float) -> FleetCounts:
-        by_state = dict.fromkeys(GroupState, 0)
+        by_state = dict.fromkeys(GroupPhase, 0)
         for group in self.groups:
             by_state[group.state] += 1
         return FleetCounts(
             now,
             self.desired,
-            by_state[GroupState.PLACING],
-            by_state[GroupState.LOADING],
-            by_state[GroupState.READY],
-            by_state[GroupState.DRAINING],
+            by_state[GroupPhase.PLACING],
+            by_state[GroupPhase.LOADING],
+            by_state[GroupPhase.READY],
+            by_state[GroupPhase.DRAINING],
         )
 
     def _record(self, now: float) -> None:
@@ -252,7 +255,7 @@ class Fleet:
                 self._pods[pod.name] = serving(pod, since, rules.rules)
             group = self._new_group(key, now)
             group.loading_at = group.ready_at = now
-            group.state = GroupState.READY
+            group.state = GroupPhase.READY
             self._ready.append(group)
             events.extend(self._failure_events(group, now))
         self._record(now)
@@ -309,7 +312,7 @@ class Fleet:
                 self._pods[pod.name] = pod
             group = self._new_group(creation.group, now)
             events.append(
-                LifecycleEvent(now + self.config.placement_seconds, group.index, GroupState.LOADING)
+                LifecycleEvent(now + self.config.placement_seconds, group.index, GroupPhase.LOADING)
             )
         for mark in plan.drain_marks:
             for name in mark.pods:
@@ -333,17 +336,17 @@ class Fleet:
 
     def _stop_serving(self, group: Group, now: float) -> None:
         """Admission closed: a ready group drains (a failed one already stopped)."""
-        if group.state is GroupState.READY:
+        if group.state is GroupPhase.READY:
             self._ready.remove(group)
-            group.state = GroupState.DRAINING
+            group.state = GroupPhase.DRAINING
             group.drain_started_at = now
 
     def _serve(self, group: Group, now: float) -> list[LifecycleEvent]:
         """The group-ready gate went True: a warmed-up group, or a draining one back in service."""
-        if group.state is GroupState.READY:
+        if group.state is GroupPhase.READY:
             return []
         first = group.ready_at is None
-        group.state = GroupState.READY
+        group.state = GroupPhase.READY
         group.drain_started_at = None
         group.ready_at = now if first else group.ready_at
         self._ready.append(group)
@@ -356,13 +359,13 @@ class Fleet:
         self._warmups.pop(key, None)
         self._readings.pop(key, None)
         group = self._by_key[key]
-        if group.state is GroupState.FAILED:
+        if group.state is GroupPhase.FAILED:
             return
         if group in self._ready:
             self._ready.remove(group)
         if any(ended.group == key and ended.outcome == "TimedOut" for ended in plan.drains_ended):
             self.aborted.extend(group.engine.abort_all(now))
-        group.state = GroupState.REMOVED
+        group.state = GroupPhase.REMOVED
         group.ended_at = now
 
     def _read_leader(self, group: Group, now: float) -> LeaderSample:
@@ -381,24 +384,24 @@ class Fleet:
         aborted, self.aborted = self.aborted, []
         return aborted
 
-    def advance_lifecycle(self, index: int, state: GroupState, now: float) -> list[LifecycleEvent]:
+    def advance_lifecycle(self, index: int, state: GroupPhase, now: float) -> list[LifecycleEvent]:
         """A scheduled transition of the simulated cluster is due: pods bound, then engines up."""
         group = self.groups[index]
         if not group.live:
             return []  # removed or failed before the transition
         pods = [name for name, pod in self._pods.items() if pod.group == group.key]
-        if state is GroupState.LOADING and group.state is GroupState.PLACING:
+        if state is GroupPhase.LOADING and group.state is GroupPhase.PLACING:
             for name in pods:
                 self._pods[name] = bound(self._pods[name], instant(now))
-            group.state = GroupState.LOADING
+            group.state = GroupPhase.LOADING
             group.loading_at = now
             rng = self._group_rng(index, "ready")
             loading = self.config.ready_time_median_seconds * math.exp(
                 rng.gauss(0.0, self.config.ready_time_sigma)
             )
             self._record(now)
-            return [LifecycleEvent(now + loading, index, GroupState.READY)]
-        if state is GroupState.READY and group.state is GroupState.LOADING:
+            return [LifecycleEvent(now + loading, index, GroupPhase.READY)]
+        if state is GroupPhase.READY and group.state is GroupPhase.LOADING:
             for name in pods:
                 self._pods[name] = started(self._pods[name], instant(now), self._rules.rules)
             return self.reconcile(now)
@@ -409,7 +412,7 @@ class Fleet:
         if rate <= 0:
             return []
         after = self._group_rng(group.index, "failure").expovariate(rate / 3600.0)
-        return [LifecycleEvent(now + after, group.index, GroupState.FAILED)]
+        return [LifecycleEvent(now + after, group.index, GroupPhase.FAILED)]
 
     def scale_to(self, desired: int, now: float) -> list[LifecycleEvent]:
         """The autoscaler's new count, clamped as the operator clamps `replicas`, reconciled."""
@@ -419,12 +422,12 @@ class Fleet:
     def fail(self, index: int, now: float) -> tuple[list[int], float | None]:
         """The group fails: its requests are lost. Returns them and when the controller sees it."""
         group = self.groups[index]
-        if group.state not in (GroupState.READY, GroupState.DRAINING):
+        if group.state not in (GroupPhase.READY, GroupPhase.DRAINING):
             return [], None
-        if group.state is GroupState.READY:
+        if group.state is GroupPhase.READY:
             self._ready.remove(group)
         lost = group.engine.abort_all(now)
-        group.state = GroupState.FAILED
+        group.state = GroupPhase.FAILED
         group.ended_at = now
         self.lost_requests += len(lost)
         self._record(now)
@@ -432,7 +435,7 @@ class Fleet:
 
     def replace(self, now: float) -> list[LifecycleEvent]:
         """The controller sees the failed groups' crashed ranks and replaces them whole."""
-        failed_keys = {group.key for group in self.groups if group.state is GroupState.FAILED}
+        failed_keys = {group.key for group in self.groups if group.state is GroupPhase.FAILED}
         for name, pod in list(self._pods.items()):
             if pod.group in failed_keys and pod.rank == 0 and pod.restarts == 0:
                 self._pods[name] = failed(pod)

@@ -27,13 +27,12 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.controllers.policy_compile import GroupBounds, bounded_scaling_policy
 from goodput.controllers.snapshot import wanted_groups, with_wanted_groups
-from goodput.estimators.attainment import Histogram as EstimatorHistogram
+from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
-from goodput.simulator.metrics import FleetSample, Histogram, MetricsView
-from goodput.simulator.metrics import GroupMetrics as ScrapedGroup
-from goodput.simulator.policy import FleetObservation, Recommendation
+from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
+from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 
@@ -106,13 +105,8 @@ def capacity_profile(
     return profile
 
 
-def _histogram(latest: Histogram, earlier: Histogram | None) -> EstimatorHistogram:
-    delta = latest if earlier is None else latest.minus(earlier)
-    return EstimatorHistogram(delta.bounds, tuple(float(count) for count in delta.cumulative_counts))
-
-
 def _group_metrics(
-    now: float, latest: FleetSample, metrics: ScrapedGroup, start: tuple[float, ScrapedGroup] | None
+    now: float, latest: FleetSample, metrics: GroupScrape, start: tuple[float, GroupScrape] | None
 ) -> GroupMetrics:
     """One group's snapshot entry: gauges from the latest scrape, rates and deltas over the window."""
     age = now - latest.time
@@ -144,12 +138,12 @@ def _group_metrics(
         if finished > 0
         else None,
         prefix_hit_fraction=hits / queries if queries > 0 else 0.0,
-        ttft=_histogram(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
-        itl=_histogram(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
-        queue_time=_histogram(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
+        ttft=histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
+        itl=histogram_delta(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
+        queue_time=histogram_delta(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
         tpot=None
         if metrics.request_time_per_output_token_seconds is None
-        else _histogram(
+        else histogram_delta(
             metrics.request_time_per_output_token_seconds, earlier.request_time_per_output_token_seconds
         ),
         finished_requests=float(finished),
@@ -163,7 +157,7 @@ def snapshot_from(
     view: MetricsView = observation.metrics
     latest = view.latest
     by_group = latest.by_group() if latest is not None else {}
-    first_seen: dict[str, tuple[float, ScrapedGroup]] = {}
+    first_seen: dict[str, tuple[float, GroupScrape]] = {}
     if latest is not None:
         for sample in view.within(latest.time - window_seconds - 1e-9):
             for scraped in sample.groups:
@@ -235,7 +229,7 @@ class GoodputPolicy:
             "metrics_window_seconds": self.metrics_window_seconds,
         }
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         snapshot = snapshot_from(observation, self.profile, self.metrics_window_seconds, self.model_group)
         decision = decide(snapshot, self.policy, self.state, observation.now)
         self.state = decision.next_state
@@ -248,4 +242,4 @@ class GoodputPolicy:
             detail["proposal"] = winner.detail
         if decision.reason != str(decision.signal):
             why = f"signal {decision.signal}: {why}"
-        return Recommendation(desired, f"{decision.reason} ({why})", detail)
+        return PolicyAnswer(desired, f"{decision.reason} ({why})", detail)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+from goodput.estimators.attainment import Histogram
 
 TTFT_BUCKETS_SECONDS: tuple[float, ...] = (
     0.001,
@@ -84,7 +86,11 @@ REQUEST_LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
 
 
 class HistogramAccumulator:
-    """A Prometheus-style histogram being filled: per-bucket counts, the last bucket is +Inf."""
+    """A Prometheus-style histogram being filled: per-bucket counts, the last bucket is +Inf.
+
+    A scrape reads it as the estimators' `Histogram`, the one histogram type of the project, so the
+    decision code reads simulated histograms with the same functions as Prometheus' ones.
+    """
 
     __slots__ = ("bounds", "counts", "total")
 
@@ -126,6 +132,7 @@ class HistogramAccumulator:
         self.counts[last_bucket] += (steps - counted) * weight
 
     def snapshot(self) -> Histogram:
+        """The cumulative histogram a scrape reads now."""
         cumulative: list[int] = []
         running = 0
         for count in self.counts:
@@ -135,52 +142,9 @@ class HistogramAccumulator:
 
 
 @dataclass(frozen=True, slots=True)
-class Histogram:
-    """A scraped histogram: cumulative counts per upper bound (`le`), the last being +Inf."""
-
-    bounds: tuple[float, ...]
-    cumulative_counts: tuple[int, ...]
-    sum: float
-
-    @property
-    def count(self) -> int:
-        return self.cumulative_counts[-1]
-
-    def minus(self, earlier: Histogram) -> Histogram:
-        """The observations between two scrapes (PromQL `increase` over the window)."""
-        return Histogram(
-            self.bounds,
-            tuple(a - b for a, b in zip(self.cumulative_counts, earlier.cumulative_counts, strict=True)),
-            self.sum - earlier.sum,
-        )
-
-    def fraction_at_or_below(self, bound: float) -> float:
-        """Share of observations ≤ `bound`, read at the largest bucket bound ≤ `bound` (conservative)."""
-        if self.count == 0:
-            return 1.0
-        index = bisect.bisect_right(self.bounds, bound) - 1
-        return 0.0 if index < 0 else self.cumulative_counts[index] / self.count
-
-    def quantile(self, q: float) -> float:
-        """`histogram_quantile`: linear interpolation inside the bucket holding the q-th observation."""
-        total = self.count
-        if total == 0:
-            return float("nan")
-        rank = q * total
-        index = bisect.bisect_left(self.cumulative_counts, rank)
-        if index >= len(self.bounds):
-            return self.bounds[-1]
-        lower = self.bounds[index - 1] if index > 0 else 0.0
-        below = self.cumulative_counts[index - 1] if index > 0 else 0
-        in_bucket = self.cumulative_counts[index] - below
-        if in_bucket == 0:
-            return self.bounds[index]
-        return lower + (self.bounds[index] - lower) * (rank - below) / in_bucket
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMetrics:
-    """One group's leader `/metrics` at one scrape (rank 0 serves the whole group's engine).
+class GroupScrape:
+    """One group's leader `/metrics` at one scrape (rank 0 serves the whole group's engine), raw:
+    the controllers' `GroupMetrics` is what the operator derives from such scrapes over a window.
 
     Counters are cumulative since the group started, as Prometheus sees them. `gpu_busy_seconds_total`
     is what DCGM's GPU utilisation integrates (time with a kernel running: any engine step), and
@@ -222,9 +186,9 @@ class FleetSample:
     """Every serving or draining group's metrics from one scrape round, at `time`."""
 
     time: float
-    groups: tuple[GroupMetrics, ...]
+    groups: tuple[GroupScrape, ...]
 
-    def by_group(self) -> dict[str, GroupMetrics]:
+    def by_group(self) -> dict[str, GroupScrape]:
         return {metrics.group: metrics for metrics in self.groups}
 
 
@@ -283,13 +247,3 @@ def window_increase(latest: FleetSample, earlier: FleetSample | None, counter: s
         previous = before.get(metrics.group)
         total += now_value - (float(getattr(previous, counter)) if previous is not None else 0.0)
     return total, latest.time - earlier.time
-
-
-def summed_histogram(groups: Sequence[GroupMetrics], name: str) -> Histogram | None:
-    """Sum one histogram over groups (PromQL `sum by (le)`)."""
-    histograms = [getattr(metrics, name) for metrics in groups]
-    if not histograms:
-        return None
-    bounds = histograms[0].bounds
-    counts = [sum(column) for column in zip(*(h.cumulative_counts for h in histograms), strict=True)]
-    return Histogram(bounds, tuple(counts), sum(h.sum for h in histograms))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goodput.simulator.policy import FleetObservation, Recommendation
+from goodput.simulator.policy import FleetObservation, PolicyAnswer
 
 
 def interval_work(
@@ -119,11 +119,11 @@ class ScheduleFollower:
             "peak_groups": float(self._schedule.max()) if self._schedule.size else 0.0,
         }
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         index = min(int(observation.now // self.rules.interval_seconds), self._schedule.size - 1)
         desired = int(self._schedule[index]) if self._schedule.size else observation.min_groups
         desired = max(observation.min_groups, min(observation.max_groups, desired))
-        return Recommendation(
+        return PolicyAnswer(
             desired, f"oracle: {desired} groups by the hindsight schedule (x{self.factor:.3g})"
         )
 

@@ -1,7 +1,7 @@
 """The contract between the simulated fleet and a scaling policy.
 
 Every `interval_seconds` the simulation hands the policy a `FleetObservation` (group counts now, and
-the scraped metrics as of `now − scrape delay`) and applies the `Recommendation` it returns. Policies
+the scraped metrics as of `now − scrape delay`) and applies the `PolicyAnswer` it returns. Policies
 keep their own memory between calls (stabilisation windows, panic mode) — the baselines as frozen
 state values threaded through pure functions, so the formulas can be tested alone.
 """
@@ -46,7 +46,7 @@ class FleetObservation:
 
 
 @dataclass(frozen=True, slots=True)
-class Recommendation:
+class PolicyAnswer:
     """A policy's answer: the groups it wants and why, with the figures behind it."""
 
     desired_groups: int
@@ -67,7 +67,7 @@ class Autoscaler(Protocol):
         """Time between two calls of `recommend`."""
         ...
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         """The desired number of groups now."""
         ...
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from goodput.controllers.groups import GroupTransition
 from goodput.simulator.engine import Engine
-from goodput.simulator.fleet import Fleet, FleetConfig, FleetCounts, Group, GroupState, LifecycleEvent
-from goodput.simulator.metrics import FleetSample, GroupMetrics, MetricsHistory
+from goodput.simulator.fleet import Fleet, FleetConfig, FleetCounts, Group, GroupPhase, LifecycleEvent
+from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsHistory
 from goodput.simulator.policy import Autoscaler, FleetObservation, GroupInfo
 from goodput.simulator.records import Outcome, RequestLog
 from goodput.simulator.workload import Workload
@@ -47,7 +47,7 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class ScaleEvent:
+class ScaleChange:
     """A decision that changed the desired group count."""
 
     time: float
@@ -77,7 +77,7 @@ class SimulationResult:
     end_seconds: float
     gpu_seconds: float
     timeline: tuple[FleetCounts, ...]
-    scale_events: tuple[ScaleEvent, ...]
+    scale_events: tuple[ScaleChange, ...]
     decisions: int
     groups: tuple[GroupRecord, ...]
     engine_totals: dict[str, float]
@@ -87,13 +87,13 @@ class SimulationResult:
     """Every move the group controller decided, with the simulated time it did (see `fleet`)."""
 
 
-def scrape(group: Group, now: float) -> GroupMetrics:
+def scrape(group: Group, now: float) -> GroupScrape:
     """The group leader's `/metrics` at `now`."""
     engine: Engine = group.engine
     engine.advance_to(now)
-    return GroupMetrics(
+    return GroupScrape(
         group=group.name,
-        serving=group.state is GroupState.READY,
+        serving=group.state is GroupPhase.READY,
         num_requests_running=len(engine.running),
         num_requests_waiting=len(engine.waiting),
         kv_cache_usage_perc=engine.kv_usage,
@@ -170,8 +170,8 @@ def simulate(
 
     def push_lifecycle(events: list[LifecycleEvent]) -> None:
         for event in events:
-            kind = _FAIL if event.state is GroupState.FAILED else _LIFECYCLE
-            push(event.time, kind, event.group, list(GroupState).index(event.state))
+            kind = _FAIL if event.state is GroupPhase.FAILED else _LIFECYCLE
+            push(event.time, kind, event.group, list(GroupPhase).index(event.state))
 
     scheduled_versions: dict[int, int] = {}
 
@@ -188,9 +188,9 @@ def simulate(
     for failure_at in config.fleet.scheduled_failures_seconds:
         push(failure_at, _SCHEDULED_FAIL)
 
-    scale_events: list[ScaleEvent] = []
+    scale_events: list[ScaleChange] = []
     decisions = 0
-    states = list(GroupState)
+    states = list(GroupPhase)
     bar = _Progress(progress, stop_at - config.tail_seconds, autoscaler.name)
     next_arrival = 0
     total = len(arrivals)
@@ -202,7 +202,7 @@ def simulate(
         return next_arrival < total or any(
             group.engine.in_flight
             for group in fleet.groups
-            if group.state in (GroupState.READY, GroupState.DRAINING)
+            if group.state in (GroupPhase.READY, GroupPhase.DRAINING)
         )
 
     def lose(indices: list[int], at: float) -> None:
@@ -232,7 +232,7 @@ def simulate(
                         tuple(
                             scrape(group, now)
                             for group in fleet.groups
-                            if group.state in (GroupState.READY, GroupState.DRAINING)
+                            if group.state in (GroupPhase.READY, GroupPhase.DRAINING)
                         ),
                     )
                 )
@@ -253,7 +253,7 @@ def simulate(
                     groups=tuple(
                         GroupInfo(g.name, g.state.value, g.created_at, g.ready_at)
                         for g in fleet.groups
-                        if g.live or g.state is GroupState.DRAINING
+                        if g.live or g.state is GroupPhase.DRAINING
                     ),
                 )
                 recommendation = autoscaler.recommend(observation)
@@ -262,7 +262,7 @@ def simulate(
                 push_lifecycle(fleet.scale_to(recommendation.desired_groups, now))
                 if fleet.desired != before_desired:
                     scale_events.append(
-                        ScaleEvent(
+                        ScaleChange(
                             now,
                             before_desired,
                             fleet.desired,
@@ -363,6 +363,6 @@ def _engine_totals(fleet: Fleet) -> dict[str, float]:
         "prefix_cache_hits_tokens": float(sum(engine.prefix_cache_hits_total for engine in engines)),
         "generation_tokens": float(sum(engine.generation_tokens_total for engine in engines)),
         "groups_created": float(len(engines)),
-        "groups_failed": float(sum(1 for group in fleet.groups if group.state is GroupState.FAILED)),
+        "groups_failed": float(sum(1 for group in fleet.groups if group.state is GroupPhase.FAILED)),
         "requests_lost_to_failures": float(fleet.lost_requests),
     }

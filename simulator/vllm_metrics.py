@@ -19,11 +19,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from goodput.estimators.attainment import Histogram
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     REQUEST_LATENCY_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
-    Histogram,
     HistogramAccumulator,
 )
 
@@ -327,13 +327,13 @@ def bucket_label(bound: float) -> str:
 def _histogram_family(
     spec: HistogramSpec, histogram: Histogram, labels: list[str], created: float
 ) -> HistogramMetricFamily:
-    if histogram.bounds != spec.bounds:
-        raise ValueError(f"{spec.name}: histogram bounds {histogram.bounds} differ from the contract's")
+    if histogram.upper_bounds != spec.bounds:
+        raise ValueError(f"{spec.name}: histogram bounds {histogram.upper_bounds} differ from the contract's")
     buckets = [
         (bucket_label(bound), float(count))
         for bound, count in zip(spec.bounds, histogram.cumulative_counts, strict=False)
     ]
-    buckets.append(("+Inf", float(histogram.count)))
+    buckets.append(("+Inf", float(histogram.total)))
     family = HistogramMetricFamily(spec.name, spec.documentation, labels=ENGINE_LABELS)
     family.add_metric(labels, buckets, histogram.sum)
     family.samples.append(

@@ -53,11 +53,12 @@ from goodput.testbed.cluster.controlplane import free_ports
 from goodput.testbed.cluster.kube import ApiError
 from goodput.testbed.cluster.netns import NetnsError
 from goodput.testbed.cluster.pki import PkiError
+from goodput.testbed.cluster.processes import log_tail, stop_child
 from goodput.testbed.demo_report import (
     NOT_SENT,
     OK,
     DecisionRecord,
-    FleetSample,
+    ModelGroupSample,
     RequestRecord,
     SloTargets,
     decision_records,
@@ -325,18 +326,10 @@ class ChildProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        if not self.running() or self.process is None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=PROCESS_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
+        stop_child(self.process, grace_seconds=PROCESS_STOP_SECONDS)
 
     def log_tail(self, lines: int = 15) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 def _wait_until(
@@ -358,10 +351,10 @@ def _wait_until(
 class Sampler:
     """Reads the ModelGroup every second in the background, until stopped or its time limit."""
 
-    read: Callable[[float], tuple[FleetSample, list[DecisionRecord]]]
+    read: Callable[[float], tuple[ModelGroupSample, list[DecisionRecord]]]
     started: float
     limit_seconds: float
-    samples: list[FleetSample] = field(default_factory=list)
+    samples: list[ModelGroupSample] = field(default_factory=list)
     decisions: list[DecisionRecord] = field(default_factory=list)
     failed_reads: int = 0
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -386,7 +379,7 @@ class Sampler:
             if self.stopped.wait(SAMPLE_INTERVAL_SECONDS):
                 return
 
-    def latest(self) -> FleetSample | None:
+    def latest(self) -> ModelGroupSample | None:
         with self.lock:
             return self.samples[-1] if self.samples else None
 
@@ -769,7 +762,7 @@ class Demo:
 
     def observe(
         self, cluster: controlplane.LocalCluster, started_wall: datetime, offset: float
-    ) -> tuple[FleetSample, list[DecisionRecord]]:
+    ) -> tuple[ModelGroupSample, list[DecisionRecord]]:
         model_group = self.model_group(cluster)
         if model_group is None:
             raise KeyError(self.objects.model_group)
@@ -827,7 +820,7 @@ class Demo:
                 self.say(f"load: {self.describe(sampler.latest(), time.monotonic() - started)}")
         return sampler, load, started_wall
 
-    def describe(self, sample: FleetSample | None, offset: float) -> str:
+    def describe(self, sample: ModelGroupSample | None, offset: float) -> str:
         if sample is None:
             return f"t={offset:.0f} s, no sample of the ModelGroup yet"
         return (

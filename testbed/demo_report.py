@@ -81,7 +81,7 @@ class RequestRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupObservation:
+class StatusGroup:
     """One complete replica group as the ModelGroup's status showed it."""
 
     name: str
@@ -92,7 +92,7 @@ class GroupObservation:
 
 
 @dataclass(frozen=True, slots=True)
-class FleetSample:
+class ModelGroupSample:
     """The ModelGroup at one instant: the count the autoscaler wants and the groups that exist."""
 
     offset_seconds: float
@@ -101,7 +101,7 @@ class FleetSample:
     coming_groups: int
     """Placing, provisioning or warming: capacity on its way."""
     draining_groups: int
-    groups: tuple[GroupObservation, ...] = ()
+    groups: tuple[StatusGroup, ...] = ()
 
     @property
     def held_groups(self) -> int:
@@ -133,8 +133,8 @@ class DecisionRecord:
 
 def fleet_sample(
     model_group: Mapping[str, Any], leader_addresses: Mapping[str, str], offset_seconds: float
-) -> FleetSample:
-    """A FleetSample from a ModelGroup object and the pod IPs of its leaders, by group name."""
+) -> ModelGroupSample:
+    """A ModelGroupSample from a ModelGroup object and the pod IPs of its leaders, by group name."""
     spec = model_group.get("spec") or {}
     status = model_group.get("status") or {}
     groups = []
@@ -142,14 +142,14 @@ def fleet_sample(
         ready_time = group.get("readyTime") or {}
         total = ready_time.get("totalSeconds")
         groups.append(
-            GroupObservation(
+            StatusGroup(
                 name=str(group["name"]),
                 state=str(group.get("state", "")),
                 leader_address=leader_addresses.get(str(group["name"])),
                 ready_seconds=None if total is None else float(total),
             )
         )
-    return FleetSample(
+    return ModelGroupSample(
         offset_seconds=offset_seconds,
         desired_groups=int(spec.get("replicas") or 0),
         ready_groups=int(status.get("readyGroups") or 0),
@@ -249,7 +249,7 @@ class GroupHistory:
     ready_seconds: float | None
 
 
-def group_histories(samples: Sequence[FleetSample]) -> tuple[GroupHistory, ...]:
+def group_histories(samples: Sequence[ModelGroupSample]) -> tuple[GroupHistory, ...]:
     """Fold the samples into one history per group, in order of appearance."""
     histories: dict[str, dict[str, Any]] = {}
     for sample in samples:
@@ -360,7 +360,7 @@ class IntervalRow:
         return self.attained / self.offered if self.offered else None
 
 
-def sample_at(samples: Sequence[FleetSample], offset_seconds: float) -> FleetSample | None:
+def sample_at(samples: Sequence[ModelGroupSample], offset_seconds: float) -> ModelGroupSample | None:
     """The last sample taken at or before `offset_seconds` (samples are in time order)."""
     chosen = None
     for sample in samples:
@@ -376,7 +376,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def timeline(
     requests: Sequence[RequestRecord],
-    samples: Sequence[FleetSample],
+    samples: Sequence[ModelGroupSample],
     decisions: Sequence[DecisionRecord],
     targets: SloTargets,
     *,
@@ -413,7 +413,7 @@ def timeline(
     return tuple(rows)
 
 
-def gpu_hours(samples: Sequence[FleetSample], gpus_per_group: int, *, end_seconds: float) -> float:
+def gpu_hours(samples: Sequence[ModelGroupSample], gpus_per_group: int, *, end_seconds: float) -> float:
     """GPU-hours held from the start of the load to `end_seconds`: each sample's groups, held until
     the next sample (the one before the start covers the start)."""
     total = 0.0
@@ -473,7 +473,7 @@ class DemoSummary:
 
 def summarize(
     requests: Sequence[RequestRecord],
-    samples: Sequence[FleetSample],
+    samples: Sequence[ModelGroupSample],
     decisions: Sequence[DecisionRecord],
     targets: SloTargets,
     *,
@@ -603,7 +603,7 @@ def report_dict(
     summary: DemoSummary,
     decisions: Sequence[DecisionRecord],
     histories: Sequence[GroupHistory],
-    samples: Sequence[FleetSample],
+    samples: Sequence[ModelGroupSample],
     load: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Everything the demo observed and concluded, as one JSON document."""
@@ -646,7 +646,7 @@ def report_dict(
 # ---------------------------------------------------------------------------------------- plots
 def plot_timeline(
     rows: Sequence[IntervalRow],
-    samples: Sequence[FleetSample],
+    samples: Sequence[ModelGroupSample],
     decisions: Sequence[DecisionRecord],
     targets: SloTargets,
     *,
@@ -665,7 +665,7 @@ def plot_timeline(
     visible = [s for s in samples if s.offset_seconds >= 0]
     before = sample_at(samples, 0.0)
     series = (
-        [FleetSample(0.0, before.desired_groups, before.ready_groups, 0, before.draining_groups)]
+        [ModelGroupSample(0.0, before.desired_groups, before.ready_groups, 0, before.draining_groups)]
         if before
         else []
     )

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from goodput.estimators.attainment import Histogram
 from goodput.simulator.engine import Engine, EngineConfig
-from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, Histogram, HistogramAccumulator
+from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, HistogramAccumulator
 from goodput.simulator.records import NOT_YET, Outcome, RequestLog
 from goodput.simulator.vllm_metrics import (
     CacheConfig,

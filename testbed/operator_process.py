@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from goodput.controllers import naming
 from goodput.testbed.cluster import controlplane
 from goodput.testbed.cluster.binaries import ensure_binaries
 from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
+from goodput.testbed.cluster.processes import log_tail, stop_child
 from goodput.testbed.cluster.testing import serving_in_netns
 from goodput.testbed.cluster.topology import Topology
 
@@ -123,18 +123,10 @@ class OperatorProcess:
 
     def stop(self, *, kill: bool = False) -> None:
         """SIGTERM (kopf shuts down cleanly), or SIGKILL to crash it mid-work."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
+        stop_child(self.process, grace_seconds=20, kill=kill)
 
     def log_tail(self, lines: int = 15) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> OperatorProcess:
         self.start()
@@ -267,19 +259,10 @@ class EmulatorProcess:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=45)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(timeout=5)
+        return stop_child(self.process, grace_seconds=45)
 
     def log_tail(self, lines: int = 15) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> EmulatorProcess:
         self.start()
@@ -338,9 +321,7 @@ class LoadProcess:
         return report
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop_child(self.process, grace_seconds=10, kill=True)
 
 
 def operator_metric(port: int, name: str, labels: dict[str, str]) -> float | None:

@@ -5,7 +5,6 @@ and a missing rank, each bounded in time."""
 from __future__ import annotations
 
 import math
-import socket
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -16,14 +15,9 @@ from goodput.agent import nccl, report
 from goodput.agent.nccl import CheckOutcome, Expectation, RankMeasurement, RankSpec
 from goodput.api import labels
 from goodput.api.reasons import Reason
+from goodput.testbed.cluster.controlplane import free_port
 
 SMALL_BYTES = 64 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def tcp_ranks(

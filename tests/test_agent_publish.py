@@ -4,7 +4,6 @@ retried with backoff, and the agent's rounds publish what its sources say."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from goodput.agent.metrics import AgentMetrics
 from goodput.agent.publish import Backoff, PodCondition, Publisher, annotation_changes, condition_changes
 from goodput.api import labels
 from goodput.api.reasons import Reason
+from goodput.testbed.cluster.controlplane import free_port
 
 NOW = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
 GPU = labels.GPU_HEALTHY_CONDITION
@@ -126,12 +126,6 @@ def test_publishing_the_same_verdict_twice_writes_once() -> None:
     publisher.publish(wanted, {labels.MODEL_REVISION_ANNOTATION: "main"}, NOW + timedelta(seconds=10))
 
     assert len(fake.writes) == 2  # one condition patch, one annotation patch
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def make_agent(tmp_path: Path, fake: FakePod) -> tuple[agent_main.Agent, EmulatedBackend]:

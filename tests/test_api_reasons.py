@@ -1,14 +1,18 @@
-"""The vocabulary: every word is usable where it is meant to go, and none is defined twice."""
+"""The vocabulary: every word is usable where it is meant to go, none is defined twice, and the
+controllers' reasons are its words (decisions' reasons: tests/test_autoscale_properties.py)."""
 
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
 import pytest
 
 from goodput.api.conditions import CONDITION_REASON_PATTERN, CONDITION_TYPE_PATTERN
 from goodput.api.reasons import ConditionType, EventReason, Guard, Reason, Signal, vocabulary
 from goodput.api.slopolicy import Signals
+from goodput.controllers.autoscale_model import Attainability
+from goodput.controllers.placement import NoFitReason
 
 NAMESPACES = [ConditionType, Reason, Signal, Guard, EventReason]
 
@@ -36,13 +40,8 @@ def test_signal_names_match_the_policy_fields_that_configure_them() -> None:
     assert configured <= set(vocabulary(Signal).values())
 
 
-def test_the_design_conditions_are_all_defined() -> None:
-    assert set(vocabulary(ConditionType).values()) >= {
-        "Ready",
-        "Progressing",
-        "Degraded",
-        "ScalingActive",
-        "ScalingLimited",
-        "MetricsAvailable",
-        "Accepted",
-    }
+@pytest.mark.parametrize("carrier", [NoFitReason, Attainability], ids=lambda carrier: carrier.__name__)
+def test_reasons_the_controllers_carry_are_words_of_the_vocabulary(carrier: type[StrEnum]) -> None:
+    """The placement limit and the SLOAttainable verdict become condition reasons: a value made up
+    in the controller instead of taken from api.reasons would be a second vocabulary."""
+    assert {member.value for member in carrier} <= set(vocabulary(Reason).values())

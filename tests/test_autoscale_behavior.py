@@ -186,6 +186,8 @@ class RateCase:
     guard: Guard | None
     up_events: tuple[ScaleEvent, ...] = ()
     down_events: tuple[ScaleEvent, ...] = ()
+    percent_floor_groups: int = 1
+    """1: goodput's decision; 0: the HPA baselines (percent of zero is zero)."""
 
 
 RATE_CASES = [
@@ -232,6 +234,27 @@ RATE_CASES = [
     ),
     RateCase(
         "percent of zero still allows one group", 0, 5, rules(percent(100)), rules(), 1, Guard.SCALE_UP_LIMIT
+    ),
+    RateCase(
+        "the HPA's percent of zero is zero",
+        0,
+        5,
+        rules(percent(100)),
+        rules(),
+        0,
+        Guard.SCALE_UP_LIMIT,
+        percent_floor_groups=0,
+    ),
+    RateCase(
+        "the HPA's groups policy still moves from a period start of zero",
+        2,
+        9,
+        rules(percent(100, 15.0), groups(4, 15.0)),
+        rules(),
+        4,
+        Guard.SCALE_UP_LIMIT,
+        up_events=(ScaleEvent(NOW - 5, 2),),
+        percent_floor_groups=0,
     ),
     RateCase(
         "scale-up disabled", 3, 5, rules(select=SelectPolicy.DISABLED), rules(), 3, Guard.SCALE_UP_LIMIT
@@ -293,6 +316,7 @@ def test_step_policies(case: RateCase) -> None:
         scale_up=case.up,
         scale_down=case.down,
         now=NOW,
+        percent_floor_groups=case.percent_floor_groups,
     )
     assert result == (case.expected, case.guard)
 

@@ -34,6 +34,7 @@ from test_autoscale_world import (
     world,
 )
 
+from goodput.api.reasons import Guard, Reason, Signal, vocabulary
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     DecisionState,
@@ -188,6 +189,20 @@ def test_result_is_always_within_bounds(
 ) -> None:
     decision = decide(_snapshot(observed, spec), policy, state, NOW)
     assert policy.min_groups <= decision.desired_groups <= policy.max_groups
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(observed=groups(unknown="some"), spec=st.integers(0, 15), policy=policies(), state=histories())
+def test_every_reason_a_decision_gives_is_a_word_of_the_vocabulary(
+    observed: list[GroupObservation], spec: int, policy: ScalingPolicy, state: DecisionState
+) -> None:
+    """Decision records, Events and the ScalingLimited condition show these strings: they must be
+    the words of api.reasons, not words made up where the decision is taken."""
+    decision = decide(_snapshot(observed, spec), policy, state, NOW)
+    words = {*vocabulary(Reason).values(), *vocabulary(Guard).values(), *vocabulary(Signal).values()}
+    assert decision.reason in words
+    assert decision.signal in words
+    assert set(decision.guards) <= set(vocabulary(Guard).values())
 
 
 @given(observed=groups(), spec=st.integers(0, 15), policy=policies(modes=(Mode.FROZEN,)), state=histories())

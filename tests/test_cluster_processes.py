@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -85,3 +87,47 @@ def test_stop_returns_only_after_the_process_let_go_of_its_port(tmp_path: Path) 
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))  # raises EADDRINUSE if the old server still held it
+
+
+# A child that ignores SIGTERM, says so once it does, and then sleeps: only SIGKILL ends it.
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "kill", "exit_status"),
+    [
+        pytest.param([SLEEP, "60"], False, -signal.SIGTERM, id="sigterm-first"),
+        pytest.param([SLEEP, "60"], True, -signal.SIGKILL, id="kill-crashes-it-at-once"),
+        pytest.param([sys.executable, "-c", STUBBORN], False, -signal.SIGKILL, id="sigkill-after-the-grace"),
+        pytest.param([sys.executable, "-c", "raise SystemExit(3)"], False, 3, id="an-exited-child-is-reaped"),
+    ],
+)
+def test_stop_child_ends_a_held_child_within_its_bound(argv: list[str], kill: bool, exit_status: int) -> None:
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    if argv[-1] == STUBBORN:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    elif exit_status >= 0:
+        child.wait(timeout=10)
+    started = time.monotonic()
+    try:
+        assert processes.stop_child(child, grace_seconds=0.5, kill=kill) == exit_status
+        assert time.monotonic() - started < 0.5 + 5
+        assert child.poll() is not None
+    finally:
+        if child.poll() is None:  # only when stop_child is broken: never leave the child behind
+            child.kill()
+            child.wait(timeout=5)
+
+
+def test_stop_child_of_nothing_started_is_none() -> None:
+    assert processes.stop_child(None, grace_seconds=1) is None
+
+
+def test_log_tail_is_the_last_lines_or_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    assert processes.log_tail(log) == ""
+    log.write_text("".join(f"line {i}\n" for i in range(20)))
+    assert processes.log_tail(log, 2) == "line 18\nline 19"

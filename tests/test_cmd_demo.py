@@ -10,9 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.api.labels import LEADER_RANK, MODEL_GROUP_LABEL, RANK_LABEL
+from goodput.api.modelgroup import ModelGroup
+from goodput.api.slopolicy import SloPolicy
 from goodput.simulator.workload import Workload
 from goodput.testbed.demo import (
     DemoError,
@@ -137,21 +141,41 @@ def test_every_planned_request_gets_one_record_with_its_tpot_and_target() -> Non
 
 
 # ------------------------------------------------------------------------------------ manifests
-def test_the_demo_manifests_bind_an_8b_tp1_group_to_a_short_window_policy() -> None:
-    objects = read_manifests(DEMO_MANIFESTS)
+def test_the_reader_returns_what_the_manifests_say(tmp_path: Path) -> None:
+    """The demo reads its names, shape and targets from the files, whatever they are."""
+    for path in DEMO_MANIFESTS.glob("*.yaml"):
+        text = path.read_text().replace("llama-8b", "qwen-7b").replace("name: chat", "name: talk")
+        text = text.replace("ttftSeconds: 1.0", "ttftSeconds: 2.5").replace("tensor: 1", "tensor: 2")
+        (tmp_path / path.name).write_text(text)
 
-    assert (objects.model_group, objects.policy, objects.service) == ("llama-8b", "demo", "llama-8b")
-    assert objects.gpus_per_group == 1 and objects.min_groups == 1
-    assert (objects.targets.class_name, objects.targets.ttft_seconds, objects.targets.itl_seconds) == (
-        "chat",
-        1.0,
-        0.05,
-    )
-    assert [path.name for path in objects.files] == [
-        "modelgroup-demo.yaml",
-        "service-demo.yaml",
-        "slopolicy-demo.yaml",
-    ]
+    objects = read_manifests(tmp_path)
+
+    assert (objects.model_group, objects.service, objects.policy) == ("qwen-7b", "qwen-7b", "demo")
+    assert objects.gpus_per_group == 2
+    assert (objects.targets.class_name, objects.targets.ttft_seconds) == ("talk", 2.5)
+    assert objects.files == tuple(sorted(tmp_path.glob("*.yaml")))
+
+
+def test_the_demo_manifests_fit_the_story_of_the_default_run() -> None:
+    """A burst that can add groups, a Service over the ModelGroup's leaders, and policy windows short
+    enough that the scale-out and the drained scale-in both happen within the default load."""
+    objects = read_manifests(DEMO_MANIFESTS)
+    documents = {
+        doc["kind"]: doc for path in objects.files for doc in yaml.safe_load_all(path.read_text()) if doc
+    }
+    model_group = ModelGroup.model_validate(documents["ModelGroup"])
+    policy = SloPolicy.model_validate(documents["SLOPolicy"])
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+
+    selector = documents["Service"]["spec"]["selector"]
+    assert selector == {MODEL_GROUP_LABEL: objects.model_group, RANK_LABEL: LEADER_RANK}
+    assert model_group.spec.max_replicas > objects.min_groups, "the burst must be able to add groups"
+    autoscaling = policy.spec.autoscaling
+    assert policy.spec.goodput.window_seconds < args.burst_seconds
+    assert autoscaling.scale_down.stabilization_window_seconds < args.after_seconds
+    assert model_group.spec.drain.min_lifetime_seconds < args.burst_seconds + args.after_seconds
 
 
 def test_manifests_without_a_service_are_refused_before_anything_starts(tmp_path: Path) -> None:
@@ -179,4 +203,4 @@ def test_the_defaults_tell_a_story_of_a_few_minutes() -> None:
     load_seconds = args.before_seconds + args.burst_seconds + args.after_seconds
     assert 120 <= load_seconds <= 300
     assert args.burst_rate_multiplier > 2 * args.rate_multiplier, "the burst must need more groups"
-    assert args.out == Path("out/demo") and not args.keep
+    assert not args.keep, "by default the demo stops the cluster it started"

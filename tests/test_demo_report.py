@@ -20,11 +20,11 @@ from goodput.testbed.demo_report import (
     NOT_SENT,
     STILL_DRAINING,
     DecisionRecord,
-    FleetSample,
     GroupEvent,
-    GroupObservation,
+    ModelGroupSample,
     RequestRecord,
     SloTargets,
+    StatusGroup,
     decision_records,
     drain_records,
     fleet_sample,
@@ -54,11 +54,9 @@ def ok(
 
 def sample(
     offset: float, desired: int, groups: dict[str, str], addresses: dict[str, str] | None = None
-) -> FleetSample:
-    observed = tuple(
-        GroupObservation(name, state, (addresses or {}).get(name)) for name, state in groups.items()
-    )
-    return FleetSample(
+) -> ModelGroupSample:
+    observed = tuple(StatusGroup(name, state, (addresses or {}).get(name)) for name, state in groups.items())
+    return ModelGroupSample(
         offset_seconds=offset,
         desired_groups=desired,
         ready_groups=sum(1 for state in groups.values() if state == "Ready"),
@@ -221,7 +219,7 @@ def test_the_operators_events_say_when_each_group_drained_and_how_it_ended() -> 
 
 
 # ------------------------------------------------------------------------------------ groups and drains
-def burst_samples() -> list[FleetSample]:
+def burst_samples() -> list[ModelGroupSample]:
     """g0 serves throughout; g1 is added for a burst and drained; g2 starts draining and is put back."""
     addresses = {"g0": "10.1.0.5", "g1": "10.1.0.6", "g2": "10.1.0.7"}
     return [
@@ -337,7 +335,7 @@ def test_gpu_hours_lie_between_the_smallest_and_the_largest_fleet_held(
     offsets = [-0.5]
     for gap in gaps[: len(held) - 1]:
         offsets.append(offsets[-1] + gap)
-    samples = [FleetSample(t, n, n, 0, 0, tuple(GroupObservation(f"g{i}", "Ready") for i in range(n)))
+    samples = [ModelGroupSample(t, n, n, 0, 0, tuple(StatusGroup(f"g{i}", "Ready") for i in range(n)))
                for t, n in zip(offsets, held, strict=True)]  # fmt: skip
     within = [s.held_groups for s in samples if s.offset_seconds < end]
     total = gpu_hours(samples, 2, end_seconds=end)

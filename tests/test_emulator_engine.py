@@ -337,7 +337,7 @@ def test_a_detached_request_appears_in_no_metric() -> None:
         await wait_finished(gone)
         snapshot = engine.snapshot()
         assert snapshot.request_success == {"length": 1}
-        assert snapshot.histograms["vllm:time_to_first_token_seconds"].count == 1
+        assert snapshot.histograms["vllm:time_to_first_token_seconds"].total == 1
 
     run_virtual(main)
 

@@ -302,7 +302,7 @@ def test_a_client_that_disconnects_is_not_counted_as_finished() -> None:
                 await asyncio.sleep(0.02)
             snapshot = server.engine.snapshot()
             assert snapshot.request_success == {"length": 1}
-            assert snapshot.histograms["vllm:e2e_request_latency_seconds"].count == 1
+            assert snapshot.histograms["vllm:e2e_request_latency_seconds"].total == 1
 
     asyncio.run(main())
 

@@ -70,6 +70,7 @@ def test_from_observations_buckets_like_prometheus_client() -> None:
     histogram = Histogram.from_observations((1.0, 2.0), [0.5, 1.0, 1.5, 2.0, 2.5, 9.0])
     assert histogram.cumulative_counts == (2.0, 4.0, 6.0)
     assert histogram.total == 6.0
+    assert histogram.sum == pytest.approx(16.5)  # the series' _sum
 
 
 def test_histogram_shape_is_checked() -> None:
@@ -78,9 +79,9 @@ def test_histogram_shape_is_checked() -> None:
 
 
 def test_delta_over_a_window_and_across_a_reset() -> None:
-    before = Histogram((1.0, 2.0), (5.0, 8.0, 10.0))
-    after = Histogram((1.0, 2.0), (9.0, 15.0, 20.0))
-    assert histogram_delta(after, before).cumulative_counts == (4.0, 7.0, 10.0)
+    before = Histogram((1.0, 2.0), (5.0, 8.0, 10.0), 12.0)
+    after = Histogram((1.0, 2.0), (9.0, 15.0, 20.0), 30.5)
+    assert histogram_delta(after, before) == Histogram((1.0, 2.0), (4.0, 7.0, 10.0), 18.5)
     restarted = Histogram((1.0, 2.0), (1.0, 1.0, 2.0))
     assert histogram_delta(restarted, before) == restarted
     assert histogram_delta(after, None) == after
@@ -89,9 +90,9 @@ def test_delta_over_a_window_and_across_a_reset() -> None:
 
 
 def test_merge_sums_groups() -> None:
-    one = Histogram((1.0,), (1.0, 2.0))
-    two = Histogram((1.0,), (3.0, 3.0))
-    assert merge_histograms([one, two]) == Histogram((1.0,), (4.0, 5.0))
+    one = Histogram((1.0,), (1.0, 2.0), 2.5)
+    two = Histogram((1.0,), (3.0, 3.0), 1.5)
+    assert merge_histograms([one, two]) == Histogram((1.0,), (4.0, 5.0), 4.0)
     assert merge_histograms([]) is None
     with pytest.raises(ValueError, match="bucket bounds"):
         merge_histograms([one, Histogram((2.0,), (0.0, 0.0))])

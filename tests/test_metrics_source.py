@@ -41,6 +41,7 @@ from goodput.operator.metrics_source import (
     query_windows,
 )
 from goodput.operator.promql import SeriesLabels, Windows
+from goodput.testbed.cluster.controlplane import free_port
 
 RECORDED: list[dict[str, Any]] = json.loads(
     """[
@@ -382,14 +383,8 @@ def silent_port() -> Iterator[int]:
         listener.close()
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_a_prometheus_that_is_down_is_unavailable_at_once() -> None:
-    source = PrometheusMetricsSource(f"http://127.0.0.1:{closed_port()}", LABELS, timeout_seconds=2.0)
+    source = PrometheusMetricsSource(f"http://127.0.0.1:{free_port()}", LABELS, timeout_seconds=2.0)
     with pytest.raises(MetricsUnavailableError, match=r"is unreachable: .*Connection refused"):
         source.read("serving", "llama", Windows(60, 300))
 

@@ -7,7 +7,15 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from goodput.controllers.autoscale_model import (
+    Recommendation,
+    ScaleEvent,
+    ScalingRules,
+    StepPolicy,
+    StepPolicyType,
+)
 from goodput.simulator.baselines import (
+    HPA_TOLERANCE,
     HpaBehavior,
     HpaGpuUtilization,
     HpaState,
@@ -15,17 +23,16 @@ from goodput.simulator.baselines import (
     KnativeKpa,
     KpaSpec,
     KpaState,
-    RatePolicy,
-    ScalingRules,
     external_average_value_replicas,
     kpa_decide,
     normalize,
     plain_metric_replicas,
+    reconcile_replicas,
 )
 from goodput.simulator.metrics import (
     TTFT_BUCKETS_SECONDS,
     FleetSample,
-    GroupMetrics,
+    GroupScrape,
     HistogramAccumulator,
     MetricsView,
 )
@@ -85,81 +92,187 @@ def test_external_average_value(total: float, status_replicas: int, expected: in
 
 
 # ----------------------------------------------------------------------------- HPA behaviour
+# Each case cites the rule of the upstream HorizontalPodAutoscaler it checks (Kubernetes docs,
+# "Horizontal Pod Autoscaling", sections "Algorithm details" and "Configurable scaling behavior";
+# pkg/controller/podautoscaler/horizontal.go).
 
 NOW = 1000.0
+
+
+def seen(*samples: tuple[float, int]) -> tuple[Recommendation, ...]:
+    return tuple(Recommendation(at, groups) for at, groups in samples)
 
 
 @dataclass(frozen=True)
 class BehaviorCase:
     name: str
+    rule: str
     recommended: int
     current: int
     state: HpaState
     expected: int
     reason: str
     max_replicas: int = 16
+    min_replicas: int = 1
 
 
 BEHAVIOR_CASES = [
     BehaviorCase(
         "scale-down-holds-the-highest-recommendation-of-300s",
+        "scaleDown.stabilizationWindowSeconds defaults to 300: the highest recommendation inside it wins",
         2,
         5,
-        HpaState(((NOW - 200, 5), (NOW - 100, 3))),
+        HpaState(seen((NOW - 200, 5), (NOW - 100, 3))),
         5,
         "ScaleDownStabilized",
     ),
     BehaviorCase(
         "scale-down-to-the-highest-inside-the-window",
+        "recommendations older than the 300 s window are forgotten",
         2,
         5,
-        HpaState(((NOW - 400, 5), (NOW - 100, 3))),
+        HpaState(seen((NOW - 400, 5), (NOW - 100, 3))),
         3,
         "ScaleDownStabilized",
     ),
-    BehaviorCase("scale-up-is-immediate", 6, 2, HpaState(((NOW - 100, 2),)), 6, "DesiredWithinRange"),
     BehaviorCase(
-        "scale-up-limited-to-max-of-4-pods-and-100-percent",
+        "scale-down-by-100-percent-at-once",
+        "scaleDown default policy: 100 % of the replicas per 15 s",
+        1,
+        5,
+        HpaState(seen((NOW - 400, 5))),
+        1,
+        "DesiredWithinRange",
+    ),
+    BehaviorCase(
+        "scale-up-is-immediate",
+        "scaleUp.stabilizationWindowSeconds defaults to 0",
+        6,
+        2,
+        HpaState(seen((NOW - 100, 2))),
+        6,
+        "DesiredWithinRange",
+    ),
+    BehaviorCase(
+        "scale-up-by-4-pods-when-more-than-100-percent",
+        "scaleUp default policies: 100 % or 4 pods per 15 s, selectPolicy Max (1 + 4 > 1 x 2)",
         10,
         1,
-        HpaState(((NOW - 100, 1),)),
+        HpaState(seen((NOW - 100, 1))),
         5,
+        "ScaleUpLimit",
+    ),
+    BehaviorCase(
+        "scale-up-by-100-percent-when-more-than-4-pods",
+        "scaleUp default policies: 100 % or 4 pods per 15 s, selectPolicy Max (6 x 2 > 6 + 4)",
+        20,
+        6,
+        HpaState(seen((NOW - 100, 6))),
+        12,
         "ScaleUpLimit",
     ),
     BehaviorCase(
         "scale-up-budget-of-the-period-already-spent",
+        "a policy counts from the replicas at the start of its period (5 - 4 added = 1: at most 5)",
         12,
         5,
-        HpaState(((NOW - 100, 5),), ((NOW - 5, 4),)),
+        HpaState(seen((NOW - 100, 5)), scale_up_events=(ScaleEvent(NOW - 5, 4),)),
         5,
         "ScaleUpLimit",
     ),
     BehaviorCase(
-        "first-sync-seeds-the-window-with-the-current-count", 1, 4, HpaState(), 4, "ScaleDownStabilized"
+        "scale-up-budget-renews-after-the-period",
+        "only scale events inside the policy's periodSeconds (15 s) count",
+        12,
+        5,
+        HpaState(seen((NOW - 100, 5)), scale_up_events=(ScaleEvent(NOW - 20, 4),)),
+        10,
+        "ScaleUpLimit",
     ),
-    BehaviorCase("never-above-max", 20, 4, HpaState(((NOW - 100, 4),)), 8, "TooManyReplicas", max_replicas=8),
+    BehaviorCase(
+        "first-sync-seeds-the-window-with-the-current-count",
+        "a new HPA starts its scale-down window with the current count",
+        1,
+        4,
+        HpaState(),
+        4,
+        "ScaleDownStabilized",
+    ),
+    BehaviorCase(
+        "max-below-the-step-limit-is-too-many-replicas",
+        "the step limit (4 + 4 = 8) is not below maxReplicas 8: the reason is TooManyReplicas",
+        20,
+        4,
+        HpaState(seen((NOW - 100, 4))),
+        8,
+        "TooManyReplicas",
+        max_replicas=8,
+    ),
+    BehaviorCase(
+        "from-zero-no-scaling",
+        "a target scaled to zero replicas with minReplicas > 0 is not autoscaled (ScalingDisabled)",
+        5,
+        0,
+        HpaState(),
+        0,
+        "ScalingDisabled",
+    ),
+    BehaviorCase(
+        "above-max-goes-to-max-without-limits",
+        "currentReplicas > maxReplicas: desired is maxReplicas, no stabilisation or step limit",
+        9,
+        12,
+        HpaState(seen((NOW - 10, 12))),
+        4,
+        "TooManyReplicas",
+        max_replicas=4,
+    ),
+    BehaviorCase(
+        "below-min-goes-to-min-without-limits",
+        "currentReplicas < minReplicas: desired is minReplicas, no step limit",
+        1,
+        1,
+        HpaState(seen((NOW - 10, 1))),
+        9,
+        "TooFewReplicas",
+        min_replicas=9,
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", BEHAVIOR_CASES, ids=[c.name for c in BEHAVIOR_CASES])
 def test_hpa_behavior(case: BehaviorCase) -> None:
-    desired, reason, state = normalize(
+    desired, reason, state = reconcile_replicas(
         case.recommended,
         case.current,
-        min_replicas=1,
+        min_replicas=case.min_replicas,
         max_replicas=case.max_replicas,
         behavior=HpaBehavior(),
         state=case.state,
         now=NOW,
     )
-    assert (desired, reason) == (case.expected, case.reason)
-    assert state.recommendations[-1] == (NOW, case.recommended)  # the unstabilised one is remembered
-    if desired != case.current:
-        assert state.scale_changes[-1] == (NOW, desired - case.current)
+    assert (desired, reason) == (case.expected, case.reason), case.rule
+    if desired > case.current:
+        assert state.scale_up_events[-1] == ScaleEvent(NOW, desired - case.current)
+    elif desired < case.current:
+        assert state.scale_down_events[-1] == ScaleEvent(NOW, case.current - desired)
+
+
+def test_hpa_remembers_the_unstabilised_recommendation() -> None:
+    """The stabilisation window holds what the metric asked for, not what was applied."""
+    _, _, state = normalize(
+        2, 5, min_replicas=1, max_replicas=16, behavior=HpaBehavior(), state=HpaState(), now=NOW
+    )
+    assert state.recommendations == seen((NOW, 5), (NOW, 2))
 
 
 def test_hpa_scale_down_rate_policy_of_one_pod_per_minute() -> None:
-    behavior = replace(HpaBehavior(), scale_down=ScalingRules(0.0, (RatePolicy("Pods", 1, 60.0),)))
+    one_per_minute = ScalingRules(
+        tolerance=HPA_TOLERANCE,
+        stabilization_window_seconds=0.0,
+        policies=(StepPolicy(StepPolicyType.GROUPS, 1, 60.0),),
+    )
+    behavior = replace(HpaBehavior(), scale_down=one_per_minute)
     desired, reason, state = normalize(
         1, 6, min_replicas=1, max_replicas=10, behavior=behavior, state=HpaState(), now=NOW
     )
@@ -168,6 +281,11 @@ def test_hpa_scale_down_rate_policy_of_one_pod_per_minute() -> None:
         1, 5, min_replicas=1, max_replicas=10, behavior=behavior, state=state, now=NOW + 30
     )
     assert desired == 5  # one pod already removed within the last 60 s
+
+
+def test_hpa_tolerance_is_one_value() -> None:
+    with pytest.raises(ValueError, match="tolerance"):
+        HpaBehavior(scale_down=replace(HpaBehavior().scale_down, tolerance=0.2))
 
 
 # ----------------------------------------------------------------------------- KPA
@@ -229,9 +347,9 @@ def scraped(
     busy: float = 0.0,
     in_flight: float = 0.0,
     serving: bool = True,
-) -> GroupMetrics:
+) -> GroupScrape:
     empty = HistogramAccumulator(TTFT_BUCKETS_SECONDS).snapshot()
-    return GroupMetrics(
+    return GroupScrape(
         group=name,
         serving=serving,
         num_requests_running=0,

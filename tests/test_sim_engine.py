@@ -193,9 +193,9 @@ def test_each_finished_request_observes_its_tpot_once() -> None:
     drive(engine, log, arrivals)
     tpot = (log.finished_at[0] - log.first_token_at[0]) / 4
     histogram = engine.tpot.snapshot()
-    assert histogram.count == 1
+    assert histogram.total == 1
     assert histogram.sum == pytest.approx(tpot)
-    bucket = sum(bound < tpot for bound in histogram.bounds)  # the first bound at or above it
+    bucket = sum(bound < tpot for bound in histogram.upper_bounds)  # the first bound at or above it
     assert histogram.cumulative_counts[bucket] == 1
     assert bucket == 0 or histogram.cumulative_counts[bucket - 1] == 0
 

@@ -26,7 +26,7 @@ from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
     FleetSample,
-    GroupMetrics,
+    GroupScrape,
     HistogramAccumulator,
     MetricsView,
 )
@@ -53,14 +53,14 @@ def scraped(
     ttfts: tuple[float, ...],
     waiting: int = 0,
     serving: bool = True,
-) -> GroupMetrics:
+) -> GroupScrape:
     ttft = HistogramAccumulator(TTFT_BUCKETS_SECONDS)
     tpot = HistogramAccumulator(ITL_BUCKETS_SECONDS)
     for value in ttfts:
         ttft.observe(value)
         tpot.observe(value / 20)
     empty = HistogramAccumulator(TTFT_BUCKETS_SECONDS).snapshot()
-    return GroupMetrics(
+    return GroupScrape(
         group=name,
         serving=serving,
         num_requests_running=3,

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from goodput.estimators.attainment import fraction_within, histogram_delta, histogram_quantile
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
@@ -25,7 +26,7 @@ def test_an_observation_on_a_bound_counts_in_that_bucket() -> None:
     le = dict(zip(TTFT_BUCKETS_SECONDS, snapshot.cumulative_counts, strict=False))
     assert le[0.1] == 1  # prometheus_client: value <= bound
     assert le[0.25] == 2
-    assert snapshot.count == 3  # the last value is only in +Inf
+    assert snapshot.total == 3  # the last value is only in +Inf
     assert snapshot.cumulative_counts[-2] == 2
     assert snapshot.sum == pytest.approx(0.1 + 0.10000001 + 3000.0)
 
@@ -58,13 +59,11 @@ def test_bulk_observation_equals_observing_every_step(
         pytest.param([5000.0], 0.5, 2560.0, id="beyond-the-last-bound-is-the-last-bound"),
     ],
 )
-def test_quantiles_interpolate_as_histogram_quantile_does(
-    observations: list[float], q: float, expected: float
-) -> None:
+def test_a_scrape_reads_with_histogram_quantile(observations: list[float], q: float, expected: float) -> None:
     histogram = HistogramAccumulator(TTFT_BUCKETS_SECONDS)
     for value in observations:
         histogram.observe(value)
-    assert histogram.snapshot().quantile(q) == pytest.approx(expected)
+    assert histogram_quantile(histogram.snapshot(), q) == pytest.approx(expected)
 
 
 def test_a_window_is_the_difference_of_two_scrapes() -> None:
@@ -73,10 +72,13 @@ def test_a_window_is_the_difference_of_two_scrapes() -> None:
     earlier = histogram.snapshot()
     histogram.observe(0.5)
     histogram.observe(5.0)
-    window = histogram.snapshot().minus(earlier)
-    assert window.count == 2
-    assert window.fraction_at_or_below(1.0) == 0.5
-    assert window.fraction_at_or_below(0.3) == 0.0  # read at the bound below: 0.25
+    window = histogram_delta(histogram.snapshot(), earlier)
+    assert window.total == 2
+    assert window.sum == pytest.approx(5.5)
+    assert fraction_within(window, 1.0) == 0.5
+    assert fraction_within(window, 0.25) == 0.0
+    # 0.3 is a fifth of the way through (0.25, 0.5], the bucket holding one of the two
+    assert fraction_within(window, 0.3) == pytest.approx(0.1)
 
 
 def test_a_view_hides_samples_newer_than_its_as_of_time() -> None:

@@ -12,7 +12,7 @@ from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.group_world import DRAIN_SETTLE_SECONDS
-from goodput.simulator.policy import FleetObservation, Recommendation
+from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import ClassTargets, summarize
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
@@ -42,11 +42,11 @@ class Scripted:
     def describe(self) -> dict[str, float | str]:
         return {}
 
-    def recommend(self, observation: FleetObservation) -> Recommendation:
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         latest = observation.metrics.latest
         self.seen.append((observation.now, None if latest is None else latest.time))
         groups = [g for t, g in self.script if t <= observation.now][-1]
-        return Recommendation(groups, "scripted")
+        return PolicyAnswer(groups, "scripted")
 
 
 def run(workload: Workload, script: list[tuple[float, int]], **fleet_overrides: object) -> SimulationResult:

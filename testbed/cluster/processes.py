@@ -3,6 +3,10 @@
 Each start writes a PID file holding the PID, the executable path and the kernel's start time of
 the process; a later stop signals the PID only while all three still match, so a reused PID is
 left alone.
+
+Children a caller holds as a `subprocess.Popen` (the operator, the emulator, the load generator, a
+bench's server) are stopped with `stop_child`, the one bounded SIGTERM-then-SIGKILL of the test bed,
+and their log files read with `log_tail`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 # Popen objects of the processes started here: held so Python neither warns about nor forgets them.
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -164,3 +169,28 @@ def _reap(pid: int) -> None:
         return
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def stop_child(
+    process: subprocess.Popen[Any] | None, *, grace_seconds: float, kill: bool = False
+) -> int | None:
+    """Stop a child this process holds: SIGTERM (SIGKILL at once with `kill`, to crash it mid-work),
+    then SIGKILL once `grace_seconds` pass. Returns its exit status, None if it never started.
+
+    Bounded: at most `grace_seconds` plus 5 s. A child that already exited is only reaped.
+    """
+    if process is None:
+        return None
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        return process.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait(timeout=5)
+
+
+def log_tail(log_path: Path, lines: int = 15) -> str:
+    """The last lines of a child's log, for an error message; empty while there is no log."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from goodput.testbed.cluster import netns
+from goodput.testbed.cluster.processes import stop_child
 
 T = TypeVar("T")
 
@@ -82,10 +83,4 @@ def serving_in_netns(
             wait_for(reachable, timeout_seconds=ready_timeout_seconds, describe=f"a server on {host}:{port}")
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=stop_timeout_seconds)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=stop_timeout_seconds)
+        stop_child(process, grace_seconds=stop_timeout_seconds)
