@@ -189,6 +189,24 @@ class Gateway:
         if self._session is not None:
             await self._session.close()
 
+    def update_policy(self, policy: RequestPathPolicy) -> None:
+        """A changed ModelGroup or SLOPolicy, applied without a restart: the next request is admitted,
+        queued and routed under it. Queued requests keep their place and deadlines, tenants their
+        virtual counters; a tenant budget whose limit changed starts again, full, at the new limit."""
+        if policy.model_group != self.policy.model_group:
+            raise ValueError(
+                f"the gateway fronts {self.policy.model_group!r}, not {policy.model_group!r}: restart it"
+            )
+        limits = policy.tenant_tokens_per_minute
+        self.budgets = {
+            tenant: bucket
+            for tenant, bucket in self.budgets.items()
+            if tenant in limits and bucket.burst_tokens == limits[tenant]
+        }
+        self.policy = policy
+        self.queue.policy = policy.fairness
+        self._pump()
+
     def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
         """Replace the group set; in-flight counts of a group that stays are kept."""
         fresh: dict[str, GroupState] = {}
