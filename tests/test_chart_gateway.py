@@ -75,7 +75,7 @@ def test_the_gateway_may_only_read_in_the_model_groups_namespace(gateway: Render
     binding = gateway.one("RoleBinding", GATEWAY)
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "inference"
     assert grants(role["rules"]) == expand("", ["pods"], ["list", "watch"]) | expand(
-        "goodput.dev", ["modelgroups", "slopolicies"], ["get"]
+        "goodput.dev", ["modelgroups", "slopolicies"], ["get", "list", "watch"]
     )
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": NAMESPACE}]
     cluster_bound = [b["subjects"] for b in gateway.of_kind("ClusterRoleBinding")]
