@@ -395,6 +395,18 @@ def _request_slack(
     )
 
 
+def _earliest_slack(
+    observation: _Observation, summary: SlackSummary | None, budget: float, predicted_wait: float | None
+) -> float | None:
+    """Exact queue contents' own slack first, then the gateway's, else the budget left to an arrival."""
+    if summary is not None:
+        return summary.earliest_slack_seconds
+    gateway_slack = None if observation.gateway is None else observation.gateway.earliest_slack_seconds
+    if gateway_slack is not None:
+        return gateway_slack
+    return None if predicted_wait is None else budget - predicted_wait
+
+
 def _kv_demand(observation: _Observation, kv_capacity: int) -> tuple[float | None, float | None]:
     """KV tokens in use plus the prompts still waiting for a cache, and the free fraction in use."""
     queue = observation.queue
@@ -448,11 +460,7 @@ def _attainment(
     figures = None if observation.gateway is None else observation.gateway.figures_for(target.name)
     if observation.fresh == 0 and figures is None:
         return _Attainment(None, None, None, None, None, None, None, ())
-    ttft_histogram = merge_histograms(observation.ttft)
-    itl_histogram = merge_histograms(observation.itl)
-    if figures is not None:
-        ttft_histogram = figures.ttft or ttft_histogram
-        itl_histogram = figures.itl or itl_histogram
+    ttft_histogram, itl_histogram = _latency_histograms(observation, figures)
     tpot_histogram = merge_histograms(observation.tpot)
     queue_histogram = merge_histograms(observation.queue_time)
     ttft = fraction_within(ttft_histogram, target.ttft_seconds)
@@ -502,6 +510,16 @@ def _attainment(
         goodput=goodput,
         checks=checks,
     )
+
+
+def _latency_histograms(
+    observation: _Observation, figures: GatewayClassFigures | None
+) -> tuple[Histogram | None, Histogram | None]:
+    """TTFT and ITL: the gateway's (as clients see them) where it has them, else the engines'."""
+    ttft, itl = merge_histograms(observation.ttft), merge_histograms(observation.itl)
+    if figures is None:
+        return ttft, itl
+    return figures.ttft or ttft, figures.itl or itl
 
 
 def _gateway_goodput(
@@ -591,13 +609,7 @@ def _estimate(
         else predicted_queue_wait_seconds(queue_work.waiting_seconds, serving_groups, capacity)
     )
     slack_summary = _request_slack(observation, snapshot, policy, capacity, now)
-    gateway_slack = None if observation.gateway is None else observation.gateway.earliest_slack_seconds
-    if slack_summary is not None:
-        earliest_slack = slack_summary.earliest_slack_seconds
-    elif gateway_slack is not None:
-        earliest_slack = gateway_slack
-    else:
-        earliest_slack = None if predicted_wait is None else budget - predicted_wait
+    earliest_slack = _earliest_slack(observation, slack_summary, budget, predicted_wait)
     kv_demand, kv_free = _kv_demand(observation, profile.kv_capacity_tokens)
     attainment = _attainment(observation, policy, snapshot.metrics_window_seconds, budget)
     running_per_group = observation.running / observation.fresh if observation.fresh > 0 else None
@@ -749,13 +761,7 @@ def _proposals(
         if proposal is not None:
             proposals.append(proposal)
 
-    wake = _from_zero(observation)
-    if wake and wake[0].signal is Signal.GATEWAY_QUEUE:
-        # First: a pool woken by the gateway's held requests is named for them, also when a queue
-        # signal asks for the same one group.
-        proposals[:0] = wake
-    else:
-        proposals.extend(wake)
+    _add_from_zero(proposals, observation)
     if policy.warm_groups > 0:
         proposals.append(
             Proposal(Signal.WARM_FLOOR, policy.warm_groups, float(policy.warm_groups), "warm floor")
@@ -764,24 +770,22 @@ def _proposals(
     return proposals, held
 
 
-def _from_zero(observation: _Observation) -> list[Proposal]:
-    """One group when something reports demand at zero groups: the gateway's held requests first
-    (its queue is the only place a request for a pool at zero waits), else engines still reporting."""
+def _add_from_zero(proposals: list[Proposal], observation: _Observation) -> None:
+    """One group when something reports demand at zero groups: the gateway's held requests (its
+    queue is the only place a request for a pool at zero waits), else engines still reporting.
+
+    The gateway's proposal goes first, so a pool it wakes is named for it even when a queue signal
+    asks for the same one group."""
     if observation.current != 0:
-        return []
+        return
     held = observation.gateway_holds
     if held > 0:
-        return [
-            Proposal(
-                Signal.GATEWAY_QUEUE,
-                1,
-                held,
-                f"{held:.0f} request(s) held in the gateway's queue at zero groups",
-            )
-        ]
-    if observation.has_demand:
-        return [Proposal(Signal.SCALE_FROM_ZERO, 1, None, "work is waiting or arriving at zero groups")]
-    return []
+        detail = f"{held:.0f} request(s) held in the gateway's queue at zero groups"
+        proposals.insert(0, Proposal(Signal.GATEWAY_QUEUE, 1, held, detail))
+    elif observation.has_demand:
+        proposals.append(
+            Proposal(Signal.SCALE_FROM_ZERO, 1, None, "work is waiting or arriving at zero groups")
+        )
 
 
 def _unless_urgent(demand_groups: float, at_risk: bool, current: int) -> float | None:
@@ -980,7 +984,7 @@ def _knowledge_guard(
     desired: int, current: int, observation: _Observation, policy: ScalingPolicy
 ) -> tuple[int, Guard | None]:
     """What is not known never lowers the count (HoldScaleIn), or never moves it (Freeze)."""
-    partial = observation.stale > 0 or observation.queue_stale
+    partial = observation.stale > 0 or observation.queue_stale or observation.gateway_stale
     blind = observation.missing > 0 or (not observation.load_known and current > 0)
     if not (partial or blind):
         return desired, None

@@ -97,6 +97,14 @@ CASES = [
         "minReplicas",
     ),
     Case(
+        "a stale gateway holds a scale-in the engines alone would make",
+        fronted(world(*ready_groups(3, 0.1)), held(0, age=PERMISSIVE.staleness.max_age_seconds + 1)),
+        PERMISSIVE,
+        3,
+        "StaleMetricsHoldScaleIn",
+        (Guard.STALE_METRICS_HOLD_SCALE_IN,),
+    ),
+    Case(
         "the maximum still bounds a wake-up",
         fronted(world(spec=0), held(3)),
         dataclasses.replace(AT_ZERO, max_groups=0),

@@ -384,21 +384,25 @@ def render_prometheus_config(layout: ClusterLayout) -> str:
                 "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(layout.paths.kubeconfig)}],
                 "relabel_configs": relabel,
             },
-            {
-                # Processes that run on the host, not in a pod (a gateway in front of a ModelGroup):
-                # each writes its address and labels (its namespace) to a file in this folder
-                # (`write_scrape_target`); Prometheus picks files up as they appear.
-                "job_name": "goodput-host-processes",
-                "honor_labels": False,
-                "metrics_path": "/metrics",
-                "fallback_scrape_protocol": "PrometheusText0.0.4",
-                "file_sd_configs": [
-                    {"files": [str(layout.paths.scrape_targets / "*.json")], "refresh_interval": interval}
-                ],
-            },
+            _host_processes_job(layout, interval),
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def _host_processes_job(layout: ClusterLayout, interval: str) -> dict[str, Any]:
+    """Processes that run on the host, not in a pod (a gateway in front of a ModelGroup): each
+    writes its address and labels (its namespace) to a file in one folder (`write_scrape_target`);
+    Prometheus picks files up as they appear."""
+    return {
+        "job_name": "goodput-host-processes",
+        "honor_labels": False,
+        "metrics_path": "/metrics",
+        "fallback_scrape_protocol": "PrometheusText0.0.4",
+        "file_sd_configs": [
+            {"files": [str(layout.paths.scrape_targets / "*.json")], "refresh_interval": interval}
+        ],
+    }
 
 
 def write_scrape_target(paths: StatePaths, name: str, address: str, labels: dict[str, str]) -> Path:
