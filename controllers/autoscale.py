@@ -6,10 +6,13 @@
    are set aside, never guessed);
 2. estimate, of feasible demand only (a class's share past its feasible threshold is set aside: no
    number of groups meets its SLO): λ_w, Q_work, C for the current mix, predicted queue wait, queue
-   budget, slack, KV demand, attainment and goodput (`goodput.estimators`);
-3. propose, one count per signal: queueWork, slack, kvCache, goodput, scaleFromZero, warmFloor,
-   minReplicas; goodput adds a group only for load-driven SLO misses, one trial at a time, and stops
-   after scale-outs that brought no improvement (GoodputAwaitingEvidence, GoodputNotImproving);
+   budget, slack, KV demand, attainment and goodput (`goodput.estimators`); with a gateway in
+   front (`snapshot.gateway`), its exact figures replace the engines' inference: queued and running
+   work, slack, the prompts it holds, client-side TTFT/ITL, attainment against offered requests;
+3. propose, one count per signal: queueWork, slack, kvCache, goodput, gatewayQueue or
+   scaleFromZero (demand at zero groups), warmFloor, minReplicas; goodput adds a group only for
+   load-driven SLO misses, one trial at a time, and stops after scale-outs that brought no
+   improvement (GoodputAwaitingEvidence, GoodputNotImproving);
 4. combine: proportional proposals inside the tolerance band count as no change (per signal, as
    the HPA does per metric), then the largest proposal wins and names the decision's signal;
 5. knowledge: with stale or missing metrics the count never goes down (HoldScaleIn), or does not
