@@ -150,6 +150,9 @@ class Signal(StrEnum):
     KV_CACHE = "kvCache"
     GOODPUT = "goodput"
     SCALE_FROM_ZERO = "scaleFromZero"
+    """Engines report work at zero wanted groups (a group still draining or just scaled in)."""
+    GATEWAY_QUEUE = "gatewayQueue"
+    """Requests held in the gateway's queue at zero groups: what wakes a pool scaled to zero."""
     WARM_FLOOR = "warmFloor"
     MIN_REPLICAS = "minReplicas"
 

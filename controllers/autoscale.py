@@ -6,10 +6,13 @@
    are set aside, never guessed);
 2. estimate, of feasible demand only (a class's share past its feasible threshold is set aside: no
    number of groups meets its SLO): λ_w, Q_work, C for the current mix, predicted queue wait, queue
-   budget, slack, KV demand, attainment and goodput (`goodput.estimators`);
-3. propose, one count per signal: queueWork, slack, kvCache, goodput, scaleFromZero, warmFloor,
-   minReplicas; goodput adds a group only for load-driven SLO misses, one trial at a time, and stops
-   after scale-outs that brought no improvement (GoodputAwaitingEvidence, GoodputNotImproving);
+   budget, slack, KV demand, attainment and goodput (`goodput.estimators`); with a gateway in
+   front (`snapshot.gateway`), its exact figures replace the engines' inference: queued and running
+   work, slack, the prompts it holds, client-side TTFT/ITL, attainment against offered requests;
+3. propose, one count per signal: queueWork, slack, kvCache, goodput, gatewayQueue or
+   scaleFromZero (demand at zero groups), warmFloor, minReplicas; goodput adds a group only for
+   load-driven SLO misses, one trial at a time, and stops after scale-outs that brought no
+   improvement (GoodputAwaitingEvidence, GoodputNotImproving);
 4. combine: proportional proposals inside the tolerance band count as no change (per signal, as
    the HPA does per metric), then the largest proposal wins and names the decision's signal;
 5. knowledge: with stale or missing metrics the count never goes down (HoldScaleIn), or does not
@@ -36,6 +39,8 @@ from goodput.controllers.autoscale_model import (
     Decision,
     DecisionState,
     Estimates,
+    GatewayClassFigures,
+    GatewayObservation,
     GoodputSignal,
     GoodputTrial,
     GroupCounts,
@@ -133,6 +138,8 @@ class _Observation:
         "failed",
         "finished",
         "fresh",
+        "gateway",
+        "gateway_stale",
         "generation_rate",
         "itl",
         "kv_used_tokens",
@@ -244,15 +251,26 @@ class _Observation:
         self.queue: RequestQueue | None = (
             _feasible_queue(queue, snapshot, policy) if queue is not None and not self.queue_stale else None
         )
+        gateway = snapshot.gateway
+        self.gateway_stale = gateway is not None and gateway.age_seconds > max_age
+        self.gateway: GatewayObservation | None = None if self.gateway_stale else gateway
 
     @property
     def load_known(self) -> bool:
-        return self.fresh > 0 or self.queue is not None
+        return self.fresh > 0 or self.queue is not None or self.gateway is not None
+
+    @property
+    def gateway_holds(self) -> float:
+        """Requests the gateway holds or has in flight (0 without a fresh gateway)."""
+        gateway = self.gateway
+        return 0.0 if gateway is None else gateway.waiting_requests + gateway.running_requests
 
     @property
     def has_demand(self) -> bool:
         """Any work waiting, running or arriving: what wakes a pool at zero groups."""
         if self.queue is not None and self.queue.requests:
+            return True
+        if self.gateway_holds > 0:
             return True
         return self.waiting > 0 or self.running > 0 or self.prompt_rate > 0 or self.generation_rate > 0
 
@@ -267,6 +285,8 @@ class _Observation:
             fresh_metrics=self.fresh,
             stale_metrics=self.stale,
             missing_metrics=self.missing,
+            gateway_fresh=self.gateway is not None,
+            gateway_stale=self.gateway_stale,
         )
 
 
@@ -302,8 +322,9 @@ def _queue_view(
 ) -> tuple[QueueWork | None, float | None, float | None, int]:
     """Queued work, waiting and running requests, and the groups serving the queue.
 
-    Exact queue contents, when fresh, replace the engine counts; a gateway's queue is served by every
-    ready group, an engine's by its own group.
+    Exact queue contents, when fresh, replace the engine counts; so do a gateway's exported figures
+    (its queue and its requests in flight, which cover the engines' waiting and running ones). A
+    gateway's queue is served by every ready group, an engine's by its own group.
     """
     profile = snapshot.profile
     queue = observation.queue
@@ -311,6 +332,10 @@ def _queue_view(
         running = float(sum(1 for request in queue.requests if request.running))
         work = queue_work_exact(profile.pricing, queue.requests, profile.work_error)
         return work, len(queue.requests) - running, running, observation.ready
+    gateway = observation.gateway
+    if gateway is not None:
+        work = _gateway_queue_work(gateway, snapshot, observation.mix)
+        return work, gateway.waiting_requests, gateway.running_requests, observation.ready
     if observation.fresh > 0:
         work = queue_work_from_counts(
             profile.pricing,
@@ -321,6 +346,20 @@ def _queue_view(
         )
         return work, observation.waiting, observation.running, observation.fresh
     return None, None, None, 0
+
+
+def _gateway_queue_work(
+    gateway: GatewayObservation, snapshot: ModelGroupSnapshot, mix: TrafficMix
+) -> QueueWork:
+    """Q_work from the gateway's exported work; the upper estimate applies the p90 error of the
+    queue's mean shape (the gateway exports sums per class, not each request)."""
+    waiting_requests = gateway.waiting_requests
+    mean_input = (
+        gateway.waiting_prompt_tokens / waiting_requests if waiting_requests > 0 else mix.mean_input_tokens
+    )
+    ratio = snapshot.profile.work_error.p90_ratio_for(round(mean_input), round(mix.mean_output_tokens))
+    waiting, running = gateway.waiting_work_seconds, gateway.running_work_seconds
+    return QueueWork(waiting, running, waiting * ratio, running * ratio)
 
 
 def _request_slack(
@@ -359,14 +398,29 @@ def _request_slack(
     )
 
 
+def _earliest_slack(
+    observation: _Observation, summary: SlackSummary | None, budget: float, predicted_wait: float | None
+) -> float | None:
+    """Exact queue contents' own slack first, then the gateway's, else the budget left to an arrival."""
+    if summary is not None:
+        return summary.earliest_slack_seconds
+    gateway_slack = None if observation.gateway is None else observation.gateway.earliest_slack_seconds
+    if gateway_slack is not None:
+        return gateway_slack
+    return None if predicted_wait is None else budget - predicted_wait
+
+
 def _kv_demand(observation: _Observation, kv_capacity: int) -> tuple[float | None, float | None]:
     """KV tokens in use plus the prompts still waiting for a cache, and the free fraction in use."""
     queue = observation.queue
+    gateway = observation.gateway
     if observation.fresh > 0:
         if queue is not None:
             waiting_prompt_tokens = float(sum(r.input_tokens for r in queue.requests if not r.running))
         else:
             waiting_prompt_tokens = observation.waiting * observation.mix.mean_input_tokens
+            if gateway is not None:  # the gateway holds prompts no engine has seen yet
+                waiting_prompt_tokens += gateway.waiting_prompt_tokens
         free = (
             1.0 - observation.kv_used_tokens / (observation.fresh * kv_capacity) if kv_capacity > 0 else None
         )
@@ -375,6 +429,8 @@ def _kv_demand(observation: _Observation, kv_capacity: int) -> tuple[float | Non
         return float(
             sum(r.input_tokens + (r.generated_tokens if r.running else 0) for r in queue.requests)
         ), None
+    if gateway is not None:
+        return gateway.waiting_prompt_tokens, None
     return None, None
 
 
@@ -399,13 +455,15 @@ def _attainment(
 ) -> _Attainment:
     """TTFT, TPOT and token-gap attainment of the primary class, its queue times, and goodput.
 
-    Engine histograms carry no class, so they are read against the primary class's targets.
+    Engine histograms carry no class, so they are read against the primary class's targets. With a
+    gateway, its per-class TTFT and ITL histograms (as clients see them, gateway queue included)
+    replace the engines', and goodput is its count of attaining requests against offered ones.
     """
-    if observation.fresh == 0:
-        return _Attainment(None, None, None, None, None, None, None, ())
     target = policy.primary_class
-    ttft_histogram = merge_histograms(observation.ttft)
-    itl_histogram = merge_histograms(observation.itl)
+    figures = None if observation.gateway is None else observation.gateway.figures_for(target.name)
+    if observation.fresh == 0 and figures is None:
+        return _Attainment(None, None, None, None, None, None, None, ())
+    ttft_histogram, itl_histogram = _latency_histograms(observation, figures)
     tpot_histogram = merge_histograms(observation.tpot)
     queue_histogram = merge_histograms(observation.queue_time)
     ttft = fraction_within(ttft_histogram, target.ttft_seconds)
@@ -427,6 +485,8 @@ def _attainment(
         generated_tokens=observation.generation_rate * window_seconds,
         feasible_share=attainable,
     )
+    if figures is not None:
+        goodput = _gateway_goodput(figures, window_seconds, goodput.token_goodput_per_second)
     signal = policy.signals.goodput
     checks: tuple[SloCheck, ...] = ()
     # The TTFT share is judged against the attainable ceiling: of the requests that could meet the
@@ -452,6 +512,45 @@ def _attainment(
         queue_within_budget=queue_within,
         goodput=goodput,
         checks=checks,
+    )
+
+
+def _latency_histograms(
+    observation: _Observation, figures: GatewayClassFigures | None
+) -> tuple[Histogram | None, Histogram | None]:
+    """TTFT and ITL: the gateway's (as clients see them) where it has them, else the engines'."""
+    ttft, itl = merge_histograms(observation.ttft), merge_histograms(observation.itl)
+    if figures is None:
+        return ttft, itl
+    return figures.ttft or ttft, figures.itl or itl
+
+
+def _gateway_goodput(
+    figures: GatewayClassFigures, window_seconds: float, token_goodput_per_second: float | None
+) -> GoodputReport:
+    """The §5 report from the gateway's exact counts: attaining requests over offered ones (every
+    request that reached admission, refused or not), over admitted ones, and over the feasible ones
+    (offered less those whose zero-load floor already misses the class)."""
+    attaining = figures.attaining_requests
+    offered, admitted = figures.offered_requests, figures.admitted_requests
+    feasible = max(0.0, offered - figures.infeasible_requests)
+    window = max(window_seconds, 1e-9)
+
+    def share(denominator: float) -> float | None:
+        return min(1.0, attaining / denominator) if denominator > 0 else None
+
+    return GoodputReport(
+        window_seconds=window_seconds,
+        offered_requests=offered,
+        admitted_requests=admitted,
+        rejected_requests=figures.rejected_requests,
+        attaining_requests=attaining,
+        attainment_admitted=share(admitted),
+        attainment_offered=share(offered),
+        request_goodput_per_second=attaining / window,
+        token_goodput_per_second=token_goodput_per_second,
+        feasible_requests=feasible,
+        attainment_attainable=share(feasible),
     )
 
 
@@ -513,10 +612,7 @@ def _estimate(
         else predicted_queue_wait_seconds(queue_work.waiting_seconds, serving_groups, capacity)
     )
     slack_summary = _request_slack(observation, snapshot, policy, capacity, now)
-    if slack_summary is not None:
-        earliest_slack = slack_summary.earliest_slack_seconds
-    else:
-        earliest_slack = None if predicted_wait is None else budget - predicted_wait
+    earliest_slack = _earliest_slack(observation, slack_summary, budget, predicted_wait)
     kv_demand, kv_free = _kv_demand(observation, profile.kv_capacity_tokens)
     attainment = _attainment(observation, policy, snapshot.metrics_window_seconds, budget)
     running_per_group = observation.running / observation.fresh if observation.fresh > 0 else None
@@ -668,16 +764,31 @@ def _proposals(
         if proposal is not None:
             proposals.append(proposal)
 
-    if observation.current == 0 and observation.has_demand:
-        proposals.append(
-            Proposal(Signal.SCALE_FROM_ZERO, 1, None, "work is waiting or arriving at zero groups")
-        )
+    _add_from_zero(proposals, observation)
     if policy.warm_groups > 0:
         proposals.append(
             Proposal(Signal.WARM_FLOOR, policy.warm_groups, float(policy.warm_groups), "warm floor")
         )
     proposals.append(Proposal(Signal.MIN_REPLICAS, policy.min_groups, float(policy.min_groups), "minimum"))
     return proposals, held
+
+
+def _add_from_zero(proposals: list[Proposal], observation: _Observation) -> None:
+    """One group when something reports demand at zero groups: the gateway's held requests (its
+    queue is the only place a request for a pool at zero waits), else engines still reporting.
+
+    The gateway's proposal goes first, so a pool it wakes is named for it even when a queue signal
+    asks for the same one group."""
+    if observation.current != 0:
+        return
+    held = observation.gateway_holds
+    if held > 0:
+        detail = f"{held:.0f} request(s) held in the gateway's queue at zero groups"
+        proposals.insert(0, Proposal(Signal.GATEWAY_QUEUE, 1, held, detail))
+    elif observation.has_demand:
+        proposals.append(
+            Proposal(Signal.SCALE_FROM_ZERO, 1, None, "work is waiting or arriving at zero groups")
+        )
 
 
 def _unless_urgent(demand_groups: float, at_risk: bool, current: int) -> float | None:
@@ -876,7 +987,7 @@ def _knowledge_guard(
     desired: int, current: int, observation: _Observation, policy: ScalingPolicy
 ) -> tuple[int, Guard | None]:
     """What is not known never lowers the count (HoldScaleIn), or never moves it (Freeze)."""
-    partial = observation.stale > 0 or observation.queue_stale
+    partial = observation.stale > 0 or observation.queue_stale or observation.gateway_stale
     blind = observation.missing > 0 or (not observation.load_known and current > 0)
     if not (partial or blind):
         return desired, None

@@ -319,6 +319,94 @@ class RequestQueue:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayClassFigures:
+    """One SLO class as the gateway in front of a ModelGroup counts it (exact, per request).
+
+    waiting_*: requests held in the gateway's fair queue now (not yet dispatched to a group), their
+    prompt tokens and predicted work; earliest_slack_seconds: the least first-token slack of any of
+    them (None when none waits). The counts and histograms cover the snapshot's metrics window:
+    offered (every request that reached admission with a readable body), admitted (admitted,
+    deferred or degraded: it proceeded), rejected (429 or 503), infeasible (its zero-load floor
+    misses the class, counted apart), attaining / missed (answered within every target of the class,
+    or not; best-effort service is neither).
+    """
+
+    class_name: str
+    waiting_requests: float = 0.0
+    waiting_prompt_tokens: float = 0.0
+    waiting_work_seconds: float = 0.0
+    earliest_slack_seconds: float | None = None
+    offered_requests: float = 0.0
+    admitted_requests: float = 0.0
+    rejected_requests: float = 0.0
+    infeasible_requests: float = 0.0
+    attaining_requests: float = 0.0
+    missed_requests: float = 0.0
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "waiting_requests",
+            "waiting_prompt_tokens",
+            "waiting_work_seconds",
+            "offered_requests",
+            "admitted_requests",
+            "rejected_requests",
+            "infeasible_requests",
+            "attaining_requests",
+            "missed_requests",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} of class {self.class_name!r} must be finite and >= 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayObservation:
+    """What the gateway in front of a ModelGroup reports, as of `age_seconds` ago (DESIGN §6 step 2).
+
+    With a gateway, demand is known exactly where engines only let it be inferred: the requests it
+    holds (also at zero groups, where no engine reports anything), the work in flight on the groups
+    (which covers the engines' waiting and running requests), and every offered request's outcome.
+    running_requests / running_work_seconds: dispatched to a group and not answered yet.
+    routable_groups: the groups the gateway routes to (Ready, not draining).
+    """
+
+    age_seconds: float
+    classes: tuple[GatewayClassFigures, ...] = ()
+    running_requests: float = 0.0
+    running_work_seconds: float = 0.0
+    routable_groups: int = 0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.age_seconds):
+            raise ValueError(f"age_seconds must be finite, got {self.age_seconds}")
+        if self.running_requests < 0 or self.running_work_seconds < 0 or self.routable_groups < 0:
+            raise ValueError("running requests, running work and routable groups must not be negative")
+
+    def figures_for(self, class_name: str) -> GatewayClassFigures | None:
+        return next((entry for entry in self.classes if entry.class_name == class_name), None)
+
+    @property
+    def waiting_requests(self) -> float:
+        return sum(entry.waiting_requests for entry in self.classes)
+
+    @property
+    def waiting_work_seconds(self) -> float:
+        return sum(entry.waiting_work_seconds for entry in self.classes)
+
+    @property
+    def waiting_prompt_tokens(self) -> float:
+        return sum(entry.waiting_prompt_tokens for entry in self.classes)
+
+    @property
+    def earliest_slack_seconds(self) -> float | None:
+        slacks = [e.earliest_slack_seconds for e in self.classes if e.earliest_slack_seconds is not None]
+        return min(slacks) if slacks else None
+
+
+@dataclass(frozen=True, slots=True)
 class ClassFeasibility:
     """How much of one class's demand no number of groups of this shape can serve within its SLO.
 
@@ -373,6 +461,8 @@ class ModelGroupSnapshot:
     spec_replicas: the complete groups currently wanted (spec.replicas); the decision's current count.
     feasibility: per SLO class, the feasible threshold and the infeasible share of the demand
     (`controllers.feasible_demand.assess`); a class without an entry has all its demand counted.
+    gateway: the gateway's figures when one fronts the ModelGroup; they replace what is inferred
+    from engine metrics (queue, slack, attainment against offered requests).
     """
 
     spec_replicas: int
@@ -382,6 +472,7 @@ class ModelGroupSnapshot:
     metrics_window_seconds: float = 60.0
     queue: RequestQueue | None = None
     feasibility: tuple[ClassFeasibility, ...] = ()
+    gateway: GatewayObservation | None = None
 
     def __post_init__(self) -> None:
         if self.spec_replicas < 0:
@@ -487,6 +578,8 @@ class GroupCounts:
     fresh_metrics: int
     stale_metrics: int
     missing_metrics: int
+    gateway_fresh: bool = False
+    gateway_stale: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +691,7 @@ class Decision:
                 "fresh_metrics_groups": counts.fresh_metrics,
                 "stale_metrics_groups": counts.stale_metrics,
                 "missing_metrics_groups": counts.missing_metrics,
+                "gateway": "fresh" if counts.gateway_fresh else "stale" if counts.gateway_stale else "none",
                 "waiting_requests": _json_number(estimates.waiting_requests),
                 "running_requests": _json_number(estimates.running_requests),
             },

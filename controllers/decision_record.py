@@ -143,6 +143,20 @@ def _outcome_text(decision: Decision) -> str:
     return f"{decision.reason}, signal {decision.signal}"
 
 
+def _at_zero_text(decision: Decision) -> str:
+    """At zero groups no engine runs, so only a gateway can see a request arrive: without one the
+    pool stays at zero until something else raises the count (DESIGN §9)."""
+    counts = decision.counts
+    if decision.desired_groups != 0 or counts.current != 0 or counts.gateway_fresh:
+        return ""
+    if counts.gateway_stale:
+        return "; at zero groups: the gateway's figures are stale, so no demand is seen"
+    return (
+        "; at zero groups with no gateway in front: no demand is seen, so the pool stays at zero "
+        "until a gateway's queue or the replicas raise it"
+    )
+
+
 def _because(decision: Decision) -> str:
     winner = next((p for p in decision.proposals if p.signal == decision.signal), None)
     text = f"{decision.signal} proposed {winner.groups if winner else decision.desired_groups}"
@@ -320,13 +334,14 @@ def autoscaler_conditions(
             "True",
             Reason.MODE_ADVISORY,
             f"Advisory, not applied: {decision.desired_groups} group(s) recommended "
-            f"({_outcome_text(decision)}; {revision})",
+            f"({_outcome_text(decision)}; {revision}){_at_zero_text(decision)}",
         )
     else:
         active = (
             "True",
             Reason.SIGNALS_COMPUTED,
-            f"{decision.desired_groups} group(s) desired ({_outcome_text(decision)}; {revision})",
+            f"{decision.desired_groups} group(s) desired ({_outcome_text(decision)}; {revision})"
+            f"{_at_zero_text(decision)}",
         )
     result = _put(result, ConditionType.SCALING_ACTIVE, active, generation=generation, now=now)
     metrics = (health.status, health.reason, health.message)

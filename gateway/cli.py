@@ -1,8 +1,9 @@
 """`goodput gateway`: serve the OpenAI API in front of one ModelGroup's Ready leaders.
 
-Cluster mode (default): read the ModelGroup and its SLOPolicy from the API server, watch the group
-leaders' pods. Standalone mode (`--modelgroup FILE --policy FILE --upstream NAME=URL ...`): the same
-gateway in front of fixed upstreams, for benchmarks and local tries.
+Cluster mode (default): watch the ModelGroup and its SLOPolicy through the API server (a change
+applies without a restart; one that cannot be compiled is logged and the last good policy stays),
+and watch the group leaders' pods. Standalone mode (`--modelgroup FILE --policy FILE --upstream
+NAME=URL ...`): the same gateway in front of fixed upstreams, for benchmarks and local tries.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 import yaml
 from aiohttp import web
 from prometheus_client import start_http_server
@@ -23,7 +22,7 @@ from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
 from goodput.gateway.groups import GroupEndpoint, GroupSource, StaticGroupSource
-from goodput.gateway.kube import ApiServer, KubeGroupSource, api_server_from_environment
+from goodput.gateway.kube import KubeGroupSource, KubePolicySource, api_server_from_environment
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.server import Gateway
 
@@ -45,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bytes-per-token", type=float, default=4.0, help="prompt text bytes per token estimate"
     )
+    parser.add_argument(
+        "--start-timeout-seconds",
+        type=float,
+        default=30.0,
+        help="how long to wait for the ModelGroup and SLOPolicy at start",
+    )
     standalone = parser.add_argument_group("standalone mode")
     standalone.add_argument("--modelgroup", type=Path, help="ModelGroup YAML instead of the API server's")
     standalone.add_argument("--policy", type=Path, help="SLOPolicy YAML instead of the API server's")
@@ -57,33 +62,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def _read_object(server: ApiServer, path: str) -> dict[str, Any]:
-    async with (
-        aiohttp.ClientSession(headers=server.headers) as session,
-        session.get(server.host + path, ssl=server.ssl_context) as response,
-    ):
-        response.raise_for_status()
-        body: dict[str, Any] = await response.json()
-        return body
-
-
-async def _cluster_policy(
-    args: argparse.Namespace,
-) -> tuple[RequestPathPolicy | str, ModelGroup | None, ApiServer]:
-    server = api_server_from_environment()
-    base = f"/apis/goodput.dev/v1alpha1/namespaces/{args.namespace}"
-    model_group = ModelGroup.model_validate(
-        await _read_object(server, f"{base}/modelgroups/{args.model_group}")
-    )
-    ref = model_group.spec.policy_ref
-    if ref is None:
-        return (
-            f"ModelGroup {args.model_group} has no spec.policyRef: the gateway needs its SLOPolicy",
-            None,
-            server,
+async def _first_policy(
+    source: KubePolicySource, timeout_seconds: float
+) -> tuple[RequestPathPolicy | str, asyncio.Task[None], asyncio.Queue[RequestPathPolicy | str]]:
+    """Start the ModelGroup and SLOPolicy watches and wait for their first compiled policy; later
+    ones arrive on the returned queue."""
+    updates: asyncio.Queue[RequestPathPolicy | str] = asyncio.Queue()
+    task = asyncio.create_task(source.run(updates.put_nowait), name="policy-watch")
+    try:
+        first = await asyncio.wait_for(updates.get(), timeout_seconds)
+    except TimeoutError:
+        first = (
+            f"no answer from the API server about {source.namespace}/{source.name} in {timeout_seconds:g}s"
         )
-    slo = SloPolicy.model_validate(await _read_object(server, f"{base}/slopolicies/{ref.name}"))
-    return compile_request_path(model_group, slo), model_group, server
+    return first, task, updates
+
+
+async def _follow_policy(gateway: Gateway, updates: asyncio.Queue[RequestPathPolicy | str]) -> None:
+    """Apply every later policy; one that cannot be compiled is logged and the last good one stays."""
+    while True:
+        update = await updates.get()
+        if isinstance(update, str):
+            log.error("keeping the current policy: %s", update)
+            continue
+        try:
+            gateway.update_policy(update)
+        except ValueError as error:
+            log.error("keeping the current policy: %s", error)
+            continue
+        log.info("policy updated for %s", update.model_group)
 
 
 def _standalone(args: argparse.Namespace) -> tuple[RequestPathPolicy | str, GroupSource]:
@@ -100,6 +107,8 @@ def _standalone(args: argparse.Namespace) -> tuple[RequestPathPolicy | str, Grou
 
 async def _serve(args: argparse.Namespace) -> int:
     source: GroupSource
+    background: list[asyncio.Task[None]] = []
+    updates: asyncio.Queue[RequestPathPolicy | str] | None = None
     if args.modelgroup or args.policy:
         if not (args.modelgroup and args.policy):
             raise SystemExit("standalone mode needs both --modelgroup and --policy")
@@ -107,16 +116,24 @@ async def _serve(args: argparse.Namespace) -> int:
     else:
         if not args.model_group:
             raise SystemExit("--model-group (or $GOODPUT_MODEL_GROUP) is required")
-        policy, model_group, server = await _cluster_policy(args)
-        if isinstance(policy, RequestPathPolicy) and model_group is not None:
-            source = KubeGroupSource(server, args.namespace, args.model_group, model_group.spec.engine.port)
+        server = api_server_from_environment()
+        policies = KubePolicySource(server, args.namespace, args.model_group)
+        policy, watch, updates = await _first_policy(policies, args.start_timeout_seconds)
+        background.append(watch)
+        if policies.model_group is not None:
+            port = policies.model_group.spec.engine.port
+            source = KubeGroupSource(server, args.namespace, args.model_group, port)
     if isinstance(policy, str):
         log.error("cannot serve: %s", policy)
+        for task in background:
+            task.cancel()
         return 2
     metrics = GatewayMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.registry)
     gateway = Gateway(policy, source, metrics=metrics, bytes_per_token=args.bytes_per_token)
+    if updates is not None:
+        background.append(asyncio.create_task(_follow_policy(gateway, updates), name="policy-updates"))
     runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.listen_host, args.listen_port)
@@ -125,6 +142,8 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await asyncio.Event().wait()
     finally:
+        for task in background:
+            task.cancel()
         await runner.cleanup()
     return 0
 

@@ -11,7 +11,7 @@ itself, so routing stops before the endpoints controller takes the pod out of En
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,19 +80,3 @@ def endpoints_from_pods(
         if endpoint is not None:
             endpoints[endpoint.name] = endpoint
     return endpoints
-
-
-async def run_forever(
-    step: Callable[[], Awaitable[None]], retry_seconds: float, attempts: int | None
-) -> None:
-    """Run `step` again after it returns or fails, `attempts` times (None: until cancelled)."""
-    done = 0
-    while attempts is None or done < attempts:
-        done += 1
-        try:
-            await step()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # reconnect on any watch failure; the caller logs inside `step`
-            pass
-        await asyncio.sleep(retry_seconds)

@@ -69,10 +69,29 @@ class GatewayMetrics:
             buckets=E2E_BUCKETS,
             registry=r,
         )
+        # The queue by class: what the autoscaler reads instead of inferring demand from engines
+        # (also at zero groups, where no engine reports anything).
+        queue_labels = ["model_group", "slo_class"]
         self.queued_work = Gauge(
             "goodput_gateway_queued_work_seconds",
             "Predicted work of requests waiting in the gateway (Q_work's waiting part).",
-            ["model_group"],
+            queue_labels,
+            registry=r,
+        )
+        self.queued_requests = Gauge(
+            "goodput_gateway_queued_requests", "Requests waiting in the gateway.", queue_labels, registry=r
+        )
+        self.queued_prompt_tokens = Gauge(
+            "goodput_gateway_queued_prompt_tokens",
+            "Prompt tokens of the requests waiting in the gateway (KV they will need).",
+            queue_labels,
+            registry=r,
+        )
+        self.earliest_slack = Gauge(
+            "goodput_gateway_earliest_slack_seconds",
+            "Least first-token slack of any waiting request (deadline - now - predicted wait); "
+            "+Inf when nothing waits, -Inf when requests wait and no group serves.",
+            queue_labels,
             registry=r,
         )
         self.running_work = Gauge(
@@ -81,13 +100,9 @@ class GatewayMetrics:
             ["model_group"],
             registry=r,
         )
-        self.queued_requests = Gauge(
-            "goodput_gateway_queued_requests", "Requests waiting in the gateway.", ["model_group"], registry=r
-        )
-        self.earliest_slack = Gauge(
-            "goodput_gateway_earliest_slack_seconds",
-            "Least first-token slack of any waiting request (deadline - now - predicted service); "
-            "absent value when nothing waits is reported as +Inf.",
+        self.running_requests = Gauge(
+            "goodput_gateway_running_requests",
+            "Requests dispatched to a group and not answered yet.",
             ["model_group"],
             registry=r,
         )

@@ -86,6 +86,7 @@ class Pending:
     session: str | None
     prompt_tokens: int = 0
     started: bool = False
+    class_name: str = ""
 
 
 @dataclass(slots=True)
@@ -187,6 +188,24 @@ class Gateway:
                 await task
         if self._session is not None:
             await self._session.close()
+
+    def update_policy(self, policy: RequestPathPolicy) -> None:
+        """A changed ModelGroup or SLOPolicy, applied without a restart: the next request is admitted,
+        queued and routed under it. Queued requests keep their place and deadlines, tenants their
+        virtual counters; a tenant budget whose limit changed starts again, full, at the new limit."""
+        if policy.model_group != self.policy.model_group:
+            raise ValueError(
+                f"the gateway fronts {self.policy.model_group!r}, not {policy.model_group!r}: restart it"
+            )
+        limits = policy.tenant_tokens_per_minute
+        self.budgets = {
+            tenant: bucket
+            for tenant, bucket in self.budgets.items()
+            if tenant in limits and bucket.burst_tokens == limits[tenant]
+        }
+        self.policy = policy
+        self.queue.policy = policy.fairness
+        self._pump()
 
     def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
         """Replace the group set; in-flight counts of a group that stays are kept."""
@@ -334,21 +353,30 @@ class Gateway:
 
     async def _publish_gauges(self) -> None:
         """Queue gauges once a second (the autoscaler's inputs); an O(queue) pass, off the hot path."""
-        name = self.policy.model_group
         while True:
-            now = self.clock()
-            pooled = sum(c.load.capacity_work_seconds_per_second for c in self.candidates() if c.load.serving)
-            wait = self.queued_work_seconds / pooled if pooled > 0 else math.inf
-            earliest = min((item.deadline - now for item in self.queue.items()), default=math.inf)
-            self.metrics.queued_work.labels(name).set(self.queued_work_seconds)
-            self.metrics.running_work.labels(name).set(
-                sum(s.running_work_seconds for s in self.groups.values())
-            )
-            self.metrics.queued_requests.labels(name).set(len(self.queue))
-            self.metrics.earliest_slack.labels(name).set(
+            self.publish_gauges()
+            await asyncio.sleep(1.0)
+
+    def publish_gauges(self) -> None:
+        """Per class: the requests waiting here, their prompt tokens, work and least slack; every
+        class of the policy is written (zeros when none waits), so a class's series never vanish."""
+        name = self.policy.model_group
+        now = self.clock()
+        pooled = sum(c.load.capacity_work_seconds_per_second for c in self.candidates() if c.load.serving)
+        wait = self.queued_work_seconds / pooled if pooled > 0 else math.inf
+        by_class: dict[str, list[QueuedItem[Pending]]] = {cls: [] for cls in self.policy.admission.classes}
+        for item in self.queue.items():
+            by_class.setdefault(item.payload.class_name, []).append(item)
+        for cls, items in by_class.items():
+            earliest = min((item.deadline - now for item in items), default=math.inf)
+            self.metrics.queued_requests.labels(name, cls).set(len(items))
+            self.metrics.queued_work.labels(name, cls).set(sum(i.payload.work_seconds for i in items))
+            self.metrics.queued_prompt_tokens.labels(name, cls).set(sum(i.input_tokens for i in items))
+            self.metrics.earliest_slack.labels(name, cls).set(
                 earliest - wait if math.isfinite(earliest) else math.inf
             )
-            await asyncio.sleep(1.0)
+        self.metrics.running_work.labels(name).set(sum(s.running_work_seconds for s in self.groups.values()))
+        self.metrics.running_requests.labels(name).set(sum(s.in_flight for s in self.groups.values()))
 
     # --- handlers ------------------------------------------------------------------------------
 
@@ -544,6 +572,7 @@ class Gateway:
             prefix_key(admitted.parsed.prompt_text, self.policy.routing),
             request.headers.get(SESSION_HEADER),
             shape.prompt_tokens,
+            class_name=contract.name,
         )
         # Requests held for lack of any ready group keep their place: they are what wakes the pool.
         deferred = decision.outcome is Outcome.DEFER and decision.reason is not AdmissionReason.NO_READY_GROUP

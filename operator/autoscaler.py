@@ -49,7 +49,7 @@ from goodput.api.base import GROUP, VERSION, wire_dict
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import Decision, DecisionState, GroupMetrics, Mode
+from goodput.controllers.autoscale_model import Decision, DecisionState, Mode
 from goodput.controllers.decision_record import (
     FailureReason,
     attainability_conditions,
@@ -74,6 +74,7 @@ from goodput.controllers.template import parse_model_group
 from goodput.estimators.capacity import CapacityProfile
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics_source import (
+    MetricsReading,
     MetricsUnavailableError,
     PrometheusConnection,
     PrometheusMetricsSource,
@@ -142,7 +143,7 @@ class AutoscalerSettings:
 
 
 class MetricsSource(Protocol):
-    def read(self, namespace: str, model_group: str, windows: Windows) -> dict[str, GroupMetrics]: ...
+    def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading: ...
 
 
 class KubeCalls(Protocol):
@@ -437,7 +438,10 @@ class Autoscaler:
         active_decision = health = shadow_decision = None
         verdict: AttainabilityVerdict | None = None
         if runs_active and isinstance(active, CompiledPolicy):
-            snapshot = build_snapshot(parsed, status, active, readings[self._windows(active)], now=now)
+            reading = readings[self._windows(active)]
+            snapshot = build_snapshot(
+                parsed, status, active, reading.groups, now=now, gateway=reading.gateway
+            )
             decide_started = time.perf_counter()
             active_decision = decide(snapshot, active.policy, memory.active, now)
             self.metrics.duration.labels("decide").observe(time.perf_counter() - decide_started)
@@ -446,7 +450,10 @@ class Autoscaler:
             ages = [group.metrics.age_seconds for group in snapshot.groups if group.metrics is not None]
             self.metrics.record_age(namespace, name, max(ages) if ages else None)
         if runs_shadow and isinstance(shadow, CompiledPolicy):
-            snapshot = build_snapshot(parsed, status, shadow, readings[self._windows(shadow)], now=now)
+            reading = readings[self._windows(shadow)]
+            snapshot = build_snapshot(
+                parsed, status, shadow, reading.groups, now=now, gateway=reading.gateway
+            )
             shadow_decision = decide(snapshot, shadow.policy, memory.shadow, now)
 
         if active_decision is not None and active_decision.changes:
@@ -597,8 +604,8 @@ class Autoscaler:
 
     async def _read_metrics(
         self, namespace: str, name: str, compiled: Sequence[CompiledPolicy]
-    ) -> dict[Windows, dict[str, GroupMetrics]]:
-        readings: dict[Windows, dict[str, GroupMetrics]] = {}
+    ) -> dict[Windows, MetricsReading]:
+        readings: dict[Windows, MetricsReading] = {}
         for policy in compiled:
             windows = self._windows(policy)
             if windows not in readings:

@@ -32,12 +32,21 @@ from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTime
 from urllib3.util.retry import Retry
 
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
-from goodput.controllers.autoscale_model import GroupMetrics, GroupObservation, GroupState, ModelGroupSnapshot
+from goodput.controllers.autoscale_model import (
+    GatewayClassFigures,
+    GatewayObservation,
+    GroupMetrics,
+    GroupObservation,
+    GroupState,
+    ModelGroupSnapshot,
+)
 from goodput.controllers.feasible_demand import prompt_evidence, snapshot_feasibility
 from goodput.controllers.policy_compile import CompiledPolicy
 from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups, without_replacements
 from goodput.estimators.attainment import Histogram
 from goodput.operator.promql import (
+    GATEWAY_CLASS_LABEL,
+    GATEWAY_QUANTITIES,
     HISTOGRAM_QUANTITIES,
     QUERY_LABEL,
     Quantity,
@@ -48,6 +57,15 @@ from goodput.operator.promql import (
 
 # Without these a group has no engine metrics: the gauges every decision reads, and their age.
 REQUIRED_QUANTITIES = (Quantity.WAITING, Quantity.RUNNING, Quantity.KV_USAGE, Quantity.SAMPLE_AGE)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsReading:
+    """One answer of the snapshot query: the engines' metrics per ready group, and the gateway's
+    view when a gateway in front of the ModelGroup exports its series (None otherwise)."""
+
+    groups: dict[str, GroupMetrics] = field(default_factory=dict)
+    gateway: GatewayObservation | None = None
 
 
 class MetricsUnavailableError(RuntimeError):
@@ -192,6 +210,94 @@ def metrics_by_group(result: Sequence[Mapping[str, Any]], labels: SeriesLabels) 
     return aligned({group: metrics for group, metrics in parsed.items() if metrics is not None})
 
 
+def _gateway_series(
+    result: Sequence[Mapping[str, Any]],
+) -> tuple[dict[Quantity, float], dict[str, GroupSeries]]:
+    """The gateway's answers: the ModelGroup-wide values, and per SLO class a `GroupSeries`."""
+    overall: dict[Quantity, float] = {}
+    classes: dict[str, GroupSeries] = {}
+    for series in result:
+        metric = series.get("metric") or {}
+        try:
+            quantity = Quantity(str(metric.get(QUERY_LABEL, "")))
+        except ValueError:
+            continue
+        sample = series.get("value") or (None, None)
+        value = _number(sample[1]) if len(sample) == 2 else None
+        if quantity not in GATEWAY_QUANTITIES or value is None:
+            continue
+        class_name = metric.get(GATEWAY_CLASS_LABEL)
+        if not class_name:
+            overall[quantity] = value
+            continue
+        entry = classes.setdefault(str(class_name), GroupSeries())
+        if quantity in HISTOGRAM_QUANTITIES:
+            bound = _number(metric.get("le"))
+            if bound is not None:
+                entry.buckets.setdefault(quantity, []).append((bound, value))
+        else:
+            entry.values[quantity] = value
+    return overall, classes
+
+
+def _class_figures(class_name: str, series: GroupSeries) -> GatewayClassFigures:
+    values = series.values
+
+    def count(quantity: Quantity) -> float:
+        value = values.get(quantity, 0.0)
+        return max(0.0, value) if math.isfinite(value) else 0.0
+
+    def histogram(quantity: Quantity) -> Histogram | None:
+        pairs = series.buckets.get(quantity)
+        return histogram_from_buckets(pairs) if pairs else None
+
+    slack = values.get(Quantity.GATEWAY_EARLIEST_SLACK)
+    admitted, rejected = count(Quantity.GATEWAY_ADMITTED), count(Quantity.GATEWAY_REJECTED)
+    waiting = count(Quantity.GATEWAY_QUEUED_REQUESTS)
+    return GatewayClassFigures(
+        class_name=class_name,
+        waiting_requests=waiting,
+        waiting_prompt_tokens=count(Quantity.GATEWAY_QUEUED_PROMPT_TOKENS),
+        waiting_work_seconds=count(Quantity.GATEWAY_QUEUED_WORK),
+        # +Inf is the gateway's "nothing waits"; -Inf (nothing serves what waits) is kept.
+        earliest_slack_seconds=None if slack is None or waiting == 0 or slack == math.inf else slack,
+        offered_requests=admitted + rejected,
+        admitted_requests=admitted,
+        rejected_requests=rejected,
+        infeasible_requests=count(Quantity.GATEWAY_INFEASIBLE),
+        attaining_requests=count(Quantity.GATEWAY_ATTAINING),
+        missed_requests=count(Quantity.GATEWAY_MISSED),
+        ttft=histogram(Quantity.GATEWAY_TTFT_BUCKETS),
+        itl=histogram(Quantity.GATEWAY_ITL_BUCKETS),
+    )
+
+
+def gateway_from_result(result: Sequence[Mapping[str, Any]]) -> GatewayObservation | None:
+    """The gateway's view in a `snapshot_query` answer; None when no gateway exports the
+    ModelGroup's series (its sample age, read from a gauge every gateway writes, is absent)."""
+    overall, classes = _gateway_series(result)
+    age = overall.get(Quantity.GATEWAY_SAMPLE_AGE)
+    if age is None or not math.isfinite(age):
+        return None
+
+    def value(quantity: Quantity) -> float:
+        number = overall.get(quantity, 0.0)
+        return max(0.0, number) if math.isfinite(number) else 0.0
+
+    return GatewayObservation(
+        age_seconds=max(0.0, age),
+        classes=tuple(_class_figures(name, series) for name, series in sorted(classes.items())),
+        running_requests=value(Quantity.GATEWAY_RUNNING_REQUESTS),
+        running_work_seconds=value(Quantity.GATEWAY_RUNNING_WORK),
+        routable_groups=round(value(Quantity.GATEWAY_ROUTABLE_GROUPS)),
+    )
+
+
+def reading_from_result(result: Sequence[Mapping[str, Any]], labels: SeriesLabels) -> MetricsReading:
+    """Both views of one `snapshot_query` answer."""
+    return MetricsReading(metrics_by_group(result, labels), gateway_from_result(result))
+
+
 def group_observations(
     model_group: ModelGroup, status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics], *, now: float
 ) -> tuple[GroupObservation, ...]:
@@ -223,6 +329,7 @@ def build_snapshot(
     metrics: Mapping[str, GroupMetrics],
     *,
     now: float,
+    gateway: GatewayObservation | None = None,
 ) -> ModelGroupSnapshot:
     groups = group_observations(model_group, status, metrics, now=now)
     evidence = prompt_evidence(groups, compiled.policy.staleness.max_age_seconds)
@@ -233,6 +340,7 @@ def build_snapshot(
         name=model_group.metadata.name or "",
         metrics_window_seconds=compiled.metrics_window_seconds,
         feasibility=snapshot_feasibility(compiled.profile, compiled.policy, evidence),
+        gateway=gateway,
     )
 
 
@@ -319,7 +427,7 @@ class PrometheusMetricsSource:
             session=self._session,
         )
 
-    def read(self, namespace: str, model_group: str, windows: Windows) -> dict[str, GroupMetrics]:
+    def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
         query = snapshot_query(self.labels, namespace, model_group, windows)
         try:
             result = self._client.custom_query(query)
@@ -335,7 +443,7 @@ class PrometheusMetricsSource:
             raise MetricsUnavailableError(
                 f"Prometheus at {self.url} answered a {type(result).__name__}, not a vector"
             )
-        return metrics_by_group(result, self.labels)
+        return reading_from_result(result, self.labels)
 
     def _describe(self, error: requests.RequestException) -> str:
         """What went wrong, without the query (the URL of a failed request repeats all of it)."""

@@ -11,6 +11,10 @@ settings (`SeriesLabels`): by default the ones the project's manifests and local
 `namespace`, `model_group` and `group`. Metric names are vLLM 0.33's (vllm-contract §1.2); vLLM's
 `num_requests_waiting` includes deferred requests, so the capacity backlog is read from
 `num_requests_waiting_by_reason{reason="capacity"}`, falling back to the total on older engines.
+
+When a gateway fronts the ModelGroup, its series (`goodput_gateway_*`) answer in the same query,
+aggregated per SLO class (`gateway_sub_queries`); their presence is how the operator knows there is
+a gateway (DESIGN §6 step 2: its exact figures then replace what is inferred from engines).
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ class Quantity(StrEnum):
     TPOT_BUCKETS = "tpot_buckets"
     PROMPT_TOKENS_BUCKETS = "prompt_tokens_buckets"
     PROMPT_TOKENS_LOOKBACK_BUCKETS = "prompt_tokens_lookback_buckets"
+    # The gateway's series (`gateway/metrics.py`): per SLO class, or for the whole ModelGroup.
+    GATEWAY_SAMPLE_AGE = "gateway_sample_age"
+    GATEWAY_RUNNING_REQUESTS = "gateway_running_requests"
+    GATEWAY_RUNNING_WORK = "gateway_running_work"
+    GATEWAY_ROUTABLE_GROUPS = "gateway_routable_groups"
+    GATEWAY_QUEUED_REQUESTS = "gateway_queued_requests"
+    GATEWAY_QUEUED_WORK = "gateway_queued_work"
+    GATEWAY_QUEUED_PROMPT_TOKENS = "gateway_queued_prompt_tokens"
+    GATEWAY_EARLIEST_SLACK = "gateway_earliest_slack"
+    GATEWAY_ADMITTED = "gateway_admitted"
+    GATEWAY_REJECTED = "gateway_rejected"
+    GATEWAY_INFEASIBLE = "gateway_infeasible"
+    GATEWAY_ATTAINING = "gateway_attaining"
+    GATEWAY_MISSED = "gateway_missed"
+    GATEWAY_TTFT_BUCKETS = "gateway_ttft_buckets"
+    GATEWAY_ITL_BUCKETS = "gateway_itl_buckets"
 
 
 HISTOGRAM_QUANTITIES = frozenset(
@@ -58,8 +78,15 @@ HISTOGRAM_QUANTITIES = frozenset(
         Quantity.TPOT_BUCKETS,
         Quantity.PROMPT_TOKENS_BUCKETS,
         Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS,
+        Quantity.GATEWAY_TTFT_BUCKETS,
+        Quantity.GATEWAY_ITL_BUCKETS,
     }
 )
+GATEWAY_QUANTITIES = frozenset(quantity for quantity in Quantity if quantity.value.startswith("gateway_"))
+"""Answered by the gateway's series: one per SLO class (`slo_class`), or one for the ModelGroup."""
+GATEWAY_CLASS_LABEL = "slo_class"
+# The gateway's admission outcomes (controllers.admission.Outcome): these proceeded to a group.
+PROCEEDED_OUTCOMES = "admitted|deferred|degraded"
 # vLLM's finished_reason values (vllm-contract §1.2): completed requests, and those that were not.
 FINISHED_REASONS = "stop|length|repetition"
 ABORTED_REASONS = "abort|error"
@@ -172,10 +199,61 @@ def sub_queries(
     }
 
 
+def gateway_sub_queries(
+    labels: SeriesLabels, namespace: str, model_group: str, windows: Windows
+) -> dict[Quantity, str]:
+    """The gateway's figures for one ModelGroup, summed over gateway replicas: the queue per class
+    now, and per class over the goodput window the outcomes and the client-side TTFT and ITL.
+
+    The gateway labels its series `model_group` itself; the scrape adds the namespace. When no
+    gateway fronts the ModelGroup these match nothing and the snapshot has no gateway view.
+    """
+    selector = model_group_selector(labels, namespace, model_group)
+    by_class = f"by ({GATEWAY_CLASS_LABEL})"
+    by_bucket = f"by ({GATEWAY_CLASS_LABEL}, le)"
+    window = f"{windows.histogram_seconds}s"
+
+    def counted(metric: str, extra: str = "") -> str:
+        chosen = model_group_selector(labels, namespace, model_group, extra) if extra else selector
+        return f"sum {by_class} (increase({metric}{chosen}[{window}]))"
+
+    def buckets(metric: str) -> str:
+        return f"sum {by_bucket} (increase({metric}{selector}[{window}]))"
+
+    return {
+        Quantity.GATEWAY_SAMPLE_AGE: (f"time() - max(timestamp(goodput_gateway_running_requests{selector}))"),
+        Quantity.GATEWAY_RUNNING_REQUESTS: f"sum(goodput_gateway_running_requests{selector})",
+        Quantity.GATEWAY_RUNNING_WORK: f"sum(goodput_gateway_running_work_seconds{selector})",
+        Quantity.GATEWAY_ROUTABLE_GROUPS: f"max(goodput_gateway_routable_groups{selector})",
+        Quantity.GATEWAY_QUEUED_REQUESTS: f"sum {by_class} (goodput_gateway_queued_requests{selector})",
+        Quantity.GATEWAY_QUEUED_WORK: f"sum {by_class} (goodput_gateway_queued_work_seconds{selector})",
+        Quantity.GATEWAY_QUEUED_PROMPT_TOKENS: (
+            f"sum {by_class} (goodput_gateway_queued_prompt_tokens{selector})"
+        ),
+        Quantity.GATEWAY_EARLIEST_SLACK: (
+            f"min {by_class} (goodput_gateway_earliest_slack_seconds{selector})"
+        ),
+        Quantity.GATEWAY_ADMITTED: counted(
+            "goodput_gateway_requests_total", f'outcome=~"{PROCEEDED_OUTCOMES}"'
+        ),
+        Quantity.GATEWAY_REJECTED: counted("goodput_gateway_requests_total", 'outcome="rejected"'),
+        Quantity.GATEWAY_INFEASIBLE: counted("goodput_gateway_requests_infeasible_total"),
+        Quantity.GATEWAY_ATTAINING: counted("goodput_gateway_requests_finished_total", 'slo_met="true"'),
+        Quantity.GATEWAY_MISSED: counted("goodput_gateway_requests_finished_total", 'slo_met="false"'),
+        Quantity.GATEWAY_TTFT_BUCKETS: buckets("goodput_gateway_time_to_first_token_seconds_bucket"),
+        Quantity.GATEWAY_ITL_BUCKETS: buckets("goodput_gateway_inter_token_latency_seconds_bucket"),
+    }
+
+
 def snapshot_query(labels: SeriesLabels, namespace: str, model_group: str, windows: Windows) -> str:
-    """Every sub-query in one expression, each series tagged with `goodput_query="<quantity>"`."""
+    """Every sub-query in one expression, each series tagged with `goodput_query="<quantity>"`: the
+    engines' per group, then the gateway's."""
+    expressions = {
+        **sub_queries(labels, namespace, model_group, windows),
+        **gateway_sub_queries(labels, namespace, model_group, windows),
+    }
     tagged = [
         f'label_replace({expression}, "{QUERY_LABEL}", "{quantity.value}", "", "")'
-        for quantity, expression in sub_queries(labels, namespace, model_group, windows).items()
+        for quantity, expression in expressions.items()
     ]
     return "\n  or ".join(tagged)

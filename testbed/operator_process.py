@@ -8,6 +8,8 @@ For end-to-end tests and benchmarks (as `kopf.testing` is for kopf operators):
   It logs each completion with the pod IP it was sent to.
 - `HealthAgent`: what the in-pod health agent does on each running rank: report NCCL health (the
   `goodput.dev/NCCLHealthy` pod condition) and the model revision it loaded.
+- `GatewayProcess`: `goodput gateway` for one ModelGroup on the host, scraped by the cluster's
+  Prometheus as a static target.
 - `EmulatorProcess`: `goodput emulate` for one namespace: every leader a live emulated vLLM at its
   pod IP (timed like the model on its GPU, draining on SIGTERM for its --shutdown-timeout), and
   the health agent's reports on every rank.
@@ -41,6 +43,7 @@ from goodput.api.reasons import Reason
 from goodput.controllers import naming
 from goodput.testbed.cluster import controlplane
 from goodput.testbed.cluster.binaries import ensure_binaries
+from goodput.testbed.cluster.config import StatePaths, write_scrape_target
 from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
 from goodput.testbed.cluster.processes import log_tail, stop_child
 from goodput.testbed.cluster.testing import serving_in_netns
@@ -148,6 +151,93 @@ class OperatorProcess:
                 )
         finally:
             self.stop()
+
+
+@dataclass
+class GatewayProcess:
+    """`goodput gateway` for one ModelGroup on the host, as a separate process: it watches the
+    ModelGroup, its SLOPolicy and the leader pods through the API server and routes to the leaders'
+    pod IPs (routed into the cluster's network namespace); the cluster's Prometheus scrapes its
+    metrics as a static target labelled with the namespace, as a PodMonitor would label its pod."""
+
+    cluster: LocalCluster
+    namespace: str
+    model_group: str
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    metrics_port: int = 0
+    target: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.port, self.metrics_port = free_ports(2)
+        argv = [
+            sys.executable,
+            "-m",
+            "goodput.operator.cli",
+            "gateway",
+            "--model-group",
+            self.model_group,
+            "--namespace",
+            self.namespace,
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            str(self.port),
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
+        environment = {"KUBECONFIG": self.cluster.kubeconfig, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
+        self.target = write_scrape_target(
+            StatePaths(self.cluster.state_dir),
+            f"gateway-{self.namespace}-{self.model_group}",
+            f"127.0.0.1:{self.metrics_port}",
+            {"namespace": self.namespace},
+        )
+
+    def wait_serving(self, timeout_seconds: float = 60.0) -> None:
+        """Until /healthz answers (the ModelGroup and SLOPolicy were read and compiled)."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"the gateway exited:\n{self.log_tail()}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/healthz", timeout=2) as answer,
+            ):
+                if answer.status == 200:
+                    return
+            time.sleep(0.3)
+        raise TimeoutError(f"the gateway did not serve within {timeout_seconds:g}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.target is not None:
+            self.target.unlink(missing_ok=True)
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+    def log_tail(self, lines: int = 20) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> GatewayProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
-from goodput.controllers.autoscale_model import GroupMetrics
+from goodput.controllers.autoscale_model import GatewayObservation, GroupMetrics
 from goodput.controllers.groups import EventRecord
 from goodput.estimators.attainment import Histogram
 from goodput.operator.autoscaler import (
@@ -30,7 +30,7 @@ from goodput.operator.autoscaler import (
     is_bound,
 )
 from goodput.operator.kube import KubeError
-from goodput.operator.metrics_source import MetricsUnavailableError
+from goodput.operator.metrics_source import MetricsReading, MetricsUnavailableError
 from goodput.operator.promql import SeriesLabels, Windows
 from goodput.operator.settings import Settings
 
@@ -153,14 +153,15 @@ class Metrics:
     groups: dict[str, GroupMetrics] = field(default_factory=dict)
     down: bool = False
     reads: list[Windows] = field(default_factory=list)
+    gateway: GatewayObservation | None = None
 
-    def read(self, namespace: str, model_group: str, windows: Windows) -> dict[str, GroupMetrics]:
+    def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
         self.reads.append(windows)
         if self.down:
             raise MetricsUnavailableError(
                 "Prometheus at http://prometheus:9090 is unreachable: Connection refused"
             )
-        return dict(self.groups)
+        return MetricsReading(dict(self.groups), self.gateway)
 
 
 IDLE = GroupMetrics(age_seconds=2.0)

@@ -75,7 +75,7 @@ def test_the_gateway_may_only_read_in_the_model_groups_namespace(gateway: Render
     binding = gateway.one("RoleBinding", GATEWAY)
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "inference"
     assert grants(role["rules"]) == expand("", ["pods"], ["list", "watch"]) | expand(
-        "goodput.dev", ["modelgroups", "slopolicies"], ["get"]
+        "goodput.dev", ["modelgroups", "slopolicies"], ["get", "list", "watch"]
     )
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": NAMESPACE}]
     cluster_bound = [b["subjects"] for b in gateway.of_kind("ClusterRoleBinding")]
@@ -103,3 +103,19 @@ def test_the_schema_refuses_an_unknown_gateway_key(helm: Path, tmp_path: Path) -
     values = {"gateway": {"enabled": True, "modelGroup": "m", "replicas": 2}}
     result = helm_template(helm, "-f", values_file(tmp_path, values))
     assert result.returncode != 0 and "replicas" in result.stderr
+
+
+def test_the_gateway_is_scraped_with_the_engines_for_the_autoscaler(helm: Path) -> None:  # noqa: F811
+    scraped = render(helm, "-f", str(GATEWAY_VALUES), "--set", "prometheus.vllmPodMonitor.enabled=true")
+    monitor = scraped.one("PodMonitor", GATEWAY)
+    pod_labels = scraped.one("Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert all(pod_labels.get(key) == value for key, value in selector.items())
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "metrics"
+    # The operator's query selects the ModelGroup's namespace, wherever the gateway runs.
+    assert {"action": "replace", "targetLabel": "namespace", "replacement": "inference"} in endpoint[
+        "relabelings"
+    ]
+    unscraped = render(helm, "-f", str(GATEWAY_VALUES))
+    assert not [m for m in unscraped.of_kind("PodMonitor") if m["metadata"]["name"] == GATEWAY]

@@ -3,6 +3,7 @@ Prometheus relabelling (evaluated here with Prometheus's rules)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from goodput.testbed.cluster.config import (
     render_kwok_config,
     render_prometheus_config,
     stage_files,
+    write_scrape_target,
 )
 from goodput.testbed.cluster.kube import KubeClient
 from goodput.testbed.cluster.topology import PodNetwork
@@ -305,3 +307,14 @@ def test_scrape_interval_and_timeout(
     fast = ClusterLayout(layout.name, layout.bin_dir, layout.paths, layout.ports, layout.network, seconds)
     settings = yaml.safe_load(render_prometheus_config(fast))["global"]
     assert (settings["scrape_interval"], settings["scrape_timeout"]) == (interval, timeout)
+
+
+def test_host_processes_are_scraped_from_the_files_they_write(layout: ClusterLayout, tmp_path: Path) -> None:
+    job = yaml.safe_load(render_prometheus_config(layout))["scrape_configs"][1]
+    folder = layout.paths.scrape_targets
+    assert job["file_sd_configs"] == [{"files": [str(folder / "*.json")], "refresh_interval": "5s"}]
+    paths = StatePaths(tmp_path)
+    written = write_scrape_target(paths, "gateway-chat", "127.0.0.1:9100", {"namespace": "ml"})
+    assert written.parent == paths.scrape_targets and written.suffix == ".json"
+    assert json.loads(written.read_text()) == [{"targets": ["127.0.0.1:9100"], "labels": {"namespace": "ml"}}]
+    assert list(paths.scrape_targets.iterdir()) == [written]  # no partial file left for Prometheus

@@ -255,6 +255,32 @@ def test_with_no_ready_group_a_request_is_held_then_served_when_one_comes() -> N
     run(main)
 
 
+def test_a_request_held_at_zero_groups_is_exported_by_class_for_the_autoscaler() -> None:
+    async def main() -> None:
+        async with rig() as r:
+            r.set_groups()  # zero groups: a pool scaled to zero
+            held = asyncio.create_task(r.post(completion(max_tokens=8), **{"X-Goodput-Class": "chat"}))
+            await asyncio.sleep(0.2)
+            r.gateway.publish_gauges()
+            name = r.gateway.policy.model_group
+            interactive = {"model_group": name, "slo_class": "chat"}
+            idle = {"model_group": name, "slo_class": "instant"}
+            assert sample(r.gateway, "goodput_gateway_queued_requests", **interactive) == 1
+            assert sample(r.gateway, "goodput_gateway_queued_prompt_tokens", **interactive) > 0
+            assert sample(r.gateway, "goodput_gateway_queued_work_seconds", **interactive) > 0
+            # Nothing serves what waits: its slack is -Inf; an idle class's is +Inf, its count 0.
+            assert sample(r.gateway, "goodput_gateway_earliest_slack_seconds", **interactive) == float("-inf")
+            assert sample(r.gateway, "goodput_gateway_earliest_slack_seconds", **idle) == float("inf")
+            assert r.gateway.metrics.registry.get_sample_value("goodput_gateway_queued_requests", idle) == 0
+            r.set_groups(g1=(True, False))
+            assert (await held).status == 200
+            r.gateway.publish_gauges()
+            assert sample(r.gateway, "goodput_gateway_queued_requests", **interactive) == 0
+            assert sample(r.gateway, "goodput_gateway_running_requests", model_group=name) == 0
+
+    run(main)
+
+
 def test_a_hold_that_runs_out_is_503_with_retry_after() -> None:
     async def main() -> None:
         async with rig(request_path_policy(max_defer_seconds=0.3)) as r:

@@ -30,6 +30,7 @@ from goodput.controllers.autoscale_model import DecisionState, GroupState
 from goodput.controllers.policy_compile import CompiledPolicy, compile_policy
 from goodput.estimators.attainment import fraction_within
 from goodput.operator.metrics_source import (
+    MetricsReading,
     MetricsUnavailableError,
     PrometheusConnection,
     PrometheusMetricsSource,
@@ -596,7 +597,7 @@ def test_queries_carry_the_bearer_token_as_it_is_now_and_the_extra_headers(
         bearer_token_file=str(token), ca_file="", headers_json='{"X-Scope-OrgID": "ml-team"}'
     )
     source = PrometheusMetricsSource(url, LABELS, timeout_seconds=2.0, connection=connection)
-    assert source.read("serving", "llama", Windows(60, 300)) == {}
+    assert source.read("serving", "llama", Windows(60, 300)) == MetricsReading()
     token.write_text("rotated")
     source.read("serving", "llama", Windows(60, 300))
     source.close()

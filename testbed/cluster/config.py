@@ -6,6 +6,7 @@ tested without starting anything. Every listener binds to loopback.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -101,6 +102,11 @@ class StatePaths:
     @property
     def state_file(self) -> Path:
         return self.root / "cluster.json"
+
+    @property
+    def scrape_targets(self) -> Path:
+        """Static scrape targets of processes on the host (a gateway), one JSON file each."""
+        return self.root / "scrape-targets"
 
     def log(self, component: str) -> Path:
         return self.logs / f"{component}.log"
@@ -377,10 +383,37 @@ def render_prometheus_config(layout: ClusterLayout) -> str:
                 "fallback_scrape_protocol": "PrometheusText0.0.4",
                 "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(layout.paths.kubeconfig)}],
                 "relabel_configs": relabel,
-            }
+            },
+            _host_processes_job(layout, interval),
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def _host_processes_job(layout: ClusterLayout, interval: str) -> dict[str, Any]:
+    """Processes that run on the host, not in a pod (a gateway in front of a ModelGroup): each
+    writes its address and labels (its namespace) to a file in one folder (`write_scrape_target`);
+    Prometheus picks files up as they appear."""
+    return {
+        "job_name": "goodput-host-processes",
+        "honor_labels": False,
+        "metrics_path": "/metrics",
+        "fallback_scrape_protocol": "PrometheusText0.0.4",
+        "file_sd_configs": [
+            {"files": [str(layout.paths.scrape_targets / "*.json")], "refresh_interval": interval}
+        ],
+    }
+
+
+def write_scrape_target(paths: StatePaths, name: str, address: str, labels: dict[str, str]) -> Path:
+    """Have the cluster's Prometheus scrape `address` (host:port) with `labels` on every series;
+    written whole then renamed, so Prometheus never reads half a file. Delete the file to stop."""
+    paths.scrape_targets.mkdir(parents=True, exist_ok=True)
+    target = paths.scrape_targets / f"{name}.json"
+    partial = target.with_suffix(".partial")
+    partial.write_text(json.dumps([{"targets": [address], "labels": labels}]))
+    partial.replace(target)
+    return target
 
 
 def _meta_pod_label(label: str) -> str:

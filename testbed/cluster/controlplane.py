@@ -310,7 +310,7 @@ def up(spec: ClusterSpec, *, bin_dir: Path, progress: Progress = _stderr) -> Loc
     if paths.root.exists():
         down(paths.root)  # a stale, stopped cluster of the same name: also removes its namespace
     paths.root.mkdir(parents=True)
-    for folder in (paths.logs, paths.pids, paths.etcd_data, paths.prometheus_data):
+    for folder in (paths.logs, paths.pids, paths.etcd_data, paths.prometheus_data, paths.scrape_targets):
         folder.mkdir()
     progress(f"cluster {spec.name}: state in {paths.root}")
     try:
