@@ -19,8 +19,13 @@ enforces them; tests/test_chart_security.py checks what they allow.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import secrets
+import ssl
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,6 +252,7 @@ def test_with_the_agent_and_the_gateway_each_account_holds_its_reviewed_table_an
     workload_namespace: str,  # noqa: F811
     elsewhere: str,
     goodput_crds: list[str],
+    tmp_path: Path,
 ) -> None:
     with installed(cluster, restricted_namespace, *agent_and_gateway_flags(workload_namespace)) as install:
         gateway = f"{install.namespace}:{install.release}-goodput-gateway"
@@ -271,6 +277,8 @@ def test_with_the_agent_and_the_gateway_each_account_holds_its_reviewed_table_an
         for name, namespace in ((gateway, install.namespace), (agent, workload_namespace)):
             body = get_json(cluster, "serviceaccount", name.split(":")[1], "-n", namespace)
             assert body["automountServiceAccountToken"] is False, name
+
+        assert_the_agent_writes_only_its_own_pod(cluster, workload_namespace, tmp_path)
 
         # The NetworkPolicies were accepted (validated) by the API server.
         policies = {
@@ -392,3 +400,69 @@ def test_a_wider_role_fails_the_review(
         ]
         with pytest.raises(AssertionError, match="secrets"):
             assert_reviewed(found, table, OPERATOR_WRITES)
+
+
+def patch_as(cluster: LocalCluster, token: str, path: str, body: Mapping[str, Any]) -> tuple[int, str]:
+    """A merge patch with the token alone, as the agent's client sends it (no read first)."""
+    server = yaml.safe_load(Path(cluster.kubeconfig).read_text())["clusters"][0]["cluster"]
+    context = ssl.create_default_context()
+    if "certificate-authority" in server:
+        context.load_verify_locations(cafile=server["certificate-authority"])
+    else:
+        context.load_verify_locations(cadata=base64.b64decode(server["certificate-authority-data"]).decode())
+    request = urllib.request.Request(
+        f"{server['server']}{path}",
+        data=json.dumps(body).encode(),
+        method="PATCH",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"},
+    )
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return response.status, ""
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def assert_the_agent_writes_only_its_own_pod(cluster: LocalCluster, namespace: str, tmp_path: Path) -> None:
+    """RBAC lets the agent patch any pod of its namespace; the chart's admission policy narrows it to
+    the pod its token is bound to, as the kubelet binds the projected token."""
+    for name in ("rank-a", "rank-b"):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "serviceAccountName": agent_sidecar.SERVICE_ACCOUNT,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.33.0"}],
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
+    uid = get_json(cluster, "pod", "rank-a", "-n", namespace)["metadata"]["uid"]
+    bound = cluster.kubectl(
+        "create", "token", agent_sidecar.SERVICE_ACCOUNT, "-n", namespace, "--duration=10m",
+        "--bound-object-kind=Pod", "--bound-object-name=rank-a", f"--bound-object-uid={uid}",
+    ).stdout.strip()  # fmt: skip
+    unbound = cluster.kubectl(
+        "create", "token", agent_sidecar.SERVICE_ACCOUNT, "-n", namespace, "--duration=10m"
+    ).stdout.strip()
+    condition = {"status": {"conditions": [{"type": "goodput.dev/nccl-healthy", "status": "True"}]}}
+    annotation = {"metadata": {"annotations": {"goodput.dev/model-revision": "abc"}}}
+
+    def patch(token: str, pod: str, body: Mapping[str, Any], *subresource: str) -> tuple[int, str]:
+        return patch_as(
+            cluster, token, f"/api/v1/namespaces/{namespace}/pods/{pod}{''.join(subresource)}", body
+        )
+
+    refusal = "the health agent may write only the pod its token is bound to"
+    for body, subresource in ((condition, ["/status"]), (annotation, [])):
+        code, error = patch(bound, "rank-a", body, *subresource)
+        assert code == 200, f"the agent refused its own pod: {error}"
+    for pod, body, subresource in (
+        ("rank-b", condition, ["/status"]),
+        ("rank-b", annotation, []),
+    ):
+        code, error = patch(bound, pod, body, *subresource)
+        assert code == 403 and refusal in error, error
+    code, error = patch(unbound, "rank-a", condition, "/status")
+    assert code == 403 and refusal in error, f"a token bound to no pod: {error}"
