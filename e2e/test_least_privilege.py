@@ -81,12 +81,15 @@ def expand(resources: Iterable[str], verbs: Iterable[str], name: str = "") -> se
     return {(resource, name, verb) for resource in resources for verb in verbs}
 
 
-def operator_table(peering: str) -> set[Grant]:
-    """What the operator needs, reviewed: chart templates _rbac.tpl and rbac-*.yaml say why each."""
+NODES_TABLE = expand(["nodes"], ["get", "list", "watch"])
+
+
+def operator_table(peering: str, peering_kind: str = "clusterkopfpeerings.kopf.dev") -> set[Grant]:
+    """What the operator needs where it serves, reviewed: the chart's _rbac.tpl says why each."""
     return (
         expand(["events"], ["create"])
-        | expand(["clusterkopfpeerings.kopf.dev"], ["list", "watch"])
-        | expand(["clusterkopfpeerings.kopf.dev"], ["get", "patch"], name=peering)
+        | expand([peering_kind], ["list", "watch"])
+        | expand([peering_kind], ["get", "patch"], name=peering)
         | expand(["modelgroups.goodput.dev", "slopolicies.goodput.dev"], ["get", "list", "watch", "patch"])
         | expand(["modelgroups.goodput.dev/status", "slopolicies.goodput.dev/status"], ["patch"])
         | expand(["modelgroups.goodput.dev/scale"], ["get", "patch", "update"])
@@ -95,7 +98,7 @@ def operator_table(peering: str) -> set[Grant]:
         | expand(["pods/status"], ["patch"])
         | expand(["services"], ["create", "delete"])
         | expand(["endpointslices.discovery.k8s.io"], ["get", "list", "watch"])
-        | expand(["nodes"], ["get", "list", "watch"])
+        | NODES_TABLE
     )
 
 
@@ -201,6 +204,7 @@ def operator_account(install: Installed) -> str:
     return f"{install.namespace}:{install.release}-goodput"
 
 
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespaced"])
 def test_the_default_install_grants_the_operator_exactly_the_reviewed_table(
     cluster: LocalCluster,
     *,
@@ -208,14 +212,23 @@ def test_the_default_install_grants_the_operator_exactly_the_reviewed_table(
     workload_namespace: str,  # noqa: F811
     elsewhere: str,
     goodput_crds: list[str],
+    mode: str,
 ) -> None:
-    with installed(cluster, restricted_namespace) as install:
-        table = operator_table(peering=f"{install.release}-goodput")
-        for namespace in (workload_namespace, elsewhere, restricted_namespace):
+    """Cluster-wide (the defaults) the operator holds its table in every namespace; with
+    watchNamespaces, in those only, and elsewhere nothing but reading nodes."""
+    flags = ["--set", f"watchNamespaces[0]={workload_namespace}"] if mode == "namespaced" else []
+    with installed(cluster, restricted_namespace, *flags) as install:
+        peering = f"{install.release}-goodput"
+        if mode == "namespaced":
+            served = operator_table(peering, peering_kind="kopfpeerings.kopf.dev")
+            expected = {workload_namespace: served, elsewhere: NODES_TABLE, restricted_namespace: NODES_TABLE}
+        else:
+            served = operator_table(peering)
+            expected = dict.fromkeys((workload_namespace, elsewhere, restricted_namespace), served)
+        for namespace, table in expected.items():
             baseline = baseline_of(cluster, namespace)
-            assert_reviewed(
-                review(cluster, operator_account(install), namespace, baseline), table, OPERATOR_WRITES
-            )
+            found = review(cluster, operator_account(install), namespace, baseline)
+            assert_reviewed(found, table, OPERATOR_WRITES)
         # No token for anything else: the chart's ServiceAccount is not automounted.
         account = get_json(cluster, "serviceaccount", f"{install.release}-goodput", "-n", install.namespace)
         assert account["automountServiceAccountToken"] is False
