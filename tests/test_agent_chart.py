@@ -121,3 +121,34 @@ def test_the_listed_agent_namespaces_win_over_the_watched_ones(helm: Path) -> No
     )
 
     assert {namespace for _, namespace in agent_objects(rendered)} == {"b"}
+
+
+def test_an_admission_policy_confines_each_agent_to_the_pod_its_token_is_bound_to(helm: Path) -> None:
+    rendered = objects(helm, "--set", "watchNamespaces={serving-a,serving-b}", "--set", "agent.enabled=true")
+    policy = next(obj for obj in rendered if obj["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(obj for obj in rendered if obj["kind"] == "ValidatingAdmissionPolicyBinding")
+
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert {
+        (resource, operation)
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for resource in rule["resources"]
+        for operation in rule["operations"]
+    } >= {("pods", "UPDATE"), ("pods/status", "UPDATE")}
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        "request.userInfo.username in ['system:serviceaccount:serving-a:goodput-agent',"
+        "'system:serviceaccount:serving-b:goodput-agent']"
+    )
+    (validation,) = policy["spec"]["validations"]
+    assert (
+        "request.userInfo.extra['authentication.kubernetes.io/pod-name'] == [request.name]"
+        in (validation["expression"])
+    )
+
+
+def test_without_the_agent_there_is_no_admission_policy(helm: Path) -> None:
+    kinds = {obj["kind"] for obj in objects(helm)}
+
+    assert "ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds

@@ -175,6 +175,7 @@ def test_defaults_install_the_operator_cluster_wide_without_monitoring(defaults:
             "Service",
             "Deployment",
             "ClusterKopfPeering",
+            "NetworkPolicy",
         ]
     )
 

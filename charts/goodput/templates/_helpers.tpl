@@ -124,6 +124,9 @@ point ("2.5", "1.0", "2560.0"), so the rules match the series exactly.
 {{- if and .Values.agent.enabled (not (include "goodput.agentNamespaces" . | fromJsonArray)) }}
 {{- fail "agent.enabled needs the namespaces that run ModelGroups: set agent.namespaces (or watchNamespaces)" }}
 {{- end }}
+{{- if and .Values.networkPolicy.engines.enabled (not (include "goodput.engineNamespaces" . | fromJsonArray)) }}
+{{- fail "networkPolicy.engines.enabled needs the namespaces that run ModelGroups: set networkPolicy.engines.namespaces (or agent.namespaces, or watchNamespaces)" }}
+{{- end }}
 {{- end }}
 
 {{/* The gateway's object names, labels and selector. */}}
@@ -145,4 +148,66 @@ app.kubernetes.io/component: gateway
 {{/* The namespaces that get the health agent's ServiceAccount and Role, as a JSON array. */}}
 {{- define "goodput.agentNamespaces" -}}
 {{- default .Values.watchNamespaces .Values.agent.namespaces | uniq | toJson }}
+{{- end }}
+
+{{/*
+The port the operator's Prometheus queries reach: networkPolicy.prometheus.port, else the port of
+prometheus.url, else its scheme's default (https 443, http 80).
+*/}}
+{{- define "goodput.prometheusPort" -}}
+{{- if .Values.networkPolicy.prometheus.port }}
+{{- .Values.networkPolicy.prometheus.port }}
+{{- else }}
+{{- $url := urlParse .Values.prometheus.url }}
+{{- $hostPort := splitList ":" $url.host }}
+{{- if gt (len $hostPort) 1 }}
+{{- last $hostPort }}
+{{- else if eq $url.scheme "https" }}443
+{{- else }}80
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A NetworkPolicy peer: the pods of one namespace, optionally narrowed by labels. */}}
+{{- define "goodput.namespacePeer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ .namespace }}
+  {{- with .podLabels }}
+  podSelector:
+    matchLabels:
+      {{- toYaml . | nindent 6 }}
+  {{- end }}
+{{- end }}
+
+{{/* Egress every pod of ours needs: the cluster DNS and the API server. */}}
+{{- define "goodput.networkPolicy.baseEgress" -}}
+# The cluster DNS, to resolve Service names.
+- to:
+    {{- $dns := .Values.networkPolicy.dns }}
+    {{- include "goodput.namespacePeer" (dict "namespace" $dns.namespace "podLabels" (default (dict "k8s-app" "kube-dns") $dns.podLabels)) | nindent 4 }}
+  ports:
+    - protocol: UDP
+      port: 53
+    - protocol: TCP
+      port: 53
+# The API server: its endpoints are host addresses outside any pod selector, so they are named by
+# CIDR (networkPolicy.apiServer.cidrs) or, by default, by port alone.
+- ports:
+    {{- range .Values.networkPolicy.apiServer.ports }}
+    - protocol: TCP
+      port: {{ . }}
+    {{- end }}
+  {{- with .Values.networkPolicy.apiServer.cidrs }}
+  to:
+    {{- range . }}
+    - ipBlock:
+        cidr: {{ . }}
+    {{- end }}
+  {{- end }}
+{{- end }}
+
+{{/* The namespaces whose ModelGroup pods get the engines' NetworkPolicy, as a JSON array. */}}
+{{- define "goodput.engineNamespaces" -}}
+{{- default (include "goodput.agentNamespaces" . | fromJsonArray) .Values.networkPolicy.engines.namespaces | uniq | toJson }}
 {{- end }}
