@@ -103,8 +103,10 @@ def operator_table(peering: str, peering_kind: str = "clusterkopfpeerings.kopf.d
 
 
 AGENT_TABLE = expand(["pods"], ["get", "patch"]) | expand(["pods/status"], ["patch"])
+# The gateway watches its ModelGroup and the namespace's SLOPolicies, so a policy change applies
+# without a restart.
 GATEWAY_TABLE = expand(["pods"], ["list", "watch"]) | expand(
-    ["modelgroups.goodput.dev", "slopolicies.goodput.dev"], ["get"]
+    ["modelgroups.goodput.dev", "slopolicies.goodput.dev"], ["get", "list", "watch"]
 )
 
 ROW = re.compile(r"^(\S*)\s+\[([^\]]*)\]\s+\[([^\]]*)\]\s+\[([^\]]*)\]\s*$")

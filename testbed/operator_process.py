@@ -219,18 +219,10 @@ class GatewayProcess:
     def stop(self) -> None:
         if self.target is not None:
             self.target.unlink(missing_ok=True)
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
+        stop_child(self.process, grace_seconds=20)
 
     def log_tail(self, lines: int = 20) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> GatewayProcess:
         self.start()
