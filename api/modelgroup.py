@@ -934,7 +934,8 @@ class Proposal(StatusModel):
     """One signal's proposed number of groups."""
 
     signal: str = Field(max_length=64)
-    """Signal name: 'queueWork', 'slack', 'kvCache', 'goodput', 'warmFloor' or 'minReplicas'."""
+    """Signal name: 'queueWork', 'slack', 'kvCache', 'goodput', 'scaleFromZero', 'gatewayQueue', 'warmFloor'
+    or 'minReplicas' (api.reasons.Signal)."""
     replicas: int = Field(ge=0)
     """Groups this signal asks for."""
     detail: str = Field(default="", max_length=1024)
