@@ -35,6 +35,7 @@ lint: venv
 
 typecheck: venv
 	MYPYPATH=build/pkgroot $(VENV)/bin/mypy $(addprefix -p goodput.,$(LAYERS))
+	MYPYPATH=build/pkgroot $(VENV)/bin/mypy e2e bench
 
 layers: venv
 	$(VENV)/bin/lint-imports

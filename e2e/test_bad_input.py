@@ -92,11 +92,13 @@ def serving(cluster: LocalCluster, goodput_crds: list[str], namespace: str, tmp_
             cluster.api.create(collection(namespace, "ModelGroup"), sentinel)
             wait_for(
                 lambda: (
-                    condition(cluster.api.get(f"{collection(namespace, 'ModelGroup')}/serving"), "Ready")
-                    and condition(cluster.api.get(f"{collection(namespace, 'ModelGroup')}/serving"), "Ready")[
-                        "status"
-                    ]
-                    == "True"
+                    (
+                        ready := condition(
+                            cluster.api.get(f"{collection(namespace, 'ModelGroup')}/serving"), "Ready"
+                        )
+                    )
+                    is not None
+                    and ready["status"] == "True"
                 ),
                 timeout_seconds=120,
                 describe="the serving ModelGroup Ready",

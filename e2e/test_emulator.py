@@ -10,6 +10,7 @@ reports land on every rank, and the TTFT a client measures agrees with the serve
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -255,7 +256,7 @@ def test_a_replayed_trace_reaches_emulated_leaders_and_prometheus_answers_goodpu
         Quantity.TTFT_BUCKETS,
     ):
         result = wait_for(
-            lambda q=quantity: prometheus(cluster, queries[q]),
+            functools.partial(prometheus, cluster, queries[quantity]),
             timeout_seconds=30,
             describe=f"an answer to {quantity}: {queries[quantity]}",
         )

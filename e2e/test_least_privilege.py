@@ -396,10 +396,12 @@ def test_a_wider_role_fails_the_review(
             "-p", yaml.safe_dump(patch, default_flow_style=True),
         )  # fmt: skip
 
+        def wider() -> Review | None:
+            found = review(cluster, operator_account(install), elsewhere, baseline)
+            return found if found.grants != table else None
+
         found = wait_for(
-            lambda: (
-                (r := review(cluster, operator_account(install), elsewhere, baseline)).grants != table and r
-            ),
+            wider,
             timeout_seconds=30,
             describe="the API server to authorize the wider role",
         )
@@ -473,11 +475,11 @@ def assert_the_agent_writes_only_its_own_pod(cluster: LocalCluster, namespace: s
     for body, subresource in ((condition, ["/status"]), (annotation, [])):
         code, error = patch(bound, "rank-a", body, *subresource)
         assert code == 200, f"the agent refused its own pod: {error}"
-    for pod, body, subresource in (
+    for other, body, subresource in (
         ("rank-b", condition, ["/status"]),
         ("rank-b", annotation, []),
     ):
-        code, error = patch(bound, pod, body, *subresource)
+        code, error = patch(bound, other, body, *subresource)
         assert code == 403 and refusal in error, error
     code, error = patch(unbound, "rank-a", condition, "/status")
     assert code == 403 and refusal in error, f"a token bound to no pod: {error}"

@@ -109,7 +109,7 @@ def test_the_samples_serve_on_plain_hgx_nodes_without_the_health_agent(
         def ready() -> bool:
             small = model_group(cluster, namespace, "llama-8b").get("status", {})
             large = model_group(cluster, namespace, "llama-70b").get("status", {})
-            return small.get("readyGroups") == 2 and large.get("readyGroups") == 1
+            return bool(small.get("readyGroups") == 2 and large.get("readyGroups") == 1)
 
         wait_for(
             ready,

@@ -19,13 +19,14 @@ T = TypeVar("T")
 
 
 def wait_for(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     *,
     timeout_seconds: float,
     interval_seconds: float = 0.2,
     describe: Callable[[], str] | str = "",
 ) -> T:
-    """Call `predicate` until it returns something truthy and return that value.
+    """Call `predicate` until it returns something truthy and return that value (never None: a
+    predicate that answers "not yet" with None gives its caller the found value's own type).
 
     After `timeout_seconds` raise AssertionError naming what was awaited (`describe`, called only
     then if it is a function) and the last value seen. Exceptions from `predicate` propagate.
