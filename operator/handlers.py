@@ -35,6 +35,8 @@ from goodput.controllers.drain import LeaderReading, LeaderSample, encode_progre
 from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
 from goodput.controllers.groups import (
     DrainEnded,
+    DrainMark,
+    DrainProgressMark,
     EventRecord,
     GateChange,
     GroupCreation,
@@ -593,78 +595,66 @@ class ModelGroupLoop:
         gates are released only once every one of its pods exists.
         """
         ledger = ledger or StepLedger.of(plan)
-        kube = self.runtime.kube
-        namespace = self.namespace
-        views = {pod.name: pod for pod in world.pods}
+        writes = PlanWrites(self, world)
         if plan.annotations:
             await asyncio.to_thread(
-                kube.patch_custom,
+                self.runtime.kube.patch_custom,
                 "modelgroups",
-                namespace,
+                self.namespace,
                 self.name,
                 {"metadata": {"annotations": dict(plan.annotations)}},
             )
             self.annotations.update(plan.annotations)
-
-        def remember(pod: str, *fields: str, **changes: Any) -> None:
-            views[pod] = replace(views[pod], **changes)
-            self.expectations = expect(self.expectations, views[pod], fields, world.now)
-
-        async def set_gates(change: GateChange) -> None:
-            condition = {
-                "type": naming.CONDITION_GROUP_READY,
-                "status": "True" if change.ready else "False",
-                "reason": change.reason,
-                "message": change.message[:1024],
-                "lastTransitionTime": _rfc3339(world.now),
-            }
-            await _gather(
-                kube.patch_pod_status,
-                [(namespace, pod, {"status": {"conditions": [condition]}}) for pod in change.pods],
-            )
-            marked = ConditionView(condition["status"], change.reason, change.message, world.now)
-            for pod in change.pods:
-                if pod in views:
-                    remember(pod, "group_ready", group_ready=marked)
-
-        async def release_gates(pods: Iterable[str]) -> None:
-            pods = list(pods)
-            await _gather(
-                kube.patch_pod, [(namespace, pod, RELEASE_GANG, STRATEGIC_MERGE_PATCH) for pod in pods]
-            )
-            for pod in pods:
-                remember(pod, EXISTS, "gated", gated=False)
-
-        async def delete(deletion: GroupDeletion) -> None:
-            await _gather(kube.delete_pod, [(namespace, pod) for pod in deletion.pods])
-            for pod in deletion.pods:
-                self.expectations = expect_deleted(self.expectations, pod, world.now)
-            if deletion.service:
-                await asyncio.to_thread(kube.delete_service, namespace, deletion.service)
-
-        async def create(creation: GroupCreation) -> None:
-            if creation.service is not None:
-                await asyncio.to_thread(kube.create_service, creation.service)
-            for manifest in creation.pods:
-                await asyncio.to_thread(kube.create_pod, manifest)
-                view = parse_pod(manifest)
-                if view is not None:
-                    views[view.name] = view
-                    remember(view.name, EXISTS, created_at=world.now)
-            await release_gates(manifest["metadata"]["name"] for manifest in creation.pods)
-            self.logger.info("group created", extra={"group": creation.group, "domain": creation.domain})
-
         for change in plan.unready:
             await ledger.run(
-                change.group, EventReason.FAILED_UPDATE, "marking it not ready", set_gates(change)
+                change.group, EventReason.FAILED_UPDATE, "marking it not ready", writes.set_gates(change)
             )
         for deletion in plan.deletions:
-            await ledger.run(deletion.group, EventReason.FAILED_DELETE, "deleting it", delete(deletion))
-        metrics = self.runtime.metrics
-        for drain in plan.drains_ended:
+            await ledger.run(
+                deletion.group, EventReason.FAILED_DELETE, "deleting it", writes.delete(deletion)
+            )
+        self._record_drains_ended(plan.drains_ended)
+        for creation in plan.creations:
+            await ledger.run(
+                creation.group, EventReason.FAILED_CREATE, "creating it", writes.create(creation)
+            )
+        for release in plan.gate_releases:
+            await ledger.run(
+                release.group,
+                EventReason.FAILED_UPDATE,
+                "releasing its gates",
+                writes.release_gates(release.pods),
+            )
+        for mark in plan.drain_marks:
+            await ledger.run(
+                mark.group, EventReason.FAILED_UPDATE, "marking its drain", writes.mark_drain(mark)
+            )
+        for progress in plan.drain_progress:
+            await ledger.run(
+                progress.group,
+                EventReason.FAILED_UPDATE,
+                "recording its drain",
+                writes.record_progress(progress),
+            )
+        for change in plan.ready:
+            await ledger.run(
+                change.group, EventReason.FAILED_UPDATE, "marking it ready", writes.set_gates(change)
+            )
+        for _ in plan.drains_cancelled:
+            self.runtime.metrics.drain_cancelled(self.namespace, self.name)
+        for request in plan.warmups:
+            self.warmups_in_flight.add(request.group)
+            self._spawn(self._warm_up(request))
+        for probe in plan.leader_probes:
+            if probe.group not in self.probes_in_flight:
+                self.probes_in_flight.add(probe.group)
+                self._spawn(self._probe_leader(probe.group, probe.url))
+
+    def _record_drains_ended(self, drains: Iterable[DrainEnded]) -> None:
+        for drain in drains:
             # Kept until a status write carries it, even if a later step of this pass fails.
             self.unrecorded_drains.append(drain)
-            metrics.drain_ended(namespace, self.name, drain)
+            self.runtime.metrics.drain_ended(self.namespace, self.name, drain)
             self.logger.info(
                 "drain ended",
                 extra={
@@ -675,62 +665,6 @@ class ModelGroupLoop:
                     "requests_aborted": drain.requests_aborted,
                 },
             )
-        for creation in plan.creations:
-            await ledger.run(creation.group, EventReason.FAILED_CREATE, "creating it", create(creation))
-        for gate_release in plan.gate_releases:
-            await ledger.run(
-                gate_release.group,
-                EventReason.FAILED_UPDATE,
-                "releasing its scheduling gates",
-                release_gates(gate_release.pods),
-            )
-        for mark in plan.drain_marks:
-            annotations: dict[str, str | None] = {
-                naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(mark.since) if mark.since else None
-            }
-            if mark.since is None:
-                # Back in service: a later drain starts from scratch.
-                annotations[naming.ANNOTATION_DRAIN_PROGRESS] = None
-            patch = {"metadata": {"annotations": annotations}}
-            await ledger.run(
-                mark.group,
-                EventReason.FAILED_UPDATE,
-                "marking its drain",
-                _gather(kube.patch_pod, [(namespace, pod, patch) for pod in mark.pods]),
-            )
-            for pod in mark.pods:
-                if mark.since is None:
-                    remember(
-                        pod, "draining_since", "drain_progress", draining_since=None, drain_progress=None
-                    )
-                else:
-                    remember(pod, "draining_since", draining_since=mark.since)
-        for progress in plan.drain_progress:
-            patch = {
-                "metadata": {
-                    "annotations": {naming.ANNOTATION_DRAIN_PROGRESS: encode_progress(progress.progress)}
-                }
-            }
-            await ledger.run(
-                progress.group,
-                EventReason.FAILED_UPDATE,
-                "recording its drain's progress",
-                asyncio.to_thread(kube.patch_pod, namespace, progress.leader, patch),
-            )
-            if progress.leader in views:
-                remember(progress.leader, "drain_progress", drain_progress=progress.progress)
-        for change in plan.ready:
-            await ledger.run(change.group, EventReason.FAILED_UPDATE, "marking it ready", set_gates(change))
-        for _ in plan.drains_cancelled:
-            metrics.drain_cancelled(namespace, self.name)
-
-        for request in plan.warmups:
-            self.warmups_in_flight.add(request.group)
-            self._spawn(self._warm_up(request))
-        for probe in plan.leader_probes:
-            if probe.group not in self.probes_in_flight:
-                self.probes_in_flight.add(probe.group)
-                self._spawn(self._probe_leader(probe.group, probe.url))
 
     def stop(self) -> None:
         for task in list(self.tasks):
@@ -801,6 +735,91 @@ class ModelGroupLoop:
             field_manager=GROUP_STATUS.field_manager,
         )
         self.written_status, self.written_status_model, self.written_at = body["status"], status, now
+
+
+class PlanWrites:
+    """The writes of one pass's plan, each remembered as an expectation until the watch shows it."""
+
+    def __init__(self, loop: ModelGroupLoop, world: World) -> None:
+        self.loop = loop
+        self.kube = loop.runtime.kube
+        self.namespace = loop.namespace
+        self.now = world.now
+        self.views = {pod.name: pod for pod in world.pods}
+
+    def remember(self, pod: str, *fields: str, **changes: Any) -> None:
+        self.views[pod] = replace(self.views[pod], **changes)
+        self.loop.expectations = expect(self.loop.expectations, self.views[pod], fields, self.now)
+
+    async def set_gates(self, change: GateChange) -> None:
+        condition = {
+            "type": naming.CONDITION_GROUP_READY,
+            "status": "True" if change.ready else "False",
+            "reason": change.reason,
+            "message": change.message[:1024],
+            "lastTransitionTime": _rfc3339(self.now),
+        }
+        await _gather(
+            self.kube.patch_pod_status,
+            [(self.namespace, pod, {"status": {"conditions": [condition]}}) for pod in change.pods],
+        )
+        marked = ConditionView(condition["status"], change.reason, change.message, self.now)
+        for pod in change.pods:
+            if pod in self.views:
+                self.remember(pod, "group_ready", group_ready=marked)
+
+    async def release_gates(self, pods: Iterable[str]) -> None:
+        pods = list(pods)
+        await _gather(
+            self.kube.patch_pod,
+            [(self.namespace, pod, RELEASE_GANG, STRATEGIC_MERGE_PATCH) for pod in pods],
+        )
+        for pod in pods:
+            self.remember(pod, EXISTS, "gated", gated=False)
+
+    async def delete(self, deletion: GroupDeletion) -> None:
+        await _gather(self.kube.delete_pod, [(self.namespace, pod) for pod in deletion.pods])
+        for pod in deletion.pods:
+            self.loop.expectations = expect_deleted(self.loop.expectations, pod, self.now)
+        if deletion.service:
+            await asyncio.to_thread(self.kube.delete_service, self.namespace, deletion.service)
+
+    async def create(self, creation: GroupCreation) -> None:
+        """The Service, every pod (gated), then every gate released together."""
+        if creation.service is not None:
+            await asyncio.to_thread(self.kube.create_service, creation.service)
+        for manifest in creation.pods:
+            await asyncio.to_thread(self.kube.create_pod, manifest)
+            view = parse_pod(manifest)
+            if view is not None:
+                self.views[view.name] = view
+                self.remember(view.name, EXISTS, created_at=self.now)
+        await self.release_gates(manifest["metadata"]["name"] for manifest in creation.pods)
+        self.loop.logger.info("group created", extra={"group": creation.group, "domain": creation.domain})
+
+    async def mark_drain(self, mark: DrainMark) -> None:
+        annotations: dict[str, str | None] = {
+            naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(mark.since) if mark.since else None
+        }
+        if mark.since is None:
+            # Back in service: a later drain starts from scratch.
+            annotations[naming.ANNOTATION_DRAIN_PROGRESS] = None
+        patch = {"metadata": {"annotations": annotations}}
+        await _gather(self.kube.patch_pod, [(self.namespace, pod, patch) for pod in mark.pods])
+        for pod in mark.pods:
+            if mark.since is None:
+                self.remember(
+                    pod, "draining_since", "drain_progress", draining_since=None, drain_progress=None
+                )
+            else:
+                self.remember(pod, "draining_since", draining_since=mark.since)
+
+    async def record_progress(self, progress: DrainProgressMark) -> None:
+        encoded = encode_progress(progress.progress)
+        patch = {"metadata": {"annotations": {naming.ANNOTATION_DRAIN_PROGRESS: encoded}}}
+        await asyncio.to_thread(self.kube.patch_pod, self.namespace, progress.leader, patch)
+        if progress.leader in self.views:
+            self.remember(progress.leader, "drain_progress", drain_progress=progress.progress)
 
 
 async def _gather(call: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> None:
