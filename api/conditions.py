@@ -1,7 +1,8 @@
 """metav1.Condition and the pure update rule that keeps `lastTransitionTime` honest.
 
-Status is always written as a complete value (a JSON merge patch replaces lists whole), so the
-controllers compute the whole condition list with `set_condition` and compare before patching.
+The controllers compute the whole condition list with `set_condition` as a value, compare it with
+the one read, and only on a change apply the condition types they own (server-side apply merges
+the list by `type`, keeping the other controllers' conditions).
 """
 
 from __future__ import annotations

@@ -1077,9 +1077,14 @@ class ModelGroupStatus(StatusModel):
     )
     """Per SLO class: the prompt length beyond which its TTFT target is unreachable, the share of
     prompts past it, and attainment against offered requests and against the attainable ceiling."""
+    autoscaler_state: str | None = Field(default=None, max_length=65536)
+    """The autoscaler's memory (recent recommendations, scale events, the goodput signal's trial) in a
+    compact versioned form, so an operator restart keeps its stabilisation windows and step limits.
+    Written by the autoscaler only; not an interface."""
     conditions: tuple[Condition, ...] = Field(default=(), json_schema_extra=list_map("type"))
-    """'Ready', 'Progressing', 'Degraded', 'ScalingActive', 'ScalingLimited', 'MetricsAvailable' and
-    'SLOAttainable'."""
+    """The group controller's 'Ready', 'Progressing', 'Degraded' and 'ScalingLimited' (a group cannot
+    be placed); the autoscaler's 'ScalingActive', 'MetricsAvailable', 'DecisionLimited' and
+    'SLOAttainable'. Each is applied by its controller's own field manager."""
 
 
 class ModelGroup(SpecModel):

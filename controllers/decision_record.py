@@ -9,13 +9,13 @@ Every function here is pure; the operator writes what they return.
   outcome once: a count held for an hour is one entry, not 240.
 - `decision_events`: Events on transitions only: the count changed (SuccessfulRescale), an
   Advisory or shadow policy would change it (AdvisoryRescale), or a guard started holding.
-- `autoscaler_conditions` / `failure_conditions`: ScalingActive, MetricsAvailable and the
-  autoscaler's share of ScalingLimited (the group controller owns it while a group cannot be placed).
+- `autoscaler_conditions` / `failure_conditions`: ScalingActive, MetricsAvailable and
+  DecisionLimited (ScalingLimited, about placement, is the group controller's).
 - `feasibility_status` / `attainability_conditions` / `attainability_event`: `status.feasibility`,
   the SLOAttainable condition, and an Event when it turns False or back.
 - `encode_states` / `decode_states`: the `DecisionState` of the active and shadow policies as one
-  compact annotation, so stabilisation windows, step limits and the goodput signal's trial survive
-  an operator restart.
+  compact `status.autoscalerState`, so stabilisation windows, step limits and the goodput
+  signal's trial survive an operator restart.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.controllers.feasible_demand import AttainabilityVerdict
 from goodput.controllers.groups import EventRecord
-from goodput.controllers.placement import NoFitReason
 
 HISTORY_LIMIT = 10
 """Entries kept in `status.decisions` (the API's maximum)."""
@@ -69,7 +68,6 @@ _WARNING_GUARDS = frozenset(
         Guard.UNSCHEDULABLE,
     }
 )
-_PLACEMENT_REASONS = frozenset(reason.value for reason in NoFitReason)
 
 
 # --- Status entries ---------------------------------------------------------------------------------
@@ -320,7 +318,7 @@ def autoscaler_conditions(
     generation: int,
     now: datetime,
 ) -> tuple[Condition, ...]:
-    """ScalingActive, MetricsAvailable and ScalingLimited after a decision of the active policy."""
+    """ScalingActive, MetricsAvailable and DecisionLimited after a decision of the active policy."""
     result = tuple(conditions)
     revision = f"revision {decision.policy_revision}"
     if decision.mode is Mode.FROZEN:
@@ -346,9 +344,6 @@ def autoscaler_conditions(
     result = _put(result, ConditionType.SCALING_ACTIVE, active, generation=generation, now=now)
     metrics = (health.status, health.reason, health.message)
     result = _put(result, ConditionType.METRICS_AVAILABLE, metrics, generation=generation, now=now)
-    limited = find_condition(result, ConditionType.SCALING_LIMITED)
-    if limited is not None and limited.status == "True" and limited.reason in _PLACEMENT_REASONS:
-        return result  # the group controller's: a wanted group cannot be placed
     guard = next((guard for guard in decision.guards if guard in LIMITING_GUARDS), None)
     if guard is not None:
         outcome: tuple[ConditionStatus, str, str] = (
@@ -362,7 +357,7 @@ def autoscaler_conditions(
             Reason.DESIRED_WITHIN_RANGE,
             f"the desired count {decision.desired_groups} is within bounds and step limits",
         )
-    return _put(result, ConditionType.SCALING_LIMITED, outcome, generation=generation, now=now)
+    return _put(result, ConditionType.DECISION_LIMITED, outcome, generation=generation, now=now)
 
 
 FailureReason = Literal[
@@ -498,7 +493,8 @@ def encode_states(active: DecisionState, shadow: DecisionState | None, *, now: f
 
 
 def decode_states(text: str | None, *, now: float, refresh_seconds: float) -> PersistedStates:
-    """The states an annotation holds; fresh states when it is absent, unreadable or of another format."""
+    """The states `status.autoscalerState` (or an older operator's annotation) holds; fresh states
+    when it is absent, unreadable or of another format."""
     fresh = PersistedStates(DecisionState.initial(), DecisionState.initial())
     if not text:
         return fresh

@@ -1,10 +1,10 @@
 """The ModelGroup status the group controller writes, computed as a whole value from a plan.
 
 The controller owns the group counts, `groups[]`, `replicas`, `labelSelector`, and the conditions
-Ready, Progressing and Degraded. It shares ScalingLimited with the autoscaler: it sets it when a
-group cannot be placed and clears only what it set. Decisions and the autoscaler's conditions pass
-through untouched. The caller compares the result with the current status and patches only a
-difference, so an idle ModelGroup costs no writes.
+Ready, Progressing, Degraded and ScalingLimited (`ownership.GROUP_STATUS`). Decisions and the
+autoscaler's conditions pass through untouched. The caller compares the result with the current
+status and applies only a difference (its own part, under its own field manager), so an idle
+ModelGroup costs no writes.
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
+from goodput.api.conditions import Condition, ConditionStatus, set_condition
 from goodput.api.labels import leader_label_selector
 from goodput.api.modelgroup import DrainRecord, DrainSummary, GroupStatus, ModelGroupStatus, ReadyTime
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.groups import Assessment, DrainEnded, Plan
-from goodput.controllers.placement import NoFitReason
+from goodput.controllers.ownership import GROUP_STATUS
 
-# The ScalingLimited reasons this controller sets, and so may clear.
-_PLACEMENT_REASONS = frozenset({*(reason.value for reason in NoFitReason), Reason.SCHEDULE_TIMEOUT})
 # Drains kept in `status.drain.recent`, newest first.
 RECENT_DRAINS = 10
 # Progressing reports the earliest phase any group is in.
@@ -57,24 +55,11 @@ def group_status(group: Assessment) -> GroupStatus:
     )
 
 
-_OWN_CONDITION_TYPES = frozenset({ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED})
-
-
-def is_own_condition(condition: Condition) -> bool:
-    """Whether this controller wrote `condition`: its own types, and ScalingLimited for placement."""
-    if condition.type in _OWN_CONDITION_TYPES:
-        return True
-    return condition.type == ConditionType.SCALING_LIMITED and (
-        condition.reason in _PLACEMENT_REASONS or condition.reason == Reason.DESIRED_WITHIN_RANGE
-    )
-
-
 def with_others_conditions(ours: ModelGroupStatus, observed: ModelGroupStatus) -> ModelGroupStatus:
-    """`ours` (a status this controller wrote, not yet echoed by the watch) with every condition
-    another controller wrote since taken from `observed`, so building on it never erases them."""
-    others = [condition for condition in observed.conditions if not is_own_condition(condition)]
-    other_types = {condition.type for condition in others}
-    kept = [c for c in ours.conditions if is_own_condition(c) and c.type not in other_types]
+    """`ours` (a status this controller wrote, not yet echoed by the watch) with every condition of
+    a type another controller owns taken from `observed`, so comparing with it sees only our change."""
+    kept = [c for c in ours.conditions if GROUP_STATUS.owns(c.type)]
+    others = [c for c in observed.conditions if not GROUP_STATUS.owns(c.type)]
     return ours.model_copy(update={"conditions": (*kept, *others)})
 
 
@@ -118,9 +103,7 @@ def model_group_status(
         put(ConditionType.DEGRADED, "True", degraded[0], degraded[1])
     else:
         put(ConditionType.DEGRADED, "False", Reason.STABLE, "no group failed or is being replaced")
-    limited = _scaling_limited(plan, find_condition(conditions, ConditionType.SCALING_LIMITED))
-    if limited is not None:
-        put(ConditionType.SCALING_LIMITED, *limited)
+    put(ConditionType.SCALING_LIMITED, *_scaling_limited(plan))
 
     return previous.model_copy(
         update={
@@ -238,8 +221,8 @@ def _ready_condition(ready: int, desired_groups: int, summary: str) -> tuple[Con
     )
 
 
-def _scaling_limited(plan: Plan, current: Condition | None) -> tuple[ConditionStatus, str, str] | None:
-    """ScalingLimited as far as placement goes; None leaves a limit the autoscaler set alone."""
+def _scaling_limited(plan: Plan) -> tuple[ConditionStatus, str, str]:
+    """ScalingLimited: whether a wanted group cannot be placed, and why."""
     if plan.placement_limit is not None:
         return "True", plan.placement_limit.reason, plan.placement_limit.message
     if plan.backoffs:
@@ -252,9 +235,7 @@ def _scaling_limited(plan: Plan, current: Condition | None) -> tuple[ConditionSt
                 for b in plan.backoffs
             ),
         )
-    if current is None or current.reason in _PLACEMENT_REASONS:
-        return "False", Reason.DESIRED_WITHIN_RANGE, "every wanted group could be placed"
-    return None
+    return "False", Reason.DESIRED_WITHIN_RANGE, "every wanted group could be placed"
 
 
 def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[ConditionStatus, str, str]:

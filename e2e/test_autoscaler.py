@@ -664,3 +664,50 @@ def test_long_prompts_past_the_feasible_threshold_do_not_scale_out_and_the_condi
         f"feasibility chat: prompts over {threshold} tokens cannot meet the TTFT target" in explained.stdout
     )
     assert "SLOAttainable=False InfeasibleDemand" in explained.stdout
+
+
+def condition_owners(found: dict[str, Any]) -> dict[str, set[str]]:
+    """Who owns each status condition, as `metadata.managedFields` records it (server-side apply)."""
+    owners: dict[str, set[str]] = {}
+    for entry in found["metadata"].get("managedFields") or ():
+        conditions = ((entry.get("fieldsV1") or {}).get("f:status") or {}).get("f:conditions") or {}
+        for key in conditions:
+            if key.startswith("k:"):
+                owners.setdefault(json.loads(key[2:])["type"], set()).add(
+                    f"{entry['manager']}/{entry['operation']}"
+                )
+    return owners
+
+
+def test_each_controller_owns_its_conditions_and_the_users_annotations_stay_the_users(stage: Stage) -> None:
+    stage.apply(
+        slo_policy("chat", stage.namespace), model_group("llama", stage.namespace, replicas=1, policy="chat")
+    )
+    stage.wait_ready_groups("llama", 1)
+    stage.cluster.kubectl("-n", stage.namespace, "annotate", "modelgroup", "llama", "team=serving")
+    # Many decisions, each written by the autoscaler while the group controller keeps writing too.
+    wait_for(
+        lambda: len(stage.decisions("llama")) >= 8,
+        timeout_seconds=90,
+        describe=lambda: f"eight decisions\n{stage.describe('llama')}",
+    )
+    found = stage.model_group("llama")
+    annotations = found["metadata"].get("annotations") or {}
+    assert annotations.get("team") == "serving", "the user's annotation was kept"
+    assert "goodput.dev/autoscaler-state" not in annotations, "the autoscaler annotates nothing"
+    assert found["status"].get("autoscalerState"), "its memory is in its own status field"
+
+    groups, autoscaler = {"goodput-groups/Apply"}, {"goodput-autoscaler/Apply"}
+    assert condition_owners(found) == {
+        "Ready": groups,
+        "Progressing": groups,
+        "Degraded": groups,
+        "ScalingLimited": groups,
+        "ScalingActive": autoscaler,
+        "MetricsAvailable": autoscaler,
+        "DecisionLimited": autoscaler,
+        "SLOAttainable": autoscaler,
+    }
+    conditions = {c["type"]: c for c in found["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "True" and conditions["ScalingActive"]["status"] == "True"
+    assert found["status"]["readyGroups"] == 1 and found["status"]["lastDecision"]["toReplicas"] == 1

@@ -17,13 +17,15 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 5. records: `status.lastDecision`, the bounded history `status.decisions`, `status.shadowDecision`,
    `status.feasibility` (per class: the prompt length past which its TTFT is unreachable, the share
    of prompts past it, attainment against offered and attainable requests) and the conditions
-   ScalingActive, MetricsAvailable, ScalingLimited and SLOAttainable (one status patch,
-   conditional on the resourceVersion); Events on transitions; one JSON log line per decision in the
-   design note's §38 shape; the operator's Prometheus metrics.
+   ScalingActive, MetricsAvailable, DecisionLimited and SLOAttainable: one server-side apply of the
+   autoscaler's own part of the status (`ownership.AUTOSCALER_STATUS`, field manager
+   `goodput-autoscaler`), only when it changed; Events on transitions; one JSON log line per
+   decision in the design note's §38 shape; the operator's Prometheus metrics.
 
-The decision state (recent recommendations and scale events) is kept in memory and in the ModelGroup
-annotation `goodput.dev/autoscaler-state`, so an operator restart keeps its stabilisation windows
-and step limits (`decision_record.encode_states`).
+The decision state (recent recommendations and scale events) is kept in memory and in
+`status.autoscalerState`, so an operator restart keeps its stabilisation windows and step limits
+(`decision_record.encode_states`). The user's object is never annotated: an older operator's
+annotation `goodput.dev/autoscaler-state` is read once, when no status state exists yet.
 
 Wiring: `register_autoscaler(registry, AutoscalerSettings.from_settings(settings))` next to
 `handlers.register(registry, settings)`; it reads the kopf memo's `runtime` (the Kubernetes client,
@@ -45,7 +47,7 @@ from typing import Any, Protocol
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from goodput.api.base import GROUP, VERSION, wire_dict
+from goodput.api.base import GROUP, VERSION
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale import decide
@@ -68,6 +70,7 @@ from goodput.controllers.decision_record import (
 )
 from goodput.controllers.feasible_demand import AttainabilityVerdict, snapshot_attainability
 from goodput.controllers.groups import EventRecord
+from goodput.controllers.ownership import AUTOSCALER_STATUS
 from goodput.controllers.policy import parse_slo_policy
 from goodput.controllers.policy_compile import CompiledPolicy, capacity_profile, compile_policy, profile_key
 from goodput.controllers.template import parse_model_group
@@ -89,9 +92,8 @@ decision_log = logging.getLogger("goodput.autoscaler.decisions")
 
 MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
 SLO_POLICIES = (GROUP, VERSION, "slopolicies")
+# Where operators before `status.autoscalerState` kept the decision state; read, never written.
 STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
-# The status fields the autoscaler writes; the group controller writes the others.
-DECISION_STATUS_FIELDS = ("lastDecision", "decisions", "shadowDecision", "feasibility", "conditions")
 # A tick that lost a race with another writer runs again this soon.
 CONFLICT_RETRY_SECONDS = 1.0
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -159,6 +161,10 @@ class KubeCalls(Protocol):
         patch: Mapping[str, Any],
         *,
         subresource: str | None = None,
+    ) -> Any: ...
+
+    def apply_custom_status(
+        self, plural: str, namespace: str, name: str, body: Mapping[str, Any], *, field_manager: str
     ) -> Any: ...
 
 
@@ -391,7 +397,7 @@ class Autoscaler:
         status = ModelGroupStatus.model_validate(obj.get("status") or {})
         parsed = parse_model_group({key: obj.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
         if isinstance(parsed, str):
-            await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events)
+            await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events, memory)
             return TickOutcome(self.settings.unbound_interval_seconds)
 
         spec = parsed.spec
@@ -415,8 +421,9 @@ class Autoscaler:
         runs_shadow = isinstance(shadow, CompiledPolicy) and shadow.policy.mode is not Mode.FROZEN
         if not (runs_active or runs_shadow):
             if stopped is not None:
-                await self._fail(obj, status, stopped, post_events)
-            await self._persist(namespace, name, memory, now)
+                await self._fail(obj, status, stopped, post_events, memory)
+            else:
+                await self._write_status(obj, lambda previous: previous, memory=memory)
             return TickOutcome(interval)
 
         compiled = [c for c in (active, shadow) if isinstance(c, CompiledPolicy)]
@@ -427,11 +434,11 @@ class Autoscaler:
             self.metrics.metrics_failures.labels(namespace, name).inc()
             message = f"{error}; holding at {spec.replicas} group(s)"
             log.warning("metrics unavailable: %s", error, extra={"namespace": namespace, "model_group": name})
-            await self._fail(obj, status, Unusable(Reason.METRICS_QUERY_FAILED, message), post_events)
             # A blind spot restarts the stabilisation windows: once the metrics are back, the count
             # goes down only after a full scale-down window of seeing them (step limits still count).
             memory.active = _blind(memory.active)
             memory.shadow = _blind(memory.shadow)
+            await self._fail(obj, status, Unusable(Reason.METRICS_QUERY_FAILED, message), post_events, memory)
             raise kopf.TemporaryError(message, delay=interval) from error
         self.metrics.duration.labels("metrics").observe(time.perf_counter() - metrics_started)
 
@@ -504,9 +511,8 @@ class Autoscaler:
                 return new
             return new.model_copy(update={"conditions": conditions})
 
-        await self._write_status(obj, recorded, clear_shadow=spec.shadow_policy_ref is None)
+        await self._write_status(obj, recorded, memory=memory, clear_shadow=spec.shadow_policy_ref is None)
         post_events(events)
-        await self._persist(namespace, name, memory, now)
         for decision, policy, role in (
             (active_decision, active, "active"),
             (shadow_decision, shadow, "shadow"),
@@ -518,10 +524,13 @@ class Autoscaler:
         return TickOutcome(interval, active_decision, shadow_decision)
 
     def _memory(self, namespace: str, name: str, obj: Mapping[str, Any], now: float) -> Memory:
-        """This ModelGroup's memory; on first sight, the decision states its annotation saved."""
+        """This ModelGroup's memory; on first sight, the decision states its status saved (or, for an
+        object an older operator wrote, its annotation did)."""
         memory = self.memories.setdefault((namespace, name), Memory())
         if not memory.loaded:
-            text = ((obj.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
+            text = (obj.get("status") or {}).get("autoscalerState")
+            if not text:
+                text = ((obj.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
             persisted = decode_states(text, now=now, refresh_seconds=self.settings.state_refresh_seconds)
             memory.active, memory.shadow = persisted.active, persisted.shadow
             memory.state_text, memory.state_written_at = text, persisted.written_at
@@ -542,7 +551,7 @@ class Autoscaler:
             "spec": {"replicas": decision.desired_groups},
         }
         try:
-            answer = await asyncio.to_thread(
+            await asyncio.to_thread(
                 self.kube.patch_custom,
                 "modelgroups",
                 str(metadata.get("namespace") or ""),
@@ -557,10 +566,6 @@ class Autoscaler:
             raise kopf.TemporaryError(
                 f"scaling to {decision.desired_groups} group(s) failed: {error}", delay=interval
             ) from error
-        # The status patch that follows is conditional on the version this write produced.
-        written = ((answer or {}).get("metadata") or {}).get("resourceVersion")
-        if written:
-            metadata["resourceVersion"] = written
         return True
 
     # --- policies -------------------------------------------------------------------------------
@@ -633,46 +638,58 @@ class Autoscaler:
         obj: Mapping[str, Any],
         recorded: Callable[[ModelGroupStatus], ModelGroupStatus],
         *,
-        clear_shadow: bool,
+        memory: Memory | None,
+        clear_shadow: bool = False,
     ) -> None:
-        """Patch the autoscaler's status fields, conditional on the resourceVersion they were
-        computed from; after a conflict, once more from a fresh read."""
+        """Apply the autoscaler's part of the status, computed whole from the status read, when it
+        changed: server-side apply as `goodput-autoscaler`, so the group controller's fields and
+        conditions are neither sent nor touched, and no precondition is needed. The decision state
+        rides along when it is due (`persist_due`)."""
         metadata = obj.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
-        current: Mapping[str, Any] | None = obj
-        for _ in range(2):
-            if current is None:
-                return
-            previous = ModelGroupStatus.model_validate(current.get("status") or {})
-            new = recorded(previous)
-            if new == previous:
-                return
-            wire = wire_dict(new)
-            patch_status: dict[str, Any] = {
-                key: wire.get(key) for key in DECISION_STATUS_FIELDS if key in wire
-            }
-            if clear_shadow and previous.shadow_decision is not None:
-                patch_status["shadowDecision"] = None
-            resource_version = (current.get("metadata") or {}).get("resourceVersion")
-            patch: dict[str, Any] = {"status": patch_status}
-            if resource_version:
-                patch["metadata"] = {"resourceVersion": resource_version}
-            try:
-                await asyncio.to_thread(
-                    self.kube.patch_custom, "modelgroups", namespace, name, patch, subresource="status"
-                )
-                return
-            except KubeError as error:
-                if error.status != 409:
-                    raise kopf.TemporaryError(f"status write failed: {error}", delay=5) from error
-            current = await self._get(namespace, name)
-        log.info(
-            "status write lost twice to other writers; next tick",
-            extra={"namespace": namespace, "model_group": name},
+        previous = ModelGroupStatus.model_validate(obj.get("status") or {})
+        new = recorded(previous)
+        if clear_shadow:
+            new = new.model_copy(update={"shadow_decision": None})
+        now = self.clock()
+        state = self._due_state(memory, now) if memory is not None else None
+        if state is not None:
+            new = new.model_copy(update={"autoscaler_state": state})
+        if new == previous:
+            return
+        try:
+            await asyncio.to_thread(
+                self.kube.apply_custom_status,
+                "modelgroups",
+                namespace,
+                name,
+                AUTOSCALER_STATUS.apply_body(namespace, name, new),
+                field_manager=AUTOSCALER_STATUS.field_manager,
+            )
+        except KubeError as error:
+            raise kopf.TemporaryError(f"status write failed: {error}", delay=5) from error
+        if memory is not None and state is not None:
+            memory.state_text, memory.state_written_at = state, now
+
+    def _due_state(self, memory: Memory, now: float) -> str | None:
+        """The decision state to save with this write, or None when the saved one still holds."""
+        text = encode_states(memory.active, memory.shadow if memory.shadow_policy else None, now=now)
+        due = persist_due(
+            memory.state_text,
+            text,
+            written_at=memory.state_written_at,
+            now=now,
+            refresh_seconds=self.settings.state_refresh_seconds,
         )
+        return text if due else None
 
     async def _fail(
-        self, obj: Mapping[str, Any], status: ModelGroupStatus, unusable: Unusable, post_events: PostEvents
+        self,
+        obj: Mapping[str, Any],
+        status: ModelGroupStatus,
+        unusable: Unusable,
+        post_events: PostEvents,
+        memory: Memory,
     ) -> None:
         """No decision this tick: say why in the conditions, and once as an Event."""
         metadata = obj.get("metadata") or {}
@@ -692,36 +709,9 @@ class Autoscaler:
             )
 
         event = failure_event(status.conditions, unusable.reason, unusable.message)
-        await self._write_status(obj, recorded, clear_shadow=False)
+        await self._write_status(obj, recorded, memory=memory)
         if event is not None:
             post_events([event])
-
-    async def _persist(self, namespace: str, name: str, memory: Memory, now: float) -> None:
-        text = encode_states(memory.active, memory.shadow if memory.shadow_policy else None, now=now)
-        if not persist_due(
-            memory.state_text,
-            text,
-            written_at=memory.state_written_at,
-            now=now,
-            refresh_seconds=self.settings.state_refresh_seconds,
-        ):
-            return
-        try:
-            await asyncio.to_thread(
-                self.kube.patch_custom,
-                "modelgroups",
-                namespace,
-                name,
-                {"metadata": {"annotations": {STATE_ANNOTATION: text}}},
-            )
-        except KubeError as error:
-            # The decision stands; the next tick writes the state again.
-            log.warning(
-                "decision state not saved",
-                extra={"namespace": namespace, "model_group": name, "error": str(error)},
-            )
-            return
-        memory.state_text, memory.state_written_at = text, now
 
     def _log(self, namespace: str, decision: Decision, *, shadow: bool) -> None:
         record = decision.to_record()
@@ -748,7 +738,7 @@ class Autoscaler:
             )
             return previous.model_copy(update={"conditions": conditions})
 
-        await self._write_status(obj, recorded, clear_shadow=True)
+        await self._write_status(obj, recorded, memory=None, clear_shadow=True)
 
 
 def _blind(state: DecisionState) -> DecisionState:

@@ -19,7 +19,7 @@ from goodput.api.base import GROUP, VERSION
 from goodput.operator.kube import KubeApi, KubeError
 
 RESOURCE_NAMES = ("mg", "modelgroup", "modelgroups", f"modelgroup.{GROUP}", f"modelgroups.{GROUP}")
-CONDITIONS = ("ScalingActive", "MetricsAvailable", "ScalingLimited", "SLOAttainable")
+CONDITIONS = ("ScalingActive", "MetricsAvailable", "DecisionLimited", "ScalingLimited", "SLOAttainable")
 COLUMNS = ("TIME", "FROM→TO", "MODE", "REASON", "SIGNAL", "PROPOSALS", "GUARDS", "REVISION")
 
 

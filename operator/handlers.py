@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -26,7 +27,6 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from goodput.api.base import GROUP, VERSION, wire_dict
-from goodput.api.conditions import Condition
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
@@ -35,8 +35,12 @@ from goodput.controllers.drain import LeaderReading, LeaderSample, encode_progre
 from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
 from goodput.controllers.groups import (
     DrainEnded,
+    DrainMark,
+    DrainProgressMark,
     EventRecord,
     GateChange,
+    GroupCreation,
+    GroupDeletion,
     Plan,
     RolloutRules,
     WarmupOutcome,
@@ -57,15 +61,11 @@ from goodput.controllers.observation import (
     parse_pod,
     pod_accelerator,
 )
+from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
 from goodput.controllers.placement import GpuClaim, Inventory
 from goodput.controllers.policy import parse_slo_policy, reconcile_policy
 from goodput.controllers.snapshot import wanted_groups
-from goodput.controllers.status import (
-    invalid_spec_status,
-    is_own_condition,
-    model_group_status,
-    with_others_conditions,
-)
+from goodput.controllers.status import invalid_spec_status, model_group_status, with_others_conditions
 from goodput.controllers.template import (
     ControllerTuning,
     group_template,
@@ -82,26 +82,6 @@ from goodput.operator.settings import Settings
 MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
 ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
 SLO_POLICIES = (GROUP, VERSION, "slopolicies")
-# The status fields the group controller owns; everything else in status belongs to others.
-OWNED_STATUS_FIELDS = (
-    "observedGeneration",
-    "replicas",
-    "labelSelector",
-    "desiredGroups",
-    "placingGroups",
-    "provisioningGroups",
-    "warmingGroups",
-    "readyGroups",
-    "drainingGroups",
-    "failedGroups",
-    "revision",
-    "updatedGroups",
-    "outdatedGroups",
-    "groups",
-    "drain",
-    "conditions",
-)
-POLICY_STATUS_FIELDS = ("observedGeneration", "observedRevision", "conditions", "boundModelGroups")
 # Removes only our gate: another controller's scheduling gate stays.
 RELEASE_GANG = {"spec": {"schedulingGates": [{"$patch": "delete", "name": naming.SCHEDULING_GATE}]}}
 StatusT = TypeVar("StatusT", bound=BaseModel)
@@ -134,9 +114,21 @@ class Runtime:
     # never count the same free GPUs (the loops share one event loop, and plan and reserve with no
     # await in between).
     reservations: dict[str, tuple[GpuClaim, float]] = field(default_factory=dict)
+    # Each ModelGroup's (generation, deletionTimestamp) as its loop was last woken for.
+    acted_on: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def wake_on_change(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """Wake a ModelGroup's loop when what it acts on changed: the spec (its generation) or the
+        deletion. A status or metadata write (the autoscaler's decisions, the loop's own status or
+        annotations) does not wake it: the loop keeps what it wrote, and its next tick comes anyway."""
+        metadata = body.get("metadata") or {}
+        seen = (metadata.get("generation"), metadata.get("deletionTimestamp"))
+        if self.acted_on.get((namespace, name)) != seen:
+            self.acted_on[(namespace, name)] = seen
+            self.wake(namespace, name)
 
     def wake(self, namespace: str | None, name: str | None) -> None:
         event = self.wakeups.get((namespace or "", name or ""))
@@ -233,9 +225,9 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
 
     @kopf.index(*MODEL_GROUPS, id="model_groups_by_policy", registry=registry)
     async def model_groups_by_policy(
-        *, spec: kopf.Spec, name: str, namespace: str | None, memo: Any, **_: Any
+        *, body: kopf.Body, spec: kopf.Spec, name: str, namespace: str | None, memo: Any, **_: Any
     ) -> dict[tuple[str, str], str]:
-        memo.runtime.wake(namespace, name)
+        memo.runtime.wake_on_change(namespace or "", name, body)
         policy = (spec.get("policyRef") or {}).get("name")
         return {(namespace or "", policy): name} if policy else {}
 
@@ -296,16 +288,13 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
             now=datetime.now(UTC),
         )
         if result.status != previous:
-            patch = {
-                key: value for key, value in wire_dict(result.status).items() if key in POLICY_STATUS_FIELDS
-            }
             await asyncio.to_thread(
-                runtime.kube.patch_custom,
+                runtime.kube.apply_custom_status,
                 "slopolicies",
                 namespace or "",
                 name,
-                {"status": patch},
-                subresource="status",
+                POLICY_STATUS.apply_body(namespace or "", name, result.status),
+                field_manager=POLICY_STATUS.field_manager,
             )
         runtime.post_events(body, result.events)
         runtime.metrics.reconciles.labels("slopolicy", "success").inc()
@@ -361,6 +350,7 @@ async def run_model_group_loop(runtime: Runtime, loop: ModelGroupLoop, stopped: 
     finally:
         loop.stop()
         runtime.wakeups.pop((loop.namespace, name), None)
+        runtime.acted_on.pop((loop.namespace, name), None)
         runtime.metrics.forget_model_group(loop.namespace, name)
 
 
@@ -418,6 +408,47 @@ def parse_body(body: Mapping[str, Any]) -> ModelGroup | str:
     return parse_model_group({key: body.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
 
 
+@dataclass
+class StepLedger:
+    """Which groups' writes of one pass all succeeded, so the Events say what happened.
+
+    A plan's Event about a group (created, deleted, drain started, ready...) is posted only once
+    every write of that pass for the group succeeded; a write that failed becomes a Warning with
+    the API server's answer instead, and the writes after it, not made, are not announced.
+    """
+
+    remaining: Counter[str]
+    failures: list[EventRecord] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, plan: Plan) -> StepLedger:
+        steps: list[Iterable[Any]] = [
+            plan.unready,
+            plan.deletions,
+            plan.creations,
+            plan.gate_releases,
+            plan.drain_marks,
+            plan.drain_progress,
+            plan.ready,
+        ]
+        return cls(Counter(step.group for kind in steps for step in kind))
+
+    async def run(self, group: str, failed_reason: str, what: str, write: Awaitable[Any]) -> None:
+        """Await one step of `group`'s writes; a KubeError is recorded, then raised (the pass stops)."""
+        try:
+            await write
+        except Exception as error:  # a refusal, a timeout: either way the write did not happen
+            message = f"group {group}: {what} failed: {error}"
+            self.failures.append(EventRecord("Warning", failed_reason, message[:1024], group))
+            raise
+        self.remaining[group] -= 1
+
+    def events(self, plan: Plan) -> list[EventRecord]:
+        """The plan's Events whose groups' writes all succeeded, then the failures."""
+        done = [e for e in plan.events if e.group is None or self.remaining[e.group] <= 0]
+        return [*done, *self.failures]
+
+
 class ModelGroupLoop:
     """The reconcile loop of one ModelGroup, and its memory between passes.
 
@@ -466,7 +497,7 @@ class ModelGroupLoop:
             status = invalid_spec_status(
                 previous, name=self.name, generation=generation, problems=problems, now=now
             )
-            await self._patch_status(metadata.get("resourceVersion"), previous, status, now)
+            await self._apply_status(previous, status, now)
             self.runtime.metrics.reconcile_errors.labels("modelgroup", "spec").inc()
             return
 
@@ -477,11 +508,13 @@ class ModelGroupLoop:
                 claim = gpu_claim(manifest)
                 if claim is not None:
                     self.runtime.reserve(f"{self.namespace}/{manifest['metadata']['name']}", claim)
+        ledger = StepLedger.of(plan)
         try:
-            resource_version = await self.apply(plan, world)
+            await self.apply(plan, world, ledger)
         finally:
-            # What was done is announced even when a later step of the plan failed.
-            self.runtime.post_events(self.body, plan.events)
+            # What was done is announced, even when a later step of the plan failed; what was not
+            # done is not, and a write that failed is a Warning with the API server's answer.
+            self.runtime.post_events(self.body, ledger.events(plan))
             self.readiness_reported.update(plan.readiness_reported)
         _record(self.runtime.metrics, self.namespace, self.name, world, plan)
         status = model_group_status(
@@ -494,13 +527,13 @@ class ModelGroupLoop:
             unrecorded_drains=self.unrecorded_drains,
             unrecorded_cancellations=self.unrecorded_cancellations,
         )
-        if await self._patch_status(
-            resource_version or metadata.get("resourceVersion"), previous, status, now
-        ):
-            self.unrecorded_drains = []
-            self.unrecorded_cancellations = 0
-        else:
+        try:
+            await self._apply_status(previous, status, now)
+        except KubeError:
             self.unrecorded_cancellations += len(plan.drains_cancelled)
+            raise
+        self.unrecorded_drains = []
+        self.unrecorded_cancellations = 0
 
     def build_world(
         self, model_group: ModelGroup, nodes: list[NodeView], now: datetime, *, deleting: bool = False
@@ -553,70 +586,75 @@ class ModelGroupLoop:
             deleting=deleting,
         )
 
-    async def apply(self, plan: Plan, world: World) -> str | None:
-        """Apply a plan in order; returns the ModelGroup's resourceVersion if this pass changed it.
+    async def apply(self, plan: Plan, world: World, ledger: StepLedger | None = None) -> None:
+        """Apply a plan in order, stopping at the first write that fails; `ledger` learns which
+        groups' writes all succeeded.
 
         The group counter is recorded before any pod of a new group exists, so a restart never
         reuses a name; gates go False on every failing rank before anything is deleted; a group's
         gates are released only once every one of its pods exists.
         """
-        kube = self.runtime.kube
-        namespace = self.namespace
-        views = {pod.name: pod for pod in world.pods}
-        resource_version = None
+        ledger = ledger or StepLedger.of(plan)
+        writes = PlanWrites(self, world)
         if plan.annotations:
-            answer = await asyncio.to_thread(
-                kube.patch_custom,
+            await asyncio.to_thread(
+                self.runtime.kube.patch_custom,
                 "modelgroups",
-                namespace,
+                self.namespace,
                 self.name,
                 {"metadata": {"annotations": dict(plan.annotations)}},
             )
             self.annotations.update(plan.annotations)
-            resource_version = (answer or {}).get("metadata", {}).get("resourceVersion")
-
-        def remember(pod: str, *fields: str, **changes: Any) -> None:
-            views[pod] = replace(views[pod], **changes)
-            self.expectations = expect(self.expectations, views[pod], fields, world.now)
-
-        async def set_gates(change: GateChange) -> None:
-            condition = {
-                "type": naming.CONDITION_GROUP_READY,
-                "status": "True" if change.ready else "False",
-                "reason": change.reason,
-                "message": change.message[:1024],
-                "lastTransitionTime": _rfc3339(world.now),
-            }
-            await _gather(
-                kube.patch_pod_status,
-                [(namespace, pod, {"status": {"conditions": [condition]}}) for pod in change.pods],
-            )
-            marked = ConditionView(condition["status"], change.reason, change.message, world.now)
-            for pod in change.pods:
-                if pod in views:
-                    remember(pod, "group_ready", group_ready=marked)
-
-        async def release_gates(pods: Iterable[str]) -> None:
-            pods = list(pods)
-            await _gather(
-                kube.patch_pod, [(namespace, pod, RELEASE_GANG, STRATEGIC_MERGE_PATCH) for pod in pods]
-            )
-            for pod in pods:
-                remember(pod, EXISTS, "gated", gated=False)
-
         for change in plan.unready:
-            await set_gates(change)
+            await ledger.run(
+                change.group, EventReason.FAILED_UPDATE, "marking it not ready", writes.set_gates(change)
+            )
         for deletion in plan.deletions:
-            await _gather(kube.delete_pod, [(namespace, pod) for pod in deletion.pods])
-            for pod in deletion.pods:
-                self.expectations = expect_deleted(self.expectations, pod, world.now)
-            if deletion.service:
-                await asyncio.to_thread(kube.delete_service, namespace, deletion.service)
-        metrics = self.runtime.metrics
-        for drain in plan.drains_ended:
+            await ledger.run(
+                deletion.group, EventReason.FAILED_DELETE, "deleting it", writes.delete(deletion)
+            )
+        self._record_drains_ended(plan.drains_ended)
+        for creation in plan.creations:
+            await ledger.run(
+                creation.group, EventReason.FAILED_CREATE, "creating it", writes.create(creation)
+            )
+        for release in plan.gate_releases:
+            await ledger.run(
+                release.group,
+                EventReason.FAILED_UPDATE,
+                "releasing its gates",
+                writes.release_gates(release.pods),
+            )
+        for mark in plan.drain_marks:
+            await ledger.run(
+                mark.group, EventReason.FAILED_UPDATE, "marking its drain", writes.mark_drain(mark)
+            )
+        for progress in plan.drain_progress:
+            await ledger.run(
+                progress.group,
+                EventReason.FAILED_UPDATE,
+                "recording its drain",
+                writes.record_progress(progress),
+            )
+        for change in plan.ready:
+            await ledger.run(
+                change.group, EventReason.FAILED_UPDATE, "marking it ready", writes.set_gates(change)
+            )
+        for _ in plan.drains_cancelled:
+            self.runtime.metrics.drain_cancelled(self.namespace, self.name)
+        for request in plan.warmups:
+            self.warmups_in_flight.add(request.group)
+            self._spawn(self._warm_up(request))
+        for probe in plan.leader_probes:
+            if probe.group not in self.probes_in_flight:
+                self.probes_in_flight.add(probe.group)
+                self._spawn(self._probe_leader(probe.group, probe.url))
+
+    def _record_drains_ended(self, drains: Iterable[DrainEnded]) -> None:
+        for drain in drains:
             # Kept until a status write carries it, even if a later step of this pass fails.
             self.unrecorded_drains.append(drain)
-            metrics.drain_ended(namespace, self.name, drain)
+            self.runtime.metrics.drain_ended(self.namespace, self.name, drain)
             self.logger.info(
                 "drain ended",
                 extra={
@@ -627,57 +665,6 @@ class ModelGroupLoop:
                     "requests_aborted": drain.requests_aborted,
                 },
             )
-        for creation in plan.creations:
-            if creation.service is not None:
-                await asyncio.to_thread(kube.create_service, creation.service)
-            for manifest in creation.pods:
-                await asyncio.to_thread(kube.create_pod, manifest)
-                view = parse_pod(manifest)
-                if view is not None:
-                    views[view.name] = view
-                    remember(view.name, EXISTS, created_at=world.now)
-            await release_gates(manifest["metadata"]["name"] for manifest in creation.pods)
-            self.logger.info("group created", extra={"group": creation.group, "domain": creation.domain})
-        for gate_release in plan.gate_releases:
-            await release_gates(gate_release.pods)
-        for mark in plan.drain_marks:
-            annotations: dict[str, str | None] = {
-                naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(mark.since) if mark.since else None
-            }
-            if mark.since is None:
-                # Back in service: a later drain starts from scratch.
-                annotations[naming.ANNOTATION_DRAIN_PROGRESS] = None
-            patch = {"metadata": {"annotations": annotations}}
-            await _gather(kube.patch_pod, [(namespace, pod, patch) for pod in mark.pods])
-            for pod in mark.pods:
-                if mark.since is None:
-                    remember(
-                        pod, "draining_since", "drain_progress", draining_since=None, drain_progress=None
-                    )
-                else:
-                    remember(pod, "draining_since", draining_since=mark.since)
-        for progress in plan.drain_progress:
-            patch = {
-                "metadata": {
-                    "annotations": {naming.ANNOTATION_DRAIN_PROGRESS: encode_progress(progress.progress)}
-                }
-            }
-            await asyncio.to_thread(kube.patch_pod, namespace, progress.leader, patch)
-            if progress.leader in views:
-                remember(progress.leader, "drain_progress", drain_progress=progress.progress)
-        for change in plan.ready:
-            await set_gates(change)
-        for _ in plan.drains_cancelled:
-            metrics.drain_cancelled(namespace, self.name)
-
-        for request in plan.warmups:
-            self.warmups_in_flight.add(request.group)
-            self._spawn(self._warm_up(request))
-        for probe in plan.leader_probes:
-            if probe.group not in self.probes_in_flight:
-                self.probes_in_flight.add(probe.group)
-                self._spawn(self._probe_leader(probe.group, probe.url))
-        return resource_version
 
     def stop(self) -> None:
         for task in list(self.tasks):
@@ -723,56 +710,116 @@ class ModelGroupLoop:
         observed = _readable_status(ModelGroupStatus, raw_status)
         if self.written_status_model is None or self.written_at is None:
             return observed
-        owned = _own_fields(wire_dict(observed))
+        owned = GROUP_STATUS.owned(wire_dict(observed))
         if owned == self.written_status or now - self.written_at > STATUS_ECHO_TIMEOUT:
             self.written_status = self.written_status_model = self.written_at = None
             return observed
         # Our write is not echoed yet: build on it, but keep what the autoscaler wrote meanwhile.
         return with_others_conditions(self.written_status_model, observed)
 
-    async def _patch_status(
-        self,
-        resource_version: str | None,
-        previous: ModelGroupStatus,
-        status: ModelGroupStatus,
-        now: datetime,
-    ) -> bool:
-        """Write the status if it changed; False when the write lost a conflict (retried next pass)."""
+    async def _apply_status(
+        self, previous: ModelGroupStatus, status: ModelGroupStatus, now: datetime
+    ) -> None:
+        """Apply this controller's part of the status if it changed (server-side apply as the group
+        controller's field manager: the autoscaler's fields and conditions are never in the body,
+        so no write of ours can erase them, and no precondition is needed)."""
         if status == previous:
-            return True
-        owned = {key: value for key, value in wire_dict(status).items() if key in OWNED_STATUS_FIELDS}
-        patch: dict[str, Any] = {"status": owned}
-        if resource_version:
-            patch["metadata"] = {"resourceVersion": resource_version}
-        try:
-            await asyncio.to_thread(
-                self.runtime.kube.patch_custom,
-                "modelgroups",
-                self.namespace,
-                self.name,
-                patch,
-                subresource="status",
-            )
-        except KubeError as error:
-            if error.status != 409:
-                raise
-            # Changed since we read it (by someone else, or by our own write not yet seen): next pass.
-            self.runtime.wake(self.namespace, self.name)
-            return False
-        self.written_status, self.written_status_model, self.written_at = _own_fields(owned), status, now
-        return True
+            return
+        body = GROUP_STATUS.apply_body(self.namespace, self.name, status)
+        await asyncio.to_thread(
+            self.runtime.kube.apply_custom_status,
+            "modelgroups",
+            self.namespace,
+            self.name,
+            body,
+            field_manager=GROUP_STATUS.field_manager,
+        )
+        self.written_status, self.written_status_model, self.written_at = body["status"], status, now
 
 
-def _own_fields(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields and conditions this controller writes, to tell when the watch echoed our write."""
-    owned = {key: value for key, value in status.items() if key in OWNED_STATUS_FIELDS}
-    if "conditions" in owned:
-        owned["conditions"] = [
-            condition
-            for condition in owned["conditions"]
-            if is_own_condition(Condition.model_validate(condition))
-        ]
-    return owned
+class PlanWrites:
+    """The writes of one pass's plan, each remembered as an expectation until the watch shows it."""
+
+    def __init__(self, loop: ModelGroupLoop, world: World) -> None:
+        self.loop = loop
+        self.kube = loop.runtime.kube
+        self.namespace = loop.namespace
+        self.now = world.now
+        self.views = {pod.name: pod for pod in world.pods}
+
+    def remember(self, pod: str, *fields: str, **changes: Any) -> None:
+        self.views[pod] = replace(self.views[pod], **changes)
+        self.loop.expectations = expect(self.loop.expectations, self.views[pod], fields, self.now)
+
+    async def set_gates(self, change: GateChange) -> None:
+        condition = {
+            "type": naming.CONDITION_GROUP_READY,
+            "status": "True" if change.ready else "False",
+            "reason": change.reason,
+            "message": change.message[:1024],
+            "lastTransitionTime": _rfc3339(self.now),
+        }
+        await _gather(
+            self.kube.patch_pod_status,
+            [(self.namespace, pod, {"status": {"conditions": [condition]}}) for pod in change.pods],
+        )
+        marked = ConditionView(condition["status"], change.reason, change.message, self.now)
+        for pod in change.pods:
+            if pod in self.views:
+                self.remember(pod, "group_ready", group_ready=marked)
+
+    async def release_gates(self, pods: Iterable[str]) -> None:
+        pods = list(pods)
+        await _gather(
+            self.kube.patch_pod,
+            [(self.namespace, pod, RELEASE_GANG, STRATEGIC_MERGE_PATCH) for pod in pods],
+        )
+        for pod in pods:
+            self.remember(pod, EXISTS, "gated", gated=False)
+
+    async def delete(self, deletion: GroupDeletion) -> None:
+        await _gather(self.kube.delete_pod, [(self.namespace, pod) for pod in deletion.pods])
+        for pod in deletion.pods:
+            self.loop.expectations = expect_deleted(self.loop.expectations, pod, self.now)
+        if deletion.service:
+            await asyncio.to_thread(self.kube.delete_service, self.namespace, deletion.service)
+
+    async def create(self, creation: GroupCreation) -> None:
+        """The Service, every pod (gated), then every gate released together."""
+        if creation.service is not None:
+            await asyncio.to_thread(self.kube.create_service, creation.service)
+        for manifest in creation.pods:
+            await asyncio.to_thread(self.kube.create_pod, manifest)
+            view = parse_pod(manifest)
+            if view is not None:
+                self.views[view.name] = view
+                self.remember(view.name, EXISTS, created_at=self.now)
+        await self.release_gates(manifest["metadata"]["name"] for manifest in creation.pods)
+        self.loop.logger.info("group created", extra={"group": creation.group, "domain": creation.domain})
+
+    async def mark_drain(self, mark: DrainMark) -> None:
+        annotations: dict[str, str | None] = {
+            naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(mark.since) if mark.since else None
+        }
+        if mark.since is None:
+            # Back in service: a later drain starts from scratch.
+            annotations[naming.ANNOTATION_DRAIN_PROGRESS] = None
+        patch = {"metadata": {"annotations": annotations}}
+        await _gather(self.kube.patch_pod, [(self.namespace, pod, patch) for pod in mark.pods])
+        for pod in mark.pods:
+            if mark.since is None:
+                self.remember(
+                    pod, "draining_since", "drain_progress", draining_since=None, drain_progress=None
+                )
+            else:
+                self.remember(pod, "draining_since", draining_since=mark.since)
+
+    async def record_progress(self, progress: DrainProgressMark) -> None:
+        encoded = encode_progress(progress.progress)
+        patch = {"metadata": {"annotations": {naming.ANNOTATION_DRAIN_PROGRESS: encoded}}}
+        await asyncio.to_thread(self.kube.patch_pod, self.namespace, progress.leader, patch)
+        if progress.leader in self.views:
+            self.remember(progress.leader, "drain_progress", drain_progress=progress.progress)
 
 
 async def _gather(call: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> None:

@@ -21,6 +21,7 @@ from goodput.api.base import GROUP, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "goodput"
 
 
@@ -153,6 +154,25 @@ class KubeApi:
             resource += f"/{subresource}"
         return self.request(
             "PATCH", resource, path, patch, content_type=MERGE_PATCH, query={"fieldManager": FIELD_MANAGER}
+        )
+
+    def apply_custom_status(
+        self, plural: str, namespace: str, name: str, body: Mapping[str, Any], *, field_manager: str
+    ) -> Any:
+        """Server-side apply of the status of a ModelGroup or SLOPolicy as `field_manager`.
+
+        `body` (apiVersion, kind, metadata.name, and the status fields this controller owns) is the
+        whole of what the manager asserts: fields and conditions it applied before and leaves out
+        now are removed, those of other managers stay. `force` takes over a field another manager
+        last set, since each field has one rightful owner."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}/status"
+        return self.request(
+            "PATCH",
+            f"{plural}/status",
+            path,
+            json.dumps(body),  # JSON is YAML: sent as it is
+            content_type=APPLY_PATCH,
+            query={"fieldManager": field_manager, "force": "true"},
         )
 
     def _create(self, resource: str, path: str, manifest: Mapping[str, Any]) -> bool:

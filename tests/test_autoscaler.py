@@ -1,8 +1,9 @@
 """The autoscaler's tick against an in-memory API server and a metrics source the test controls.
 
-The API server keeps one ModelGroup with resourceVersion preconditions and JSON merge patches, as the
-real one does for a custom resource; the metrics source returns the `GroupMetrics` a test sets, or
-fails as a Prometheus that is down does. What is checked is what the operator writes, and when not.
+The API server keeps one ModelGroup: the scale subresource with resourceVersion preconditions, and
+the status by server-side apply with field managers (`server_side_apply`); the metrics source
+returns the `GroupMetrics` a test sets, or fails as a Prometheus that is down does. What is
+checked is what the operator writes, and when not.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Any
 import kopf
 import pytest
 from prometheus_client import CollectorRegistry
+from server_side_apply import AppliedStatus
 
 from goodput.controllers.autoscale_model import GatewayObservation, GroupMetrics
 from goodput.controllers.groups import EventRecord
+from goodput.controllers.ownership import GROUP_STATUS
 from goodput.estimators.attainment import Histogram
 from goodput.operator.autoscaler import (
     STATE_ANNOTATION,
@@ -98,13 +101,41 @@ def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
 
 @dataclass
 class MemoryApi:
-    """One ModelGroup behind GET and PATCH, with resourceVersion preconditions."""
+    """One ModelGroup behind GET, PATCH (scale, metadata) and server-side apply (status)."""
 
     body: dict[str, Any]
     writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
-    """Subresources ('scale', 'status', '') whose next write answers 409 whatever its precondition."""
+    """Subresources ('scale', '') whose next write answers 409 whatever its precondition."""
     failure: KubeError | None = None
+    applied: AppliedStatus = field(default_factory=AppliedStatus)
+
+    def __post_init__(self) -> None:
+        # The status the test starts from is the group controller's, at the version the test gave.
+        version = self.body["metadata"]["resourceVersion"]
+        self.group_controller_applies(self.body.get("status") or {})
+        self.body["metadata"]["resourceVersion"] = version
+
+    def group_controller_applies(self, status: Mapping[str, Any]) -> None:
+        self.apply_custom_status(
+            "modelgroups",
+            NAMESPACE,
+            NAME,
+            {"metadata": {"name": NAME, "namespace": NAMESPACE}, "status": status},
+            field_manager=GROUP_STATUS.field_manager,
+        )
+
+    def apply_custom_status(
+        self, plural: str, namespace: str, name: str, body: Mapping[str, Any], *, field_manager: str
+    ) -> Any:
+        assert (plural, namespace, name) == ("modelgroups", NAMESPACE, NAME)
+        assert body["metadata"] == {"name": NAME, "namespace": NAMESPACE}
+        if field_manager != GROUP_STATUS.field_manager:
+            self.writes.append(("status", copy.deepcopy(dict(body))))
+        self.applied.status = self.body.setdefault("status", {})
+        self.applied.apply(body, field_manager)
+        self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(self.body)
 
     def request(self, verb: str, resource: str, path: str, body: Any = None, **_: Any) -> Any:
         assert (verb, path) == (
@@ -135,9 +166,8 @@ class MemoryApi:
         if kind == "scale":
             self.body["spec"]["replicas"] = patch["spec"]["replicas"]
             self.body["metadata"]["generation"] += 1
-        elif kind == "status":
-            merge(self.body.setdefault("status", {}), patch["status"])
         else:
+            assert kind == "", "status is written by server-side apply only"
             merge(self.body["metadata"], patch["metadata"])
         self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
         return {"metadata": {"resourceVersion": self.body["metadata"]["resourceVersion"]}}
@@ -249,10 +279,23 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
         "metadata": {"resourceVersion": "100"},
         "spec": {"replicas": outcome.active.desired_groups},
     }
-    # The status patch is conditional on the version the scale write produced.
+    # One apply of the autoscaler's own fields and conditions; the group controller's are not in it.
     (status,) = h.api.of("status")
-    assert status["metadata"] == {"resourceVersion": "101"}
-    assert set(status["status"]) == {"lastDecision", "decisions", "feasibility", "conditions"}
+    assert set(status["status"]) == {
+        "lastDecision",
+        "decisions",
+        "feasibility",
+        "autoscalerState",
+        "conditions",
+    }
+    assert {c["type"] for c in status["status"]["conditions"]} == {
+        "ScalingActive",
+        "MetricsAvailable",
+        "DecisionLimited",
+        "SLOAttainable",
+    }
+    assert h.api.applied.owner_of_condition("ScalingActive") == {"goodput-autoscaler"}
+    assert h.status["groups"] == model_group_body()["status"]["groups"], "the group controller's stay"
     last = h.status["lastDecision"]
     assert (last["fromReplicas"], last["toReplicas"], last["policyRevision"]) == (
         1,
@@ -264,7 +307,9 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
     assert h.condition("MetricsAvailable") == ("True", "MetricsFresh")
     # 40 waiting requests ask for more than the step policy allows (2 groups per period).
     assert [event.reason for event in h.events] == ["SuccessfulRescale", "ScaleUpLimit"]
-    assert STATE_ANNOTATION in h.api.body["metadata"]["annotations"]
+    assert "annotations" not in h.api.body["metadata"] and h.api.of("") == [], (
+        "the user's object is not annotated"
+    )
     assert (
         h.sample(
             "goodput_autoscaler_decisions_total",
@@ -412,19 +457,51 @@ def test_a_count_changed_by_someone_else_meanwhile_wins() -> None:
     assert h.autoscaler is not None and not h.autoscaler.memories[(NAMESPACE, NAME)].active.started
 
 
-def test_a_status_written_by_someone_else_meanwhile_is_read_again() -> None:
+def test_the_group_controllers_status_written_meanwhile_is_neither_sent_nor_erased() -> None:
     h = harness(groups={"g0": OVERLOADED})
     h.tick()
     first = h.status["decisions"]
     assert h.api.body["spec"]["replicas"] == 3
-    h.api.body["status"]["groups"] = model_group_body(ready=3)["status"]["groups"]
+    ready = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "GroupsNotReady",
+        "message": "1/3 groups ready",
+        "lastTransitionTime": "2027-01-15T08:00:00Z",
+    }
+    groups = model_group_body(ready=3)["status"]["groups"]
+    h.api.group_controller_applies({"readyGroups": 3, "groups": groups, "conditions": [ready]})
     h.metrics.groups = {f"g{i}": OVERLOADED for i in range(3)}
-    h.api.body["metadata"]["resourceVersion"] = "500"  # another controller wrote after our read
-    h.api.conflicts.append("status")
     h.tick(at=70)  # past the scale-up period of the first change
-    assert len(h.api.of("status")) == 2
+    second = h.api.of("status")[-1]["status"]
+    assert "groups" not in second and "Ready" not in {c["type"] for c in second["conditions"]}
+    assert h.status["groups"] == groups and h.condition("Ready") == ("False", "GroupsNotReady")
     assert [(e["fromReplicas"], e["toReplicas"]) for e in h.status["decisions"]] == [(3, 4), (1, 3)]
-    assert h.status["decisions"][1:] == first, "the retry built on the fresh status"
+    assert h.status["decisions"][1:] == first
+
+
+def test_conditions_of_both_controllers_coexist_over_many_decisions() -> None:
+    h = harness(model_group_body(replicas=2, ready=2), groups={f"g{i}": IDLE for i in range(2)}, window=60)
+    limited = {
+        "type": "ScalingLimited",
+        "status": "True",
+        "reason": "InsufficientGPUs",
+        "message": "no domain has 8 free GPUs",
+        "lastTransitionTime": "2027-01-15T08:00:00Z",
+    }
+    for tick in range(20):
+        h.tick(at=10 * tick)
+        if tick % 3 == 0:  # the group controller writes between decisions, its own part only
+            h.api.group_controller_applies({**model_group_body(ready=2)["status"], "conditions": [limited]})
+    owners = {c["type"]: h.api.applied.owner_of_condition(c["type"]) for c in h.status["conditions"]}
+    assert owners == {
+        "ScalingLimited": {"goodput-groups"},
+        "ScalingActive": {"goodput-autoscaler"},
+        "MetricsAvailable": {"goodput-autoscaler"},
+        "DecisionLimited": {"goodput-autoscaler"},
+        "SLOAttainable": {"goodput-autoscaler"},
+    }
+    assert h.condition("ScalingLimited") == ("True", "InsufficientGPUs")
 
 
 def test_a_failed_scale_write_is_announced_and_retried() -> None:
@@ -448,20 +525,33 @@ def test_a_restart_keeps_the_scale_down_window() -> None:
     assert h.tick(at=65).active.desired_groups == 2  # type: ignore[union-attr]
 
     # Without the saved state, a new process would have to watch for a whole window first.
-    del saved["metadata"]["annotations"][STATE_ANNOTATION]
-    h.api.body = saved
+    state = saved["status"].pop("autoscalerState")
+    h.api.body = copy.deepcopy(saved)
     h.autoscaler = h.new_autoscaler()
     assert h.tick(at=65).active.desired_groups == 3  # type: ignore[union-attr]
+
+    # An object an older operator wrote keeps its state in an annotation: read once, never written.
+    saved["metadata"]["annotations"] = {STATE_ANNOTATION: state, "team": "serving"}
+    h.api.body = saved
+    h.autoscaler = h.new_autoscaler()
+    assert h.tick(at=65).active.desired_groups == 2  # type: ignore[union-attr]
+    assert h.api.body["metadata"]["annotations"] == {STATE_ANNOTATION: state, "team": "serving"}
+    assert h.api.of("") == [] and h.status["autoscalerState"] != state
 
 
 def test_the_state_is_saved_when_it_changes_and_refreshed_while_it_holds() -> None:
     h = harness()
+
+    def saved_states() -> list[str]:
+        states = [status["status"]["autoscalerState"] for status in h.api.of("status")]
+        return [state for i, state in enumerate(states) if i == 0 or states[i - 1] != state]
+
     h.tick(at=0)
     h.tick(at=10)
     h.tick(at=20)
-    assert len(h.api.of("")) == 1, "an unchanged recommendation is not rewritten within the refresh"
+    assert len(saved_states()) == 1, "an unchanged recommendation is not rewritten within the refresh"
     h.tick(at=30)
-    assert len(h.api.of("")) == 2
+    assert len(saved_states()) == 2
 
 
 # --- settings and helpers -------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from goodput.controllers.decision_record import (
     record_decisions,
 )
 from goodput.controllers.feasible_demand import AttainabilityVerdict
+from goodput.controllers.ownership import AUTOSCALER_STATUS, GROUP_STATUS
 from goodput.controllers.scaling_behavior import stabilize
 from goodput.estimators.attainment import Histogram
 
@@ -227,11 +228,11 @@ FRESH = metrics_health(world(*ready_groups(2, 0.5)), 60.0)
             {
                 "ScalingActive": ("True", "SignalsComputed"),
                 "MetricsAvailable": ("True", "MetricsFresh"),
-                "ScalingLimited": ("False", "DesiredWithinRange"),
+                "DecisionLimited": ("False", "DesiredWithinRange"),
             },
         ),
         (ADVISORY, {"ScalingActive": ("True", "ModeAdvisory")}),
-        (CLAMPED, {"ScalingLimited": ("True", "TooManyReplicas")}),
+        (CLAMPED, {"DecisionLimited": ("True", "TooManyReplicas")}),
     ],
     ids=["an active decision", "an advisory decision", "a clamped decision"],
 )
@@ -248,8 +249,18 @@ def test_a_placement_limit_of_the_group_controller_is_left_alone() -> None:
         reason="InsufficientGPUs",
         message="no domain fits a group",
     )
-    after = autoscaler_conditions((placement,), SCALE_OUT, FRESH, generation=3, now=WHEN)
+    after = autoscaler_conditions((placement,), CLAMPED, FRESH, generation=3, now=WHEN)
     assert find_condition(after, "ScalingLimited") == placement
+    assert conditions_of(after)["DecisionLimited"] == ("True", "TooManyReplicas")
+
+
+@pytest.mark.parametrize("decision", [SCALE_OUT, ADVISORY, CLAMPED, HOLD], ids=lambda d: d.reason)
+def test_every_condition_the_autoscaler_sets_is_one_it_owns(decision: Decision) -> None:
+    """Server-side apply sends only owned types: a type set here but not owned would never be written."""
+    after = autoscaler_conditions((), decision, FRESH, generation=3, now=WHEN)
+    after = failure_conditions(after, reason="MetricsQueryFailed", message="down", generation=3, now=WHEN)
+    assert {condition.type for condition in after} <= AUTOSCALER_STATUS.condition_types
+    assert not AUTOSCALER_STATUS.condition_types & GROUP_STATUS.condition_types
 
 
 def test_an_unchanged_condition_keeps_its_transition_time() -> None:

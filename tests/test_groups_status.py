@@ -13,6 +13,7 @@ from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.groups import Assessment, Backoff, DrainEnded, Plan
 from goodput.controllers.observation import ContainerWaiting, PodView
+from goodput.controllers.ownership import GROUP_STATUS
 from goodput.controllers.placement import NoFit, NoFitReason
 from goodput.controllers.status import (
     RECENT_DRAINS,
@@ -164,16 +165,28 @@ def test_the_autoscalers_fields_pass_through() -> None:
         mode="Active",
     )
     theirs = Condition(
-        type=ConditionType.SCALING_LIMITED,
+        type=ConditionType.DECISION_LIMITED,
         status="True",
         last_transition_time=EARLIER,
         reason=Reason.TOO_MANY_REPLICAS,
         message="clamped to maxReplicas",
     )
-    previous = ModelGroupStatus(last_decision=decision, decisions=(decision,), conditions=(theirs,))
+    previous = ModelGroupStatus(
+        last_decision=decision, decisions=(decision,), autoscaler_state="{}", conditions=(theirs,)
+    )
     status = status_of(assessment("g0", "Ready"), desired=1, previous=previous)
     assert status.last_decision == decision and status.decisions == (decision,)
-    assert find_condition(status.conditions, ConditionType.SCALING_LIMITED) == theirs
+    assert status.autoscaler_state == "{}"
+    assert find_condition(status.conditions, ConditionType.DECISION_LIMITED) == theirs
+    # What the group controller applies holds none of it: only its own fields and conditions.
+    applied = GROUP_STATUS.apply_body("serving", "llama", status)["status"]
+    assert not {"lastDecision", "decisions", "autoscalerState"} & applied.keys()
+    assert {c["type"] for c in applied["conditions"]} == {
+        ConditionType.READY,
+        ConditionType.PROGRESSING,
+        ConditionType.DEGRADED,
+        ConditionType.SCALING_LIMITED,
+    }
 
 
 def test_an_unchanged_world_gives_an_equal_status() -> None:
@@ -325,10 +338,10 @@ def cond(kind: str, status: str, reason: str) -> Condition:
             id="the autoscaler's condition written meanwhile is kept; our own stays ours",
         ),
         pytest.param(
-            [cond(ConditionType.SCALING_LIMITED, "False", Reason.DESIRED_WITHIN_RANGE)],
-            [cond(ConditionType.SCALING_LIMITED, "True", "TooManyReplicas")],
-            {ConditionType.SCALING_LIMITED: "True"},
-            id="ScalingLimited set by the autoscaler wins over our cleared one",
+            [cond(ConditionType.DECISION_LIMITED, "False", Reason.DESIRED_WITHIN_RANGE)],
+            [cond(ConditionType.DECISION_LIMITED, "True", "TooManyReplicas")],
+            {ConditionType.DECISION_LIMITED: "True"},
+            id="a type the autoscaler owns is taken from what was observed",
         ),
         pytest.param(
             [cond(ConditionType.SCALING_LIMITED, "True", NoFitReason.INSUFFICIENT_GPUS.value)],

@@ -15,11 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
+import pytest
 
 from goodput.controllers import naming
 from goodput.controllers.drain import LeaderSample, parse_progress
 from goodput.controllers.groups import EventRecord
 from goodput.controllers.observation import RouteView, parse_node, parse_pod
+from goodput.controllers.ownership import GROUP_STATUS
 from goodput.controllers.placement import GpuClaim
 from goodput.operator.handlers import Indexes, ModelGroupLoop, Runtime, run_model_group_loop
 from goodput.operator.kube import KubeError
@@ -66,25 +68,28 @@ class FakeKube:
     calls: list[tuple[str, ...]] = field(default_factory=list)
     status_writes: list[dict[str, Any]] = field(default_factory=list)
     pod_patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    conflict_on_status: bool = False
-    # The ModelGroup's resourceVersion as the API server keeps it: every write moves it on, and a
-    # write whose precondition names another version is refused, as the API server refuses it.
+    # What the next status apply, or the creation of these pods, answers instead of succeeding.
+    status_failure: KubeError | None = None
+    refused_pods: dict[str, KubeError] = field(default_factory=dict)
+    # The ModelGroup's resourceVersion as the API server keeps it: every write moves it on.
     resource_version: int = int(MODEL_GROUP["metadata"]["resourceVersion"])
 
     def patch_custom(
         self, plural: str, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
-        precondition = patch.get("metadata", {}).get("resourceVersion")
-        if subresource == "status":
-            stale = precondition is not None and precondition != str(self.resource_version)
-            if self.conflict_on_status or stale:
-                raise KubeError(409, "Conflict", "the object has been modified")
-            self.status_writes.append(patch)
-            self.calls.append(("patch-status", name))
-        else:
-            self.calls.append(
-                ("patch-annotations", name, *sorted(patch["metadata"]["annotations"].items())[0])
-            )
+        assert subresource is None, "status is written by server-side apply only"
+        self.calls.append(("patch-annotations", name, *sorted(patch["metadata"]["annotations"].items())[0]))
+        self.resource_version += 1
+        return {"metadata": {"resourceVersion": str(self.resource_version)}}
+
+    def apply_custom_status(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any], *, field_manager: str
+    ) -> dict[str, Any]:
+        assert (plural, field_manager) == ("modelgroups", "goodput-groups")
+        if self.status_failure is not None:
+            raise self.status_failure
+        self.status_writes.append(body)
+        self.calls.append(("apply-status", name))
         self.resource_version += 1
         return {"metadata": {"resourceVersion": str(self.resource_version)}}
 
@@ -93,7 +98,10 @@ class FakeKube:
         return True
 
     def create_pod(self, manifest: dict[str, Any]) -> bool:
-        self.calls.append(("create-pod", manifest["metadata"]["name"]))
+        name = manifest["metadata"]["name"]
+        if name in self.refused_pods:
+            raise self.refused_pods[name]
+        self.calls.append(("create-pod", name))
         return True
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any], content_type: str = "") -> None:
@@ -121,15 +129,20 @@ class Harness:
     events: list[EventRecord]
     routes: dict[str, list[tuple[RouteView, ...]]] = field(default_factory=dict)
 
-    def run(self, *, watch_lags: bool = False) -> list[tuple[str, ...]]:
-        """One reconcile. Unless the watch lags, the loop sees the ModelGroup's latest
-        resourceVersion (its own earlier writes included), as a watch that caught up delivers it."""
+    def run(self, *, watch_lags: bool = False, fails: bool = False) -> list[tuple[str, ...]]:
+        """One reconcile (`fails`: one whose write the API server refuses, as the loop sees it). Unless
+        the watch lags, the loop sees the ModelGroup's latest resourceVersion (its own earlier
+        writes included), as a watch that caught up delivers it."""
         if not watch_lags:
             body = self.loop.body
             metadata = {**body["metadata"], "resourceVersion": str(self.kube.resource_version)}
             self.loop.body = kopf.Body({**body, "metadata": metadata})
         before = len(self.kube.calls)
-        asyncio.run(self.loop.reconcile())
+        if fails:
+            with pytest.raises(KubeError):
+                asyncio.run(self.loop.reconcile())
+        else:
+            asyncio.run(self.loop.reconcile())
         return self.kube.calls[before:]
 
 
@@ -172,11 +185,36 @@ def test_a_scale_out_records_the_counter_first_then_creates_and_releases_whole_g
         ("release-gate", "llama-g0-0"),
     ]
     assert ("release-gate", "llama-g0-1") in calls[5:6]
-    assert calls[-1] == ("patch-status", "llama")
+    assert calls[-1] == ("apply-status", "llama")
     status = h.kube.status_writes[-1]["status"]
     assert status["placingGroups"] == 2 and status["replicas"] == 0
-    assert h.kube.status_writes[-1]["metadata"] == {"resourceVersion": "8"}
+    # Server-side apply names the object and holds only the group controller's part: no precondition.
+    assert h.kube.status_writes[-1]["metadata"] == {"name": "llama", "namespace": "serving"}
+    assert set(status) <= GROUP_STATUS.fields | {"conditions"}
+    assert {c["type"] for c in status["conditions"]} == GROUP_STATUS.condition_types
     assert [e.reason for e in h.events] == ["GroupCreated", "GroupCreated"]
+
+
+def test_a_pod_the_api_server_refuses_is_a_warning_and_its_group_is_not_announced() -> None:
+    h = harness()
+    refusal = KubeError(403, "Forbidden", 'pods "llama-g1-0" is forbidden: exceeded quota: gpus')
+    h.kube.refused_pods["llama-g1-0"] = refusal
+    calls = h.run(fails=True)
+    assert [c[1] for c in calls if c[0] == "create-pod"] == ["llama-g0-0", "llama-g0-1"]
+    assert [(e.type, e.reason, e.group) for e in h.events] == [
+        ("Normal", "GroupCreated", "g0"),
+        ("Warning", "FailedCreate", "g1"),
+    ]
+    assert "exceeded quota: gpus" in h.events[-1].message
+    assert h.kube.status_writes == [], "a pass that failed writes no status"
+
+
+def test_a_pass_that_stops_early_does_not_announce_what_it_did_not_do() -> None:
+    h = harness()
+    h.kube.refused_pods["llama-g0-1"] = KubeError(500, "InternalError", "etcdserver: request timed out")
+    h.run(fails=True)
+    # g1 was never attempted: neither created nor announced.
+    assert [(e.reason, e.group) for e in h.events] == [("FailedCreate", "g0")]
 
 
 def test_the_loop_does_not_repeat_its_own_writes_while_the_watch_lags() -> None:
@@ -221,16 +259,16 @@ def test_an_invalid_spec_creates_nothing_and_says_why() -> None:
     body["spec"]["engine"]["image"] = "Not A Valid Image"
     h = harness(body)
     calls = h.run()
-    assert calls == [("patch-status", "llama")]
+    assert calls == [("apply-status", "llama")]
     ready = next(c for c in h.kube.status_writes[0]["status"]["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     assert "spec.engine.image" in ready["message"]
 
 
-def test_a_status_conflict_is_retried_on_the_next_pass_not_raised() -> None:
+def test_a_failed_status_write_is_not_remembered_as_written() -> None:
     h = harness()
-    h.kube.conflict_on_status = True
-    h.run()
+    h.kube.status_failure = KubeError(503, "ServiceUnavailable", "the server is shutting down")
+    h.run(fails=True)
     assert h.kube.status_writes == []
     assert h.loop.written_status is None
 
@@ -384,7 +422,7 @@ def test_scale_in_closes_admission_then_waits_for_the_endpoints_to_go_and_the_le
     )
 
 
-def test_a_timed_out_drain_counts_its_aborted_requests_even_when_the_status_write_conflicts() -> None:
+def test_a_timed_out_drain_counts_its_aborted_requests_even_when_the_status_write_fails() -> None:
     h = two_ready_groups(Settings(drain_settle_seconds=0))
     read(h, "g0", 3, finished=10)
     read(h, "g1", 1, finished=20)
@@ -397,14 +435,14 @@ def test_a_timed_out_drain_counts_its_aborted_requests_even_when_the_status_writ
     ]
     h.loop.expectations.clear()
     read(h, "g1", 4, finished=20)
-    h.kube.conflict_on_status = True
-    calls = h.run()
+    h.kube.status_failure = KubeError(503, "ServiceUnavailable", "the server is shutting down")
+    calls = h.run(fails=True)
     assert {c[1] for c in calls if c[0] == "delete-pod"} == {"llama-g1-0", "llama-g1-1"}
     assert h.events[-1].reason == "DrainTimedOut" and "4 request(s) aborted" in h.events[-1].message
     assert h.kube.status_writes == [] or "drain" not in h.kube.status_writes[-1]["status"]
 
-    # The next pass writes what the conflicting one could not, once.
-    h.kube.conflict_on_status = False
+    # The next pass writes what the failed one could not, once.
+    h.kube.status_failure = None
     h.run()
     h.run()
     writes = [w["status"]["drain"] for w in h.kube.status_writes if "drain" in w["status"]]
@@ -509,15 +547,34 @@ def test_a_new_engine_image_rolls_out_a_surge_group_first_and_says_so() -> None:
     assert progressing["reason"] == "RollingOut"
 
 
-def test_a_cancelled_drain_is_counted_even_when_that_status_write_conflicts() -> None:
+def test_a_cancelled_drain_is_counted_even_when_that_status_write_fails() -> None:
     h = two_ready_groups(Settings(drain_settle_seconds=0))
     read(h, "g0", 3, finished=10)
     read(h, "g1", 1, finished=20)
     h.run()
     h.loop.body = kopf.Body({**h.loop.body, "spec": {**h.loop.body["spec"], "replicas": 2}})
-    h.kube.conflict_on_status = True
-    h.run()
+    h.kube.status_failure = KubeError(503, "ServiceUnavailable", "the server is shutting down")
+    h.run(fails=True)
     assert h.events[-1].reason == "DrainCancelled"
-    h.kube.conflict_on_status = False
+    h.kube.status_failure = None
     h.run()
     assert h.kube.status_writes[-1]["status"]["drain"]["cancelled"] == 1
+
+
+def test_only_a_spec_change_or_a_deletion_wakes_the_loop_not_a_status_or_annotation_write() -> None:
+    runtime = Runtime(settings=Settings(), kube=FakeKube(), metrics=OperatorMetrics())  # type: ignore[arg-type]
+    wake = runtime.wakeup("serving", "llama")
+    seen: list[bool] = []
+
+    def change(**metadata: Any) -> None:
+        wake.clear()
+        body = {"metadata": {**MODEL_GROUP["metadata"], **metadata}, "status": {"autoscalerState": "x"}}
+        runtime.wake_on_change("serving", "llama", body)
+        seen.append(wake.is_set())
+
+    change()  # first sight
+    change(resourceVersion="8")  # the autoscaler's status apply
+    change(resourceVersion="9", annotations={"team": "serving"})  # a user's annotation
+    change(resourceVersion="10", generation=2)  # kubectl scale, or any spec edit
+    change(resourceVersion="11", generation=2, deletionTimestamp="2026-03-01T11:00:00Z")
+    assert seen == [True, False, False, True, True]

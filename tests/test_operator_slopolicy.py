@@ -11,6 +11,7 @@ import pytest
 from goodput.api.conditions import find_condition
 from goodput.api.reasons import ConditionType, EventReason, Reason
 from goodput.api.slopolicy import SloPolicyStatus
+from goodput.controllers.ownership import POLICY_STATUS
 from goodput.controllers.policy import parse_slo_policy, policy_problems, reconcile_policy
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -123,3 +124,17 @@ def test_an_unreadable_policy_is_rejected_with_the_field() -> None:
     assert condition is not None and condition.status == "False"
     assert "e2eSeconds" in condition.message
     assert result.status.observed_revision is None
+
+
+def test_the_policy_controller_applies_its_status_whole_as_its_own_field_manager() -> None:
+    result = reconcile_policy(
+        SloPolicyStatus(), generation=2, policy=parsed(POLICY), bound_model_groups=["llama"], now=NOW
+    )
+    body = POLICY_STATUS.apply_body("serving", "interactive", result.status)
+    assert (POLICY_STATUS.field_manager, body["kind"], body["metadata"]) == (
+        "goodput-policies",
+        "SLOPolicy",
+        {"name": "interactive", "namespace": "serving"},
+    )
+    assert body["status"]["observedGeneration"] == 2 and body["status"]["boundModelGroups"] == ["llama"]
+    assert [(c["type"], c["status"]) for c in body["status"]["conditions"]] == [("Accepted", "True")]

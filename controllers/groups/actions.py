@@ -201,10 +201,10 @@ def _replaced(tick: Tick, step: GroupTransition, actions: _Actions, superseded: 
         message = (
             f"group {group.name} deleted: {group.message}; domain {group.domain} backed off for {backoff:g}s"
         )
-        actions.events.append(EventRecord("Warning", EventReason.SCHEDULE_TIMEOUT, message))
+        actions.events.append(EventRecord("Warning", EventReason.SCHEDULE_TIMEOUT, message, group.name))
     else:
         message = f"group {group.name} failed, replacing it whole: {group.message}"
-        actions.events.append(EventRecord("Warning", EventReason.GROUP_FAILED, message))
+        actions.events.append(EventRecord("Warning", EventReason.GROUP_FAILED, message, group.name))
 
 
 def _warmed_up(tick: Tick, step: GroupTransition, actions: _Actions, superseded: bool) -> None:
@@ -212,7 +212,7 @@ def _warmed_up(tick: Tick, step: GroupTransition, actions: _Actions, superseded:
         return  # chosen for scale-in in the same tick: it never serves, so it is never marked ready
     group = tick.groups[step.group]
     actions.ready.append(GateChange(group.name, group.pod_names, True, Reason.GROUPS_READY, step.message))
-    actions.events.append(EventRecord("Normal", EventReason.GROUP_READY, step.message))
+    actions.events.append(EventRecord("Normal", EventReason.GROUP_READY, step.message, group.name))
 
 
 def _drain_ended(tick: Tick, step: GroupTransition, actions: _Actions, superseded: bool) -> None:
@@ -242,6 +242,7 @@ def _drain_ended(tick: Tick, step: GroupTransition, actions: _Actions, supersede
             EventReason.DRAIN_TIMED_OUT if timed_out else EventReason.DRAIN_FINISHED,
             f"{drain.message}; {len(group.pods)} pod(s) deleted together with a "
             f"{grace}s grace period (vLLM --shutdown-timeout {template.shutdown_timeout_seconds}s)",
+            group.name,
         )
     )
 
@@ -251,11 +252,11 @@ def _scaled_out(tick: Tick, step: GroupTransition, actions: _Actions, superseded
     actions.drain_marks.append(DrainMark(group.name, group.pod_names, None))
     actions.ready.append(GateChange(group.name, group.pod_names, True, Reason.GROUPS_READY, step.message))
     actions.cancelled.append(group.name)
-    actions.events.append(EventRecord("Normal", EventReason.DRAIN_CANCELLED, step.message))
+    actions.events.append(EventRecord("Normal", EventReason.DRAIN_CANCELLED, step.message, group.name))
 
 
 def _created(tick: Tick, step: GroupTransition, actions: _Actions, superseded: bool) -> None:
-    actions.events.append(EventRecord("Normal", EventReason.GROUP_CREATED, step.message))
+    actions.events.append(EventRecord("Normal", EventReason.GROUP_CREATED, step.message, step.group))
 
 
 def _scaled_in(tick: Tick, step: GroupTransition, actions: _Actions, superseded: bool) -> None:
@@ -265,13 +266,13 @@ def _scaled_in(tick: Tick, step: GroupTransition, actions: _Actions, superseded:
             GateChange(group.name, group.pod_names, False, Reason.GROUPS_DRAINING, step.message)
         )
         actions.drain_marks.append(DrainMark(group.name, group.pod_names, tick.world.now))
-        actions.events.append(EventRecord("Normal", EventReason.DRAIN_STARTED, step.message))
+        actions.events.append(EventRecord("Normal", EventReason.DRAIN_STARTED, step.message, group.name))
         # The drain's baseline: the leader's counters as admission closes.
         actions.probes.append(_probe(group, tick.world))
         return
     group = tick.observed[step.group]
     actions.deletions.append(_deletion(tick, group))
-    actions.events.append(EventRecord("Normal", EventReason.GROUP_DELETED, step.message))
+    actions.events.append(EventRecord("Normal", EventReason.GROUP_DELETED, step.message, group.name))
 
 
 def _probe(group: Assessment, world: World) -> LeaderProbe | None:

@@ -319,6 +319,9 @@ class EventRecord:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    group: str | None = None
+    """The group whose API writes this Event reports (its creation, deletion, gates or drain
+    marks): the operator posts it only once they all succeeded. None: an observation, posted as is."""
 
 
 @dataclass(frozen=True, slots=True)
