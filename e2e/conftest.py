@@ -29,6 +29,7 @@ from goodput.testbed.cluster.kube import ApiError
 from goodput.testbed.cluster.netns import NetnsError
 from goodput.testbed.cluster.pki import PkiError
 from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.operator_process import FakeLeaders, OperatorProcess, fake_leaders
 
 E2E_CLUSTER_ENV = "GOODPUT_E2E_CLUSTER"
 SESSION_SCRAPE_INTERVAL_SECONDS = 2.0
@@ -115,3 +116,20 @@ def namespace(cluster: controlplane.LocalCluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def operator(
+    cluster: controlplane.LocalCluster, goodput_crds: list[str], namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator watching the test's namespace, after the CRDs; a file that needs another start
+    order (the emulator first) or another process declares its own."""
+    with OperatorProcess(cluster, namespace, tmp_path / "operator.log") as running:
+        yield running
+
+
+@pytest.fixture
+def leaders(cluster: controlplane.LocalCluster, tmp_path: Path) -> Iterator[FakeLeaders]:
+    """Stand-ins serving as every group leader, recording what they were sent."""
+    with fake_leaders(cluster, tmp_path / "completions.jsonl") as serving:
+        yield serving

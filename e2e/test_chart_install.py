@@ -97,25 +97,35 @@ def restricted_namespace(cluster: LocalCluster, namespace: str) -> str:
     return namespace
 
 
+@contextlib.contextmanager
+def scratch_namespace(cluster: LocalCluster, prefix: str) -> Iterator[str]:
+    """A namespace of the test's own, yielded once its default ServiceAccount exists (pods and
+    tokens need it), deleted without waiting; a ModelGroup the operator did not get to finalize (a
+    failed test) must not hold it."""
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        wait_for(
+            lambda: get_json(cluster, "serviceaccount", "default", "-n", name),
+            timeout_seconds=30,
+            describe=f"the default ServiceAccount of {name}",
+        )
+        yield name
+    finally:
+        remaining = get_json(cluster, "modelgroups", "-n", name) or {"items": []}
+        for item in remaining["items"]:
+            cluster.kubectl(
+                "patch", "modelgroup", item["metadata"]["name"], "-n", name, "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.fixture
 def workload_namespace(cluster: LocalCluster) -> Iterator[str]:
     """A second namespace, for the ModelGroups (vLLM pods are not restricted-compliant)."""
-    name = f"e2e-work-{secrets.token_hex(3)}"
-    cluster.kubectl("create", "namespace", name)
-    wait_for(
-        lambda: get_json(cluster, "serviceaccount", "default", "-n", name),
-        timeout_seconds=30,
-        describe=f"the default ServiceAccount of {name}",
-    )
-    yield name
-    # A ModelGroup the operator did not get to finalize (a failed test) must not hold the namespace.
-    remaining = get_json(cluster, "modelgroups", "-n", name) or {"items": []}
-    for item in remaining["items"]:
-        cluster.kubectl(
-            "patch", "modelgroup", item["metadata"]["name"], "-n", name, "--type=merge",
-            "-p", '{"metadata":{"finalizers":null}}', check=False,
-        )  # fmt: skip
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with scratch_namespace(cluster, "e2e-work") as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import secrets
 import ssl
 import urllib.error
 import urllib.request
@@ -40,6 +39,7 @@ from test_chart_install import (
     operator_environment,
     operator_process,
     restricted_namespace,  # noqa: F401 (a fixture, used by name)
+    scratch_namespace,
     service_account_kubeconfig,
     workload_namespace,  # noqa: F401 (a fixture, used by name)
 )
@@ -191,15 +191,8 @@ def assert_reviewed(found: Review, table: set[Grant], writable: frozenset[str]) 
 @pytest.fixture
 def elsewhere(cluster: LocalCluster) -> Iterator[str]:
     """A namespace the chart serves nothing in: what an account may do there, it may do everywhere."""
-    name = f"e2e-elsewhere-{secrets.token_hex(3)}"
-    cluster.kubectl("create", "namespace", name)
-    wait_for(
-        lambda: get_json(cluster, "serviceaccount", "default", "-n", name),
-        timeout_seconds=30,
-        describe=f"the default ServiceAccount of {name}",
-    )
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with scratch_namespace(cluster, "e2e-elsewhere") as name:
+        yield name
 
 
 def operator_account(install: Installed) -> str:

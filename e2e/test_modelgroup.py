@@ -29,20 +29,6 @@ CLIQUE = "nvidia.com/gpu.clique"
 MODEL_GROUP_LABEL = "goodput.dev/model-group"
 
 
-@pytest.fixture
-def operator(
-    cluster: LocalCluster, goodput_crds: list[str], namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    with OperatorProcess(cluster, namespace, tmp_path / "operator.log") as running:
-        yield running
-
-
-@pytest.fixture
-def leaders(cluster: LocalCluster, tmp_path: Path) -> Iterator[FakeLeaders]:
-    with fake_leaders(cluster, tmp_path / "completions.jsonl") as serving:
-        yield serving
-
-
 @contextlib.contextmanager
 def gpu_pool(
     cluster: LocalCluster, namespace: str, cliques: int, nodes_per_clique: int = 2

@@ -22,7 +22,7 @@ import yaml
 
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
-from goodput.testbed.operator_process import FakeLeaders, OperatorProcess, fake_leaders
+from goodput.testbed.operator_process import FakeLeaders, OperatorProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -31,20 +31,6 @@ SAMPLES = ROOT / "manifests" / "samples"
 POOL_LABEL = "e2e.goodput.dev/pool"
 CLIQUE = "nvidia.com/gpu.clique"
 H100 = "NVIDIA-H100-80GB-HBM3"
-
-
-@pytest.fixture
-def operator(
-    cluster: LocalCluster, goodput_crds: list[str], namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    with OperatorProcess(cluster, namespace, tmp_path / "operator.log") as running:
-        yield running
-
-
-@pytest.fixture
-def leaders(cluster: LocalCluster, tmp_path: Path) -> Iterator[FakeLeaders]:
-    with fake_leaders(cluster, tmp_path / "completions.jsonl") as serving:
-        yield serving
 
 
 @contextlib.contextmanager

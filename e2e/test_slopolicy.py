@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,14 +12,6 @@ from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def operator(
-    cluster: LocalCluster, goodput_crds: list[str], namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    with OperatorProcess(cluster, namespace, tmp_path / "operator.log") as running:
-        yield running
 
 
 def policy(namespace: str, revision: str, **autoscaling: Any) -> str:
