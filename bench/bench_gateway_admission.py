@@ -36,7 +36,7 @@ import yaml
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.admission import DrainRateMeter, GroupLoad, RequestShape, admit
+from goodput.controllers.admission import DrainRateMeter, GroupLoad, RequestShape, admit, slot_wait_seconds
 from goodput.controllers.fairness import (
     FairnessPolicy,
     FairQueue,
@@ -156,6 +156,12 @@ class Loop:
                 capacity,
                 capacity - engine.used_blocks * 16,
                 rate,
+                slot_wait_seconds(
+                    len(self.in_flight[g]),
+                    self.policy.max_in_flight_per_group,
+                    sum(self.in_flight[g].values()),
+                    rate,
+                ),
             )
             for g, engine in enumerate(self.engines)
         ]

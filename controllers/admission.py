@@ -164,6 +164,8 @@ class GroupLoad:
 
     waiting_work_seconds: predicted work of the requests queued for it (or for the pool) not yet
     started; a new request waits behind it. kv_free_tokens: KV tokens not held by requests in flight.
+    slot_wait_seconds: while every dispatch slot holds a request, how long until one frees
+    (`slot_wait_seconds`); 0 while a slot is free.
     """
 
     name: str
@@ -174,10 +176,30 @@ class GroupLoad:
     kv_capacity_tokens: int
     kv_free_tokens: int
     capacity_work_seconds_per_second: float
+    slot_wait_seconds: float = 0.0
 
     @property
     def serving(self) -> bool:
         return self.ready and not self.draining
+
+
+def slot_wait_seconds(
+    in_flight_requests: int,
+    max_in_flight: int,
+    running_work_seconds: float,
+    capacity_work_seconds_per_second: float,
+) -> float:
+    """Until a full group frees a dispatch slot: the mean in-flight request's work at the group's rate.
+
+    N requests in flight share the group's rate, each at 1/N of it; the first of them to finish
+    has, on average, about 1/N of a mean request's work left, so the wait is about one mean
+    request's work at the whole rate. 0 while a slot is free; unbounded when nothing is served.
+    """
+    if in_flight_requests < max_in_flight or in_flight_requests <= 0:
+        return 0.0
+    if capacity_work_seconds_per_second <= 0:
+        return math.inf
+    return running_work_seconds / in_flight_requests / capacity_work_seconds_per_second
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,8 +449,9 @@ class DeadlineCheck:
 def predicted_ttft(
     policy: AdmissionPolicy, groups: Sequence[GroupLoad], prompt_tokens: int, arrival_time: float, now: float
 ) -> DeadlineCheck:
-    """Time already waited, plus the least predicted wait over the serving groups, plus the request's
-    prefill and first decode step on an otherwise idle group."""
+    """Time already waited, plus the least predicted wait over the serving groups (the queued work
+    ahead, and the wait for a slot on a full group), plus the request's prefill and first decode
+    step on an otherwise idle group."""
     floor = policy.floor_model
     service = (
         floor.route_seconds
@@ -439,7 +462,7 @@ def predicted_ttft(
     for group in groups:
         if not group.serving:
             continue
-        wait = policy.wait_p90_factor * predicted_queue_wait_seconds(
+        wait = group.slot_wait_seconds + policy.wait_p90_factor * predicted_queue_wait_seconds(
             group.waiting_work_seconds, 1, group.capacity_work_seconds_per_second
         )
         if wait < best_wait:

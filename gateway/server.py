@@ -43,6 +43,7 @@ from goodput.controllers.admission import (
     RetryBudget,
     TokenBucket,
     admit,
+    slot_wait_seconds,
 )
 from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_seconds
 from goodput.controllers.request_path import RequestPathPolicy
@@ -239,6 +240,7 @@ class Gateway:
             measured / len(serving) if measured and serving else self.policy.capacity_work_seconds_per_second
         )
         capacity = self.policy.kv_capacity_tokens
+        limit = self.policy.max_in_flight_per_group
         return [
             GroupLoad(
                 name=name,
@@ -249,6 +251,7 @@ class Gateway:
                 kv_capacity_tokens=capacity,
                 kv_free_tokens=capacity - state.kv_used_tokens,
                 capacity_work_seconds_per_second=rate,
+                slot_wait_seconds=slot_wait_seconds(state.in_flight, limit, state.running_work_seconds, rate),
             )
             for name, state in self.groups.items()
         ]

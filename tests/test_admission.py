@@ -26,6 +26,7 @@ from goodput.controllers.admission import (
     admission_policy,
     admit,
     retry_after_seconds,
+    slot_wait_seconds,
 )
 from goodput.estimators.feasibility import FloorModel, longest_feasible_prompt_tokens
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel
@@ -410,6 +411,31 @@ def test_admitted_requests_are_predicted_to_meet_their_ttft(waiting: float, prom
     if decision.outcome is Outcome.ADMIT:
         assert waiting <= 1.0
     assert decision.outcome in (Outcome.ADMIT, Outcome.REJECT)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "limit", "running_work", "capacity", "expected"),
+    [
+        pytest.param(3, 4, 12.0, 2.0, 0.0, id="a-free-slot-means-no-wait"),
+        pytest.param(0, 0, 0.0, 2.0, 0.0, id="nothing-in-flight"),
+        pytest.param(4, 4, 12.0, 2.0, 1.5, id="full-waits-one-mean-request-at-the-groups-rate"),
+        pytest.param(8, 4, 12.0, 2.0, 0.75, id="over-the-limit-counts-as-full"),
+        pytest.param(4, 4, 12.0, 0.0, math.inf, id="a-group-that-serves-nothing-never-frees-one"),
+    ],
+)
+def test_a_full_group_frees_a_slot_after_about_one_mean_requests_work(
+    in_flight: int, limit: int, running_work: float, capacity: float, expected: float
+) -> None:
+    assert slot_wait_seconds(in_flight, limit, running_work, capacity) == expected
+
+
+def test_a_full_group_with_nothing_queued_still_makes_a_request_wait_for_a_slot() -> None:
+    """Every slot busy, the queue empty: the request waits for a slot before its prefill, and the
+    gate counts that wait (without it the request would be admitted and miss its target)."""
+    full = group(slot_wait_seconds=1.5)
+    assert admit(policy(), request(), (group(),), now=100.0).outcome is Outcome.ADMIT
+    decision = admit(policy(), request(), (full,), now=100.0)
+    assert (decision.outcome, decision.reason) == (Outcome.REJECT, AdmissionReason.DEADLINE)
 
 
 @given(level=st.floats(0, 1000), spent=st.floats(0, 1000), later=st.floats(0, 600))
