@@ -211,9 +211,10 @@ class Seen:
         )
 
 
-def prompt_of(tokens: int) -> str:
-    """A prompt the gateway counts as `tokens` tokens (4 bytes a token), unlike any other."""
-    return ("word " * tokens)[: 4 * tokens]
+def prompt_of(tokens: int, salt: str = "") -> str:
+    """A prompt the gateway counts as `tokens` tokens (4 bytes a token), starting with `salt`: distinct
+    salts make distinct prefixes, so prefix-cache affinity does not pin every request to one group."""
+    return (f"{salt} " + "word " * tokens)[: 4 * tokens]
 
 
 async def _send(session: aiohttp.ClientSession, url: str, seen: Seen, start: float) -> None:
@@ -221,7 +222,7 @@ async def _send(session: aiohttp.ClientSession, url: str, seen: Seen, start: flo
     await asyncio.sleep(max(0.0, start + planned.at_seconds - time.monotonic()))
     body = {
         "model": "llama",
-        "prompt": prompt_of(planned.prompt_tokens),
+        "prompt": prompt_of(planned.prompt_tokens, f"{planned.tenant}-{planned.at_seconds:.3f}"),
         "max_tokens": planned.output_tokens,
         "stream": True,
     }
@@ -314,6 +315,7 @@ def test_a_noisy_tenant_at_ten_times_the_rate_does_not_push_a_light_tenant_below
         light = [one for one in seen if one.planned.tenant == "light"]
         noisy = [one for one in seen if one.planned.tenant == "noisy"]
         report = f"light: {summary(light)}\nnoisy: {summary(noisy)}\ngateway log:\n{gateway.log_tail()}"
+        print(f"noisy tenant story: light {summary(light)}; noisy {summary(noisy)}")
 
         # The light tenant is served, and inside its SLO, as if alone.
         assert all(one.status == 200 for one in light), report
@@ -343,6 +345,7 @@ def test_an_overload_of_three_times_capacity_keeps_admitted_requests_inside_the_
         serving_fleet(stage, 1, gateway)
         seen = offer(gateway.url, steady(3 * GROUP_REQUESTS_PER_SECOND, 20))
         report = f"{summary(seen)}\ngateway log:\n{gateway.log_tail()}"
+        print(f"overload story: {summary(seen)}")
 
         assert all(one.status in (200, 429) for one in seen), report
         admitted = [one for one in seen if one.status == 200]
@@ -479,6 +482,8 @@ def test_a_drain_loses_no_request_routed_through_the_gateway_and_routes_none_aft
         routed = [(one.sent_at, one.headers.get("X-Goodput-Group")) for one in seen]
         # The draining group served before its mark (so this could fail), and nothing sent after it.
         assert any(group == victim for at, group in routed if at < mark), report
+        on_victim = sum(1 for _, group in routed if group == victim)
+        print(f"drain story: {summary(seen)}; {on_victim} on {victim}, drain mark at {mark:.3f}")
         late = [at - mark for at, group in routed if group == victim and at > mark + MARK_DELIVERY_SECONDS]
         assert not late, f"sent this long after the mark, routed to {victim}: {late}\n{report}"
         assert any(group != victim for at, group in routed if at > mark + MARK_DELIVERY_SECONDS), report
