@@ -29,26 +29,22 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import test_autoscaler
 from test_autoscaler import (
     LONG_PROMPT_TOKENS,
-    POOL_LABEL,
     Stage,
-    emulator_process,
     model_group,
-    operator_process,
     slo_policy,
 )
 
 from goodput.api.labels import LEADER_RANK
 from goodput.controllers.observation import parse_pod
-from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.operator_process import GatewayProcess, operator_metric
 
@@ -59,21 +55,9 @@ POLICY = "interactive"
 HOLD_SECONDS = 150  # longer than placing, loading and warming one group, and the decisions before
 
 
-@pytest.fixture
-def stage(cluster: LocalCluster, goodput_crds: list[str], namespace: str, tmp_path: Path) -> Iterator[Stage]:
-    node = cluster.add_gpu_node(
-        f"{namespace}-h100", zone=f"{namespace}-z", clique=f"{namespace}-c", labels={POOL_LABEL: namespace}
-    )
-    emulator = emulator_process(cluster, namespace, tmp_path / "emulator.log")
-    operator = operator_process(cluster, namespace, tmp_path / "operator.log")
-    emulator.start()
-    operator.start()
-    try:
-        yield Stage(cluster, namespace, operator, emulator)
-    finally:
-        operator.stop()
-        emulator.stop()
-        cluster.remove_node(node.name)
+# The autoscaler stories' fixture (a GPU node, the emulator and the operator in the test's namespace),
+# bound here so pytest finds it under the same name.
+stage = test_autoscaler.stage
 
 
 def held_policy(namespace: str) -> dict[str, Any]:
