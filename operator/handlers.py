@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,7 +33,7 @@ from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
 from goodput.controllers import naming
-from goodput.controllers.drain import LeaderReading, LeaderSample, encode_progress
+from goodput.controllers.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
 from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
 from goodput.controllers.groups import (
     DrainEnded,
@@ -111,6 +113,19 @@ RESERVATION_SECONDS = 60.0
 STATUS_ECHO_TIMEOUT = timedelta(seconds=30)
 # How long kopf lets a stopping ModelGroup loop finish its pass before cancelling it.
 LOOP_STOP_GRACE_SECONDS = 10.0
+
+
+# The one test switch (the e2e crash stories of issue 18): GOODPUT_TEST_KILL_AT names a step of a
+# drain, and the operator SIGKILLs itself the first time it completes that step, so a story lands a
+# kill exactly between two writes. Steps: "drain-marked" (one victim's ranks marked draining, no gate
+# changed yet), "drain-gated" (a victim's gates False), "drain-outcome" (a drain's outcome on its
+# ranks, not yet in status), "drain-deleted" (an ended drain's ranks deleted). Never set in service.
+TEST_KILL_AT_ENV = "GOODPUT_TEST_KILL_AT"
+
+
+def _test_kill_point(step: str) -> None:
+    if os.environ.get(TEST_KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def post_events_with_kopf(body: kopf.Body, events: Iterable[EventRecord]) -> None:
@@ -470,7 +485,12 @@ class ModelGroupLoop:
             self.runtime.metrics.reconcile_errors.labels("modelgroup", "spec").inc()
             return
 
-        world = self.build_world(parsed, nodes, now, deleting=bool(metadata.get("deletionTimestamp")))
+        world = replace(
+            self.build_world(parsed, nodes, now, deleting=bool(metadata.get("deletionTimestamp"))),
+            recorded_drains=frozenset(record.group for record in previous.drain.recent)
+            if previous.drain is not None
+            else frozenset(),
+        )
         plan = plan_model_group(world)
         for creation in plan.creations:
             for manifest in creation.pods:
@@ -497,6 +517,9 @@ class ModelGroupLoop:
         if await self._patch_status(
             resource_version or metadata.get("resourceVersion"), previous, status, now
         ):
+            # A drain's end is announced once its record is durable: a restart re-records (and
+            # announces) a drain only if this write did not land.
+            self.runtime.post_events(self.body, [d.event for d in self.unrecorded_drains if d.event])
             self.unrecorded_drains = []
             self.unrecorded_cancellations = 0
         else:
@@ -604,17 +627,46 @@ class ModelGroupLoop:
             for pod in pods:
                 remember(pod, EXISTS, "gated", gated=False)
 
+        for start in plan.drain_starts:
+            # Intent first (see DrainStart): every rank marked, announced, and only then its gate.
+            since_patch = {
+                "metadata": {"annotations": {naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(start.since)}}
+            }
+            await _gather(kube.patch_pod, [(namespace, pod, since_patch) for pod in start.pods])
+            for pod in start.pods:
+                if pod in views:
+                    remember(pod, "draining_since", draining_since=start.since)
+            _test_kill_point("drain-marked")
+            if start.event is not None:
+                self.runtime.post_events(self.body, [start.event])
+            await set_gates(GateChange(start.group, start.pods, False, start.reason, start.message))
+            _test_kill_point("drain-gated")
         for change in plan.unready:
             await set_gates(change)
+        for outcome in plan.drain_outcomes:
+            # The drain's end on every rank before its status record and before any deletion.
+            outcome_patch = {
+                "metadata": {"annotations": {naming.ANNOTATION_DRAIN_OUTCOME: encode_outcome(outcome.record)}}
+            }
+            await _gather(kube.patch_pod, [(namespace, pod, outcome_patch) for pod in outcome.pods])
+            for pod in outcome.pods:
+                if pod in views:
+                    remember(pod, "drain_outcome", drain_outcome=outcome.record)
+            _test_kill_point("drain-outcome")
         for deletion in plan.deletions:
             await _gather(kube.delete_pod, [(namespace, pod) for pod in deletion.pods])
             for pod in deletion.pods:
                 self.expectations = expect_deleted(self.expectations, pod, world.now)
             if deletion.service:
                 await asyncio.to_thread(kube.delete_service, namespace, deletion.service)
+            if any(step.group == deletion.group and step.before == "Draining" for step in plan.transitions):
+                _test_kill_point("drain-deleted")
         metrics = self.runtime.metrics
         for drain in plan.drains_ended:
-            # Kept until a status write carries it, even if a later step of this pass fails.
+            # Repeated by every pass until the status holds it; counted and announced once here.
+            if any(known.group == drain.group for known in self.unrecorded_drains):
+                continue
+            # Kept until a status write carries it (and announced then), even if a later step fails.
             self.unrecorded_drains.append(drain)
             metrics.drain_ended(namespace, self.name, drain)
             self.logger.info(

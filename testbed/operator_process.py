@@ -100,6 +100,8 @@ class OperatorProcess:
     reconcile_interval_seconds: float = 1.0
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    extra_environment: dict[str, str] = field(default_factory=dict)
+    """Added to the operator's environment at the next start (e.g. the test kill switch)."""
 
     def start(self) -> None:
         self.metrics_port = free_ports(1)[0]
@@ -120,7 +122,11 @@ class OperatorProcess:
             "--reconcile-interval",
             str(self.reconcile_interval_seconds),
         ]
-        environment = {"KUBECONFIG": self.cluster.kubeconfig, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        environment = {
+            "KUBECONFIG": self.cluster.kubeconfig,
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            **self.extra_environment,
+        }
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
 
