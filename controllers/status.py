@@ -15,7 +15,14 @@ from datetime import datetime
 
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
 from goodput.api.labels import leader_label_selector
-from goodput.api.modelgroup import DrainRecord, DrainSummary, GroupStatus, ModelGroupStatus, ReadyTime
+from goodput.api.modelgroup import (
+    RECENT_DRAINS,
+    DrainRecord,
+    DrainSummary,
+    GroupStatus,
+    ModelGroupStatus,
+    ReadyTime,
+)
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.groups import Assessment, DrainEnded, Plan
 from goodput.controllers.placement import NoFitReason
@@ -23,7 +30,6 @@ from goodput.controllers.placement import NoFitReason
 # The ScalingLimited reasons this controller sets, and so may clear.
 _PLACEMENT_REASONS = frozenset({*(reason.value for reason in NoFitReason), Reason.SCHEDULE_TIMEOUT})
 # Drains kept in `status.drain.recent`, newest first.
-RECENT_DRAINS = 10
 # Progressing reports the earliest phase any group is in.
 _PHASES = (
     ("Placing", Reason.GROUPS_PLACING),

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.api.modelgroup import RECENT_DRAINS
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.drain import DrainBaseline, DrainOutcomeRecord, DrainProgress, LeaderSample
@@ -1040,3 +1041,27 @@ def test_a_leaving_group_is_not_put_back_in_service_by_a_scale_out() -> None:
     plan = plan_model_group(world(group("g0", "ready"), leaving, desired=2))
     assert plan.ready == () and plan.drains_cancelled == ()
     assert len(plan.creations) == 1
+
+
+def test_no_more_drains_end_in_a_pass_than_the_status_keeps_so_each_is_recorded_once() -> None:
+    """A drain is deleted only once `status.drain.recent` (10 records) holds it: twelve drains that
+    end together end over two passes, each recorded once and deleted once."""
+    names = [f"g{i}" for i in range(12)]
+    pods = [
+        replace(p, drain_progress=ROUTES_STOPPED) if p.rank == 0 else p
+        for name in names
+        for p in draining(name, 30)
+    ]
+    readings = {name: LeaderSample(NOW, 0, 0, finished_total=41) for name in names}
+    w = world(pods, desired=0, leader_readings=readings)
+    ended: list[str] = []
+    deleted: list[str] = []
+    recorded: frozenset[str] = frozenset()
+    for _ in range(4):
+        plan = plan_model_group(replace(w, recorded_drains=recorded))
+        assert len(plan.drains_ended) <= RECENT_DRAINS
+        ended += [e.group for e in plan.drains_ended if e.group not in recorded]
+        deleted += [d.group for d in plan.deletions]
+        recorded |= {e.group for e in plan.drains_ended}
+        w = apply(w, plan)
+    assert sorted(ended) == sorted(names) and sorted(deleted) == sorted(names)

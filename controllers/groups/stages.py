@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import cast
 
+from goodput.api.modelgroup import RECENT_DRAINS
 from goodput.api.reasons import Reason
 from goodput.controllers import naming
 from goodput.controllers.drain import (
@@ -193,10 +194,15 @@ def drains(tick: Tick) -> Tick:
     policy = world.rules.drain_policy()
     steps = dict(tick.drain_steps)
     ending = dict(tick.drains_ending)
-    for group in tick.in_state("Draining"):
+    # Drains already ended on their ranks first: at most RECENT_DRAINS may await their record.
+    draining = sorted(tick.in_state("Draining"), key=lambda g: (g.drain_outcome is None, group_key(g.name)))
+    for group in draining:
         record = group.drain_outcome
         if record is None:
             step = step_drain(_drain_view(group, world), policy, world.now)
+            if isinstance(step, RemoveGroup) and len(ending) >= RECENT_DRAINS:
+                waiting = "drain over: waiting a pass for other drains to be recorded first"
+                step = KeepDraining("ReadingLeader", waiting, group.drain_progress or DrainProgress(), True)
             steps[group.name] = step
             if isinstance(step, KeepDraining):
                 groups = {
