@@ -580,8 +580,10 @@ class ModelGroupLoop:
         """Apply a plan in order; returns the ModelGroup's resourceVersion if this pass changed it.
 
         The group counter is recorded before any pod of a new group exists, so a restart never
-        reuses a name; gates go False on every failing rank before anything is deleted; a group's
-        gates are released only once every one of its pods exists.
+        reuses a name; a drain's mark is on every rank before its gate goes False, and its outcome
+        on every rank before its status record (the ranks go in a later pass, once recorded); gates
+        go False on every failing rank before anything is deleted; a group's gates are released
+        only once every one of its pods exists. The order is the plan's `APPLY_ORDER`.
         """
         kube = self.runtime.kube
         namespace = self.namespace
@@ -663,7 +665,7 @@ class ModelGroupLoop:
                 _test_kill_point("drain-deleted")
         metrics = self.runtime.metrics
         for drain in plan.drains_ended:
-            # Repeated by every pass until the status holds it; counted and announced once here.
+            # Repeated by every pass until the status holds it: kept and counted once per process.
             if any(known.group == drain.group for known in self.unrecorded_drains):
                 continue
             # Kept until a status write carries it (and announced then), even if a later step fails.
