@@ -15,9 +15,12 @@ its prefix cache away, so scale-in is a protocol:
 4. Remove every rank together (each pod's grace period outlasts vLLM's `--shutdown-timeout`).
    On timeout the requests still in flight are counted as aborted: never silently.
 
-A drain's state lives in the cluster (the draining-since and drain-progress pod annotations), so
-a restarted operator resumes it where it was. Everything here is pure: `step_drain` decides from a
-frozen view of one draining group and `now`.
+A drain's state lives in the cluster, each part written before the act it announces, so an operator
+killed at any write resumes it where it was (issue 18): the draining-since mark on every rank before
+any readiness gate goes False; the drain's progress on the leader; its outcome (`DrainOutcomeRecord`,
+the drain-outcome annotation) on every rank, then in `status.drain.recent`, and only then are the
+ranks deleted. Everything here is pure: `step_drain` decides from a frozen view of one draining
+group and `now`.
 """
 
 from __future__ import annotations
@@ -401,3 +404,79 @@ def _parse_time(value: object) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+# The drain-outcome annotation: a drain's end, written on every rank before any rank is deleted.
+
+
+@dataclass(frozen=True, slots=True)
+class DrainOutcomeRecord:
+    """How a drain ended, as decided once. It is written on every rank before the group's status
+    record and before any deletion, so an operator killed in between rebuilds the same record from
+    the pods (never recomputes it from a leader that may have changed) and counts it exactly once."""
+
+    outcome: DrainOutcome
+    started_at: datetime
+    ended_at: datetime
+    duration_seconds: float
+    requests_finished: int | None
+    requests_aborted: int | None
+    on_timeout: OnTimeout | None = None
+    message: str = ""
+
+
+def encode_outcome(record: DrainOutcomeRecord) -> str:
+    document: dict[str, object] = {
+        "outcome": record.outcome,
+        "startedAt": _rfc3339(record.started_at),
+        "endedAt": _rfc3339(record.ended_at),
+        "durationSeconds": round(record.duration_seconds, 3),
+        "requestsFinished": record.requests_finished,
+        "requestsAborted": record.requests_aborted,
+        "message": record.message,
+    }
+    if record.on_timeout is not None:
+        document["onTimeout"] = record.on_timeout
+    return json.dumps(document, separators=(",", ":"), sort_keys=True)
+
+
+def parse_outcome(text: str | None) -> DrainOutcomeRecord | None:
+    """The drain outcome stored on a rank; None when absent or unreadable (the drain then resumes
+    and decides its end again, which is safe: nothing was recorded or deleted on its account)."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(raw, dict) or raw.get("outcome") not in ("Drained", "TimedOut"):
+        return None
+    started_at = _parse_time(raw.get("startedAt"))
+    ended_at = _parse_time(raw.get("endedAt"))
+    duration = raw.get("durationSeconds")
+    if started_at is None or ended_at is None or not isinstance(duration, int | float) or duration < 0:
+        return None
+    on_timeout = raw.get("onTimeout")
+    return DrainOutcomeRecord(
+        outcome=raw["outcome"],
+        started_at=started_at,
+        ended_at=ended_at,
+        duration_seconds=float(duration),
+        requests_finished=_count_or_none(raw.get("requestsFinished")),
+        requests_aborted=_count_or_none(raw.get("requestsAborted")),
+        on_timeout=on_timeout if on_timeout in ("Abort", "Requeue") else None,
+        message=str(raw.get("message") or ""),
+    )
+
+
+def _count_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def canonical_outcome(record: DrainOutcomeRecord) -> DrainOutcomeRecord:
+    """The record as it reads back from its annotation (times to the millisecond), so the record a
+    pass decides equals the one a later pass, or a restarted operator, reads from the ranks."""
+    parsed = parse_outcome(encode_outcome(record))
+    if parsed is None:  # pragma: no cover - encode_outcome always writes a readable record
+        raise ValueError(f"drain outcome does not read back: {record}")
+    return parsed

@@ -15,13 +15,19 @@ from datetime import datetime
 
 from goodput.api.conditions import Condition, ConditionStatus, set_condition
 from goodput.api.labels import leader_label_selector
-from goodput.api.modelgroup import DrainRecord, DrainSummary, GroupStatus, ModelGroupStatus, ReadyTime
+from goodput.api.modelgroup import (
+    RECENT_DRAINS,
+    DrainRecord,
+    DrainSummary,
+    GroupStatus,
+    ModelGroupStatus,
+    ReadyTime,
+)
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.groups import Assessment, DrainEnded, Plan
 from goodput.controllers.ownership import GROUP_STATUS
 
 # Drains kept in `status.drain.recent`, newest first.
-RECENT_DRAINS = 10
 # Progressing reports the earliest phase any group is in.
 _PHASES = (
     ("Placing", Reason.GROUPS_PLACING),
