@@ -156,6 +156,14 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
 
     (Handlers receive kopf's own settings as `settings`; goodput's reach them through the memo.)
     """
+    _register_lifecycle(registry)
+    _register_indexes(registry)
+    _register_model_groups(registry)
+    _register_slo_policies(registry, options)
+
+
+def _register_lifecycle(registry: kopf.OperatorRegistry) -> None:
+    """Start-up (kopf's settings, the HTTP session, the metrics server), login and clean-up."""
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
@@ -190,9 +198,11 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         if runtime.http is not None:
             await runtime.http.close()
 
-    # Indexes: what the controllers read, kept current by the watches. The indexers of our pods
-    # and of the ModelGroups also wake the ModelGroup's loop, so a change is acted on at once
-    # rather than at the next tick (an indexer runs on every change, and logs nothing).
+
+def _register_indexes(registry: kopf.OperatorRegistry) -> None:
+    """What the controllers read, kept current by the watches. The indexers of our pods and of the
+    ModelGroups also wake the ModelGroup's loop, so a change is acted on at once rather than at the
+    next tick (an indexer runs on every change, and logs nothing)."""
 
     @kopf.index("pods", labels={naming.LABEL_MODEL_GROUP: kopf.PRESENT}, id="group_pods", registry=registry)
     async def group_pods(
@@ -235,7 +245,9 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         policy = (spec.get("policyRef") or {}).get("name")
         return {(namespace or "", policy): name} if policy else {}
 
-    # ModelGroups
+
+def _register_model_groups(registry: kopf.OperatorRegistry) -> None:
+    """A ModelGroup's spec check on create and update, and its reconcile loop (one daemon each)."""
 
     @kopf.on.create(*MODEL_GROUPS, id="validate_on_create", registry=registry)
     @kopf.on.update(*MODEL_GROUPS, field="spec", id="validate_on_update", registry=registry)
@@ -265,7 +277,9 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         loop = ModelGroupLoop(runtime, body, Indexes.of(kwargs), logger)
         await run_model_group_loop(runtime, loop, stopped)
 
-    # SLOPolicies
+
+def _register_slo_policies(registry: kopf.OperatorRegistry, options: Settings) -> None:
+    """One timer per SLOPolicy: validate it, and list the ModelGroups bound to it."""
 
     @kopf.timer(
         *SLO_POLICIES, interval=options.policy_interval_seconds, id="slo_policy_status", registry=registry
