@@ -237,23 +237,17 @@ DrainStep = KeepDraining | RemoveGroup
 
 
 def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep:
-    """What to do with one draining group now: keep waiting (and why), or remove it whole."""
+    """What to do with one draining group now: keep waiting (and why), or remove it whole.
+
+    Drained once routing stopped, routers had `settle_seconds` to notice, and a fresh leader reading
+    taken after that shows nothing in flight; timed out at `max_seconds` (after one last reading of a
+    reachable leader, within its grace)."""
     sample = view.reading if isinstance(view.reading, LeaderSample) else view.last_sample
-    progress = view.progress
-    if progress.baseline is None and sample is not None and sample.at >= view.started_at:
-        progress = replace(
-            progress,
-            baseline=DrainBaseline(sample.at, sample.finished_total, sample.aborted_total, sample.in_flight),
-        )
-    if view.routed_pods:
-        progress = replace(progress, routes_stopped_at=None)
-    elif progress.routes_stopped_at is None:
-        progress = replace(progress, routes_stopped_at=now)
+    progress = _advanced(view, sample, now)
     elapsed = _seconds(view.started_at, now)
     routes_stopped_at = progress.routes_stopped_at
     settled_at = routes_stopped_at + timedelta(seconds=policy.settle_seconds) if routes_stopped_at else None
     fresh = isinstance(view.reading, LeaderSample)
-
     if (
         fresh
         and sample is not None
@@ -261,18 +255,7 @@ def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep
         and sample.at >= settled_at
         and sample.in_flight == 0
     ):
-        finished = _finished(progress.baseline, sample)
-        aborted = _engine_aborts(progress.baseline, sample)
-        return RemoveGroup(
-            outcome="Drained",
-            duration_seconds=elapsed,
-            requests_finished=finished,
-            requests_aborted=aborted,
-            message=f"group {view.group} drained in {elapsed:.1f}s: "
-            f"{_count(finished)} request(s) finished during the drain, none left in flight"
-            + (f", {aborted} aborted by the engine itself" if aborted else ""),
-        )
-
+        return _drained(view, progress, sample, elapsed)
     deadline = view.started_at + timedelta(seconds=policy.max_seconds)
     if now >= deadline:
         final_reading = fresh and sample is not None and sample.at >= deadline
@@ -280,24 +263,61 @@ def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep
         if final_reading or grace_over or not view.leader_reachable:
             return _timed_out(view, policy, progress, sample, elapsed)
         return KeepDraining("ReadingLeader", "drain time is up: reading the leader once more", progress, True)
-
-    if view.routed_pods:
-        phase: DrainPhase = "StoppingRoutes"
-        message = f"waiting for {', '.join(view.routed_pods)} to leave the Service endpoints"
-    elif settled_at is not None and now < settled_at:
-        phase = "Settling"
-        message = f"endpoints removed; giving routers {policy.settle_seconds:g}s to notice"
-    elif sample is None or not fresh:
-        phase = "ReadingLeader"
-        message = "routing stopped; the leader's in-flight requests are not known yet"
-    else:
-        phase = "WaitingForRequests"
-        message = (
-            f"routing stopped; {sample.running} running and {sample.waiting} waiting request(s) at the leader"
-        )
+    phase, message = _waiting_for(view, policy, sample if fresh else None, settled_at, now)
     remaining = max(0.0, policy.max_seconds - elapsed)
     return KeepDraining(
         phase, f"draining: {message} ({remaining:.0f}s left)", progress, view.leader_reachable
+    )
+
+
+def _advanced(view: DrainView, sample: LeaderSample | None, now: datetime) -> DrainProgress:
+    """The drain's progress with what this look adds: the leader's counters as the baseline (the
+    first reading taken since the drain started), and when the group's ranks left every Service."""
+    progress = view.progress
+    if progress.baseline is None and sample is not None and sample.at >= view.started_at:
+        progress = replace(
+            progress,
+            baseline=DrainBaseline(sample.at, sample.finished_total, sample.aborted_total, sample.in_flight),
+        )
+    if view.routed_pods:
+        return replace(progress, routes_stopped_at=None)
+    if progress.routes_stopped_at is None:
+        return replace(progress, routes_stopped_at=now)
+    return progress
+
+
+def _drained(view: DrainView, progress: DrainProgress, sample: LeaderSample, elapsed: float) -> RemoveGroup:
+    finished = _finished(progress.baseline, sample)
+    aborted = _engine_aborts(progress.baseline, sample)
+    return RemoveGroup(
+        outcome="Drained",
+        duration_seconds=elapsed,
+        requests_finished=finished,
+        requests_aborted=aborted,
+        message=f"group {view.group} drained in {elapsed:.1f}s: "
+        f"{_count(finished)} request(s) finished during the drain, none left in flight"
+        + (f", {aborted} aborted by the engine itself" if aborted else ""),
+    )
+
+
+def _waiting_for(
+    view: DrainView,
+    policy: DrainPolicy,
+    fresh_sample: LeaderSample | None,
+    settled_at: datetime | None,
+    now: datetime,
+) -> tuple[DrainPhase, str]:
+    """What a drain that goes on waits for: the endpoints, the routers, a reading, or requests."""
+    if view.routed_pods:
+        return "StoppingRoutes", f"waiting for {', '.join(view.routed_pods)} to leave the Service endpoints"
+    if settled_at is not None and now < settled_at:
+        return "Settling", f"endpoints removed; giving routers {policy.settle_seconds:g}s to notice"
+    if fresh_sample is None:
+        return "ReadingLeader", "routing stopped; the leader's in-flight requests are not known yet"
+    return (
+        "WaitingForRequests",
+        f"routing stopped; {fresh_sample.running} running and {fresh_sample.waiting} waiting request(s) "
+        "at the leader",
     )
 
 
