@@ -63,9 +63,13 @@ def arm(step: str) -> None:
     async def write_then_die(self: PlanWrites, action: Any) -> None:
         await original(self, action)
         if point.applies(self, action):
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die()
 
     setattr(PlanWrites, point.method, write_then_die)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,9 +29,10 @@ from goodput.controllers.drain import LeaderSample, parse_outcome
 from goodput.controllers.groups import EventRecord, WarmupOutcome
 from goodput.controllers.observation import parse_node, parse_pod
 from goodput.controllers.placement import GpuClaim
-from goodput.operator.handlers import Indexes, ModelGroupLoop, Runtime
+from goodput.operator.handlers import Indexes, ModelGroupLoop, PlanWrites, Runtime
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
+from goodput.testbed import crash_points
 
 CLIQUE = "nvidia.com/gpu.clique"
 MODEL_GROUP: dict[str, Any] = {
@@ -294,7 +295,12 @@ def test_a_scale_in_killed_at_any_write_ends_in_one_recorded_drain(kill_at: int)
     api = serving_cluster()
     killed = scale_in(api, kill_at)
     assert killed is (kill_at < TOTAL_WRITES)
+    assert_one_recorded_drain(api)
 
+
+def assert_one_recorded_drain(api: FakeApiServer) -> None:
+    """The scale-in ended as if nothing had happened: no invariant broken on the way, g1 announced,
+    its end announced once and recorded once with exact counts, g1 deleted and g0 kept."""
     assert api.violations == []
     reasons = drain_reasons(api)
     assert EventReason.DRAIN_STARTED in reasons
@@ -305,6 +311,47 @@ def test_a_scale_in_killed_at_any_write_ends_in_one_recorded_drain(kill_at: int)
     assert (drain["drained"], drain["requestsFinished"], drain["requestsAborted"]) == (1, 3, 0)
     assert all("deletionTimestamp" in api.pods[name]["metadata"] for name in VICTIM_PODS)
     assert all("deletionTimestamp" not in api.pods[f"llama-g0-{rank}"]["metadata"] for rank in range(2))
+
+
+# The test bed's crash points (goodput.testbed.crash_points, used by the e2e kill stories) die
+# right after the write they name: the last write each lets through, victim g1's.
+LAST_WRITE_BEFORE_DEATH = {
+    "drain-marked": ("annotate", "llama-g1-"),
+    "drain-gated": ("gate", "llama-g1-"),
+    "drain-outcome": ("annotate", "llama-g1-"),
+    "drain-deleted": ("delete-service", "llama-g1"),
+}
+
+
+@pytest.mark.parametrize("step", sorted(crash_points.CRASH_POINTS))
+def test_each_crash_point_of_the_test_bed_dies_after_its_write_and_the_restart_finishes_the_drain(
+    step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = serving_cluster()
+    writes_at_death: list[list[tuple[str, str]]] = []
+
+    def die() -> None:
+        if not writes_at_death:  # the restarted operator runs without the crash point
+            writes_at_death.append(list(api.writes))
+            api.dead = True
+            raise OperatorKilledError(f"killed {step}")
+
+    method = crash_points.CRASH_POINTS[step].method
+    monkeypatch.setattr(PlanWrites, method, getattr(PlanWrites, method))  # put back after the test
+    monkeypatch.setattr(crash_points, "_die", die)
+    crash_points.arm(step)
+    assert scale_in(api, None)
+
+    (writes,) = writes_at_death
+    kind, name = writes[-1]
+    expected_kind, expected_name = LAST_WRITE_BEFORE_DEATH[step]
+    assert kind == expected_kind and name.startswith(expected_name), writes
+    kinds = [kind for kind, _ in writes]
+    if step == "drain-marked":
+        assert "gate" not in kinds
+    if step == "drain-outcome":
+        assert "delete" not in kinds and kinds.count("status") == 2  # not recorded yet
+    assert_one_recorded_drain(api)
 
 
 def test_the_whole_scale_in_writes_intent_before_each_act() -> None:
