@@ -100,13 +100,20 @@ class OperatorProcess:
     reconcile_interval_seconds: float = 1.0
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    kill_at: str | None = None
+    """A crash point of `crash_points`: the next start's operator SIGKILLs itself right after it."""
 
     def start(self) -> None:
         self.metrics_port = free_ports(1)[0]
+        entry = (
+            ["goodput.testbed.crash_points", "--kill-at", self.kill_at]
+            if self.kill_at
+            else ["goodput.operator.cli"]
+        )
         argv = [
             sys.executable,
             "-m",
-            "goodput.operator.cli",
+            *entry,
             "run",
             "--standalone",
             "--namespace",
