@@ -137,7 +137,7 @@ def engine_metrics(figures: EngineFigures) -> GroupMetrics:
         generation_tokens_per_second=max(0.0, figures.generation_tokens_per_second),
         mean_input_tokens=_per(figures.prompt_tokens_sum, figures.prompt_tokens_count),
         mean_output_tokens=_per(figures.generation_tokens_sum, figures.generation_tokens_count),
-        prefix_hit_fraction=min(1.0, _per(figures.prefix_hits, figures.prefix_queries) or 0.0),
+        prefix_hit_fraction=min(1.0, max(0.0, _per(figures.prefix_hits, figures.prefix_queries) or 0.0)),
         ttft=figures.ttft,
         itl=figures.itl,
         queue_time=figures.queue_time,
