@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import config
 
 from goodput.controllers.ownership import GROUP_STATUS
 from goodput.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeApi
@@ -84,9 +85,11 @@ def read(kube: KubeApi, namespace: str, name: str) -> tuple[set[str], list[tuple
 
 
 def test_a_condition_the_older_operator_left_is_removed_by_the_first_apply_after_the_upgrade(
-    namespace: str,
+    cluster: Any, namespace: str
 ) -> None:
-    kube = KubeApi.from_environment()
+    # The operator's own client, on the cluster's kubeconfig (the kubernetes package reads
+    # $KUBECONFIG when it is imported, before the cluster fixture sets it).
+    kube = KubeApi(config.new_client_from_config(config_file=cluster.kubeconfig))  # type: ignore[no-untyped-call]
     for name in ("without-upgrade", "upgraded"):
         created_by_an_older_operator(kube, namespace, name)
 
