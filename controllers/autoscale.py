@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple, TypeGuard, TypeVar
 
 from goodput.api.reasons import Guard, Signal
@@ -47,6 +49,7 @@ from goodput.controllers.autoscale_model import (
     GroupMetrics,
     GroupObservation,
     GroupState,
+    KvCacheSignal,
     Mode,
     ModelGroupSnapshot,
     Proposal,
@@ -55,6 +58,7 @@ from goodput.controllers.autoscale_model import (
     RequestQueue,
     ScaleEvent,
     ScalingPolicy,
+    SlackSignal,
     SloCheck,
     StaleMetricsAction,
 )
@@ -68,6 +72,7 @@ from goodput.estimators.attainment import (
     merge_histograms,
     rose_beyond_noise,
 )
+from goodput.estimators.capacity import CapacityProfile
 from goodput.estimators.proposals import (
     arrival_demand_groups,
     ceil_groups,
@@ -126,6 +131,126 @@ def _positive(value: float | None) -> TypeGuard[float]:
     return value is not None and 0 < value < math.inf
 
 
+@dataclass(slots=True)
+class _GroupStates:
+    """How many groups are in each state, and how many ready ones have no usable metrics."""
+
+    ready: int = 0
+    coming: int = 0
+    draining: int = 0
+    failed: int = 0
+    unschedulable: int = 0
+    stale: int = 0
+    missing: int = 0
+
+
+def _classify_groups(
+    groups: Sequence[GroupObservation], max_age_seconds: float
+) -> tuple[_GroupStates, list[GroupMetrics]]:
+    """The groups counted by state, and the fresh metrics of the ready ones (in snapshot order)."""
+    states = _GroupStates()
+    fresh: list[GroupMetrics] = []
+    for group in groups:
+        if group.unschedulable:
+            states.unschedulable += 1
+        state = group.state
+        if state is not GroupState.READY:
+            if state in COMING_STATES:
+                states.coming += 1
+            elif state is GroupState.DRAINING:
+                states.draining += 1
+            elif state is GroupState.FAILED:
+                states.failed += 1
+            continue
+        states.ready += 1
+        metrics = group.metrics
+        if metrics is None or not _finite(metrics):
+            states.missing += 1  # NaN or infinite series (a 0/0 in a query) are not knowledge
+        elif metrics.age_seconds > max_age_seconds:
+            states.stale += 1
+        else:
+            fresh.append(metrics)
+    return states, fresh
+
+
+@dataclass(slots=True)
+class _Pool:
+    """The sums over the fresh metrics of ready groups: counts, rates, KV use, the traffic mix's
+    weights and the histograms to merge."""
+
+    waiting: float = 0.0
+    running: float = 0.0
+    prompt_rate: float = 0.0
+    generation_rate: float = 0.0
+    kv_used: float = 0.0
+    hit_tokens: float = 0.0
+    mix_weight: float = 0.0
+    mix_input: float = 0.0
+    mix_output: float = 0.0
+    finished: float = 0.0
+    aborted: float = 0.0
+    rejected: float = 0.0
+    max_fresh_age: float = 0.0
+    ttft: list[Histogram] = field(default_factory=list)
+    itl: list[Histogram] = field(default_factory=list)
+    queue_time: list[Histogram] = field(default_factory=list)
+    tpot: list[Histogram] = field(default_factory=list)
+
+    def add(self, metrics: GroupMetrics, profile: CapacityProfile) -> None:
+        self.max_fresh_age = max(self.max_fresh_age, metrics.age_seconds)
+        self.waiting += metrics.waiting_requests
+        self.running += metrics.running_requests
+        self.prompt_rate += metrics.prompt_tokens_per_second
+        self.generation_rate += metrics.generation_tokens_per_second
+        self.kv_used += metrics.kv_usage_fraction * profile.kv_capacity_tokens
+        self.hit_tokens += metrics.prompt_tokens_per_second * metrics.prefix_hit_fraction
+        self._add_mix(metrics, profile.reference_output_tokens)
+        self.finished += metrics.finished_requests
+        self.aborted += metrics.aborted_requests
+        self.rejected += metrics.rejected_requests
+        for pooled, histogram in (
+            (self.ttft, metrics.ttft),
+            (self.itl, metrics.itl),
+            (self.queue_time, metrics.queue_time),
+            (self.tpot, metrics.tpot),
+        ):
+            if histogram is not None:
+                pooled.append(histogram)
+
+    def _add_mix(self, metrics: GroupMetrics, reference_output_tokens: float) -> None:
+        """The group's requests per second weigh its mean prompt and output lengths in the mix."""
+        mean_input = metrics.mean_input_tokens
+        if not (_positive(mean_input) and metrics.prompt_tokens_per_second > 0):
+            return
+        requests_per_second = metrics.prompt_tokens_per_second / mean_input
+        mean_output = metrics.mean_output_tokens
+        self.mix_weight += requests_per_second
+        self.mix_input += metrics.prompt_tokens_per_second
+        self.mix_output += requests_per_second * (
+            mean_output if _positive(mean_output) else reference_output_tokens
+        )
+
+    def keep_feasible(self, request_fraction: float, token_fraction: float) -> None:
+        """Scale the sums to the feasible share: request counts by requests, token sums by tokens."""
+        self.waiting, self.running = self.waiting * request_fraction, self.running * request_fraction
+        self.prompt_rate = self.prompt_rate * token_fraction
+        self.generation_rate = self.generation_rate * request_fraction
+        self.kv_used, self.hit_tokens = self.kv_used * token_fraction, self.hit_tokens * token_fraction
+        self.mix_weight, self.mix_input = self.mix_weight * request_fraction, self.mix_input * token_fraction
+        self.mix_output *= request_fraction
+
+    def mix(self, profile: CapacityProfile) -> TrafficMix:
+        """The traffic mix the pooled groups served; the profile's reference where they served none."""
+        weight = self.mix_weight
+        return TrafficMix(
+            mean_input_tokens=max(1.0, self.mix_input / weight)
+            if weight > 0
+            else profile.reference_input_tokens,
+            mean_output_tokens=self.mix_output / weight if weight > 0 else profile.reference_output_tokens,
+            prefix_hit_fraction=self.hit_tokens / self.prompt_rate if self.prompt_rate > 0 else 0.0,
+        )
+
+
 class _Observation:
     """Group counts and the pooled fresh metrics of ready groups, gathered in one pass."""
 
@@ -161,91 +286,31 @@ class _Observation:
     )
 
     def __init__(self, snapshot: ModelGroupSnapshot, policy: ScalingPolicy) -> None:
-        profile = snapshot.profile
         max_age = policy.staleness.max_age_seconds
-        kv_capacity = profile.kv_capacity_tokens
         self.current = snapshot.spec_replicas
-        ready = coming = draining = failed = unschedulable = fresh = stale = missing = 0
-        waiting = running = prompt_rate = generation_rate = kv_used = 0.0
-        finished = aborted = rejected = max_fresh_age = 0.0
-        mix_weight = mix_input = mix_output = hit_tokens = 0.0
-        ttft: list[Histogram] = []
-        itl: list[Histogram] = []
-        queue_time: list[Histogram] = []
-        tpot: list[Histogram] = []
-        for group in snapshot.groups:
-            if group.unschedulable:
-                unschedulable += 1
-            state = group.state
-            if state is not GroupState.READY:
-                if state in COMING_STATES:
-                    coming += 1
-                elif state is GroupState.DRAINING:
-                    draining += 1
-                elif state is GroupState.FAILED:
-                    failed += 1
-                continue
-            ready += 1
-            metrics = group.metrics
-            if metrics is None:
-                missing += 1
-                continue
-            if not _finite(metrics):
-                missing += 1  # NaN or infinite series (a 0/0 in a query) are not knowledge
-                continue
-            if metrics.age_seconds > max_age:
-                stale += 1
-                continue
-            fresh += 1
-            max_fresh_age = max(max_fresh_age, metrics.age_seconds)
-            waiting += metrics.waiting_requests
-            running += metrics.running_requests
-            prompt_rate += metrics.prompt_tokens_per_second
-            generation_rate += metrics.generation_tokens_per_second
-            kv_used += metrics.kv_usage_fraction * kv_capacity
-            hit_tokens += metrics.prompt_tokens_per_second * metrics.prefix_hit_fraction
-            mean_input = metrics.mean_input_tokens
-            if _positive(mean_input) and metrics.prompt_tokens_per_second > 0:
-                requests_per_second = metrics.prompt_tokens_per_second / mean_input
-                mean_output = metrics.mean_output_tokens
-                mix_weight += requests_per_second
-                mix_input += metrics.prompt_tokens_per_second
-                mix_output += requests_per_second * (
-                    mean_output if _positive(mean_output) else profile.reference_output_tokens
-                )
-            finished += metrics.finished_requests
-            aborted += metrics.aborted_requests
-            rejected += metrics.rejected_requests
-            if metrics.ttft is not None:
-                ttft.append(metrics.ttft)
-            if metrics.itl is not None:
-                itl.append(metrics.itl)
-            if metrics.queue_time is not None:
-                queue_time.append(metrics.queue_time)
-            if metrics.tpot is not None:
-                tpot.append(metrics.tpot)
+        states, fresh_metrics = _classify_groups(snapshot.groups, max_age)
+        pool = _Pool()
+        for metrics in fresh_metrics:
+            pool.add(metrics, snapshot.profile)
         # Only feasible demand is scaled for: strip the primary class's infeasible share (engine
         # series carry no class) from the pooled counts and rates, by requests and by prompt tokens.
         request_fraction, token_fraction, self.attainable_fraction = _feasible_fractions(snapshot, policy)
-        waiting, running = waiting * request_fraction, running * request_fraction
-        prompt_rate, generation_rate = prompt_rate * token_fraction, generation_rate * request_fraction
-        kv_used, hit_tokens = kv_used * token_fraction, hit_tokens * token_fraction
-        mix_weight, mix_input = mix_weight * request_fraction, mix_input * token_fraction
-        mix_output *= request_fraction
-        self.ready, self.coming, self.draining, self.failed = ready, coming, draining, failed
-        self.unschedulable, self.fresh, self.stale, self.missing = unschedulable, fresh, stale, missing
-        self.waiting, self.running = waiting, running
-        self.prompt_rate, self.generation_rate, self.kv_used_tokens = prompt_rate, generation_rate, kv_used
-        self.finished, self.aborted, self.rejected = finished, aborted, rejected
-        self.ttft, self.itl, self.queue_time, self.tpot = ttft, itl, queue_time, tpot
-        self.max_fresh_age = max_fresh_age
-        self.mix = TrafficMix(
-            mean_input_tokens=max(1.0, mix_input / mix_weight)
-            if mix_weight > 0
-            else profile.reference_input_tokens,
-            mean_output_tokens=mix_output / mix_weight if mix_weight > 0 else profile.reference_output_tokens,
-            prefix_hit_fraction=hit_tokens / prompt_rate if prompt_rate > 0 else 0.0,
+        pool.keep_feasible(request_fraction, token_fraction)
+        self.ready, self.coming, self.draining, self.failed = (
+            states.ready,
+            states.coming,
+            states.draining,
+            states.failed,
         )
+        self.unschedulable, self.stale, self.missing = states.unschedulable, states.stale, states.missing
+        self.fresh = len(fresh_metrics)
+        self.waiting, self.running = pool.waiting, pool.running
+        self.prompt_rate, self.generation_rate = pool.prompt_rate, pool.generation_rate
+        self.kv_used_tokens = pool.kv_used
+        self.finished, self.aborted, self.rejected = pool.finished, pool.aborted, pool.rejected
+        self.ttft, self.itl, self.queue_time, self.tpot = pool.ttft, pool.itl, pool.queue_time, pool.tpot
+        self.max_fresh_age = pool.max_fresh_age
+        self.mix = pool.mix(snapshot.profile)
         queue = snapshot.queue
         self.queue_stale = queue is not None and queue.age_seconds > max_age
         self.queue: RequestQueue | None = (
@@ -487,22 +552,13 @@ def _attainment(
     )
     if figures is not None:
         goodput = _gateway_goodput(figures, window_seconds, goodput.token_goodput_per_second)
-    signal = policy.signals.goodput
-    checks: tuple[SloCheck, ...] = ()
-    # The TTFT share is judged against the attainable ceiling: of the requests that could meet the
-    # target on an idle group, how many did. With nothing attainable, no check asks for groups.
-    ttft_judged, ttft_observations = ttft, _observed(ttft_histogram)
-    if attainable is not None and ttft is not None and attainable > 0:
-        ttft_judged, ttft_observations = min(1.0, ttft / attainable), ttft_observations * attainable
-    if signal is not None and (attainable is None or attainable > 0):
-        checks = _slo_checks(
-            signal,
-            target.percentile,
-            ttft=(ttft_judged, ttft_observations),
-            tpot=(tpot, _observed(tpot_histogram)),
-            itl_share=itl,
-            finished_requests=observation.finished,
-        )
+    checks = _judged_checks(
+        observation,
+        policy,
+        ttft=(ttft, _observed(ttft_histogram)),
+        tpot=(tpot, _observed(tpot_histogram)),
+        itl_share=itl,
+    )
     return _Attainment(
         ttft=ttft,
         itl=itl,
@@ -512,6 +568,34 @@ def _attainment(
         queue_within_budget=queue_within,
         goodput=goodput,
         checks=checks,
+    )
+
+
+def _judged_checks(
+    observation: _Observation,
+    policy: ScalingPolicy,
+    *,
+    ttft: tuple[float | None, float],
+    tpot: tuple[float | None, float],
+    itl_share: float | None,
+) -> tuple[SloCheck, ...]:
+    """The goodput signal's SLO checks, the TTFT share judged against the attainable ceiling: of the
+    requests that could meet the target on an idle group, how many did. With nothing attainable, no
+    check asks for groups."""
+    signal = policy.signals.goodput
+    attainable = observation.attainable_fraction
+    if signal is None or (attainable is not None and attainable <= 0):
+        return ()
+    ttft_share, ttft_observations = ttft
+    if attainable is not None and ttft_share is not None:
+        ttft_share, ttft_observations = min(1.0, ttft_share / attainable), ttft_observations * attainable
+    return _slo_checks(
+        signal,
+        policy.primary_class.percentile,
+        ttft=(ttft_share, ttft_observations),
+        tpot=tpot,
+        itl_share=itl_share,
+        finished_requests=observation.finished,
     )
 
 
@@ -586,12 +670,23 @@ def _slo_checks(
     return tuple(checks)
 
 
+def _queue_budget(profile: CapacityProfile, policy: ScalingPolicy) -> float:
+    """B_queue (§8): what the primary class's TTFT target leaves for waiting."""
+    slack = policy.signals.slack
+    return queue_budget_seconds(
+        policy.primary_class.ttft_seconds,
+        profile.prefill_seconds_p90,
+        profile.first_decode_seconds,
+        slack.route_seconds if slack is not None else 0.0,
+        slack.margin_seconds if slack is not None else 0.0,
+    )
+
+
 def _estimate(
     observation: _Observation, snapshot: ModelGroupSnapshot, policy: ScalingPolicy, now: float
 ) -> tuple[Estimates, SlackSummary | None]:
     profile = snapshot.profile
     mix = observation.mix
-    slack = policy.signals.slack
     capacity = profile.capacity_per_group(mix.mean_input_tokens, mix.mean_output_tokens)
     arrival = (
         arrival_work_rate(profile.pricing, observation.prompt_rate, observation.generation_rate, mix)
@@ -599,13 +694,7 @@ def _estimate(
         else None
     )
     queue_work, waiting_requests, running_requests, serving_groups = _queue_view(observation, snapshot)
-    budget = queue_budget_seconds(
-        policy.primary_class.ttft_seconds,
-        profile.prefill_seconds_p90,
-        profile.first_decode_seconds,
-        slack.route_seconds if slack is not None else 0.0,
-        slack.margin_seconds if slack is not None else 0.0,
-    )
+    budget = _queue_budget(profile, policy)
     predicted_wait = (
         None
         if queue_work is None
@@ -675,6 +764,79 @@ def _load_driven(attainment: _Attainment, running_per_group: float | None, slo_b
     return queue_misses > 0 and queue_misses >= min(1.0 - worst.required, worst.shortfall)
 
 
+def _queue_work_proposal(signal: QueueWorkSignal | None, estimates: Estimates) -> Proposal | None:
+    """§26: the groups that serve the arrival work rate and drain the waiting work in T_d."""
+    waiting_work = estimates.waiting_work_seconds
+    if signal is None or waiting_work is None:
+        return None
+    capacity = estimates.capacity_per_group
+    arrival = estimates.arrival_work_rate or 0.0
+    demand = work_demand_groups(
+        arrival, waiting_work, capacity, signal.drain_target_seconds, signal.safety_factor
+    )
+    return Proposal(
+        Signal.QUEUE_WORK,
+        ceil_groups(demand),
+        demand,
+        f"lambda_w={arrival:.4g}/s Q_wait={waiting_work:.4g}s C={capacity:.3g}/s "
+        f"T_d={signal.drain_target_seconds:g}s s={signal.safety_factor:g}",
+        demand,
+    )
+
+
+def _slack_proposal(
+    signal: SlackSignal | None, estimates: Estimates, slack_summary: SlackSummary | None, current: int
+) -> Proposal | None:
+    """§9: the groups that keep the queue wait within the budget less the minimum slack.
+
+    A request arriving now waits behind all queued work; with exact queue contents, every queued
+    request's own deadline counts too. Either may ask for the groups.
+    """
+    waiting_work = estimates.waiting_work_seconds
+    if signal is None or waiting_work is None:
+        return None
+    arrival_slack = estimates.queue_budget_seconds - (estimates.predicted_queue_wait_seconds or 0.0)
+    affordable = estimates.queue_budget_seconds - signal.min_slack_seconds
+    demands = [queue_budget_demand_groups(waiting_work, estimates.capacity_per_group, affordable)]
+    at_risk = arrival_slack < signal.min_slack_seconds
+    if slack_summary is not None and slack_summary.waiting_requests > 0:
+        demands.append(slack_summary.demand_groups)
+        at_risk = at_risk or (slack_summary.low_slack_fraction or 0.0) > signal.low_slack_fraction
+    known = [demand for demand in demands if demand is not None]
+    if not known:
+        return None
+    demand = max(known)
+    detail = (
+        f"earliest_slack={_seconds(estimates.earliest_slack_seconds)} "
+        f"arrival_slack={_seconds(arrival_slack)} B_queue={estimates.queue_budget_seconds:.4g}s"
+    )
+    if estimates.low_slack_fraction is not None:
+        detail += f" low_slack={estimates.low_slack_fraction:.3g}"
+    return Proposal(
+        Signal.SLACK,
+        ceil_groups(demand),
+        estimates.earliest_slack_seconds,
+        detail,
+        _unless_urgent(demand, at_risk, current),
+    )
+
+
+def _kv_proposal(signal: KvCacheSignal | None, estimates: Estimates, kv_capacity: int) -> Proposal | None:
+    """The groups whose KV cache holds the demand with the minimum free fraction left."""
+    kv_demand = estimates.kv_demand_tokens
+    if signal is None or kv_demand is None or kv_capacity <= 0:
+        return None
+    demand = kv_demand_groups(kv_demand, kv_capacity, signal.min_free_fraction)
+    return Proposal(
+        Signal.KV_CACHE,
+        ceil_groups(demand),
+        estimates.kv_free_fraction,
+        f"kv_demand={kv_demand:.4g} tokens capacity={kv_capacity}/group "
+        f"min_free={signal.min_free_fraction:g}",
+        demand,
+    )
+
+
 def _proposals(
     observation: _Observation,
     estimates: Estimates,
@@ -689,73 +851,15 @@ def _proposals(
     Also returns the guard that held the goodput signal back, if its trial did.
     """
     signals = policy.signals
-    capacity = estimates.capacity_per_group
-    proposals: list[Proposal] = []
-
-    queue_work = signals.queue_work
-    waiting_work = estimates.waiting_work_seconds
-    if queue_work is not None and waiting_work is not None:
-        arrival = estimates.arrival_work_rate or 0.0
-        demand = work_demand_groups(
-            arrival, waiting_work, capacity, queue_work.drain_target_seconds, queue_work.safety_factor
+    proposals = [
+        proposal
+        for proposal in (
+            _queue_work_proposal(signals.queue_work, estimates),
+            _slack_proposal(signals.slack, estimates, slack_summary, observation.current),
+            _kv_proposal(signals.kv_cache, estimates, snapshot.profile.kv_capacity_tokens),
         )
-        proposals.append(
-            Proposal(
-                Signal.QUEUE_WORK,
-                ceil_groups(demand),
-                demand,
-                f"lambda_w={arrival:.4g}/s Q_wait={waiting_work:.4g}s C={capacity:.3g}/s "
-                f"T_d={queue_work.drain_target_seconds:g}s s={queue_work.safety_factor:g}",
-                demand,
-            )
-        )
-
-    slack = signals.slack
-    if slack is not None and waiting_work is not None:
-        # A request arriving now waits behind all queued work; with exact queue contents, every
-        # queued request's own deadline counts too. Either may ask for the groups.
-        arrival_wait = estimates.predicted_queue_wait_seconds or 0.0
-        arrival_slack = estimates.queue_budget_seconds - arrival_wait
-        affordable = estimates.queue_budget_seconds - slack.min_slack_seconds
-        demands = [queue_budget_demand_groups(waiting_work, capacity, affordable)]
-        at_risk = arrival_slack < slack.min_slack_seconds
-        if slack_summary is not None and slack_summary.waiting_requests > 0:
-            demands.append(slack_summary.demand_groups)
-            at_risk = at_risk or (slack_summary.low_slack_fraction or 0.0) > slack.low_slack_fraction
-        known = [demand for demand in demands if demand is not None]
-        if known:
-            demand = max(known)
-            detail = (
-                f"earliest_slack={_seconds(estimates.earliest_slack_seconds)} "
-                f"arrival_slack={_seconds(arrival_slack)} B_queue={estimates.queue_budget_seconds:.4g}s"
-            )
-            if estimates.low_slack_fraction is not None:
-                detail += f" low_slack={estimates.low_slack_fraction:.3g}"
-            proposals.append(
-                Proposal(
-                    Signal.SLACK,
-                    ceil_groups(demand),
-                    estimates.earliest_slack_seconds,
-                    detail,
-                    _unless_urgent(demand, at_risk, observation.current),
-                )
-            )
-
-    kv = signals.kv_cache
-    kv_demand = estimates.kv_demand_tokens
-    kv_capacity = snapshot.profile.kv_capacity_tokens
-    if kv is not None and kv_demand is not None and kv_capacity > 0:
-        demand = kv_demand_groups(kv_demand, kv_capacity, kv.min_free_fraction)
-        proposals.append(
-            Proposal(
-                Signal.KV_CACHE,
-                ceil_groups(demand),
-                estimates.kv_free_fraction,
-                f"kv_demand={kv_demand:.4g} tokens capacity={kv_capacity}/group "
-                f"min_free={kv.min_free_fraction:g}",
-                demand,
-            )
-        )
+        if proposal is not None
+    ]
 
     goodput = signals.goodput
     held: Guard | None = None
@@ -1064,23 +1168,12 @@ def _next_state(
     )
 
 
-def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionState, now: float) -> Decision:
-    """Decide how many complete groups `snapshot`'s ModelGroup should run; see the module docstring."""
-    observation = _Observation(snapshot, policy)
-    estimates, slack_summary = _estimate(observation, snapshot, policy, now)
-    trial = _judge_trial(state.goodput_trial, observation, estimates, snapshot.metrics_window_seconds, now)
-    proposals, goodput_held = _proposals(observation, estimates, slack_summary, snapshot, policy, trial=trial)
-    current = observation.current
+def _apply_behaviour(
+    trail: _Trail, current: int, state: DecisionState, policy: ScalingPolicy, now: float
+) -> tuple[tuple[Recommendation, ...], int]:
+    """Stabilisation, step limits and the bounds, in HPA's order, noted on `trail`; returns the
+    recommendation history the stabilisation read and the recommendation it was given."""
     up_rules, down_rules = policy.scale_up, policy.scale_down
-
-    desired, signal, banded = _combine(proposals, current, policy)
-    trail = _Trail(desired, str(signal))
-    if banded:
-        trail.note(Guard.TOLERANCE)
-    if goodput_held is not None and current + 1 > desired:
-        trail.note(goodput_held)  # the goodput signal's group would have been the largest proposal
-    trail.apply(_knowledge_guard(trail.desired, current, observation, policy))
-
     # The HPA seeds its history with the current count on first sight, so that a restart never
     # scales in before a full scale-down window has passed.
     history = state.recommendations
@@ -1104,6 +1197,25 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
         )
     )
     trail.apply(clamp(trail.desired, policy.min_groups, policy.max_groups))
+    return history, recommendation
+
+
+def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionState, now: float) -> Decision:
+    """Decide how many complete groups `snapshot`'s ModelGroup should run; see the module docstring."""
+    observation = _Observation(snapshot, policy)
+    estimates, slack_summary = _estimate(observation, snapshot, policy, now)
+    trial = _judge_trial(state.goodput_trial, observation, estimates, snapshot.metrics_window_seconds, now)
+    proposals, goodput_held = _proposals(observation, estimates, slack_summary, snapshot, policy, trial=trial)
+    current = observation.current
+    desired, signal, banded = _combine(proposals, current, policy)
+    trail = _Trail(desired, str(signal))
+    if banded:
+        trail.note(Guard.TOLERANCE)
+    if goodput_held is not None and current + 1 > desired:
+        trail.note(goodput_held)  # the goodput signal's group would have been the largest proposal
+    trail.apply(_knowledge_guard(trail.desired, current, observation, policy))
+
+    history, recommendation = _apply_behaviour(trail, current, state, policy, now)
     trail.apply(
         _capacity_guard(
             trail.desired,

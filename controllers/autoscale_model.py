@@ -669,7 +669,6 @@ class Decision:
         """The decision as a JSON-ready log record (§38): inputs, estimates, proposals, result,
         reason and policy revision, without any request content."""
         estimates = self.estimates
-        goodput = estimates.goodput
         counts = self.counts
         return {
             "model_group": self.model_group,
@@ -681,79 +680,8 @@ class Decision:
                 "ttft": _json_number(self.slo.ttft_seconds * 1000),
                 "itl": _json_number(self.slo.itl_seconds * 1000),
             },
-            "inputs": {
-                "current_groups": counts.current,
-                "ready_groups": counts.ready,
-                "coming_groups": counts.coming,
-                "draining_groups": counts.draining,
-                "failed_groups": counts.failed,
-                "unschedulable_groups": counts.unschedulable,
-                "fresh_metrics_groups": counts.fresh_metrics,
-                "stale_metrics_groups": counts.stale_metrics,
-                "missing_metrics_groups": counts.missing_metrics,
-                "gateway": "fresh" if counts.gateway_fresh else "stale" if counts.gateway_stale else "none",
-                "waiting_requests": _json_number(estimates.waiting_requests),
-                "running_requests": _json_number(estimates.running_requests),
-            },
-            "estimates": {
-                "mean_input_tokens": _json_number(estimates.mean_input_tokens),
-                "mean_output_tokens": _json_number(estimates.mean_output_tokens),
-                "capacity_work_per_second_per_group": _json_number(estimates.capacity_per_group),
-                "arrival_work_rate": _json_number(estimates.arrival_work_rate),
-                "queue_work_seconds": _json_number(estimates.queue_work_seconds),
-                "waiting_work_seconds": _json_number(estimates.waiting_work_seconds),
-                "running_work_seconds": _json_number(estimates.running_work_seconds),
-                "waiting_work_seconds_p90": _json_number(estimates.waiting_work_seconds_p90),
-                "predicted_queue_wait_seconds": _json_number(estimates.predicted_queue_wait_seconds),
-                "queue_budget_seconds": _json_number(estimates.queue_budget_seconds),
-                "earliest_slack_seconds": _json_number(estimates.earliest_slack_seconds),
-                "low_slack_fraction": _json_number(estimates.low_slack_fraction),
-                "kv_demand_tokens": _json_number(estimates.kv_demand_tokens),
-                "kv_free_fraction": _json_number(estimates.kv_free_fraction),
-                "ttft_attainment": _json_number(estimates.ttft_attainment),
-                "itl_attainment": _json_number(estimates.itl_attainment),
-                "tpot_attainment": _json_number(estimates.tpot_attainment),
-                "itl_tail_seconds": _json_number(estimates.itl_tail_seconds),
-                "queue_time_p90_seconds": _json_number(estimates.queue_time_p90_seconds),
-                "queue_within_budget": _json_number(estimates.queue_within_budget),
-                "running_per_group": _json_number(estimates.running_per_group),
-                "slo_batch_per_group": _json_number(estimates.slo_batch_per_group),
-                "slo_checks": [
-                    {
-                        "name": check.name,
-                        "within": _json_number(check.within),
-                        "required": _json_number(check.required),
-                        "observations": _json_number(check.observations),
-                    }
-                    for check in estimates.slo_checks
-                ],
-                "load_driven": estimates.load_driven,
-                "feasibility": [
-                    {
-                        "class": entry.class_name,
-                        "longest_feasible_prompt_tokens": entry.longest_feasible_prompt_tokens,
-                        "infeasible_request_share": _json_number(entry.infeasible_request_share),
-                        "infeasible_token_share": _json_number(entry.infeasible_token_share),
-                        "unmet_field": entry.unmet_field,
-                    }
-                    for entry in estimates.feasibility
-                ],
-                "goodput": None
-                if goodput is None
-                else {
-                    "window_seconds": _json_number(goodput.window_seconds),
-                    "offered_requests": _json_number(goodput.offered_requests),
-                    "admitted_requests": _json_number(goodput.admitted_requests),
-                    "rejected_requests": _json_number(goodput.rejected_requests),
-                    "attaining_requests": _json_number(goodput.attaining_requests),
-                    "attainment_admitted": _json_number(goodput.attainment_admitted),
-                    "attainment_offered": _json_number(goodput.attainment_offered),
-                    "feasible_requests": _json_number(goodput.feasible_requests),
-                    "attainment_attainable": _json_number(goodput.attainment_attainable),
-                    "request_goodput_per_second": _json_number(goodput.request_goodput_per_second),
-                    "token_goodput_per_second": _json_number(goodput.token_goodput_per_second),
-                },
-            },
+            "inputs": _inputs_record(counts, estimates),
+            "estimates": _estimates_record(estimates),
             "proposals": [
                 {
                     "signal": str(proposal.signal),
@@ -772,3 +700,93 @@ class Decision:
             },
             "reason": self.reason,
         }
+
+
+def _inputs_record(counts: GroupCounts, estimates: Estimates) -> dict[str, object]:
+    """A decision record's inputs: the group counts and the requests the engines hold."""
+    return {
+        "current_groups": counts.current,
+        "ready_groups": counts.ready,
+        "coming_groups": counts.coming,
+        "draining_groups": counts.draining,
+        "failed_groups": counts.failed,
+        "unschedulable_groups": counts.unschedulable,
+        "fresh_metrics_groups": counts.fresh_metrics,
+        "stale_metrics_groups": counts.stale_metrics,
+        "missing_metrics_groups": counts.missing_metrics,
+        "gateway": "fresh" if counts.gateway_fresh else "stale" if counts.gateway_stale else "none",
+        "waiting_requests": _json_number(estimates.waiting_requests),
+        "running_requests": _json_number(estimates.running_requests),
+    }
+
+
+def _estimates_record(estimates: Estimates) -> dict[str, object]:
+    """A decision record's estimates: every figure a signal read, the SLO checks, the feasibility
+    of the demand and the goodput report."""
+    figures = {
+        "mean_input_tokens": estimates.mean_input_tokens,
+        "mean_output_tokens": estimates.mean_output_tokens,
+        "capacity_work_per_second_per_group": estimates.capacity_per_group,
+        "arrival_work_rate": estimates.arrival_work_rate,
+        "queue_work_seconds": estimates.queue_work_seconds,
+        "waiting_work_seconds": estimates.waiting_work_seconds,
+        "running_work_seconds": estimates.running_work_seconds,
+        "waiting_work_seconds_p90": estimates.waiting_work_seconds_p90,
+        "predicted_queue_wait_seconds": estimates.predicted_queue_wait_seconds,
+        "queue_budget_seconds": estimates.queue_budget_seconds,
+        "earliest_slack_seconds": estimates.earliest_slack_seconds,
+        "low_slack_fraction": estimates.low_slack_fraction,
+        "kv_demand_tokens": estimates.kv_demand_tokens,
+        "kv_free_fraction": estimates.kv_free_fraction,
+        "ttft_attainment": estimates.ttft_attainment,
+        "itl_attainment": estimates.itl_attainment,
+        "tpot_attainment": estimates.tpot_attainment,
+        "itl_tail_seconds": estimates.itl_tail_seconds,
+        "queue_time_p90_seconds": estimates.queue_time_p90_seconds,
+        "queue_within_budget": estimates.queue_within_budget,
+        "running_per_group": estimates.running_per_group,
+        "slo_batch_per_group": estimates.slo_batch_per_group,
+    }
+    record: dict[str, object] = {name: _json_number(value) for name, value in figures.items()}
+    record["slo_checks"] = [
+        {
+            "name": check.name,
+            "within": _json_number(check.within),
+            "required": _json_number(check.required),
+            "observations": _json_number(check.observations),
+        }
+        for check in estimates.slo_checks
+    ]
+    record["load_driven"] = estimates.load_driven
+    record["feasibility"] = [
+        {
+            "class": entry.class_name,
+            "longest_feasible_prompt_tokens": entry.longest_feasible_prompt_tokens,
+            "infeasible_request_share": _json_number(entry.infeasible_request_share),
+            "infeasible_token_share": _json_number(entry.infeasible_token_share),
+            "unmet_field": entry.unmet_field,
+        }
+        for entry in estimates.feasibility
+    ]
+    record["goodput"] = _goodput_record(estimates.goodput)
+    return record
+
+
+def _goodput_record(goodput: GoodputReport | None) -> dict[str, object] | None:
+    """The §5 report: attaining requests against the offered, admitted and feasible populations."""
+    if goodput is None:
+        return None
+    figures = {
+        "window_seconds": goodput.window_seconds,
+        "offered_requests": goodput.offered_requests,
+        "admitted_requests": goodput.admitted_requests,
+        "rejected_requests": goodput.rejected_requests,
+        "attaining_requests": goodput.attaining_requests,
+        "attainment_admitted": goodput.attainment_admitted,
+        "attainment_offered": goodput.attainment_offered,
+        "feasible_requests": goodput.feasible_requests,
+        "attainment_attainable": goodput.attainment_attainable,
+        "request_goodput_per_second": goodput.request_goodput_per_second,
+        "token_goodput_per_second": goodput.token_goodput_per_second,
+    }
+    return {name: _json_number(value) for name, value in figures.items()}

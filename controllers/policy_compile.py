@@ -235,8 +235,14 @@ def compile_policy(
         policy=scaling_policy(spec, slo.spec, shadow=shadow),
         profile=built,
         policy_name=slo.metadata.name or "",
-        metrics_window_seconds=float(slo.spec.goodput.window_seconds),
+        metrics_window_seconds=metrics_window_seconds(slo.spec),
     )
+
+
+def metrics_window_seconds(slo: SloPolicySpec) -> float:
+    """The window over which a decision reads attainment, goodput and the engine histograms: the
+    SLOPolicy's goodput window, in the operator and in the simulator alike."""
+    return float(slo.goodput.window_seconds)
 
 
 def compile_problems(spec: ModelGroupSpec, slo: SloPolicySpec) -> Sequence[str]:

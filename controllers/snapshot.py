@@ -8,12 +8,25 @@ deployed (DESIGN §6: a policy evaluated offline is the policy deployed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.reasons import ConditionType
-from goodput.controllers.autoscale_model import COMING_STATES, GroupObservation, GroupState
+from goodput.controllers.autoscale_model import (
+    COMING_STATES,
+    GatewayObservation,
+    GroupMetrics,
+    GroupObservation,
+    GroupState,
+    ModelGroupSnapshot,
+    ScalingPolicy,
+)
+from goodput.controllers.feasible_demand import prompt_evidence, snapshot_feasibility
 from goodput.controllers.placement import NoFitReason
+from goodput.estimators.attainment import Histogram
+from goodput.estimators.capacity import CapacityProfile
 
 # Reasons of ScalingLimited that mean "no further group can be placed now".
 PLACEMENT_REASONS = frozenset(reason.value for reason in NoFitReason)
@@ -67,4 +80,156 @@ def with_wanted_groups(
             name=f"wanted-{index}", state=GroupState.PLACING, created_at=now, unschedulable=unschedulable
         )
         for index in range(missing)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFigures:
+    """One ready group's engine series at one instant, as read and before any rule is applied: the
+    latest gauges and their age, and the window's rates, sums, counts and histogram deltas.
+
+    The operator reads them from Prometheus, the simulator from its scrape history; `engine_metrics`
+    is the one place both become `GroupMetrics`, so a rule about them (a clamp) cannot exist in one
+    world only.
+    """
+
+    age_seconds: float
+    waiting_requests: float
+    running_requests: float
+    kv_usage_fraction: float
+    prompt_tokens_per_second: float = 0.0
+    generation_tokens_per_second: float = 0.0
+    prompt_tokens_sum: float = 0.0
+    prompt_tokens_count: float = 0.0
+    generation_tokens_sum: float = 0.0
+    generation_tokens_count: float = 0.0
+    prefix_hits: float = 0.0
+    prefix_queries: float = 0.0
+    finished_requests: float = 0.0
+    aborted_requests: float = 0.0
+    rejected_requests: float = 0.0
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+    queue_time: Histogram | None = None
+    tpot: Histogram | None = None
+    prompt_tokens: Histogram | None = None
+    prompt_tokens_lookback: Histogram | None = None
+
+
+def _per(numerator: float, denominator: float) -> float | None:
+    """A mean over the window; None when nothing was counted."""
+    return numerator / denominator if denominator > 0 else None
+
+
+def engine_metrics(figures: EngineFigures) -> GroupMetrics:
+    """One group's `GroupMetrics` from its figures.
+
+    Counters and gauges are clamped to their meaningful range: Prometheus extrapolates `increase()`
+    and `rate()` per series, so a window's figure can come out slightly negative, and a usage slightly
+    above one; a decision must never read a negative queue or a hit rate above one.
+    """
+    return GroupMetrics(
+        age_seconds=max(0.0, figures.age_seconds),
+        waiting_requests=max(0.0, figures.waiting_requests),
+        running_requests=max(0.0, figures.running_requests),
+        kv_usage_fraction=min(1.0, max(0.0, figures.kv_usage_fraction)),
+        prompt_tokens_per_second=max(0.0, figures.prompt_tokens_per_second),
+        generation_tokens_per_second=max(0.0, figures.generation_tokens_per_second),
+        mean_input_tokens=_per(figures.prompt_tokens_sum, figures.prompt_tokens_count),
+        mean_output_tokens=_per(figures.generation_tokens_sum, figures.generation_tokens_count),
+        prefix_hit_fraction=min(1.0, max(0.0, _per(figures.prefix_hits, figures.prefix_queries) or 0.0)),
+        ttft=figures.ttft,
+        itl=figures.itl,
+        queue_time=figures.queue_time,
+        tpot=figures.tpot,
+        prompt_tokens=figures.prompt_tokens,
+        prompt_tokens_lookback=figures.prompt_tokens_lookback,
+        finished_requests=max(0.0, figures.finished_requests),
+        aborted_requests=max(0.0, figures.aborted_requests),
+        rejected_requests=max(0.0, figures.rejected_requests),
+    )
+
+
+def _common_bounds(histograms: Sequence[Histogram | None]) -> tuple[float, ...] | None:
+    bounds = Counter(histogram.upper_bounds for histogram in histograms if histogram is not None)
+    return bounds.most_common(1)[0][0] if bounds else None
+
+
+def _kept(histogram: Histogram | None, bounds: tuple[float, ...] | None) -> Histogram | None:
+    return histogram if histogram is not None and histogram.upper_bounds == bounds else None
+
+
+def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
+    """Histograms with bounds unlike most groups' are dropped (they cannot be merged), so one engine
+    with custom buckets costs only its own latency evidence, never the decision."""
+    groups = list(metrics.values())
+    ttft = _common_bounds([group.ttft for group in groups])
+    itl = _common_bounds([group.itl for group in groups])
+    queue_time = _common_bounds([group.queue_time for group in groups])
+    tpot = _common_bounds([group.tpot for group in groups])
+    prompt_tokens = _common_bounds(
+        [histogram for group in groups for histogram in (group.prompt_tokens, group.prompt_tokens_lookback)]
+    )
+    return {
+        name: replace(
+            group,
+            ttft=_kept(group.ttft, ttft),
+            itl=_kept(group.itl, itl),
+            queue_time=_kept(group.queue_time, queue_time),
+            tpot=_kept(group.tpot, tpot),
+            prompt_tokens=_kept(group.prompt_tokens, prompt_tokens),
+            prompt_tokens_lookback=_kept(group.prompt_tokens_lookback, prompt_tokens),
+        )
+        for name, group in metrics.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCounts:
+    """What a ModelGroup says about its count: the groups wanted (`spec.replicas`) within their
+    bounds, the groups a rollout replaces, and whether another group can be placed at all."""
+
+    spec_replicas: int
+    min_replicas: int
+    max_replicas: int
+    outdated: frozenset[str] = frozenset()
+    unschedulable: bool = False
+
+
+def capacity_view(
+    observations: Iterable[GroupObservation], counts: GroupCounts, *, now: float
+) -> tuple[GroupObservation, ...]:
+    """The groups as the decision counts them: a rollout's replacements left out, the groups wanted
+    but not created yet added as placing."""
+    return with_wanted_groups(
+        without_replacements(observations, counts.outdated),
+        wanted_groups(counts.spec_replicas, counts.min_replicas, counts.max_replicas),
+        now=now,
+        unschedulable=counts.unschedulable,
+    )
+
+
+def model_group_snapshot(
+    observations: Iterable[GroupObservation],
+    counts: GroupCounts,
+    *,
+    profile: CapacityProfile,
+    policy: ScalingPolicy,
+    name: str,
+    metrics_window_seconds: float,
+    now: float,
+    gateway: GatewayObservation | None = None,
+) -> ModelGroupSnapshot:
+    """The snapshot `decide` reads, from the groups observed (with their engine metrics) and the
+    ModelGroup's counts: the same assembly, feasibility included, in the operator and the simulator."""
+    groups = capacity_view(observations, counts, now=now)
+    evidence = prompt_evidence(groups, policy.staleness.max_age_seconds)
+    return ModelGroupSnapshot(
+        spec_replicas=counts.spec_replicas,
+        groups=groups,
+        profile=profile,
+        name=name,
+        metrics_window_seconds=metrics_window_seconds,
+        feasibility=snapshot_feasibility(profile, policy, evidence),
+        gateway=gateway,
     )

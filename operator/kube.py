@@ -18,10 +18,12 @@ from typing import Any, Protocol
 from kubernetes import client, config
 
 from goodput.api.base import GROUP, VERSION
+from goodput.controllers.ownership import status_owner, upgrade_patch
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
 FIELD_MANAGER = "goodput"
 
 
@@ -48,6 +50,7 @@ class KubeApi:
         self._client = api_client
         self._recorder = recorder
         self._timeout = (min(5.0, timeout_seconds), timeout_seconds)
+        self._upgraded: set[tuple[str, str, str, str]] = set()
 
     @classmethod
     def from_environment(
@@ -165,6 +168,7 @@ class KubeApi:
         whole of what the manager asserts: fields and conditions it applied before and leaves out
         now are removed, those of other managers stay. `force` takes over a field another manager
         last set, since each field has one rightful owner."""
+        self.upgrade_status_manager(plural, namespace, name, field_manager)
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}/status"
         return self.request(
             "PATCH",
@@ -174,6 +178,37 @@ class KubeApi:
             content_type=APPLY_PATCH,
             query={"fieldManager": field_manager, "force": "true"},
         )
+
+    def upgrade_status_manager(self, plural: str, namespace: str, name: str, field_manager: str) -> None:
+        """Once per object and manager: hand `field_manager` the status fields an older operator
+        wrote as `goodput` (`ownership.upgrade_patch`), so its applies can remove them.
+
+        The patch goes to the object itself: the API server takes managedFields from a request only
+        there, never through a subresource. An object gone or changed since it was read is left for
+        the next apply to try again.
+        """
+        key = (plural, namespace, name, field_manager)
+        owner = status_owner(field_manager)
+        if owner is None or key in self._upgraded:
+            return
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}"
+        try:
+            current = self.request("GET", plural, path)
+            patch = upgrade_patch((current or {}).get("metadata") or {}, owner)
+            if patch:
+                self.request(
+                    "PATCH",
+                    plural,
+                    path,
+                    patch,
+                    content_type=JSON_PATCH,
+                    query={"fieldManager": FIELD_MANAGER},
+                )
+        except KubeError as error:
+            if error.status in {404, 409, 422}:
+                return
+            raise
+        self._upgraded.add(key)
 
     def _create(self, resource: str, path: str, manifest: Mapping[str, Any]) -> bool:
         try:

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +39,16 @@ from goodput.controllers.autoscale_model import (
     GroupState,
     ModelGroupSnapshot,
 )
-from goodput.controllers.feasible_demand import prompt_evidence, snapshot_feasibility
 from goodput.controllers.policy_compile import CompiledPolicy
-from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups, without_replacements
+from goodput.controllers.snapshot import (
+    EngineFigures,
+    GroupCounts,
+    aligned,
+    capacity_view,
+    engine_metrics,
+    model_group_snapshot,
+    unplaceable,
+)
 from goodput.estimators.attainment import Histogram
 from goodput.operator.promql import (
     GATEWAY_CLASS_LABEL,
@@ -137,71 +143,35 @@ def group_metrics(series: GroupSeries) -> GroupMetrics | None:
     if any(quantity not in values for quantity in REQUIRED_QUANTITIES):
         return None
 
-    def ratio(numerator: Quantity, denominator: Quantity) -> float | None:
-        below = values.get(denominator, 0.0)
-        return values.get(numerator, 0.0) / below if below > 0 else None
-
     def histogram(quantity: Quantity) -> Histogram | None:
         pairs = series.buckets.get(quantity)
         return histogram_from_buckets(pairs) if pairs else None
 
-    return GroupMetrics(
-        age_seconds=max(0.0, values[Quantity.SAMPLE_AGE]),
-        waiting_requests=max(0.0, values[Quantity.WAITING]),
-        running_requests=max(0.0, values[Quantity.RUNNING]),
-        kv_usage_fraction=min(1.0, max(0.0, values[Quantity.KV_USAGE])),
-        prompt_tokens_per_second=max(0.0, values.get(Quantity.PROMPT_TOKENS_RATE, 0.0)),
-        generation_tokens_per_second=max(0.0, values.get(Quantity.GENERATION_TOKENS_RATE, 0.0)),
-        mean_input_tokens=ratio(Quantity.PROMPT_TOKENS_SUM, Quantity.PROMPT_TOKENS_COUNT),
-        mean_output_tokens=ratio(Quantity.GENERATION_TOKENS_SUM, Quantity.GENERATION_TOKENS_COUNT),
-        prefix_hit_fraction=min(1.0, ratio(Quantity.PREFIX_HITS, Quantity.PREFIX_QUERIES) or 0.0),
-        ttft=histogram(Quantity.TTFT_BUCKETS),
-        itl=histogram(Quantity.ITL_BUCKETS),
-        queue_time=histogram(Quantity.QUEUE_TIME_BUCKETS),
-        tpot=histogram(Quantity.TPOT_BUCKETS),
-        prompt_tokens=histogram(Quantity.PROMPT_TOKENS_BUCKETS),
-        prompt_tokens_lookback=histogram(Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS),
-        finished_requests=max(0.0, values.get(Quantity.FINISHED, 0.0)),
-        aborted_requests=max(0.0, values.get(Quantity.ABORTED, 0.0)),
-        rejected_requests=max(0.0, values.get(Quantity.REJECTED, 0.0)),
-    )
-
-
-def _common_bounds(histograms: Sequence[Histogram | None]) -> tuple[float, ...] | None:
-    bounds = Counter(histogram.upper_bounds for histogram in histograms if histogram is not None)
-    return bounds.most_common(1)[0][0] if bounds else None
-
-
-def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
-    """Histograms with bounds unlike most groups' are dropped (they cannot be merged), so one engine
-    with custom buckets costs only its own latency evidence, never the decision."""
-    ttft = _common_bounds([group.ttft for group in metrics.values()])
-    itl = _common_bounds([group.itl for group in metrics.values()])
-    queue_time = _common_bounds([group.queue_time for group in metrics.values()])
-    tpot = _common_bounds([group.tpot for group in metrics.values()])
-    prompt_tokens = _common_bounds(
-        [
-            histogram
-            for group in metrics.values()
-            for histogram in (group.prompt_tokens, group.prompt_tokens_lookback)
-        ]
-    )
-
-    def keep(histogram: Histogram | None, bounds: tuple[float, ...] | None) -> Histogram | None:
-        return histogram if histogram is not None and histogram.upper_bounds == bounds else None
-
-    return {
-        name: replace(
-            group,
-            ttft=keep(group.ttft, ttft),
-            itl=keep(group.itl, itl),
-            queue_time=keep(group.queue_time, queue_time),
-            tpot=keep(group.tpot, tpot),
-            prompt_tokens=keep(group.prompt_tokens, prompt_tokens),
-            prompt_tokens_lookback=keep(group.prompt_tokens_lookback, prompt_tokens),
+    return engine_metrics(
+        EngineFigures(
+            age_seconds=values[Quantity.SAMPLE_AGE],
+            waiting_requests=values[Quantity.WAITING],
+            running_requests=values[Quantity.RUNNING],
+            kv_usage_fraction=values[Quantity.KV_USAGE],
+            prompt_tokens_per_second=values.get(Quantity.PROMPT_TOKENS_RATE, 0.0),
+            generation_tokens_per_second=values.get(Quantity.GENERATION_TOKENS_RATE, 0.0),
+            prompt_tokens_sum=values.get(Quantity.PROMPT_TOKENS_SUM, 0.0),
+            prompt_tokens_count=values.get(Quantity.PROMPT_TOKENS_COUNT, 0.0),
+            generation_tokens_sum=values.get(Quantity.GENERATION_TOKENS_SUM, 0.0),
+            generation_tokens_count=values.get(Quantity.GENERATION_TOKENS_COUNT, 0.0),
+            prefix_hits=values.get(Quantity.PREFIX_HITS, 0.0),
+            prefix_queries=values.get(Quantity.PREFIX_QUERIES, 0.0),
+            finished_requests=values.get(Quantity.FINISHED, 0.0),
+            aborted_requests=values.get(Quantity.ABORTED, 0.0),
+            rejected_requests=values.get(Quantity.REJECTED, 0.0),
+            ttft=histogram(Quantity.TTFT_BUCKETS),
+            itl=histogram(Quantity.ITL_BUCKETS),
+            queue_time=histogram(Quantity.QUEUE_TIME_BUCKETS),
+            tpot=histogram(Quantity.TPOT_BUCKETS),
+            prompt_tokens=histogram(Quantity.PROMPT_TOKENS_BUCKETS),
+            prompt_tokens_lookback=histogram(Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS),
         )
-        for name, group in metrics.items()
-    }
+    )
 
 
 def metrics_by_group(result: Sequence[Mapping[str, Any]], labels: SeriesLabels) -> dict[str, GroupMetrics]:
@@ -298,12 +268,9 @@ def reading_from_result(result: Sequence[Mapping[str, Any]], labels: SeriesLabel
     return MetricsReading(metrics_by_group(result, labels), gateway_from_result(result))
 
 
-def group_observations(
-    model_group: ModelGroup, status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics], *, now: float
-) -> tuple[GroupObservation, ...]:
-    """The groups of `status.groups` with the metrics of the ready ones, plus the groups wanted but
-    not created yet (see the module docstring)."""
-    observations = [
+def _observed(status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics]) -> list[GroupObservation]:
+    """The groups of `status.groups`, with the metrics of the ready ones."""
+    return [
         GroupObservation(
             name=group.name,
             state=GroupState(group.state),
@@ -312,14 +279,26 @@ def group_observations(
         )
         for group in status.groups
     ]
+
+
+def group_counts(model_group: ModelGroup, status: ModelGroupStatus) -> GroupCounts:
+    """The ModelGroup's counts as its spec and the group controller's status say."""
     spec = model_group.spec
-    outdated = frozenset(group.name for group in status.groups if group.outdated)
-    return with_wanted_groups(
-        without_replacements(observations, outdated),
-        wanted_groups(spec.replicas, spec.min_replicas, spec.max_replicas),
-        now=now,
+    return GroupCounts(
+        spec_replicas=spec.replicas,
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        outdated=frozenset(group.name for group in status.groups if group.outdated),
         unschedulable=unplaceable(status.conditions),
     )
+
+
+def group_observations(
+    model_group: ModelGroup, status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics], *, now: float
+) -> tuple[GroupObservation, ...]:
+    """The groups of `status.groups` with the metrics of the ready ones, plus the groups wanted but
+    not created yet (see the module docstring)."""
+    return capacity_view(_observed(status, metrics), group_counts(model_group, status), now=now)
 
 
 def build_snapshot(
@@ -331,15 +310,14 @@ def build_snapshot(
     now: float,
     gateway: GatewayObservation | None = None,
 ) -> ModelGroupSnapshot:
-    groups = group_observations(model_group, status, metrics, now=now)
-    evidence = prompt_evidence(groups, compiled.policy.staleness.max_age_seconds)
-    return ModelGroupSnapshot(
-        spec_replicas=model_group.spec.replicas,
-        groups=groups,
+    return model_group_snapshot(
+        _observed(status, metrics),
+        group_counts(model_group, status),
         profile=compiled.profile,
+        policy=compiled.policy,
         name=model_group.metadata.name or "",
         metrics_window_seconds=compiled.metrics_window_seconds,
-        feasibility=snapshot_feasibility(compiled.profile, compiled.policy, evidence),
+        now=now,
         gateway=gateway,
     )
 

@@ -31,6 +31,19 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, help="SLOPolicy manifest (default: one interactive class)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    _add_trace_window_arguments(parser)
+    _add_fleet_arguments(parser)
+    _add_world_arguments(parser)
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+
+def _add_trace_window_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the trace is thinned, compressed and windowed before it is replayed."""
     parser.add_argument(
         "--rate-multiplier",
         type=float,
@@ -51,6 +64,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="keep D seconds of arrivals (after compression): the first D, or D from --start-seconds",
     )
+
+
+def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fleet's size, ready time and price."""
     parser.add_argument(
         "--ready-time-seconds",
         type=float,
@@ -73,6 +90,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="groups ready at t=0 for every policy (default: what the first minute needs)",
     )
+
+
+def _add_world_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulated world: failures, step noise, routing, scraping, classes, the envelope's trials."""
     parser.add_argument("--failure-rate", type=float, default=0.0, help="group failures per group-hour")
     parser.add_argument(
         "--fail-at",
@@ -104,12 +125,6 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         help="length of each trial (a fleet of several groups, feasible requests only) that measures "
         "the capacity envelope (default 300)",
-    )
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar on stderr (default: when stderr is a terminal)",
     )
 
 

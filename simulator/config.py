@@ -101,6 +101,76 @@ def class_targets(policy: SloPolicy) -> tuple[ClassTargets, ...]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _FleetShape:
+    """What a ModelGroup (or the default one) says about the simulated fleet."""
+
+    engine: EngineConfig
+    tensor: int
+    pipeline: int
+    min_groups: int
+    max_groups: int
+    warm_groups: int
+    profile_ready_seconds: float | None
+    measured_capacity: float | None
+    model_name: str
+    gpu_name: str
+    source: str
+
+
+def _model_group_fleet(model_group: ModelGroup, path: Path, step_noise_sigma: float) -> _FleetShape:
+    """The engine a ModelGroup's model, GPU and parallelism price, and its bounds and profile."""
+    spec = model_group.spec
+    shape = model_shape(spec)
+    profile = spec.profile
+    gpu = gpu_spec(profile)
+    if shape is None or gpu is None:
+        raise ValueError(
+            f"{path}: the simulator needs a known model shape and profile.gpu "
+            "(h100-80g or a100-80g) to price steps"
+        )
+    tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
+    cost = StepCostModel.from_hardware(shape, gpu, tensor, pipeline)
+    seqs, tokens = batch_limits(spec) or default_batch_limits(gpu)
+    kv_tokens = (profile.kv_capacity_tokens if profile is not None else None) or cost.kv_capacity_tokens
+    engine = EngineConfig(
+        cost=cost,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        kv_capacity_tokens=kv_tokens,
+        step_noise_sigma=step_noise_sigma,
+    )
+    return _FleetShape(
+        engine=engine,
+        tensor=tensor,
+        pipeline=pipeline,
+        min_groups=spec.min_replicas,
+        max_groups=spec.max_replicas,
+        warm_groups=spec.warm_replicas,
+        profile_ready_seconds=profile.ready_time_seconds if profile is not None else None,
+        measured_capacity=profile.capacity_work_seconds_per_second if profile is not None else None,
+        model_name=spec.model.name,
+        gpu_name=gpu.name,
+        source=f"ModelGroup {path}",
+    )
+
+
+def _default_fleet(step_noise_sigma: float) -> _FleetShape:
+    return _FleetShape(
+        engine=EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G, step_noise_sigma=step_noise_sigma),
+        tensor=1,
+        pipeline=1,
+        min_groups=1,
+        max_groups=DEFAULT_MAX_GROUPS,
+        warm_groups=0,
+        profile_ready_seconds=None,
+        measured_capacity=None,
+        model_name=LLAMA_3_1_8B.name,
+        gpu_name=H100_80G.name,
+        source="default ModelGroup: Llama-3.1-8B, one H100 per group, 1..16 groups",
+    )
+
+
 def build_setup(
     model_group_path: Path | None,
     policy_path: Path | None,
@@ -117,39 +187,12 @@ def build_setup(
     sources: list[str] = []
     model_group = load_model_group(model_group_path) if model_group_path is not None else None
     slo_policy = load_slo_policy(policy_path) if policy_path is not None else None
-    if model_group is not None:
-        spec = model_group.spec
-        shape = model_shape(spec)
-        profile = spec.profile
-        gpu = gpu_spec(profile)
-        if shape is None or gpu is None:
-            raise ValueError(
-                f"{model_group_path}: the simulator needs a known model shape and profile.gpu "
-                "(h100-80g or a100-80g) to price steps"
-            )
-        tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
-        cost = StepCostModel.from_hardware(shape, gpu, tensor, pipeline)
-        seqs, tokens = batch_limits(spec) or default_batch_limits(gpu)
-        kv_tokens = (profile.kv_capacity_tokens if profile is not None else None) or cost.kv_capacity_tokens
-        engine = EngineConfig(
-            cost=cost,
-            max_num_seqs=seqs,
-            max_num_batched_tokens=tokens,
-            kv_capacity_tokens=kv_tokens,
-            step_noise_sigma=step_noise_sigma,
-        )
-        min_groups, maximum, warm = spec.min_replicas, spec.max_replicas, spec.warm_replicas
-        profile_ready = profile.ready_time_seconds if profile is not None else None
-        measured = profile.capacity_work_seconds_per_second if profile is not None else None
-        model_name, gpu_name = spec.model.name, gpu.name
-        sources.append(f"ModelGroup {model_group_path}")
-    else:
-        engine = EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G, step_noise_sigma=step_noise_sigma)
-        tensor = pipeline = 1
-        min_groups, maximum, warm = 1, DEFAULT_MAX_GROUPS, 0
-        profile_ready, measured = None, None
-        model_name, gpu_name = LLAMA_3_1_8B.name, H100_80G.name
-        sources.append("default ModelGroup: Llama-3.1-8B, one H100 per group, 1..16 groups")
+    fleet = (
+        _model_group_fleet(model_group, model_group_path, step_noise_sigma)
+        if model_group is not None and model_group_path is not None
+        else _default_fleet(step_noise_sigma)
+    )
+    sources.append(fleet.source)
     if slo_policy is not None:
         classes = class_targets(slo_policy)
         sources.append(f"SLOPolicy {policy_path}")
@@ -159,21 +202,25 @@ def build_setup(
     ready = (
         ready_time_seconds
         if ready_time_seconds is not None
-        else (float(profile_ready) if profile_ready is not None else DEFAULT_READY_TIME_SECONDS)
+        else (
+            float(fleet.profile_ready_seconds)
+            if fleet.profile_ready_seconds is not None
+            else DEFAULT_READY_TIME_SECONDS
+        )
     )
     return SimulationSetup(
-        engine=engine,
-        model_name=model_name,
-        gpu_name=gpu_name,
-        tensor_parallel=tensor,
-        pipeline_parallel=pipeline,
-        min_groups=min_groups,
-        max_groups=max_groups if max_groups is not None else maximum,
-        warm_groups=warm,
+        engine=fleet.engine,
+        model_name=fleet.model_name,
+        gpu_name=fleet.gpu_name,
+        tensor_parallel=fleet.tensor,
+        pipeline_parallel=fleet.pipeline,
+        min_groups=fleet.min_groups,
+        max_groups=max_groups if max_groups is not None else fleet.max_groups,
+        warm_groups=fleet.warm_groups,
         ready_time_seconds=ready,
         classes=classes,
         model_group=model_group,
         slo_policy=slo_policy,
-        measured_capacity_work_seconds_per_second=measured,
+        measured_capacity_work_seconds_per_second=fleet.measured_capacity,
         sources=tuple(sources),
     )

@@ -219,7 +219,10 @@ class Engine:
         self._noise = 1.0
         self._chunks: list[tuple[_Seq, int]] = []
 
-        # counters, as vLLM exports them
+        self._reset_counters(started_at)
+
+    def _reset_counters(self, started_at: float) -> None:
+        """The counters and histograms, as vLLM exports them: zero at the engine's start."""
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.prefix_cache_queries_total = 0
@@ -514,7 +517,6 @@ class Engine:
             units += chunk * (seq.computed + chunk / 2.0)
             tokens += chunk
             budget -= chunk
-        log = self._log
         max_seqs = self.config.max_num_seqs
         while waiting and budget > 0 and len(running) < max_seqs:
             seq = waiting[0]
@@ -524,41 +526,54 @@ class Engine:
                     self._reject_oversized(seq, now)
                     continue
                 break
-            waiting.popleft()
             free -= need
-            seq.reserved_blocks = need
-            self.prefill_blocks += need
-            seq.key = key = self._next_key
-            self._next_key += 1
-            running[key] = seq
-            prefilling[key] = seq
-            cached = self._prefix_hit(seq)
-            seq.computed = cached
-            self.waiting_prompt_tokens -= cached
-            if math.isnan(log.scheduled_at[seq.index]):
-                log.scheduled_at[seq.index] = now
-                log.cached_tokens[seq.index] = cached
-                self.queue_time.observe(now - log.routed_at[seq.index])
+            cached = self._admit(need, now)
             chunk = min(seq.target - cached, budget)
             chunks.append((seq, chunk))
             units += chunk * (cached + chunk / 2.0)
             tokens += chunk
             budget -= chunk
         if chunks:
-            context = self._base_sum + decoders * self.clock
-            duration = self._cost.step_seconds(tokens, units, context, decoders + len(chunks))
-            noise = self._noise_factor(1)
-            self._kind = _MIXED
-            self._chunks = chunks
-            self._steps = 1
-            self._alpha = duration
-            self._beta = 0.0
-            self._noise = noise
-            self._start = now
-            self.step_end = now + noise * duration
+            self._plan_mixed(now, chunks, tokens, units, decoders)
         elif decoders:
             self._plan_decode(now, decoders)
         # else nothing is runnable: only after rejecting an oversized request at an empty engine
+
+    def _admit(self, need: int, now: float) -> int:
+        """The head of the waiting queue joins the running batch with `need` KV blocks reserved;
+        returns the prompt tokens the prefix cache already holds (its first chunk starts after them)."""
+        seq = self.waiting.popleft()
+        seq.reserved_blocks = need
+        self.prefill_blocks += need
+        seq.key = key = self._next_key
+        self._next_key += 1
+        self.running[key] = seq
+        self._prefilling[key] = seq
+        cached = self._prefix_hit(seq)
+        seq.computed = cached
+        self.waiting_prompt_tokens -= cached
+        log = self._log
+        if math.isnan(log.scheduled_at[seq.index]):
+            log.scheduled_at[seq.index] = now
+            log.cached_tokens[seq.index] = cached
+            self.queue_time.observe(now - log.routed_at[seq.index])
+        return cached
+
+    def _plan_mixed(
+        self, now: float, chunks: list[tuple[_Seq, int]], tokens: int, units: float, decoders: int
+    ) -> None:
+        """One step of prefill chunks beside every decode, priced by the step-cost model."""
+        context = self._base_sum + decoders * self.clock
+        duration = self._cost.step_seconds(tokens, units, context, decoders + len(chunks))
+        noise = self._noise_factor(1)
+        self._kind = _MIXED
+        self._chunks = chunks
+        self._steps = 1
+        self._alpha = duration
+        self._beta = 0.0
+        self._noise = noise
+        self._start = now
+        self.step_end = now + noise * duration
 
     def _plan_decode(self, now: float, decoders: int) -> None:
         """A macro-step of identical decode steps, until the first finish or the KV cache fills."""

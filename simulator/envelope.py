@@ -227,42 +227,15 @@ def measure_envelope(
         failure_rate_per_group_hour=0.0,
         scheduled_failures_seconds=(),
     )
-    trials: dict[float, EnvelopeTrial] = {}
-
-    def run(rate: float) -> EnvelopeTrial:
-        if rate not in trials:
-            trials[rate] = _trial(trial_fleet, workload, classes, rate, search=search, seed=seed)
-            if _too_thin(trials[rate], search):
-                raise _not_found(
-                    list(trials.values()),
-                    classes,
-                    f"too few requests to judge at {rate:.3g} req/s per group (fewer than "
-                    f"{search.min_requests_per_class} of a class in {search.repeats} x "
-                    f"{search.trial_seconds:g} s); "
-                    "a longer trace or a longer trial would",
-                )
-        return trials[rate]
-
-    guess = first_guess_rate_per_group
-    if run(guess).passed:
-        low = guess
-        while run(low * 1.5).passed and low < 1e5:
-            low *= 1.5
-        high = low * 1.5
-    else:
-        high = guess
-        while not run(high / 1.5).passed:
-            high /= 1.5
-            if high < guess * search.lowest_rate_fraction:
-                raise _not_found(list(trials.values()), classes, "no rate tried met the SLO")
-        low = high / 1.5
+    trials = _Trials(trial_fleet, workload, classes, search, seed)
+    low, high = _bracket(trials, first_guess_rate_per_group, search)
     for _ in range(search.refinements):
         middle = math.sqrt(low * high)
-        if run(middle).passed:
+        if trials.run(middle).passed:
             low = middle
         else:
             high = middle
-    best = trials[low]
+    best = trials.by_rate[low]
     mean_work = float(request_work_seconds(pricing, workload).mean())
     bounds = tuple(
         wilson_lower_bound(best.met[number], best.offered[number]) for number in range(len(classes))
@@ -271,13 +244,67 @@ def measure_envelope(
         work_seconds_per_second=low * mean_work,
         requests_per_second=low,
         attainment_goal=min(targets.attainment for targets in classes),
-        trials=len(trials),
+        trials=len(trials.by_rate),
         failing_requests_per_second=high,
         groups=search.groups,
         repeats=search.repeats,
         attainment_lower_bounds=bounds,
-        trial_log=tuple(sorted(trials.values(), key=lambda trial: trial.rate_per_group)),
+        trial_log=tuple(sorted(trials.by_rate.values(), key=lambda trial: trial.rate_per_group)),
     )
+
+
+class _Trials:
+    """The envelope search's trials, one per rate tried, each run once."""
+
+    def __init__(
+        self,
+        fleet: FleetConfig,
+        workload: Workload,
+        classes: Sequence[ClassTargets],
+        search: EnvelopeSearch,
+        seed: int,
+    ) -> None:
+        self.fleet, self.workload, self.classes, self.search, self.seed = (
+            fleet,
+            workload,
+            classes,
+            search,
+            seed,
+        )
+        self.by_rate: dict[float, EnvelopeTrial] = {}
+
+    def run(self, rate: float) -> EnvelopeTrial:
+        """The trial at `rate` requests per second per group; a trial too thin to judge ends the search."""
+        if rate not in self.by_rate:
+            search = self.search
+            self.by_rate[rate] = _trial(
+                self.fleet, self.workload, self.classes, rate, search=search, seed=self.seed
+            )
+            if _too_thin(self.by_rate[rate], search):
+                raise _not_found(
+                    list(self.by_rate.values()),
+                    self.classes,
+                    f"too few requests to judge at {rate:.3g} req/s per group (fewer than "
+                    f"{search.min_requests_per_class} of a class in {search.repeats} x "
+                    f"{search.trial_seconds:g} s); "
+                    "a longer trace or a longer trial would",
+                )
+        return self.by_rate[rate]
+
+
+def _bracket(trials: _Trials, guess: float, search: EnvelopeSearch) -> tuple[float, float]:
+    """A passing and a failing rate a factor 1.5 apart, stepping from the first guess."""
+    if trials.run(guess).passed:
+        low = guess
+        while trials.run(low * 1.5).passed and low < 1e5:
+            low *= 1.5
+        return low, low * 1.5
+    high = guess
+    while not trials.run(high / 1.5).passed:
+        high /= 1.5
+        if high < guess * search.lowest_rate_fraction:
+            raise _not_found(list(trials.by_rate.values()), trials.classes, "no rate tried met the SLO")
+    return high / 1.5, high
 
 
 def demand_groups(

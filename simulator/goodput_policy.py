@@ -8,7 +8,8 @@ ModelGroup. Nothing here decides anything; it only translates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -18,15 +19,20 @@ from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import (
     Decision,
     DecisionState,
-    GroupMetrics,
     GroupObservation,
     GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
     SloTargets,
 )
-from goodput.controllers.policy_compile import GroupBounds, bounded_scaling_policy
-from goodput.controllers.snapshot import wanted_groups, with_wanted_groups
+from goodput.controllers.policy_compile import GroupBounds, bounded_scaling_policy, metrics_window_seconds
+from goodput.controllers.snapshot import (
+    EngineFigures,
+    GroupCounts,
+    aligned,
+    engine_metrics,
+    model_group_snapshot,
+)
 from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 from goodput.simulator.config import SimulationSetup
@@ -105,79 +111,98 @@ def capacity_profile(
     return profile
 
 
-def _group_metrics(
+def _group_figures(
     now: float, latest: FleetSample, metrics: GroupScrape, start: tuple[float, GroupScrape] | None
-) -> GroupMetrics:
-    """One group's snapshot entry: gauges from the latest scrape, rates and deltas over the window."""
+) -> EngineFigures:
+    """One group's figures, as Prometheus would answer them: gauges from the latest scrape, rates,
+    sums, counts and histogram deltas over the window (gauges only before a second scrape)."""
     age = now - latest.time
-    if start is None or latest.time <= start[0]:
-        return GroupMetrics(
-            age_seconds=age,
-            waiting_requests=float(metrics.num_requests_waiting),
-            running_requests=float(metrics.num_requests_running),
-            kv_usage_fraction=metrics.kv_cache_usage_perc,
-        )
-    since, earlier = start
-    span = latest.time - since
-    finished = metrics.request_success_total - earlier.request_success_total
-    queries = metrics.prefix_cache_queries_total - earlier.prefix_cache_queries_total
-    hits = metrics.prefix_cache_hits_total - earlier.prefix_cache_hits_total
-    return GroupMetrics(
+    gauges = EngineFigures(
         age_seconds=age,
         waiting_requests=float(metrics.num_requests_waiting),
         running_requests=float(metrics.num_requests_running),
         kv_usage_fraction=metrics.kv_cache_usage_perc,
+    )
+    if start is None or latest.time <= start[0]:
+        return gauges
+    since, earlier = start
+    span = latest.time - since
+    finished = metrics.request_success_total - earlier.request_success_total
+    tpot = metrics.request_time_per_output_token_seconds
+    return replace(
+        gauges,
         prompt_tokens_per_second=(metrics.prompt_tokens_total - earlier.prompt_tokens_total) / span,
         generation_tokens_per_second=(metrics.generation_tokens_total - earlier.generation_tokens_total)
         / span,
-        mean_input_tokens=(metrics.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum) / finished
-        if finished > 0
-        else None,
-        mean_output_tokens=(metrics.request_generation_tokens_sum - earlier.request_generation_tokens_sum)
-        / finished
-        if finished > 0
-        else None,
-        prefix_hit_fraction=hits / queries if queries > 0 else 0.0,
+        prompt_tokens_sum=metrics.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
+        prompt_tokens_count=finished,
+        generation_tokens_sum=metrics.request_generation_tokens_sum - earlier.request_generation_tokens_sum,
+        generation_tokens_count=finished,
+        prefix_hits=metrics.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
+        prefix_queries=metrics.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
+        finished_requests=finished,
         ttft=histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
         itl=histogram_delta(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
         queue_time=histogram_delta(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
-        tpot=None
-        if metrics.request_time_per_output_token_seconds is None
-        else histogram_delta(
-            metrics.request_time_per_output_token_seconds, earlier.request_time_per_output_token_seconds
-        ),
-        finished_requests=float(finished),
+        tpot=None if tpot is None else histogram_delta(tpot, earlier.request_time_per_output_token_seconds),
     )
 
 
-def snapshot_from(
-    observation: FleetObservation, profile: CapacityProfile, window_seconds: float, name: str
-) -> ModelGroupSnapshot:
-    """The `ModelGroupSnapshot` the operator would build at `observation.now`."""
+def window_figures(observation: FleetObservation, window_seconds: float) -> dict[str, EngineFigures]:
+    """Every scraped group's figures as of the latest scrape, over the window before it."""
     view: MetricsView = observation.metrics
     latest = view.latest
-    by_group = latest.by_group() if latest is not None else {}
+    if latest is None:
+        return {}
     first_seen: dict[str, tuple[float, GroupScrape]] = {}
-    if latest is not None:
-        for sample in view.within(latest.time - window_seconds - 1e-9):
-            for scraped in sample.groups:
-                first_seen.setdefault(scraped.group, (sample.time, scraped))
-    groups = []
-    for info in observation.groups:
-        state = _STATES[info.state]
-        metrics: GroupMetrics | None = None
-        if state is GroupState.READY and latest is not None and info.name in by_group:
-            metrics = _group_metrics(observation.now, latest, by_group[info.name], first_seen.get(info.name))
-        groups.append(GroupObservation(info.name, state, info.created_at, metrics=metrics))
-    # A failed group's replacement not created yet (a replacement delay) is capacity on its way, as
-    # the operator counts it; the simulated cluster always has room, so it is never unschedulable.
-    wanted = wanted_groups(observation.desired_groups, observation.min_groups, observation.max_groups)
-    return ModelGroupSnapshot(
-        spec_replicas=observation.desired_groups,
-        groups=with_wanted_groups(groups, wanted, now=observation.now, unschedulable=False),
+    for sample in view.within(latest.time - window_seconds - 1e-9):
+        for scraped in sample.groups:
+            first_seen.setdefault(scraped.group, (sample.time, scraped))
+    return {
+        name: _group_figures(observation.now, latest, scraped, first_seen.get(name))
+        for name, scraped in latest.by_group().items()
+    }
+
+
+def group_observations(
+    observation: FleetObservation, figures: Mapping[str, EngineFigures]
+) -> list[GroupObservation]:
+    """The simulated groups in the decision's vocabulary, the ready ones with their engine metrics."""
+    metrics = aligned({name: engine_metrics(entry) for name, entry in figures.items()})
+    return [
+        GroupObservation(
+            info.name,
+            _STATES[info.state],
+            info.created_at,
+            metrics=metrics.get(info.name) if _STATES[info.state] is GroupState.READY else None,
+        )
+        for info in observation.groups
+    ]
+
+
+def snapshot_from(
+    observation: FleetObservation,
+    profile: CapacityProfile,
+    window_seconds: float,
+    name: str,
+    *,
+    policy: ScalingPolicy,
+) -> ModelGroupSnapshot:
+    """The `ModelGroupSnapshot` the operator would build at `observation.now`, by the same assembly.
+
+    A failed group's replacement not created yet (a replacement delay) is capacity on its way, as the
+    operator counts it; the simulated cluster always has room, so it is never unschedulable, and it
+    runs no rollout, so no group is outdated.
+    """
+    counts = GroupCounts(observation.desired_groups, observation.min_groups, observation.max_groups)
+    return model_group_snapshot(
+        group_observations(observation, window_figures(observation, window_seconds)),
+        counts,
         profile=profile,
+        policy=policy,
         name=name,
         metrics_window_seconds=window_seconds,
+        now=observation.now,
     )
 
 
@@ -204,7 +229,11 @@ class GoodputPolicy:
         policy = scaling_policy_for(setup)
         group: ModelGroup | None = setup.model_group
         name = (group.metadata.name if group is not None else None) or "simulated"
-        return cls(policy, capacity_profile(setup, policy, workload, envelope), model_group=name)
+        profile = capacity_profile(setup, policy, workload, envelope)
+        if setup.slo_policy is None:
+            return cls(policy, profile, model_group=name)
+        window = metrics_window_seconds(setup.slo_policy.spec)
+        return cls(policy, profile, model_group=name, metrics_window_seconds=window)
 
     def describe(self) -> dict[str, float | str]:
         policy = self.policy
@@ -230,7 +259,9 @@ class GoodputPolicy:
         }
 
     def recommend(self, observation: FleetObservation) -> PolicyAnswer:
-        snapshot = snapshot_from(observation, self.profile, self.metrics_window_seconds, self.model_group)
+        snapshot = snapshot_from(
+            observation, self.profile, self.metrics_window_seconds, self.model_group, policy=self.policy
+        )
         decision = decide(snapshot, self.policy, self.state, observation.now)
         self.state = decision.next_state
         self.last_decision = decision

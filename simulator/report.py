@@ -180,73 +180,10 @@ def summarize(
 ) -> dict[str, Any]:
     """The run's report, JSON-ready."""
     verdicts = judge(result, classes)
-    requests = result.requests
-    outcome = requests["outcome"]
     workload = result.workload
-    offered = len(workload)
-    admitted = int(verdicts.admitted.sum())
-    met = int(verdicts.met.sum())
-    horizon = max(result.horizon_seconds, 1e-9)
-    gpu_hours = result.gpu_seconds / 3600.0
-    cost = gpu_hours * gpu_hour_price
-    good_tokens = float(workload.output_tokens[verdicts.met].sum())
-    class_index = workload.class_index if workload.class_index is not None else np.zeros(offered, np.int64)
-    per_class = {}
-    for index, targets in enumerate(classes):
-        mask = class_index == index
-        class_offered = int(mask.sum())
-        class_admitted = int((mask & verdicts.admitted).sum())
-        class_met = int((mask & verdicts.met).sum())
-        done = mask & verdicts.finished
-        ttft_within = float((verdicts.ttft[done] <= targets.ttft_seconds).mean()) if done.any() else None
-        gaps = float(verdicts.gaps[done].sum())
-        gaps_within = 1.0 - float(verdicts.slow_gaps[done].sum()) / gaps if gaps else None
-        per_class[targets.name] = {
-            "targets": {
-                "ttft_seconds": targets.ttft_seconds,
-                "itl_seconds": targets.itl_seconds,
-                "e2e_seconds": targets.e2e_seconds,
-                "attainment": targets.attainment,
-                "percentile": targets.percentile,
-            },
-            "offered_requests": class_offered,
-            "admitted_requests": class_admitted,
-            "slo_met_requests": class_met,
-            "attainment_offered": class_met / class_offered if class_offered else None,
-            "attainment_admitted": class_met / class_admitted if class_admitted else None,
-            "attainment_target_met": (class_met / class_offered >= targets.attainment)
-            if class_offered
-            else None,
-            "ttft_within_target_fraction": ttft_within,
-            "token_gaps_within_itl_target_fraction": gaps_within,
-            "percentile_target_met": None
-            if ttft_within is None or gaps_within is None
-            else bool(ttft_within >= targets.percentile and gaps_within >= targets.percentile),
-            **_percentiles(verdicts.ttft[done], "ttft"),
-        }
-    finished = verdicts.finished
-    rejected_no_capacity = int((outcome == Outcome.REJECTED_NO_CAPACITY).sum())
-    rejected_too_long = int((outcome == Outcome.REJECTED_TOO_LONG).sum())
-    queries = result.engine_totals.get("prefix_cache_queries_tokens", 0.0)
     report: dict[str, Any] = {
-        "offered_requests": offered,
-        "admitted_requests": admitted,
-        "rejected_requests": {"no_ready_group": rejected_no_capacity, "too_long": rejected_too_long},
-        "failed_requests": int((outcome == Outcome.FAILED).sum()),
-        "unfinished_requests": int((outcome == Outcome.UNFINISHED).sum()),
-        "finished_requests": int(finished.sum()),
-        "slo_met_requests": met,
-        "attainment_offered": met / offered if offered else None,
-        "attainment_admitted": met / admitted if admitted else None,
-        "offered_window_seconds": result.horizon_seconds,
-        "goodput_rps": met / horizon,
-        "token_goodput_tps": good_tokens / horizon,
-        "gpu_hours": gpu_hours,
-        "gpu_hour_price_usd": gpu_hour_price,
-        "cost_usd": cost,
-        "cost_per_slo_request": cost / met if met else None,
-        "goodput_per_gpu_hour": met / gpu_hours if gpu_hours else None,
-        "mean_gpus": result.gpu_seconds / horizon,
+        **_population(result, verdicts),
+        **_cost(result, verdicts, gpu_hour_price),
         "scale_events": [
             {
                 "time_seconds": round(event.time, 3),
@@ -258,22 +195,12 @@ def summarize(
         ],
         "scale_event_count": len(result.scale_events),
         "decisions": result.decisions,
-        "latency": {
-            **_percentiles(verdicts.ttft[finished], "ttft"),
-            **_percentiles(verdicts.tpot[finished], "tpot"),
-            **_percentiles(verdicts.e2e[finished], "e2e"),
-            "queue_p99_seconds": _percentiles(
-                (requests["scheduled_at"] - requests["routed_at"])[finished], "queue"
-            )["queue_p99_seconds"],
+        "latency": _latency(result, verdicts),
+        "classes": {
+            targets.name: _class_report(result, verdicts, index, targets)
+            for index, targets in enumerate(classes)
         },
-        "classes": per_class,
-        "engine": {
-            **result.engine_totals,
-            "prefix_cache_hit_rate": result.engine_totals.get("prefix_cache_hits_tokens", 0.0) / queries
-            if queries
-            else None,
-            "requests_preempted": int((requests["preemptions"] > 0).sum()),
-        },
+        "engine": _engine(result),
         "groups": [
             {
                 "name": group.name,
@@ -301,3 +228,108 @@ def summarize(
     if context:
         report["config"] = context
     return report
+
+
+def _population(result: SimulationResult, verdicts: RequestVerdicts) -> dict[str, Any]:
+    """§5: the offered population and what became of it, beside the attainment it gives."""
+    outcome = result.requests["outcome"]
+    offered = len(result.workload)
+    admitted = int(verdicts.admitted.sum())
+    met = int(verdicts.met.sum())
+    return {
+        "offered_requests": offered,
+        "admitted_requests": admitted,
+        "rejected_requests": {
+            "no_ready_group": int((outcome == Outcome.REJECTED_NO_CAPACITY).sum()),
+            "too_long": int((outcome == Outcome.REJECTED_TOO_LONG).sum()),
+        },
+        "failed_requests": int((outcome == Outcome.FAILED).sum()),
+        "unfinished_requests": int((outcome == Outcome.UNFINISHED).sum()),
+        "finished_requests": int(verdicts.finished.sum()),
+        "slo_met_requests": met,
+        "attainment_offered": met / offered if offered else None,
+        "attainment_admitted": met / admitted if admitted else None,
+    }
+
+
+def _cost(result: SimulationResult, verdicts: RequestVerdicts, gpu_hour_price: float) -> dict[str, Any]:
+    """Goodput over the offered window, and what the GPUs cost for it."""
+    met = int(verdicts.met.sum())
+    horizon = max(result.horizon_seconds, 1e-9)
+    gpu_hours = result.gpu_seconds / 3600.0
+    cost = gpu_hours * gpu_hour_price
+    good_tokens = float(result.workload.output_tokens[verdicts.met].sum())
+    return {
+        "offered_window_seconds": result.horizon_seconds,
+        "goodput_rps": met / horizon,
+        "token_goodput_tps": good_tokens / horizon,
+        "gpu_hours": gpu_hours,
+        "gpu_hour_price_usd": gpu_hour_price,
+        "cost_usd": cost,
+        "cost_per_slo_request": cost / met if met else None,
+        "goodput_per_gpu_hour": met / gpu_hours if gpu_hours else None,
+        "mean_gpus": result.gpu_seconds / horizon,
+    }
+
+
+def _latency(result: SimulationResult, verdicts: RequestVerdicts) -> dict[str, Any]:
+    """Percentiles of the finished requests' TTFT, TPOT, end-to-end latency and queue time."""
+    requests = result.requests
+    finished = verdicts.finished
+    queue = _percentiles((requests["scheduled_at"] - requests["routed_at"])[finished], "queue")
+    return {
+        **_percentiles(verdicts.ttft[finished], "ttft"),
+        **_percentiles(verdicts.tpot[finished], "tpot"),
+        **_percentiles(verdicts.e2e[finished], "e2e"),
+        "queue_p99_seconds": queue["queue_p99_seconds"],
+    }
+
+
+def _class_report(
+    result: SimulationResult, verdicts: RequestVerdicts, index: int, targets: ClassTargets
+) -> dict[str, Any]:
+    """One class against its own targets: attainment, and the TTFT and token-gap shares."""
+    workload = result.workload
+    class_index = (
+        workload.class_index if workload.class_index is not None else np.zeros(len(workload), np.int64)
+    )
+    mask = class_index == index
+    class_offered = int(mask.sum())
+    class_admitted = int((mask & verdicts.admitted).sum())
+    class_met = int((mask & verdicts.met).sum())
+    done = mask & verdicts.finished
+    ttft_within = float((verdicts.ttft[done] <= targets.ttft_seconds).mean()) if done.any() else None
+    gaps = float(verdicts.gaps[done].sum())
+    gaps_within = 1.0 - float(verdicts.slow_gaps[done].sum()) / gaps if gaps else None
+    return {
+        "targets": {
+            "ttft_seconds": targets.ttft_seconds,
+            "itl_seconds": targets.itl_seconds,
+            "e2e_seconds": targets.e2e_seconds,
+            "attainment": targets.attainment,
+            "percentile": targets.percentile,
+        },
+        "offered_requests": class_offered,
+        "admitted_requests": class_admitted,
+        "slo_met_requests": class_met,
+        "attainment_offered": class_met / class_offered if class_offered else None,
+        "attainment_admitted": class_met / class_admitted if class_admitted else None,
+        "attainment_target_met": (class_met / class_offered >= targets.attainment) if class_offered else None,
+        "ttft_within_target_fraction": ttft_within,
+        "token_gaps_within_itl_target_fraction": gaps_within,
+        "percentile_target_met": None
+        if ttft_within is None or gaps_within is None
+        else bool(ttft_within >= targets.percentile and gaps_within >= targets.percentile),
+        **_percentiles(verdicts.ttft[done], "ttft"),
+    }
+
+
+def _engine(result: SimulationResult) -> dict[str, Any]:
+    """The engines' totals, with the prefix-cache hit rate and the requests preempted."""
+    totals = result.engine_totals
+    queries = totals.get("prefix_cache_queries_tokens", 0.0)
+    return {
+        **totals,
+        "prefix_cache_hit_rate": totals.get("prefix_cache_hits_tokens", 0.0) / queries if queries else None,
+        "requests_preempted": int((result.requests["preemptions"] > 0).sum()),
+    }

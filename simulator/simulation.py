@@ -142,215 +142,253 @@ def simulate(
     workload: Workload, config: SimulationConfig, autoscaler: Autoscaler, progress: bool = False
 ) -> SimulationResult:
     """Replay `workload` through a fleet driven by `autoscaler`."""
-    started = time.perf_counter()
-    log = RequestLog(workload)
-    fleet = Fleet(config.fleet, log, config.seed)
-    history = MetricsHistory()
-    scrape_interval = getattr(autoscaler, "scrape_interval_seconds", None) or config.scrape_interval_seconds
-    scrape_delay = getattr(autoscaler, "scrape_delay_seconds", None)
-    scrape_delay = config.scrape_delay_seconds if scrape_delay is None else scrape_delay
-    arrivals = workload.arrival_seconds.tolist()
-    inputs = workload.input_tokens.tolist()
-    outputs = workload.output_tokens.tolist()
-    blocks = workload.prefix_blocks
-    with_slots = len(config.fleet.itl_targets_seconds) > 0 and workload.class_index is not None
-    slots = workload.class_index.tolist() if with_slots and workload.class_index is not None else None
-    horizon = (
-        config.horizon_seconds if config.horizon_seconds is not None else (arrivals[-1] if arrivals else 0.0)
-    )
-    stop_at = max(horizon, arrivals[-1] if arrivals else 0.0) + config.tail_seconds
+    return _Run(workload, config, autoscaler, progress).run()
 
-    heap: list[tuple[float, int, int, int, int]] = []
-    counter = 0
 
-    def push(at: float, kind: int, a: int = 0, b: int = 0) -> None:
-        nonlocal counter
-        counter += 1
-        heapq.heappush(heap, (at, counter, kind, a, b))
+class _Run:
+    """One replay: the event heap (steps, scrapes, control ticks, group passes, lifecycle events and
+    failures), the arrivals merged into it in time order, and what the run records."""
 
-    def push_lifecycle(events: list[LifecycleEvent]) -> None:
+    def __init__(
+        self, workload: Workload, config: SimulationConfig, autoscaler: Autoscaler, progress: bool
+    ) -> None:
+        self.started = time.perf_counter()
+        self.workload, self.config, self.autoscaler = workload, config, autoscaler
+        self.log = RequestLog(workload)
+        self.fleet = Fleet(config.fleet, self.log, config.seed)
+        self.history = MetricsHistory()
+        self.scrape_interval = (
+            getattr(autoscaler, "scrape_interval_seconds", None) or config.scrape_interval_seconds
+        )
+        scrape_delay = getattr(autoscaler, "scrape_delay_seconds", None)
+        self.scrape_delay = config.scrape_delay_seconds if scrape_delay is None else scrape_delay
+        self.arrivals = workload.arrival_seconds.tolist()
+        self.inputs = workload.input_tokens.tolist()
+        self.outputs = workload.output_tokens.tolist()
+        self.blocks = workload.prefix_blocks
+        with_slots = len(config.fleet.itl_targets_seconds) > 0 and workload.class_index is not None
+        self.slots = (
+            workload.class_index.tolist() if with_slots and workload.class_index is not None else None
+        )
+        last_arrival = self.arrivals[-1] if self.arrivals else 0.0
+        self.horizon = config.horizon_seconds if config.horizon_seconds is not None else last_arrival
+        self.stop_at = max(self.horizon, last_arrival) + config.tail_seconds
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.counter = 0
+        self.scheduled_versions: dict[int, int] = {}
+        self.scale_events: list[ScaleChange] = []
+        self.decisions = 0
+        self.states = list(GroupPhase)
+        self.bar = _Progress(progress, self.stop_at - config.tail_seconds, autoscaler.name)
+        self.next_arrival = 0
+        self.total = len(self.arrivals)
+        self.processed = 0
+        self.now = 0.0
+
+    def push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
+        self.counter += 1
+        heapq.heappush(self.heap, (at, self.counter, kind, a, b))
+
+    def push_lifecycle(self, events: list[LifecycleEvent]) -> None:
         for event in events:
             kind = _FAIL if event.state is GroupPhase.FAILED else _LIFECYCLE
-            push(event.time, kind, event.group, list(GroupPhase).index(event.state))
+            self.push(event.time, kind, event.group, list(GroupPhase).index(event.state))
 
-    scheduled_versions: dict[int, int] = {}
-
-    def schedule_step(group: Group) -> None:
+    def schedule_step(self, group: Group) -> None:
         engine = group.engine
-        if engine.step_end is not None and scheduled_versions.get(group.index) != engine.plan_version:
-            scheduled_versions[group.index] = engine.plan_version
-            push(engine.step_end, _STEP, group.index, engine.plan_version)
+        if engine.step_end is not None and self.scheduled_versions.get(group.index) != engine.plan_version:
+            self.scheduled_versions[group.index] = engine.plan_version
+            self.push(engine.step_end, _STEP, group.index, engine.plan_version)
 
-    push_lifecycle(fleet.start(config.initial_groups))
-    push(0.0, _SCRAPE)
-    push(config.fleet.reconcile_interval_seconds, _GROUPS)
-    push(max(autoscaler.interval_seconds, config.control_start_seconds), _CONTROL)
-    for failure_at in config.fleet.scheduled_failures_seconds:
-        push(failure_at, _SCHEDULED_FAIL)
-
-    scale_events: list[ScaleChange] = []
-    decisions = 0
-    states = list(GroupPhase)
-    bar = _Progress(progress, stop_at - config.tail_seconds, autoscaler.name)
-    next_arrival = 0
-    total = len(arrivals)
-    processed = 0
-    now = 0.0
-
-    def work_left() -> bool:
+    def work_left(self) -> bool:
         """Arrivals to come or requests in flight: otherwise the run is over."""
-        return next_arrival < total or any(
+        return self.next_arrival < self.total or any(
             group.engine.in_flight
-            for group in fleet.groups
+            for group in self.fleet.groups
             if group.state in (GroupPhase.READY, GroupPhase.DRAINING)
         )
 
-    def lose(indices: list[int], at: float) -> None:
+    def lose(self, indices: list[int], at: float) -> None:
         for index in indices:
-            log.outcome[index] = Outcome.FAILED
-            log.finished_at[index] = at
+            self.log.outcome[index] = Outcome.FAILED
+            self.log.finished_at[index] = at
 
-    while True:
-        arrival_at = arrivals[next_arrival] if next_arrival < total else math.inf
-        if heap and heap[0][0] < arrival_at:  # at a tie, arrivals first: they join the step composed then
-            now, _, kind, a, b = heapq.heappop(heap)
-            if now > stop_at:
+    def run(self) -> SimulationResult:
+        config = self.config
+        self.push_lifecycle(self.fleet.start(config.initial_groups))
+        self.push(0.0, _SCRAPE)
+        self.push(config.fleet.reconcile_interval_seconds, _GROUPS)
+        self.push(max(self.autoscaler.interval_seconds, config.control_start_seconds), _CONTROL)
+        for failure_at in config.fleet.scheduled_failures_seconds:
+            self.push(failure_at, _SCHEDULED_FAIL)
+        while True:
+            arrival_at = self.arrivals[self.next_arrival] if self.next_arrival < self.total else math.inf
+            if (
+                self.heap and self.heap[0][0] < arrival_at
+            ):  # at a tie, arrivals first: they join the step composed then
+                now, _, kind, a, b = heapq.heappop(self.heap)
+                self.now = now
+                if now > self.stop_at:
+                    break
+                self.processed += 1
+                self.handle(kind, a, b, now)
+                continue
+            if self.next_arrival >= self.total:
                 break
-            processed += 1
-            if kind == _STEP:
-                group = fleet.groups[a]
-                engine = group.engine
-                if b != engine.plan_version or scheduled_versions.get(a) != b:
-                    continue
-                engine.complete_step(now)
-                schedule_step(group)
-            elif kind == _SCRAPE:
-                bar.update(now)
-                history.append(
-                    FleetSample(
-                        now,
-                        tuple(
-                            scrape(group, now)
-                            for group in fleet.groups
-                            if group.state in (GroupPhase.READY, GroupPhase.DRAINING)
-                        ),
-                    )
+            self.arrive(arrival_at)
+        self.bar.close()
+        return self.result()
+
+    def handle(self, kind: int, a: int, b: int, now: float) -> None:
+        """One event off the heap."""
+        if kind == _STEP:
+            self.on_step(a, b, now)
+        elif kind == _SCRAPE:
+            self.on_scrape(now)
+        elif kind == _CONTROL:
+            self.on_control(now)
+        elif kind == _GROUPS:
+            # The group controller's periodic pass: drains progress, young groups age.
+            self.push_lifecycle(self.fleet.reconcile(now))
+            self.lose(self.fleet.take_aborted(), now)
+            if self.work_left():
+                self.push(now + self.config.fleet.reconcile_interval_seconds, _GROUPS)
+        elif self.work_left():  # lifecycle and failures after the last request change nothing reported
+            self.on_group_event(kind, a, b, now)
+
+    def on_step(self, group_index: int, plan_version: int, now: float) -> None:
+        """An engine step ends, unless the engine re-planned since it was scheduled."""
+        group = self.fleet.groups[group_index]
+        if (
+            plan_version != group.engine.plan_version
+            or self.scheduled_versions.get(group_index) != plan_version
+        ):
+            return
+        group.engine.complete_step(now)
+        self.schedule_step(group)
+
+    def on_scrape(self, now: float) -> None:
+        """Prometheus scrapes every serving or draining group's leader."""
+        self.bar.update(now)
+        scraped = tuple(
+            scrape(group, now)
+            for group in self.fleet.groups
+            if group.state in (GroupPhase.READY, GroupPhase.DRAINING)
+        )
+        self.history.append(FleetSample(now, scraped))
+        if self.work_left():
+            self.push(now + self.scrape_interval, _SCRAPE)
+
+    def observe(self, now: float) -> FleetObservation:
+        """What the autoscaler sees at `now`: the counts, and the metrics as of the scrape delay."""
+        fleet = self.fleet
+        counts = fleet.counts(now)
+        return FleetObservation(
+            now=now,
+            desired_groups=fleet.desired,
+            placing_groups=counts.placing,
+            loading_groups=counts.loading,
+            ready_groups=counts.ready,
+            draining_groups=counts.draining,
+            min_groups=self.config.fleet.min_groups,
+            max_groups=self.config.fleet.max_groups,
+            metrics=self.history.view(now - self.scrape_delay),
+            groups=tuple(
+                GroupInfo(g.name, g.state.value, g.created_at, g.ready_at)
+                for g in fleet.groups
+                if g.live or g.state is GroupPhase.DRAINING
+            ),
+        )
+
+    def on_control(self, now: float) -> None:
+        """A control tick: the autoscaler decides, the fleet scales, a change is recorded."""
+        fleet = self.fleet
+        recommendation = self.autoscaler.recommend(self.observe(now))
+        self.decisions += 1
+        before_desired = fleet.desired
+        self.push_lifecycle(fleet.scale_to(recommendation.desired_groups, now))
+        if fleet.desired != before_desired:
+            self.scale_events.append(
+                ScaleChange(
+                    now, before_desired, fleet.desired, recommendation.reason, dict(recommendation.detail)
                 )
-                if work_left():
-                    push(now + scrape_interval, _SCRAPE)
-            elif kind == _CONTROL:
-                counts = fleet.counts(now)
-                observation = FleetObservation(
-                    now=now,
-                    desired_groups=fleet.desired,
-                    placing_groups=counts.placing,
-                    loading_groups=counts.loading,
-                    ready_groups=counts.ready,
-                    draining_groups=counts.draining,
-                    min_groups=config.fleet.min_groups,
-                    max_groups=config.fleet.max_groups,
-                    metrics=history.view(now - scrape_delay),
-                    groups=tuple(
-                        GroupInfo(g.name, g.state.value, g.created_at, g.ready_at)
-                        for g in fleet.groups
-                        if g.live or g.state is GroupPhase.DRAINING
-                    ),
-                )
-                recommendation = autoscaler.recommend(observation)
-                decisions += 1
-                before_desired = fleet.desired
-                push_lifecycle(fleet.scale_to(recommendation.desired_groups, now))
-                if fleet.desired != before_desired:
-                    scale_events.append(
-                        ScaleChange(
-                            now,
-                            before_desired,
-                            fleet.desired,
-                            recommendation.reason,
-                            dict(recommendation.detail),
-                        )
-                    )
-                lose(fleet.take_aborted(), now)
-                if work_left():
-                    push(now + autoscaler.interval_seconds, _CONTROL)
-            elif kind == _GROUPS:
-                # The group controller's periodic pass: drains progress, young groups age.
-                push_lifecycle(fleet.reconcile(now))
-                lose(fleet.take_aborted(), now)
-                if work_left():
-                    push(now + config.fleet.reconcile_interval_seconds, _GROUPS)
-            elif not work_left():
-                continue  # lifecycle and failures after the last request change nothing reported
-            elif kind == _LIFECYCLE:
-                push_lifecycle(fleet.advance_lifecycle(a, states[b], now))
-                lose(fleet.take_aborted(), now)
-            elif kind == _FAIL:
-                lost, replace_at = fleet.fail(a, now)
-                lose(lost, now)
-                if replace_at is not None:
-                    push(replace_at, _REPLACE)
-            elif kind == _REPLACE:
-                push_lifecycle(fleet.replace(now))
-                lose(fleet.take_aborted(), now)
-            elif kind == _SCHEDULED_FAIL:
-                victim = fleet.pick_failure_victim(now)
-                if victim is not None:
-                    push(now, _FAIL, victim)
-            continue
-        if next_arrival >= total:
-            break
-        # an arrival
-        now = arrival_at
-        index = next_arrival
-        next_arrival += 1
-        processed += 1
-        target = fleet.route()
+            )
+        self.lose(fleet.take_aborted(), now)
+        if self.work_left():
+            self.push(now + self.autoscaler.interval_seconds, _CONTROL)
+
+    def on_group_event(self, kind: int, a: int, b: int, now: float) -> None:
+        """A group's lifecycle step, failure, replacement or a scheduled failure."""
+        fleet = self.fleet
+        if kind == _LIFECYCLE:
+            self.push_lifecycle(fleet.advance_lifecycle(a, self.states[b], now))
+            self.lose(fleet.take_aborted(), now)
+        elif kind == _FAIL:
+            lost, replace_at = fleet.fail(a, now)
+            self.lose(lost, now)
+            if replace_at is not None:
+                self.push(replace_at, _REPLACE)
+        elif kind == _REPLACE:
+            self.push_lifecycle(fleet.replace(now))
+            self.lose(fleet.take_aborted(), now)
+        elif kind == _SCHEDULED_FAIL:
+            victim = fleet.pick_failure_victim(now)
+            if victim is not None:
+                self.push(now, _FAIL, victim)
+
+    def arrive(self, now: float) -> None:
+        """The next request arrives: routed to a ready group, or rejected."""
+        self.now = now
+        index = self.next_arrival
+        self.next_arrival += 1
+        self.processed += 1
+        log = self.log
+        target = self.fleet.route()
         if target is None:
             log.outcome[index] = Outcome.REJECTED_NO_CAPACITY
             log.finished_at[index] = now
-            continue
+            return
         engine = target.engine
-        if not engine.fits(inputs[index]):
+        if not engine.fits(self.inputs[index]):
             log.outcome[index] = Outcome.REJECTED_TOO_LONG
             log.finished_at[index] = now
-            continue
+            return
         log.group[index] = target.index
         log.routed_at[index] = now
         engine.enqueue(
             index,
-            inputs[index],
-            outputs[index],
-            None if blocks is None else blocks[index],
+            self.inputs[index],
+            self.outputs[index],
+            None if self.blocks is None else self.blocks[index],
             now,
-            itl_slot=-1 if slots is None else slots[index],
+            itl_slot=-1 if self.slots is None else self.slots[index],
         )
-        schedule_step(target)
-        if processed % 4096 == 0:
-            bar.update(now)
+        self.schedule_step(target)
+        if self.processed % 4096 == 0:
+            self.bar.update(now)
 
-    bar.close()
-    end = min(now, stop_at)
-    for index, outcome in enumerate(log.outcome):
-        if outcome == Outcome.PENDING:
-            log.outcome[index] = Outcome.UNFINISHED
-    totals = _engine_totals(fleet)
-    return SimulationResult(
-        workload=workload,
-        requests=log.arrays(),
-        horizon_seconds=horizon,
-        end_seconds=end,
-        gpu_seconds=fleet.gpu_seconds(horizon),
-        timeline=tuple(fleet.timeline),
-        scale_events=tuple(scale_events),
-        decisions=decisions,
-        groups=tuple(
-            GroupRecord(g.name, g.created_at, g.ready_at, g.ended_at, g.state.value) for g in fleet.groups
-        ),
-        engine_totals=totals,
-        wall_seconds=time.perf_counter() - started,
-        events_processed=processed,
-        group_transitions=tuple(fleet.transitions),
-    )
+    def result(self) -> SimulationResult:
+        log, fleet = self.log, self.fleet
+        for index, outcome in enumerate(log.outcome):
+            if outcome == Outcome.PENDING:
+                log.outcome[index] = Outcome.UNFINISHED
+        return SimulationResult(
+            workload=self.workload,
+            requests=log.arrays(),
+            horizon_seconds=self.horizon,
+            end_seconds=min(self.now, self.stop_at),
+            gpu_seconds=fleet.gpu_seconds(self.horizon),
+            timeline=tuple(fleet.timeline),
+            scale_events=tuple(self.scale_events),
+            decisions=self.decisions,
+            groups=tuple(
+                GroupRecord(g.name, g.created_at, g.ready_at, g.ended_at, g.state.value) for g in fleet.groups
+            ),
+            engine_totals=_engine_totals(fleet),
+            wall_seconds=time.perf_counter() - self.started,
+            events_processed=self.processed,
+            group_transitions=tuple(fleet.transitions),
+        )
 
 
 def _engine_totals(fleet: Fleet) -> dict[str, float]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.config import SimulationSetup, build_setup
-from goodput.simulator.envelope import EnvelopeNotFoundError, EnvelopeSearch
+from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
 from goodput.simulator.fair_bench import SWEEPS, FairBench, outcome_record
 from goodput.simulator.feasible import NoFeasibleRequestsError
 from goodput.simulator.oracle import ScheduleRules
@@ -160,6 +160,48 @@ def case_workload(
     return replace(assign_classes(shaped, ClassRule(names, tuple(1.0 for _ in names)), seed), name=trace.name)
 
 
+def _envelope_record(envelope: CapacityEnvelope) -> dict[str, Any]:
+    return {
+        "requests_per_second_per_group": envelope.requests_per_second,
+        "failing_requests_per_second_per_group": envelope.failing_requests_per_second,
+        "work_seconds_per_second": envelope.work_seconds_per_second,
+        "attainment_lower_bounds_95": list(envelope.attainment_lower_bounds),
+        "trial_groups": envelope.groups,
+        "repeats": envelope.repeats,
+    }
+
+
+def _policies_record(bench: FairBench) -> dict[str, Any]:
+    """Every policy's sweep on the training window, the setting chosen, and its test-window outcome."""
+    policies = {}
+    for name in SWEEPS:
+        result = bench.tune(name)
+        policies[name] = {
+            "sweep": [outcome_record(o) for o in result.sweep],
+            "chosen_setting": result.chosen.setting,
+            "chosen_met_target_on_train": result.chosen_met_target_on_train,
+            "test": outcome_record(result.test),
+        }
+    return policies
+
+
+def _oracle_record(bench: FairBench, setup: SimulationSetup) -> dict[str, Any]:
+    """The hindsight oracle under the ModelGroup's lead time, minimum lifetime and bounds."""
+    group = setup.model_group
+    rules = ScheduleRules(
+        lead_seconds=5.0 + setup.ready_time_seconds * math.exp(1.2816 * 0.25),
+        min_lifetime_seconds=float(group.spec.drain.min_lifetime_seconds) if group is not None else 300.0,
+        min_groups=setup.min_groups,
+        max_groups=setup.max_groups,
+    )
+    oracle = bench.oracle(rules)
+    return {
+        "fluid_bound_gpu_hours": oracle.fluid_bound_gpu_hours,
+        "searched": outcome_record(oracle.searched),
+        "searched_met_target": oracle.searched_met_target,
+    }
+
+
 def run_case(
     trace: TraceCase, model: ModelCase, traces_dir: Path, samples_dir: Path, seed: int = 0
 ) -> dict[str, Any]:
@@ -188,38 +230,10 @@ def run_case(
             "notes": list(workload.notes),
             "test_feasibility": bench.test_feasibility.describe(),
         }
-        record["envelope"] = {
-            "requests_per_second_per_group": envelope.requests_per_second,
-            "failing_requests_per_second_per_group": envelope.failing_requests_per_second,
-            "work_seconds_per_second": envelope.work_seconds_per_second,
-            "attainment_lower_bounds_95": list(envelope.attainment_lower_bounds),
-            "trial_groups": envelope.groups,
-            "repeats": envelope.repeats,
-        }
+        record["envelope"] = _envelope_record(envelope)
         record["warm_groups"] = bench.warm_groups()
-        policies = {}
-        for name in SWEEPS:
-            result = bench.tune(name)
-            policies[name] = {
-                "sweep": [outcome_record(o) for o in result.sweep],
-                "chosen_setting": result.chosen.setting,
-                "chosen_met_target_on_train": result.chosen_met_target_on_train,
-                "test": outcome_record(result.test),
-            }
-        record["policies"] = policies
-        group = setup.model_group
-        rules = ScheduleRules(
-            lead_seconds=5.0 + setup.ready_time_seconds * math.exp(1.2816 * 0.25),
-            min_lifetime_seconds=float(group.spec.drain.min_lifetime_seconds) if group is not None else 300.0,
-            min_groups=setup.min_groups,
-            max_groups=setup.max_groups,
-        )
-        oracle = bench.oracle(rules)
-        record["oracle"] = {
-            "fluid_bound_gpu_hours": oracle.fluid_bound_gpu_hours,
-            "searched": outcome_record(oracle.searched),
-            "searched_met_target": oracle.searched_met_target,
-        }
+        record["policies"] = _policies_record(bench)
+        record["oracle"] = _oracle_record(bench, setup)
     except (EnvelopeNotFoundError, NoFeasibleRequestsError, ValueError, OSError) as error:
         record["error"] = f"{type(error).__name__}: {error}"
     record["wall_seconds"] = time.perf_counter() - started

@@ -82,6 +82,11 @@ class HistogramSpec:
 def histogram_specs(max_model_len: int) -> tuple[HistogramSpec, ...]:
     """Every histogram vLLM 0.33 exports by default, in its definition order (contract §1.2)."""
     tokens = request_tokens_buckets(max_model_len)
+    return (*_request_shape_specs(tokens), *_latency_specs(), *_preemption_and_prefill_specs(tokens))
+
+
+def _request_shape_specs(tokens: tuple[float, ...]) -> tuple[HistogramSpec, ...]:
+    """The request-shape histograms: token counts and sampling parameters, and tokens per step."""
     return (
         HistogramSpec("vllm:request_prompt_tokens", "Prompt tokens of each finished request.", tokens),
         HistogramSpec("vllm:request_generation_tokens", "Generated tokens of each finished request.", tokens),
@@ -97,6 +102,12 @@ def histogram_specs(max_model_len: int) -> tuple[HistogramSpec, ...]:
         HistogramSpec(
             "vllm:request_params_max_tokens", "The max_tokens parameter of each finished request.", tokens
         ),
+    )
+
+
+def _latency_specs() -> tuple[HistogramSpec, ...]:
+    """The latency histograms: first token, token gaps, TPOT, end to end and its phases."""
+    return (
         HistogramSpec(
             "vllm:time_to_first_token_seconds",
             "Seconds from a request's arrival to its first token.",
@@ -137,6 +148,12 @@ def histogram_specs(max_model_len: int) -> tuple[HistogramSpec, ...]:
             "Seconds from a request's first token to its last token.",
             REQUEST_LATENCY_BUCKETS_SECONDS,
         ),
+    )
+
+
+def _preemption_and_prefill_specs(tokens: tuple[float, ...]) -> tuple[HistogramSpec, ...]:
+    """Preemptions per request, and the prompt tokens actually computed (not cached)."""
+    return (
         HistogramSpec(
             "vllm:request_num_preemptions",
             "Preemptions of each finished request.",
@@ -203,72 +220,117 @@ class EngineSnapshot:
     awake: bool = True
 
 
-def metric_families(snapshot: EngineSnapshot, specs: Iterable[HistogramSpec]) -> list[Metric]:
-    """The snapshot as prometheus_client metric families with vLLM's names, types and labels."""
-    engine = [snapshot.model_name, snapshot.engine_index]
-    created = snapshot.started_unix_seconds
-    families: list[Metric] = []
+class _Families:
+    """Metric families of one engine, labelled and timestamped as vLLM does, in the order added."""
 
-    def gauge(name: str, documentation: str, value: float) -> None:
+    def __init__(self, snapshot: EngineSnapshot) -> None:
+        self.engine = [snapshot.model_name, snapshot.engine_index]
+        self.created = snapshot.started_unix_seconds
+        self.families: list[Metric] = []
+
+    def gauge(self, name: str, documentation: str, value: float) -> None:
         family = GaugeMetricFamily(name, documentation, labels=ENGINE_LABELS)
-        family.add_metric(engine, value)
-        families.append(family)
+        family.add_metric(self.engine, value)
+        self.families.append(family)
 
-    def labelled_gauge(name: str, documentation: str, label: str, values: Mapping[str, float]) -> None:
+    def labelled_gauge(self, name: str, documentation: str, label: str, values: Mapping[str, float]) -> None:
         family = GaugeMetricFamily(name, documentation, labels=[*ENGINE_LABELS, label])
         for key, value in values.items():
-            family.add_metric([*engine, key], value)
-        families.append(family)
+            family.add_metric([*self.engine, key], value)
+        self.families.append(family)
 
-    def counter(name: str, documentation: str, value: float) -> None:
+    def counter(self, name: str, documentation: str, value: float) -> None:
         family = CounterMetricFamily(name, documentation, labels=ENGINE_LABELS)
-        family.add_metric(engine, value, created=created)
-        families.append(family)
+        family.add_metric(self.engine, value, created=self.created)
+        self.families.append(family)
 
-    def labelled_counter(name: str, documentation: str, label: str, values: Mapping[str, float]) -> None:
+    def labelled_counter(
+        self, name: str, documentation: str, label: str, values: Mapping[str, float]
+    ) -> None:
         family = CounterMetricFamily(name, documentation, labels=[*ENGINE_LABELS, label])
         for key, value in values.items():
-            family.add_metric([*engine, key], value, created=created)
-        families.append(family)
+            family.add_metric([*self.engine, key], value, created=self.created)
+        self.families.append(family)
 
-    gauge(
+
+def metric_families(snapshot: EngineSnapshot, specs: Iterable[HistogramSpec]) -> list[Metric]:
+    """The snapshot as prometheus_client metric families with vLLM's names, types and labels."""
+    out = _Families(snapshot)
+    _scheduler_gauges(out, snapshot)
+    _cache_counters(out, snapshot)
+    _token_counters(out, snapshot)
+    rejections = CounterMetricFamily(
+        "vllm:admission_rejections",
+        "Requests rejected at admission (HTTP 503).",
+        labels=["model_name", "reason"],
+    )
+    for reason in ADMISSION_REJECTION_REASONS:
+        rejections.add_metric(
+            [snapshot.model_name, reason], snapshot.admission_rejections.get(reason, 0), created=out.created
+        )
+    out.families.append(rejections)
+    for spec in specs:
+        histogram = snapshot.histograms.get(spec.name) or HistogramAccumulator(spec.bounds).snapshot()
+        out.families.append(_histogram_family(spec, histogram, out.engine, out.created))
+    cache_labels = snapshot.cache_config.labels()
+    info = GaugeMetricFamily(
+        "vllm:cache_config_info", "The engine's KV-cache configuration.", labels=[*cache_labels, "engine"]
+    )
+    info.add_metric([*cache_labels.values(), snapshot.engine_index], 1.0)
+    out.families.append(info)
+    return out.families
+
+
+def _scheduler_gauges(out: _Families, snapshot: EngineSnapshot) -> None:
+    """The scheduler's state: running and waiting requests, sleep state, KV-cache use."""
+    out.gauge(
         "vllm:num_requests_running", "Requests in the engine's running batch.", snapshot.num_requests_running
     )
-    gauge(
+    out.gauge(
         "vllm:num_requests_waiting",
         "Requests waiting to be scheduled (waiting for capacity plus deferred).",
         snapshot.num_requests_waiting,
     )
-    labelled_gauge(
+    out.labelled_gauge(
         "vllm:num_requests_waiting_by_reason",
         "Waiting requests by why they wait.",
         "reason",
         {"capacity": snapshot.num_requests_waiting, "deferred": 0},
     )
-    labelled_gauge(
+    out.labelled_gauge(
         "vllm:engine_sleep_state",
         "Engine sleep state: 1 for the current state.",
         "sleep_state",
         {state: float(snapshot.awake if state == "awake" else False) for state in SLEEP_STATES},
     )
-    gauge(
+    out.gauge(
         "vllm:kv_cache_usage_perc",
         "Fraction of KV-cache blocks held by live requests (1 = full).",
         snapshot.kv_cache_usage_perc,
     )
-    counter("vllm:prefix_cache_queries", "Prefix-cache lookups, in tokens.", snapshot.prefix_cache_queries)
-    counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", snapshot.prefix_cache_hits)
-    counter("vllm:external_prefix_cache_queries", "External prefix-cache lookups, in tokens.", 0)
-    counter("vllm:external_prefix_cache_hits", "External prefix-cache hits, in tokens.", 0)
-    counter("vllm:mm_cache_queries", "Multimodal cache lookups, in items.", 0)
-    counter("vllm:mm_cache_hits", "Multimodal cache hits, in items.", 0)
-    counter("vllm:num_preemptions", "Preemptions of running requests.", snapshot.num_preemptions)
-    counter(
+
+
+def _cache_counters(out: _Families, snapshot: EngineSnapshot) -> None:
+    """Prefix and multimodal cache lookups and hits, and preemptions."""
+    out.counter(
+        "vllm:prefix_cache_queries", "Prefix-cache lookups, in tokens.", snapshot.prefix_cache_queries
+    )
+    out.counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", snapshot.prefix_cache_hits)
+    out.counter("vllm:external_prefix_cache_queries", "External prefix-cache lookups, in tokens.", 0)
+    out.counter("vllm:external_prefix_cache_hits", "External prefix-cache hits, in tokens.", 0)
+    out.counter("vllm:mm_cache_queries", "Multimodal cache lookups, in items.", 0)
+    out.counter("vllm:mm_cache_hits", "Multimodal cache hits, in items.", 0)
+    out.counter("vllm:num_preemptions", "Preemptions of running requests.", snapshot.num_preemptions)
+
+
+def _token_counters(out: _Families, snapshot: EngineSnapshot) -> None:
+    """Prompt tokens by source, generated tokens, and finished requests by reason."""
+    out.counter(
         "vllm:prompt_tokens",
         "Prompt tokens of requests that produced their first token.",
         snapshot.prompt_tokens,
     )
-    labelled_counter(
+    out.labelled_counter(
         "vllm:prompt_tokens_by_source",
         "Prompt tokens by where their KV came from.",
         "source",
@@ -278,8 +340,10 @@ def metric_families(snapshot: EngineSnapshot, specs: Iterable[HistogramSpec]) ->
             "external_kv_transfer": 0,
         },
     )
-    counter("vllm:prompt_tokens_cached", "Prompt tokens served from a cache.", snapshot.prompt_tokens_cached)
-    labelled_counter(
+    out.counter(
+        "vllm:prompt_tokens_cached", "Prompt tokens served from a cache.", snapshot.prompt_tokens_cached
+    )
+    out.labelled_counter(
         "vllm:prompt_tokens_cached_by_source",
         "Cached prompt tokens by cache tier.",
         "source",
@@ -288,35 +352,13 @@ def metric_families(snapshot: EngineSnapshot, specs: Iterable[HistogramSpec]) ->
             for source in CACHED_PROMPT_SOURCES
         },
     )
-    counter("vllm:generation_tokens", "Generated tokens.", snapshot.generation_tokens)
-    labelled_counter(
+    out.counter("vllm:generation_tokens", "Generated tokens.", snapshot.generation_tokens)
+    out.labelled_counter(
         "vllm:request_success",
         "Finished requests by finish reason.",
         "finished_reason",
         {reason: snapshot.request_success.get(reason, 0) for reason in FINISHED_REASONS},
     )
-    rejections = CounterMetricFamily(
-        "vllm:admission_rejections",
-        "Requests rejected at admission (HTTP 503).",
-        labels=["model_name", "reason"],
-    )
-    for reason in ADMISSION_REJECTION_REASONS:
-        rejections.add_metric(
-            [snapshot.model_name, reason], snapshot.admission_rejections.get(reason, 0), created=created
-        )
-    families.append(rejections)
-
-    for spec in specs:
-        histogram = snapshot.histograms.get(spec.name) or HistogramAccumulator(spec.bounds).snapshot()
-        families.append(_histogram_family(spec, histogram, engine, created))
-
-    cache_labels = snapshot.cache_config.labels()
-    info = GaugeMetricFamily(
-        "vllm:cache_config_info", "The engine's KV-cache configuration.", labels=[*cache_labels, "engine"]
-    )
-    info.add_metric([*cache_labels.values(), snapshot.engine_index], 1.0)
-    families.append(info)
-    return families
 
 
 def bucket_label(bound: float) -> str:

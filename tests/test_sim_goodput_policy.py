@@ -12,6 +12,7 @@ from goodput.controllers import policy_compile
 from goodput.controllers.autoscale_model import (
     GroupState,
     Mode,
+    ScalingPolicy,
     SloTargets,
     StaleMetricsAction,
     StepPolicyType,
@@ -42,6 +43,8 @@ PROFILE = build_capacity_profile(
     itl_target_seconds=0.08,
     ttft_target_seconds=1.0,
 )
+
+POLICY = ScalingPolicy(min_groups=1, max_groups=8, classes=(SloTargets("chat", 1.0, 0.08),))
 
 
 def scraped(
@@ -101,7 +104,7 @@ def test_a_replacement_not_created_yet_counts_as_placing_as_the_operator_counts_
         metrics=MetricsView(30.0, ()),
         groups=(GroupInfo("group-0", "Ready", 0.0, 0.0), GroupInfo("group-1", "Ready", 0.0, 0.0)),
     )
-    snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama")
+    snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama", policy=POLICY)
     assert [(g.state, g.unschedulable) for g in snapshot.groups] == [
         (GroupState.READY, False),
         (GroupState.READY, False),
@@ -133,7 +136,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
             GroupInfo("group-3", "Draining", 0.0, 0.0),
         ),
     )
-    snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama")
+    snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama", policy=POLICY)
     assert snapshot.spec_replicas == 3
     assert [g.state for g in snapshot.groups] == [
         GroupState.READY,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import UTC, datetime
 
 import pytest
@@ -10,10 +11,36 @@ from hypothesis import strategies as st
 
 from goodput.api.conditions import Condition
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.autoscale_model import GroupObservation, GroupState
-from goodput.controllers.snapshot import unplaceable, wanted_groups, with_wanted_groups, without_replacements
+from goodput.controllers.autoscale_model import (
+    GroupMetrics,
+    GroupObservation,
+    GroupState,
+    ScalingPolicy,
+    SloTargets,
+)
+from goodput.controllers.snapshot import (
+    EngineFigures,
+    GroupCounts,
+    aligned,
+    engine_metrics,
+    model_group_snapshot,
+    unplaceable,
+    wanted_groups,
+    with_wanted_groups,
+    without_replacements,
+)
+from goodput.estimators.attainment import Histogram
+from goodput.estimators.capacity import build_capacity_profile
+from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel
 
 AT = datetime(2026, 3, 1, tzinfo=UTC)
+PROFILE = build_capacity_profile(
+    StepCostModel.from_hardware(LLAMA_3_1_8B, H100_80G, 1, 1),
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    itl_target_seconds=0.08,
+    ttft_target_seconds=1.0,
+)
 
 
 @pytest.mark.parametrize(
@@ -115,3 +142,107 @@ def test_a_rollouts_new_groups_are_not_counted_as_extra_capacity(
     groups: tuple[GroupObservation, ...], outdated: set[str], kept: list[str]
 ) -> None:
     assert [g.name for g in without_replacements(groups, frozenset(outdated))] == kept
+
+
+# --- Engine figures and the snapshot assembly both worlds share ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("figures", "expected"),
+    [
+        (
+            EngineFigures(
+                age_seconds=-0.5, waiting_requests=-1e-9, running_requests=3.0, kv_usage_fraction=1.02
+            ),
+            {"age_seconds": 0.0, "waiting_requests": 0.0, "running_requests": 3.0, "kv_usage_fraction": 1.0},
+        ),
+        (
+            EngineFigures(
+                1.0, 0.0, 0.0, -0.01, prefix_hits=11.0, prefix_queries=10.0, finished_requests=-0.2
+            ),
+            {"kv_usage_fraction": 0.0, "prefix_hit_fraction": 1.0, "finished_requests": 0.0},
+        ),
+        (
+            EngineFigures(1.0, 0.0, 0.0, 0.5, prompt_tokens_sum=0.0, prompt_tokens_count=0.0),
+            {"mean_input_tokens": None, "mean_output_tokens": None, "prefix_hit_fraction": 0.0},
+        ),
+        (
+            EngineFigures(2.0, 4.0, 1.0, 0.5, prompt_tokens_sum=3000.0, prompt_tokens_count=3.0),
+            {"mean_input_tokens": 1000.0, "waiting_requests": 4.0},
+        ),
+    ],
+    ids=[
+        "extrapolated below zero and usage above one",
+        "more hits than queries and a negative increase",
+        "nothing finished: unknown means, no hits",
+        "a window of three prompts",
+    ],
+)
+def test_engine_figures_become_metrics_within_their_meaningful_range(
+    figures: EngineFigures, expected: dict[str, float | None]
+) -> None:
+    metrics = engine_metrics(figures)
+    assert {name: getattr(metrics, name) for name in expected} == expected
+
+
+@given(
+    st.lists(
+        st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+        min_size=len(fields(EngineFigures)) - 6,
+        max_size=len(fields(EngineFigures)) - 6,
+    )
+)
+def test_engine_metrics_never_read_a_negative_count_or_a_fraction_outside_zero_to_one(
+    values: list[float],
+) -> None:
+    metrics = engine_metrics(EngineFigures(*values))
+    for name in (
+        "age_seconds",
+        "waiting_requests",
+        "running_requests",
+        "finished_requests",
+        "aborted_requests",
+    ):
+        assert getattr(metrics, name) >= 0.0, name
+    assert 0.0 <= metrics.kv_usage_fraction <= 1.0
+    assert 0.0 <= metrics.prefix_hit_fraction <= 1.0
+
+
+POLICY = ScalingPolicy(min_groups=1, max_groups=8, classes=(SloTargets("chat", 1.0, 0.08),))
+
+
+def test_the_snapshot_counts_wanted_groups_leaves_out_replacements_and_judges_feasibility() -> None:
+    fresh = GroupMetrics(
+        age_seconds=1.0,
+        prompt_tokens_per_second=100.0,
+        prompt_tokens=Histogram((512.0, 4096.0, 65536.0), (90.0, 95.0, 100.0, 100.0)),
+    )
+    observed = [
+        GroupObservation("old", GroupState.READY, 0.0, metrics=fresh),
+        GroupObservation("surge", GroupState.PLACING, 5.0),
+    ]
+    counts = GroupCounts(spec_replicas=3, min_replicas=1, max_replicas=8, outdated=frozenset({"old"}))
+    snapshot = model_group_snapshot(
+        observed, counts, profile=PROFILE, policy=POLICY, name="llama", metrics_window_seconds=120.0, now=9.0
+    )
+    assert [(g.name, g.state) for g in snapshot.groups] == [
+        ("old", GroupState.READY),
+        ("wanted-0", GroupState.PLACING),
+        ("wanted-1", GroupState.PLACING),
+    ]
+    assert snapshot.spec_replicas == 3 and snapshot.metrics_window_seconds == 120.0
+    (chat,) = snapshot.feasibility
+    assert chat.class_name == "chat" and chat.infeasible_request_share is not None
+
+
+def test_histograms_unlike_most_groups_are_dropped_and_only_theirs() -> None:
+    common = Histogram((0.1, 1.0), (1.0, 2.0, 3.0))
+    odd = Histogram((0.5,), (1.0, 3.0))
+    groups = {
+        "a": GroupMetrics(1.0, ttft=common, itl=common),
+        "b": GroupMetrics(1.0, ttft=common, itl=odd),
+        "c": GroupMetrics(1.0, ttft=odd, itl=common),
+    }
+    kept = aligned(groups)
+    assert [kept[name].ttft for name in "abc"] == [common, common, None]
+    assert [kept[name].itl for name in "abc"] == [common, None, common]

@@ -1,0 +1,322 @@
+"""One decision, two worlds: the goodput policy the operator runs and the one the simulator runs decide
+the same from the same observations.
+
+`test_one_controller.py` shows that both worlds run the same group lifecycle for the same desired
+counts; here the desired counts come from the real policy (`controllers.autoscale.decide` with the
+sample SLOPolicy compiled by `controllers.policy_compile`). Each control tick of a simulated run is
+observed twice:
+
+- as the simulator observes it: `GoodputPolicy` builds its snapshot from its scrape history;
+- as the operator observes it: the same scrapes rendered as the answer Prometheus gives to the
+  operator's snapshot query (gauges of the latest scrape, the window's rates, sums and bucket
+  increases, one series per group and quantity), parsed by `operator.metrics_source`, joined with the
+  ModelGroup's spec and `status.groups` by `build_snapshot`, decided with the operator's compiled
+  policy and its decision state threaded from tick to tick as the autoscaler keeps it.
+
+The scenario: a steady load, a burst that takes the fleet to its maximum, a ready group failing
+during the burst, a quiet spell and a new burst; the scale-in comes as the new burst begins (the
+SLOPolicy's 300 s goodput window still remembers the first one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus
+from goodput.controllers.autoscale import decide
+from goodput.controllers.autoscale_model import Decision, DecisionState
+from goodput.controllers.policy_compile import CompiledPolicy, compile_policy
+from goodput.estimators.attainment import Histogram
+from goodput.operator.metrics_source import build_snapshot, metrics_by_group
+from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels
+from goodput.simulator.config import SimulationSetup, build_setup
+from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.goodput_policy import GoodputPolicy
+from goodput.simulator.group_world import GroupRules
+from goodput.simulator.metrics import GroupScrape
+from goodput.simulator.policy import FleetObservation, PolicyAnswer
+from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
+from goodput.simulator.workload import ClassRule, Workload, assign_classes
+
+SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+SETUP = build_setup(
+    SAMPLES / "modelgroup-llama-8b-tp1.yaml", SAMPLES / "slopolicy-interactive.yaml", ready_time_seconds=30.0
+)
+LABELS = SeriesLabels()
+# Arrivals per second by phase: steady, burst (a group fails in it), quiet (scale-in), new burst.
+PHASES = ((0.0, 4.0), (120.0, 40.0), (330.0, 2.0), (600.0, 40.0), (720.0, 0.0))
+FAILURE_AT = 240.0
+# The simulator's group states in the API's words (`status.groups[].state`).
+API_STATES = {"Placing": "Placing", "Loading": "Provisioning", "Ready": "Ready", "Draining": "Draining"}
+
+
+def phased_load() -> Workload:
+    rng = np.random.default_rng(11)
+    times: list[float] = []
+    for (start, rate), (end, _) in pairwise(PHASES):
+        if rate > 0:
+            times.extend(np.sort(rng.uniform(start, end, rng.poisson(rate * (end - start)))))
+    arrivals = np.asarray(times)
+    inputs = rng.integers(200, 1200, arrivals.size)
+    outputs = rng.integers(100, 600, arrivals.size)
+    return assign_classes(Workload("phased", arrivals, inputs, outputs), ClassRule(("chat",), (1.0,)), 5)
+
+
+WORKLOAD = phased_load()
+
+
+def model_group_setup() -> SimulationSetup:
+    assert SETUP.model_group is not None and SETUP.slo_policy is not None
+    return SETUP
+
+
+def the_simulators_policy() -> GoodputPolicy:
+    return GoodputPolicy.for_setup(model_group_setup(), WORKLOAD, None)
+
+
+def the_operators_policy(simulated: GoodputPolicy) -> CompiledPolicy:
+    """The operator's compile of the same manifests, with the capacity profile the simulator derived
+    (a ModelGroup's profile is what a benchmark measured; here both worlds price work alike)."""
+    setup = model_group_setup()
+    assert setup.model_group is not None and setup.slo_policy is not None
+    compiled = compile_policy(setup.model_group, setup.slo_policy, profile=simulated.profile)
+    assert isinstance(compiled, CompiledPolicy), compiled
+    return compiled
+
+
+# --- The operator's observation: Prometheus's answer to the snapshot query ---------------------------
+
+
+def _sample(group: str, quantity: Quantity, value: float, now: float, **labels: str) -> dict[str, Any]:
+    metric = {QUERY_LABEL: quantity.value, LABELS.group: group, **labels}
+    return {"metric": metric, "value": [now, repr(float(value))]}
+
+
+def _buckets(group: str, quantity: Quantity, increase: Histogram, now: float) -> list[dict[str, Any]]:
+    bounds = [*(repr(bound) for bound in increase.upper_bounds), "+Inf"]
+    return [
+        _sample(group, quantity, count, now, le=bound)
+        for bound, count in zip(bounds, increase.cumulative_counts, strict=True)
+    ]
+
+
+def _increase(later: Histogram, earlier: Histogram) -> Histogram:
+    counts = tuple(a - b for a, b in zip(later.cumulative_counts, earlier.cumulative_counts, strict=True))
+    return Histogram(later.upper_bounds, counts)
+
+
+def _window_series(
+    name: str, latest: GroupScrape, earlier: GroupScrape, *, span: float, now: float
+) -> list[dict[str, Any]]:
+    """What `rate()`, `increase()` and the bucket increases answer over the window for one group."""
+    finished = latest.request_success_total - earlier.request_success_total
+    figures = {
+        Quantity.PROMPT_TOKENS_RATE: (latest.prompt_tokens_total - earlier.prompt_tokens_total) / span,
+        Quantity.GENERATION_TOKENS_RATE: (latest.generation_tokens_total - earlier.generation_tokens_total)
+        / span,
+        Quantity.PROMPT_TOKENS_SUM: latest.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
+        Quantity.PROMPT_TOKENS_COUNT: finished,
+        Quantity.GENERATION_TOKENS_SUM: latest.request_generation_tokens_sum
+        - earlier.request_generation_tokens_sum,
+        Quantity.GENERATION_TOKENS_COUNT: finished,
+        Quantity.PREFIX_HITS: latest.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
+        Quantity.PREFIX_QUERIES: latest.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
+        Quantity.FINISHED: finished,
+    }
+    series = [_sample(name, quantity, value, now) for quantity, value in figures.items()]
+    histograms = {
+        Quantity.TTFT_BUCKETS: (latest.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
+        Quantity.ITL_BUCKETS: (latest.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
+        Quantity.QUEUE_TIME_BUCKETS: (latest.request_queue_time_seconds, earlier.request_queue_time_seconds),
+        Quantity.TPOT_BUCKETS: (
+            latest.request_time_per_output_token_seconds,
+            earlier.request_time_per_output_token_seconds,
+        ),
+    }
+    for quantity, (later, before) in histograms.items():
+        if later is not None and before is not None:
+            series += _buckets(name, quantity, _increase(later, before), now)
+    return series
+
+
+def prometheus_answer(observation: FleetObservation, window_seconds: float) -> list[dict[str, Any]]:
+    """The snapshot query's answer for the scrapes a tick sees: every group's latest gauges and their
+    age, and its window figures once the window holds two of its scrapes (as `rate()` needs)."""
+    view = observation.metrics
+    latest = view.latest
+    if latest is None:
+        return []
+    first: dict[str, tuple[float, GroupScrape]] = {}
+    for sample in view.within(latest.time - window_seconds - 1e-9):
+        for scraped in sample.groups:
+            first.setdefault(scraped.group, (sample.time, scraped))
+    now = observation.now
+    series: list[dict[str, Any]] = []
+    for scraped in latest.groups:
+        name = scraped.group
+        series += [
+            _sample(name, Quantity.WAITING, scraped.num_requests_waiting, now),
+            _sample(name, Quantity.RUNNING, scraped.num_requests_running, now),
+            _sample(name, Quantity.KV_USAGE, scraped.kv_cache_usage_perc, now),
+            _sample(name, Quantity.SAMPLE_AGE, now - latest.time, now),
+        ]
+        since, earlier = first.get(name, (latest.time, scraped))
+        if latest.time > since:
+            series += _window_series(name, scraped, earlier, span=latest.time - since, now=now)
+    return series
+
+
+def observed_model_group(observation: FleetObservation) -> tuple[ModelGroup, ModelGroupStatus]:
+    """The ModelGroup as the operator reads it at this tick: `spec.replicas` as last scaled, and
+    `status.groups` as the group controller wrote them."""
+    setup = model_group_setup()
+    assert setup.model_group is not None
+    spec = setup.model_group.spec.model_copy(update={"replicas": observation.desired_groups})
+    status = ModelGroupStatus(
+        groups=tuple(
+            GroupStatus(
+                name=info.name,
+                state=API_STATES[info.state],
+                created_at=datetime.fromtimestamp(info.created_at, UTC),
+            )
+            for info in observation.groups
+            if info.state in API_STATES
+        )
+    )
+    return setup.model_group.model_copy(update={"spec": spec}), status
+
+
+@dataclass
+class ThroughTheOperator:
+    """The operator's autoscaler tick on the simulated cluster: Prometheus's answer parsed, the
+    snapshot built, `decide` called with the compiled policy, the state kept for the next tick."""
+
+    compiled: CompiledPolicy
+    name: str = "operator"
+    state: DecisionState = field(default_factory=DecisionState.initial)
+    decisions: list[tuple[float, Decision]] = field(default_factory=list)
+
+    @property
+    def interval_seconds(self) -> float:
+        return float(self.compiled.policy.interval_seconds)
+
+    def describe(self) -> dict[str, float | str]:
+        return {}
+
+    def decide(self, observation: FleetObservation) -> Decision:
+        answer = prometheus_answer(observation, self.compiled.metrics_window_seconds)
+        model_group, status = observed_model_group(observation)
+        metrics = metrics_by_group(answer, LABELS)
+        snapshot = build_snapshot(model_group, status, self.compiled, metrics, now=observation.now)
+        decision = decide(snapshot, self.compiled.policy, self.state, observation.now)
+        self.state = decision.next_state
+        self.decisions.append((observation.now, decision))
+        return decision
+
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        decision = self.decide(observation)
+        desired = decision.desired_groups if decision.applies else observation.desired_groups
+        return PolicyAnswer(desired, decision.reason)
+
+
+@dataclass
+class Recorded:
+    """The simulator's own goodput policy, its decisions kept; optionally the operator's path asked
+    the same question at every tick (it only watches: the simulator's answer is acted on)."""
+
+    simulated: GoodputPolicy
+    watcher: ThroughTheOperator | None = None
+    name: str = "goodput"
+    decisions: list[tuple[float, Decision]] = field(default_factory=list)
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.simulated.interval_seconds
+
+    def describe(self) -> dict[str, float | str]:
+        return {}
+
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        answer = self.simulated.recommend(observation)
+        assert self.simulated.last_decision is not None
+        self.decisions.append((observation.now, self.simulated.last_decision))
+        if self.watcher is not None:
+            self.watcher.decide(observation)
+        return answer
+
+
+def run(autoscaler: Recorded | ThroughTheOperator) -> SimulationResult:
+    setup = model_group_setup()
+    fleet = FleetConfig(
+        engine=setup.engine,
+        gpus_per_group=setup.gpus_per_group,
+        min_groups=setup.min_groups,
+        max_groups=setup.max_groups,
+        ready_time_median_seconds=setup.ready_time_seconds,
+        ready_time_sigma=0.0,
+        scheduled_failures_seconds=(FAILURE_AT,),
+        itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
+        group_rules=GroupRules.for_model_group(setup.model_group) if setup.model_group else None,
+    )
+    config = SimulationConfig(
+        fleet=fleet, seed=7, initial_groups=2, control_start_seconds=15.0, tail_seconds=60.0
+    )
+    return simulate(WORKLOAD, config, autoscaler)
+
+
+def summary(decision: Decision) -> tuple[object, ...]:
+    """What a decision does and why: the count, whether it applies, its reason, winning signal,
+    guards and every signal's proposal."""
+    return (
+        decision.desired_groups,
+        decision.applies,
+        str(decision.reason),
+        str(decision.signal),
+        tuple(decision.guards),
+        tuple((str(p.signal), p.groups) for p in decision.proposals),
+    )
+
+
+def scale_events(result: SimulationResult) -> list[tuple[float, int, int]]:
+    return [(event.time, event.from_groups, event.to_groups) for event in result.scale_events]
+
+
+def moves(result: SimulationResult) -> list[tuple[float, str, str, str | None, str]]:
+    return [(at, t.group, str(t.event), t.before, t.after) for at, t in result.group_transitions]
+
+
+def test_both_worlds_compile_the_same_policy_and_read_the_same_window() -> None:
+    simulated = the_simulators_policy()
+    compiled = the_operators_policy(simulated)
+    assert simulated.policy == compiled.policy
+    assert simulated.metrics_window_seconds == compiled.metrics_window_seconds
+
+
+def test_the_same_observations_give_the_same_decisions_at_every_interval() -> None:
+    simulated = the_simulators_policy()
+    watcher = ThroughTheOperator(the_operators_policy(simulated))
+    recorded = Recorded(simulated, watcher)
+    run(recorded)
+    ours = [(at, summary(d)) for at, d in recorded.decisions]
+    theirs = [(at, summary(d)) for at, d in watcher.decisions]
+    assert len(ours) > 40
+    for mine, operators in zip(ours, theirs, strict=True):
+        assert mine == operators
+
+
+def test_acting_on_either_worlds_decisions_gives_the_same_scale_events_and_group_transitions() -> None:
+    simulated = the_simulators_policy()
+    recorded = Recorded(simulated)
+    operator = ThroughTheOperator(the_operators_policy(simulated))
+    offline, deployed = run(recorded), run(operator)
+    assert [summary(d) for _, d in recorded.decisions] == [summary(d) for _, d in operator.decisions]
+    assert scale_events(offline) == scale_events(deployed)
+    assert moves(offline) == moves(deployed)
+    events = {event for _, _, event, _, _ in moves(offline)}
+    assert {"Created", "WarmedUp", "Replaced", "ScaledIn"} <= events
