@@ -237,6 +237,13 @@ def _env(name: str, default: str | None = None) -> str | None:
 def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     """Flags, each defaulting to the environment variable the operator renders; a missing or
     malformed value exits with the flag and the variable named."""
+    p = _parser()
+    args = p.parse_args(argv)
+    _check_required(p, args)
+    return AgentConfig(**vars(args))
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="goodput-agent", description=__doc__.splitlines()[0])
     p.add_argument("--namespace", default=_env("GOODPUT_POD_NAMESPACE"), help="env GOODPUT_POD_NAMESPACE")
     p.add_argument("--pod-name", default=_env("GOODPUT_POD_NAME"), help="env GOODPUT_POD_NAME")
@@ -276,7 +283,11 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p.add_argument("--hf-cache", type=Path, default=_env("HF_HUB_CACHE"))
     p.add_argument("--nccl-delay-seconds", type=float, default=0.0, help="emulated collective: a slow link")
     p.add_argument("--nccl-hang", action="store_true", help="emulated collective: a hung rank")
-    args = p.parse_args(argv)
+    return p
+
+
+def _check_required(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The identity the operator renders must be there and whole: exits naming the flag and variable."""
     required = {
         "namespace": "GOODPUT_POD_NAMESPACE",
         "pod_name": "GOODPUT_POD_NAME",
@@ -296,7 +307,6 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
             p.error(f"--{name.replace('_', '-')}: {getattr(args, name)!r} is not an integer")
     if args.pods < 1 or args.gpus_per_pod < 1 or not 0 <= args.rank < args.pods:
         p.error(f"--rank {args.rank} must lie in [0, --pods {args.pods}) and --gpus-per-pod must be positive")
-    return AgentConfig(**vars(args))
 
 
 def make_backend(config: AgentConfig) -> gpu.GpuBackend:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from goodput.estimators.service_time import StepCostModel
@@ -84,22 +85,7 @@ def operating_point(
         LIMIT_KV_CAPACITY: int(model.kv_capacity_tokens // resident_tokens),
         LIMIT_TOKEN_BUDGET: int(max_num_batched_tokens // (1 + new_tokens / output_tokens)),
     }
-    hard_limit_name = min(bounds, key=lambda name: bounds[name])
-    hard_limit = bounds[hard_limit_name]
-    attainable = hard_limit >= 1 and step_seconds(1) <= step_budget_seconds
-    if not attainable:
-        batch, limit = 1, (LIMIT_ITL if hard_limit >= 1 else hard_limit_name)
-    elif step_seconds(hard_limit) <= step_budget_seconds:
-        batch, limit = hard_limit, hard_limit_name
-    else:
-        low, high = 1, hard_limit  # step(low) fits, step(high) does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            if step_seconds(middle) <= step_budget_seconds:
-                low = middle
-            else:
-                high = middle
-        batch, limit = low, LIMIT_ITL
+    batch, limit, attainable = _largest_batch(step_seconds, step_budget_seconds, bounds)
     seconds = step_seconds(batch)
     requests_per_second = batch / (output_tokens * seconds)
     work_per_request = pricing.prefill_work_seconds(input_tokens, cached_tokens) + (
@@ -113,6 +99,27 @@ def operating_point(
         limit=limit,
         attainable=attainable,
     )
+
+
+def _largest_batch(
+    step_seconds: Callable[[int], float], step_budget_seconds: float, bounds: dict[str, int]
+) -> tuple[int, str, bool]:
+    """The largest batch within the hard bounds whose step fits the budget, the limit that stops it,
+    and whether one sequence fits at all (the step time grows with the batch: a bisection finds it)."""
+    hard_limit_name = min(bounds, key=lambda name: bounds[name])
+    hard_limit = bounds[hard_limit_name]
+    if hard_limit < 1 or step_seconds(1) > step_budget_seconds:
+        return 1, (LIMIT_ITL if hard_limit >= 1 else hard_limit_name), False
+    if step_seconds(hard_limit) <= step_budget_seconds:
+        return hard_limit, hard_limit_name, True
+    low, high = 1, hard_limit  # step(low) fits, step(high) does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if step_seconds(middle) <= step_budget_seconds:
+            low = middle
+        else:
+            high = middle
+    return low, LIMIT_ITL, True
 
 
 @dataclass(frozen=True, slots=True)

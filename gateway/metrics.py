@@ -19,7 +19,12 @@ E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._declare_outcomes(self.registry)
+        self._declare_latencies(self.registry)
+        self._declare_queue(self.registry)
+
+    def _declare_outcomes(self, r: CollectorRegistry) -> None:
+        """Every request once as offered, then by what admission made of it and how it ended."""
         labels = ["model_group", "slo_class", "tenant"]
         self.offered = Counter(
             "goodput_gateway_requests_offered_total", "Requests offered.", labels, registry=r
@@ -48,6 +53,8 @@ class GatewayMetrics:
             ["model_group", "stage"],
             registry=r,
         )
+
+    def _declare_latencies(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram(
             "goodput_gateway_time_to_first_token_seconds",
             "Time to first token as the client sees it.",
@@ -69,8 +76,10 @@ class GatewayMetrics:
             buckets=E2E_BUCKETS,
             registry=r,
         )
-        # The queue by class: what the autoscaler reads instead of inferring demand from engines
-        # (also at zero groups, where no engine reports anything).
+
+    def _declare_queue(self, r: CollectorRegistry) -> None:
+        """The queue by class: what the autoscaler reads instead of inferring demand from engines
+        (also at zero groups, where no engine reports anything)."""
         queue_labels = ["model_group", "slo_class"]
         self.queued_work = Gauge(
             "goodput_gateway_queued_work_seconds",

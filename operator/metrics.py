@@ -24,7 +24,11 @@ DRAIN_OUTCOMES = ("Drained", "TimedOut", "Cancelled")
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._declare_reconciles(self.registry)
+        self._declare_groups(self.registry)
+        self._declare_drains(self.registry)
+
+    def _declare_reconciles(self, r: CollectorRegistry) -> None:
         self.reconciles = Counter(
             "goodput_reconcile_total",
             "Reconcile passes by controller and result.",
@@ -44,6 +48,14 @@ class OperatorMetrics:
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         )
+        self.kube_requests = Counter(
+            "goodput_kube_requests_total",
+            "Kubernetes API writes by verb, resource, code.",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+
+    def _declare_groups(self, r: CollectorRegistry) -> None:
         self.groups = Gauge(
             "goodput_groups",
             "Replica groups of a ModelGroup by state.",
@@ -84,6 +96,8 @@ class OperatorMetrics:
             ["result"],
             registry=r,
         )
+
+    def _declare_drains(self, r: CollectorRegistry) -> None:
         self.drain_duration = Histogram(
             "goodput_drain_duration_seconds",
             "From a group's drain start to the deletion of its ranks, by outcome (Drained or TimedOut).",
@@ -107,12 +121,6 @@ class OperatorMetrics:
             "goodput_drain_requests_aborted_total",
             "Requests still in flight when a drain timed out and its group was deleted.",
             ["namespace", "model_group"],
-            registry=r,
-        )
-        self.kube_requests = Counter(
-            "goodput_kube_requests_total",
-            "Kubernetes API writes by verb, resource, code.",
-            ["verb", "resource", "code"],
             registry=r,
         )
 

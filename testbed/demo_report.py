@@ -790,7 +790,6 @@ def plot_timeline(
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    middles = [(row.start_seconds + row.end_seconds) / 2 for row in rows]
     visible = [s for s in samples if s.offset_seconds >= 0]
     before = sample_at(samples, 0.0)
     series = (
@@ -835,6 +834,15 @@ def plot_timeline(
     figure.savefig(groups_path, dpi=110)
     plt.close(figure)
 
+    latency_path = _plot_latency(plt, rows, targets, title=title, out_dir=out_dir)
+    return [groups_path, latency_path]
+
+
+def _plot_latency(
+    plt: Any, rows: Sequence[IntervalRow], targets: SloTargets, *, title: str, out_dir: Path
+) -> Path:
+    """latency.png: TTFT p99 per interval against its target, attainment against offered load."""
+    middles = [(row.start_seconds + row.end_seconds) / 2 for row in rows]
     figure, latency = plt.subplots(figsize=(10, 4.5))
     ttft = [math.nan if row.ttft_p99_seconds is None else row.ttft_p99_seconds for row in rows]
     latency.plot(middles, ttft, marker="o", color="tab:red", label="TTFT p99")
@@ -854,4 +862,4 @@ def plot_timeline(
     latency_path = out_dir / "latency.png"
     figure.savefig(latency_path, dpi=110)
     plt.close(figure)
-    return [groups_path, latency_path]
+    return latency_path
