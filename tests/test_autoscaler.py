@@ -185,7 +185,7 @@ class Metrics:
     reads: list[Windows] = field(default_factory=list)
     gateway: GatewayObservation | None = None
 
-    def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
+    async def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
         self.reads.append(windows)
         if self.down:
             raise MetricsUnavailableError(
