@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,13 +30,14 @@ from fleet import (
     API,
     Sample,
     apply_documents,
-    decision_lags,
     delete_fleet,
     fleet_agent,
     fleet_documents,
     fleet_leaders,
     fleet_operator,
+    interval_decisions,
     namespace_names,
+    report_decisions,
     report_window,
     rss_mib,
 )
@@ -116,12 +116,7 @@ def main() -> None:
             time.sleep(args.window)
             after = Sample.take(operator)
             report_window(before, after, operator, args.interval)
-            lags = decision_lags(log_path, args.interval, since)[1:-1]  # whole intervals only
-            if lags:
-                print(
-                    f"  interval start -> its last decision: median {statistics.median(lags):.2f} s, "
-                    f"max {max(lags):.2f} s over {len(lags)} intervals"
-                )
+            report_decisions(interval_decisions(log_path, args.interval, since), count)
             if args.cluster is not None:
                 delete_fleet(cluster, namespaces, seconds_per_model_group=1.0, model_groups=count)
     print(

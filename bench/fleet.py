@@ -9,7 +9,8 @@ autoscaling under load):
 - `FleetAgent`: the health agent's reports (NCCL healthy, revision loaded) for every namespace;
 - `fleet_operator`: `goodput run` watching every namespace, reading the cluster's Prometheus;
 - `Sample`: the operator's CPU time, RSS, Kubernetes requests and Prometheus queries at a moment;
-- `decision_lags`: per interval, the time from its start to its last decision, from the log;
+- `interval_decisions`: per interval, the time from its start to its last decision and the
+  ModelGroups decided in it, from the operator's log;
 - `delete_fleet`: what a platform team does: delete the namespaces while the operator still runs
   (it removes its finalizers), wait as long as that takes, then strip what is left.
 Every loop is bounded; every process is stopped on exit.
@@ -22,6 +23,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -311,12 +313,24 @@ def report_window(before: Sample, after: Sample, operator: FleetOperator, interv
     )
 
 
-def decision_lags(log_path: Path, interval_seconds: float, since: float) -> list[float]:
-    """Per interval boundary (wall clock) after `since`: seconds from it to the last decision logged
-    before the next boundary, from the operator's JSON log (each line's own timestamp)."""
+@dataclass(frozen=True)
+class IntervalDecisions:
+    """One interval (wall clock) of the operator's log: when its last decision came, and how many
+    ModelGroups were decided in it."""
+
+    start: float
+    last_decision_seconds: float
+    model_groups: int
+
+
+def interval_decisions(log_path: Path, interval_seconds: float, since: float) -> list[IntervalDecisions]:
+    """Per interval boundary after `since`, from the operator's JSON decision lines (each line's own
+    timestamp): seconds from the boundary to the last decision before the next one, and the distinct
+    ModelGroups decided. The first and last interval are partial and left out."""
     last: dict[int, float] = {}
+    decided: dict[int, set[tuple[str, str]]] = {}
     for line in log_path.read_text(errors="replace").splitlines():
-        if '"policy_revision"' not in line:
+        if '"policy_revision"' not in line or '"shadow": true' in line:
             continue
         with contextlib.suppress(ValueError, KeyError, TypeError):
             record = json.loads(line)
@@ -325,7 +339,23 @@ def decision_lags(log_path: Path, interval_seconds: float, since: float) -> list
                 continue
             boundary = math.floor(logged / interval_seconds)
             last[boundary] = max(last.get(boundary, 0.0), logged - boundary * interval_seconds)
-    return [last[key] for key in sorted(last)]
+            decided.setdefault(boundary, set()).add((str(record["namespace"]), str(record["model_group"])))
+    boundaries = sorted(last)[1:-1]
+    return [IntervalDecisions(b * interval_seconds, last[b], len(decided[b])) for b in boundaries]
+
+
+def report_decisions(intervals: list[IntervalDecisions], model_groups: int) -> None:
+    if not intervals:
+        print("  no whole interval with decisions in the window")
+        return
+    lags = [entry.last_decision_seconds for entry in intervals]
+    counts = [entry.model_groups for entry in intervals]
+    print(
+        f"  interval start -> its last decision: median {statistics.median(lags):.2f} s, "
+        f"max {max(lags):.2f} s; "
+        f"ModelGroups decided per interval: min {min(counts)}, median {statistics.median(counts):.0f} "
+        f"of {model_groups} ({len(intervals)} whole intervals)"
+    )
 
 
 def delete_fleet(
