@@ -127,6 +127,7 @@ def fleet_documents(
                 "minReplicas": 1,
                 "maxReplicas": max_replicas,
                 "policyRef": {"name": "chat"},
+                "profile": {"gpu": "h100-80g", "maxNumSeqs": 8, "maxNumBatchedTokens": 2048},
                 "drain": {"minLifetimeSeconds": 0, "maxSeconds": 10},
             },
         }

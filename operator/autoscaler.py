@@ -483,10 +483,13 @@ class Autoscaler:
             return TickOutcome(plan.interval_seconds)
         readings = await self._observe(obj, status, plan, post_events, memory)
         decided = self._decide(parsed, status, plan, readings, memory=memory, now=now)
-        scaled = decided.active is None or not decided.active.changes
-        if not scaled and decided.active is not None:
-            scaled = await self._scale(obj, decided.active, post_events, plan.interval_seconds)
-        if not scaled:
+        active = decided.active
+        if (
+            active is not None
+            and active.changes
+            and not await self._scale(obj, active, post_events, plan.interval_seconds)
+        ):
+            # Someone else wrote the ModelGroup after it was read: decide again soon, on what they wrote.
             return TickOutcome(CONFLICT_RETRY_SECONDS, aligned=False)
         if decided.active is not None:
             memory.active = decided.active.next_state
