@@ -173,7 +173,7 @@ class FleetAgent:
     """Reports every running rank of every namespace NCCL-healthy with revision `main` loaded."""
 
     cluster: LocalCluster
-    poll_seconds: float = 1.0
+    poll_seconds: float = 3.0
     max_seconds: float = 3600.0
     stopped: threading.Event = field(default_factory=threading.Event)
     done: set[str] = field(default_factory=set)
