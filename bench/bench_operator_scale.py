@@ -16,6 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,17 @@ def pod_count(cluster: LocalCluster) -> int:
     return len((listing or {}).get("items", []))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@dataclass
+class Runs:
+    """What each run measured."""
+
+    walls: list[float] = field(default_factory=list)
+    reactions: list[float] = field(default_factory=list)
+    phases: list[dict[str, float]] = field(default_factory=list)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument(
         "--groups", type=int, default=4, help="groups to scale to (the default cluster holds 4)"
@@ -70,8 +80,60 @@ def main() -> None:
     parser.add_argument(
         "--cluster", type=Path, help="state dir of a running `goodput cluster up` (else a new one)"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def one_run(cluster: LocalCluster, operator: OperatorProcess, groups: int, runs: Runs) -> None:
+    """Scale 0 -> `groups`, time the first pod and all groups Ready, then back to 0."""
+    started = time.monotonic()
+    cluster.kubectl("scale", "mg", "llama-70b", "-n", NAMESPACE, f"--replicas={groups}")
+    scaled = time.monotonic()
+    wait_for(
+        lambda: pod_count(cluster) > 0, timeout_seconds=30, interval_seconds=0.02, describe="the first pod"
+    )
+    runs.reactions.append(time.monotonic() - scaled)
+    ready = wait_for(
+        lambda: (s := status(cluster)).get("readyGroups") == groups and s,
+        timeout_seconds=120,
+        interval_seconds=0.05,
+        describe=lambda: f"{groups} ready groups\n{operator.log_tail()}",
+    )
+    runs.walls.append(time.monotonic() - started)
+    runs.phases += [g["readyTime"] for g in ready["groups"]]
+    print(
+        f"run {len(runs.walls)}: scale 0 -> {groups}: first pod after {runs.reactions[-1]:.2f} s, "
+        f"all ready after {runs.walls[-1]:.2f} s"
+    )
+    cluster.kubectl("scale", "mg", "llama-70b", "-n", NAMESPACE, "--replicas=0")
+    wait_for(lambda: pod_count(cluster) == 0, timeout_seconds=120, describe="scaled to zero")
+
+
+def report(runs: Runs, count: int, groups: int) -> None:
+    def median(key: str) -> float:
+        return float(statistics.median(p[key] for p in runs.phases))
+
+    wall = statistics.median(runs.walls)
+    print(f"\n{count} runs, {groups} groups of 2 pods x 8 GPUs")
+    print(
+        f"wall, kubectl scale -> all groups Ready: median {wall:.2f} s "
+        f"(min {min(runs.walls):.2f}, max {max(runs.walls):.2f})"
+    )
+    print(
+        f"per group, median: placing {median('placingSeconds'):.1f} s, provisioning "
+        f"{median('provisioningSeconds'):.1f} s, warming {median('warmingSeconds'):.1f} s, "
+        f"total {median('totalSeconds'):.1f} s (status times, 1 s resolution)"
+    )
+    print(f"kubectl scale returned -> first pod created: median {statistics.median(runs.reactions):.2f} s")
+    overhead = wall - SIMULATED_START_SECONDS - AGENT_POLL_SECONDS
+    print(
+        f"overhead beyond the simulated start-up ({SIMULATED_START_SECONDS} s) and the agent's poll "
+        f"({AGENT_POLL_SECONDS} s): {overhead:.2f} s"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    runs = Runs()
     with local_cluster(args.cluster) as cluster, tempfile.TemporaryDirectory() as scratch:
         crds = Path(__file__).resolve().parent.parent / "crds"
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
@@ -92,56 +154,11 @@ def main() -> None:
                     timeout_seconds=30,
                     describe="the ModelGroup observed",
                 )
-                walls, reactions, phases = [], [], []
-                for run in range(args.runs):
-                    started = time.monotonic()
-                    cluster.kubectl("scale", "mg", "llama-70b", "-n", NAMESPACE, f"--replicas={args.groups}")
-                    scaled = time.monotonic()
-                    wait_for(
-                        lambda: pod_count(cluster) > 0,
-                        timeout_seconds=30,
-                        interval_seconds=0.02,
-                        describe="the first pod",
-                    )
-                    reactions.append(time.monotonic() - scaled)
-                    ready = wait_for(
-                        lambda: (s := status(cluster)).get("readyGroups") == args.groups and s,
-                        timeout_seconds=120,
-                        interval_seconds=0.05,
-                        describe=lambda: f"{args.groups} ready groups\n{operator.log_tail()}",
-                    )
-                    wall = time.monotonic() - started
-                    walls.append(wall)
-                    phases += [g["readyTime"] for g in ready["groups"]]
-                    print(
-                        f"run {run + 1}: scale 0 -> {args.groups}: first pod after {reactions[-1]:.2f} s, "
-                        f"all ready after {wall:.2f} s"
-                    )
-                    cluster.kubectl("scale", "mg", "llama-70b", "-n", NAMESPACE, "--replicas=0")
-                    wait_for(lambda: pod_count(cluster) == 0, timeout_seconds=120, describe="scaled to zero")
+                for _ in range(args.runs):
+                    one_run(cluster, operator, args.groups, runs)
         finally:
             cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-
-    def median(key: str) -> float:
-        return float(statistics.median(p[key] for p in phases))
-
-    wall = statistics.median(walls)
-    print(f"\n{args.runs} runs, {args.groups} groups of 2 pods x 8 GPUs")
-    print(
-        f"wall, kubectl scale -> all groups Ready: median {wall:.2f} s "
-        f"(min {min(walls):.2f}, max {max(walls):.2f})"
-    )
-    print(
-        f"per group, median: placing {median('placingSeconds'):.1f} s, provisioning "
-        f"{median('provisioningSeconds'):.1f} s, warming {median('warmingSeconds'):.1f} s, "
-        f"total {median('totalSeconds'):.1f} s (status times, 1 s resolution)"
-    )
-    print(f"kubectl scale returned -> first pod created: median {statistics.median(reactions):.2f} s")
-    overhead = wall - SIMULATED_START_SECONDS - AGENT_POLL_SECONDS
-    print(
-        f"overhead beyond the simulated start-up ({SIMULATED_START_SECONDS} s) and the agent's poll "
-        f"({AGENT_POLL_SECONDS} s): {overhead:.2f} s"
-    )
+    report(runs, args.runs, args.groups)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 1. reads the ModelGroup fresh from the API server (the count, the groups and the last records), and
    the SLOPolicies from an index; compiles them (`controllers.policy_compile`; the capacity profile
    is rebuilt only when its inputs change);
-2. reads the engine metrics of the ready groups from Prometheus in one query (`metrics_source`). A
+2. reads the engine metrics of the ready groups from Prometheus (`metrics_source`), in one query
+   shared with every ModelGroup ticking at the same moment (`metrics_batch`: ticks are aligned to
+   the interval, so an interval costs one query per query shape, not one per ModelGroup). A
    Prometheus that is down or slow sets MetricsAvailable=False (reason MetricsQueryFailed) and
    raises `kopf.TemporaryError(delay=interval)`: no decision, so never a scale-in on what is not seen;
 3. decides with `controllers.autoscale.decide`, for the active policy and, beside it, the shadow one;
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +57,7 @@ from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import Decision, DecisionState, Mode
 from goodput.controllers.decision_record import (
     FailureReason,
+    MetricsHealth,
     attainability_conditions,
     attainability_event,
     autoscaler_conditions,
@@ -76,6 +80,7 @@ from goodput.controllers.policy_compile import CompiledPolicy, capacity_profile,
 from goodput.controllers.template import parse_model_group
 from goodput.estimators.capacity import CapacityProfile
 from goodput.operator.kube import KubeError
+from goodput.operator.metrics_batch import BatchedMetricsSource, next_tick_delay_seconds
 from goodput.operator.metrics_source import (
     MetricsReading,
     MetricsUnavailableError,
@@ -110,6 +115,8 @@ class AutoscalerSettings:
     """Bearer token file, CA bundle and extra headers of every query."""
     rate_window_seconds: float = 60.0
     """Window of token rates and the request mix; at least two scrape intervals."""
+    prometheus_batch_seconds: float = 0.5
+    """How long the reads of ModelGroups ticking together are gathered into one query; 0: none."""
     state_refresh_seconds: float = 60.0
     """Longest the persisted decision state may lag while nothing in it changes."""
     unbound_interval_seconds: float = 15.0
@@ -126,6 +133,10 @@ class AutoscalerSettings:
         ):
             if getattr(settings, name) <= 0:
                 raise ValueError(f"GOODPUT_{name.upper()}={getattr(settings, name)!r} must be positive")
+        if settings.prometheus_batch_seconds < 0:
+            raise ValueError(
+                f"GOODPUT_PROMETHEUS_BATCH_SECONDS={settings.prometheus_batch_seconds!r} must not be negative"
+            )
         return cls(
             prometheus_url=settings.prometheus_url.rstrip("/"),
             prometheus_timeout_seconds=settings.prometheus_timeout_seconds,
@@ -135,6 +146,7 @@ class AutoscalerSettings:
                 headers_json=settings.prometheus_headers,
             ),
             rate_window_seconds=settings.prometheus_rate_window_seconds,
+            prometheus_batch_seconds=settings.prometheus_batch_seconds,
             state_refresh_seconds=settings.autoscaler_state_refresh_seconds,
             labels=SeriesLabels(
                 namespace=settings.prometheus_label_namespace,
@@ -145,7 +157,9 @@ class AutoscalerSettings:
 
 
 class MetricsSource(Protocol):
-    def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading: ...
+    """One ModelGroup's reading (`metrics_batch.BatchedMetricsSource`); raises MetricsUnavailableError."""
+
+    async def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading: ...
 
 
 class KubeCalls(Protocol):
@@ -173,6 +187,14 @@ class AutoscalerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["namespace", "model_group"]
+        self._decision_series(registry, labels)
+        self._estimate_series(registry, labels)
+        self._feasibility_series(registry, labels)
+        self._health_series(registry, labels)
+        self._seen: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
+
+    def _decision_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+        """What each decision chose, and for which policy."""
         self.decisions = Counter(
             "goodput_autoscaler_decisions_total",
             "Scaling decisions by policy (active or shadow), mode and reason.",
@@ -197,6 +219,15 @@ class AutoscalerMetrics:
             [*labels, "policy", "signal"],
             registry=registry,
         )
+        self.policy_info = Gauge(
+            "goodput_autoscaler_policy_info",
+            "The SLOPolicy revision and mode behind the latest decision (value 1).",
+            [*labels, "policy", "slopolicy", "revision", "mode"],
+            registry=registry,
+        )
+
+    def _estimate_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+        """The estimates the latest active decision read."""
         self.metric_age = Gauge(
             "goodput_autoscaler_metric_age_seconds",
             "Age of the oldest ready group's engine metrics at the latest decision.",
@@ -227,6 +258,9 @@ class AutoscalerMetrics:
             labels,
             registry=registry,
         )
+
+    def _feasibility_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+        """What no number of groups can serve, and attainment against offered and attainable load."""
         self.infeasible_share = Gauge(
             "goodput_autoscaler_infeasible_share",
             "Share of the window's prompts longer than the class's feasible threshold: requests no "
@@ -247,10 +281,14 @@ class AutoscalerMetrics:
             [*labels, "basis"],
             registry=registry,
         )
-        self.policy_info = Gauge(
-            "goodput_autoscaler_policy_info",
-            "The SLOPolicy revision and mode behind the latest decision (value 1).",
-            [*labels, "policy", "slopolicy", "revision", "mode"],
+
+    def _health_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+        """The autoscaler's own work: queries, failures, time per decision."""
+        self.prometheus_queries = Counter(
+            "goodput_autoscaler_prometheus_queries_total",
+            "Prometheus queries sent by the autoscaler, by scope ('fleet': one for every ModelGroup due, "
+            "'model_group': one ModelGroup's) and whether Prometheus answered.",
+            ["scope", "answered"],
             registry=registry,
         )
         self.metrics_failures = Counter(
@@ -261,13 +299,15 @@ class AutoscalerMetrics:
         )
         self.duration = Histogram(
             "goodput_autoscaler_decision_duration_seconds",
-            "Time per decision: reading Prometheus ('metrics'), the pure decision ('decide'), and the whole "
-            "tick with its API writes ('total').",
+            "Time per decision: reading Prometheus ('metrics', with the wait for the batched query), the "
+            "pure decision ('decide'), and the whole tick with its API writes ('total').",
             ["stage"],
             registry=registry,
             buckets=DECISION_BUCKETS,
         )
-        self._seen: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
+
+    def count_query(self, scope: str, answered: bool) -> None:
+        self.prometheus_queries.labels(scope, str(answered).lower()).inc()
 
     def _set(self, gauge: Gauge, values: tuple[str, ...], value: float) -> None:
         gauge.labels(*values).set(value)
@@ -350,11 +390,46 @@ class Unusable:
 
 @dataclass(frozen=True, slots=True)
 class TickOutcome:
-    """What one tick decided (None: no decision) and when the next one is due."""
+    """What one tick decided (None: no decision) and when the next one is due: `interval_seconds`
+    from now, or when `aligned`, at the next multiple of it (`metrics_batch.next_tick_delay_seconds`),
+    where the other ModelGroups with that interval tick too and share its Prometheus query."""
 
     interval_seconds: float
     active: Decision | None = None
     shadow: Decision | None = None
+    aligned: bool = True
+
+    def delay_seconds(self, now: float) -> float:
+        if not self.aligned:
+            return self.interval_seconds
+        return next_tick_delay_seconds(self.interval_seconds, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Which policies decide this tick (None: it does not) and the interval of the next one."""
+
+    interval_seconds: float
+    active: CompiledPolicy | None = None
+    shadow: CompiledPolicy | None = None
+    stopped: Unusable | None = None
+    """Why the active policy does not decide: it cannot be used, or it is Frozen."""
+    shadow_bound: bool = False
+    """The ModelGroup names a shadow policy (else its status keeps no shadow decision)."""
+
+    @property
+    def deciding(self) -> list[CompiledPolicy]:
+        return [policy for policy in (self.active, self.shadow) if policy is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """One tick's decisions, with what the active one's conditions are computed from."""
+
+    active: Decision | None = None
+    shadow: Decision | None = None
+    health: MetricsHealth | None = None
+    verdict: AttainabilityVerdict | None = None
 
 
 PolicyIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
@@ -399,7 +474,33 @@ class Autoscaler:
         if isinstance(parsed, str):
             await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events, memory)
             return TickOutcome(self.settings.unbound_interval_seconds)
+        plan = self._plan(parsed, policies, memory)
+        if plan.active is None and plan.shadow is None:
+            if plan.stopped is not None:
+                await self._fail(obj, status, plan.stopped, post_events, memory)
+            else:
+                await self._write_status(obj, lambda previous: previous, memory=memory)
+            return TickOutcome(plan.interval_seconds)
+        readings = await self._observe(obj, status, plan, post_events, memory)
+        decided = self._decide(parsed, status, plan, readings, memory=memory, now=now)
+        active = decided.active
+        if (
+            active is not None
+            and active.changes
+            and not await self._scale(obj, active, post_events, plan.interval_seconds)
+        ):
+            # Someone else wrote the ModelGroup after it was read: decide again soon, on what they wrote.
+            return TickOutcome(CONFLICT_RETRY_SECONDS, aligned=False)
+        if decided.active is not None:
+            memory.active = decided.active.next_state
+        if decided.shadow is not None:
+            memory.shadow = decided.shadow.next_state
+        await self._record(obj, status, plan, decided, post_events=post_events, memory=memory, now=now)
+        self.metrics.duration.labels("total").observe(time.perf_counter() - started)
+        return TickOutcome(plan.interval_seconds, decided.active, decided.shadow)
 
+    def _plan(self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory) -> Plan:
+        """Which policies decide this tick, at which interval, and why the active one does not."""
         spec = parsed.spec
         active = self._compiled(parsed, spec.policy_ref, policies, memory, shadow=False)
         shadow = self._compiled(parsed, spec.shadow_policy_ref, policies, memory, shadow=True)
@@ -419,109 +520,114 @@ class Autoscaler:
             memory.active = DecisionState.initial()
         runs_active = isinstance(active, CompiledPolicy) and stopped is None
         runs_shadow = isinstance(shadow, CompiledPolicy) and shadow.policy.mode is not Mode.FROZEN
-        if not (runs_active or runs_shadow):
-            if stopped is not None:
-                await self._fail(obj, status, stopped, post_events, memory)
-            else:
-                await self._write_status(obj, lambda previous: previous, memory=memory)
-            return TickOutcome(interval)
+        return Plan(
+            interval_seconds=interval,
+            active=active if runs_active and isinstance(active, CompiledPolicy) else None,
+            shadow=shadow if runs_shadow and isinstance(shadow, CompiledPolicy) else None,
+            stopped=stopped,
+            shadow_bound=spec.shadow_policy_ref is not None,
+        )
 
-        compiled = [c for c in (active, shadow) if isinstance(c, CompiledPolicy)]
-        metrics_started = time.perf_counter()
+    async def _observe(
+        self,
+        obj: Mapping[str, Any],
+        status: ModelGroupStatus,
+        plan: Plan,
+        post_events: PostEvents,
+        memory: Memory,
+    ) -> dict[Windows, MetricsReading]:
+        """The metrics of every policy that decides; without them, no decision (and the windows of
+        stabilisation start again)."""
+        metadata = obj.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
+        started = time.perf_counter()
         try:
-            readings = await self._read_metrics(namespace, name, compiled)
+            readings = await self._read_metrics(namespace, name, plan.deciding)
         except MetricsUnavailableError as error:
             self.metrics.metrics_failures.labels(namespace, name).inc()
-            message = f"{error}; holding at {spec.replicas} group(s)"
+            replicas = (obj.get("spec") or {}).get("replicas")
+            message = f"{error}; holding at {replicas} group(s)"
             log.warning("metrics unavailable: %s", error, extra={"namespace": namespace, "model_group": name})
             # A blind spot restarts the stabilisation windows: once the metrics are back, the count
             # goes down only after a full scale-down window of seeing them (step limits still count).
             memory.active = _blind(memory.active)
             memory.shadow = _blind(memory.shadow)
-            await self._fail(obj, status, Unusable(Reason.METRICS_QUERY_FAILED, message), post_events, memory)
-            raise kopf.TemporaryError(message, delay=interval) from error
-        self.metrics.duration.labels("metrics").observe(time.perf_counter() - metrics_started)
+            unusable = Unusable(Reason.METRICS_QUERY_FAILED, message)
+            await self._fail(obj, status, unusable, post_events, memory)
+            raise kopf.TemporaryError(message, delay=plan.interval_seconds) from error
+        self.metrics.duration.labels("metrics").observe(time.perf_counter() - started)
+        return readings
 
-        active_decision = health = shadow_decision = None
-        verdict: AttainabilityVerdict | None = None
-        if runs_active and isinstance(active, CompiledPolicy):
-            reading = readings[self._windows(active)]
+    def _decide(
+        self,
+        parsed: ModelGroup,
+        status: ModelGroupStatus,
+        plan: Plan,
+        readings: Mapping[Windows, MetricsReading],
+        *,
+        memory: Memory,
+        now: float,
+    ) -> Decided:
+        """The pure decisions of the active and the shadow policy, on their snapshots."""
+        namespace, name = parsed.metadata.namespace or "", parsed.metadata.name or ""
+        decided = Decided()
+        if plan.active is not None:
+            reading = readings[self._windows(plan.active)]
             snapshot = build_snapshot(
-                parsed, status, active, reading.groups, now=now, gateway=reading.gateway
+                parsed, status, plan.active, reading.groups, now=now, gateway=reading.gateway
             )
-            decide_started = time.perf_counter()
-            active_decision = decide(snapshot, active.policy, memory.active, now)
-            self.metrics.duration.labels("decide").observe(time.perf_counter() - decide_started)
-            health = metrics_health(snapshot, active.policy.staleness.max_age_seconds)
-            verdict = snapshot_attainability(snapshot, active.policy, tensor_parallel=spec.parallelism.tensor)
+            started = time.perf_counter()
+            active = decide(snapshot, plan.active.policy, memory.active, now)
+            self.metrics.duration.labels("decide").observe(time.perf_counter() - started)
+            decided = Decided(
+                active=active,
+                health=metrics_health(snapshot, plan.active.policy.staleness.max_age_seconds),
+                verdict=snapshot_attainability(
+                    snapshot, plan.active.policy, tensor_parallel=parsed.spec.parallelism.tensor
+                ),
+            )
             ages = [group.metrics.age_seconds for group in snapshot.groups if group.metrics is not None]
             self.metrics.record_age(namespace, name, max(ages) if ages else None)
-        if runs_shadow and isinstance(shadow, CompiledPolicy):
-            reading = readings[self._windows(shadow)]
+        if plan.shadow is not None:
+            reading = readings[self._windows(plan.shadow)]
             snapshot = build_snapshot(
-                parsed, status, shadow, reading.groups, now=now, gateway=reading.gateway
+                parsed, status, plan.shadow, reading.groups, now=now, gateway=reading.gateway
             )
-            shadow_decision = decide(snapshot, shadow.policy, memory.shadow, now)
-
-        if active_decision is not None and active_decision.changes:
-            scaled = await self._scale(obj, active_decision, post_events, interval)
-            if not scaled:
-                return TickOutcome(CONFLICT_RETRY_SECONDS)
-        if active_decision is not None:
-            memory.active = active_decision.next_state
-        if shadow_decision is not None:
-            memory.shadow = shadow_decision.next_state
-
-        events: list[EventRecord] = []
-        if active_decision is not None and isinstance(active, CompiledPolicy):
-            events += decision_events(status.last_decision, active_decision, policy_name=active.policy_name)
-            if verdict is not None and (event := attainability_event(status.conditions, verdict)):
-                events.append(event)
-        elif stopped is not None and (
-            event := failure_event(status.conditions, stopped.reason, stopped.message)
-        ):
-            events.append(event)
-        if shadow_decision is not None and isinstance(shadow, CompiledPolicy):
-            events += decision_events(
-                status.shadow_decision, shadow_decision, policy_name=shadow.policy_name, shadow=True
+            decided = dataclasses.replace(
+                decided, shadow=decide(snapshot, plan.shadow.policy, memory.shadow, now)
             )
-        generation = int((obj.get("metadata") or {}).get("generation") or 0)
-        when = datetime.fromtimestamp(now, UTC)
+        return decided
 
-        def recorded(previous: ModelGroupStatus) -> ModelGroupStatus:
-            new = record_decisions(previous, active=active_decision, shadow=shadow_decision)
-            if active_decision is not None and health is not None:
-                conditions = autoscaler_conditions(
-                    new.conditions, active_decision, health, generation=generation, now=when
-                )
-                if verdict is not None:
-                    conditions = attainability_conditions(
-                        conditions, verdict, generation=generation, now=when
-                    )
-                    new = new.model_copy(update={"feasibility": feasibility_status(active_decision)})
-            elif stopped is not None:
-                conditions = failure_conditions(
-                    new.conditions,
-                    reason=stopped.reason,
-                    message=stopped.message,
-                    generation=generation,
-                    now=when,
-                )
-            else:
-                return new
-            return new.model_copy(update={"conditions": conditions})
-
-        await self._write_status(obj, recorded, memory=memory, clear_shadow=spec.shadow_policy_ref is None)
-        post_events(events)
+    async def _record(
+        self,
+        obj: Mapping[str, Any],
+        status: ModelGroupStatus,
+        plan: Plan,
+        decided: Decided,
+        *,
+        post_events: PostEvents,
+        memory: Memory,
+        now: float,
+    ) -> None:
+        """Status, Events, the §38 log lines and the operator's metrics of this tick's decisions."""
+        metadata = obj.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
+        recorded = functools.partial(
+            _recorded_status,
+            decided=decided,
+            stopped=plan.stopped,
+            generation=int(metadata.get("generation") or 0),
+            when=datetime.fromtimestamp(now, UTC),
+        )
+        await self._write_status(obj, recorded, memory=memory, clear_shadow=not plan.shadow_bound)
+        post_events(_tick_events(status, plan, decided))
         for decision, policy, role in (
-            (active_decision, active, "active"),
-            (shadow_decision, shadow, "shadow"),
+            (decided.active, plan.active, "active"),
+            (decided.shadow, plan.shadow, "shadow"),
         ):
-            if decision is not None and isinstance(policy, CompiledPolicy):
+            if decision is not None and policy is not None:
                 self._log(namespace, decision, shadow=role == "shadow")
                 self.metrics.record(namespace, name, decision, policy=role, slo_policy=policy.policy_name)
-        self.metrics.duration.labels("total").observe(time.perf_counter() - started)
-        return TickOutcome(interval, active_decision, shadow_decision)
 
     def _memory(self, namespace: str, name: str, obj: Mapping[str, Any], now: float) -> Memory:
         """This ModelGroup's memory; on first sight, the decision states its status saved (or, for an
@@ -614,7 +720,7 @@ class Autoscaler:
         for policy in compiled:
             windows = self._windows(policy)
             if windows not in readings:
-                readings[windows] = await asyncio.to_thread(self.source.read, namespace, name, windows)
+                readings[windows] = await self.source.read(namespace, name, windows)
         return readings
 
     def _path(self, namespace: str, name: str) -> str:
@@ -758,34 +864,91 @@ def _why_no_decision(active: CompiledPolicy | Unusable | None) -> Unusable | Non
     return None
 
 
+def _recorded_status(
+    previous: ModelGroupStatus,
+    *,
+    decided: Decided,
+    stopped: Unusable | None,
+    generation: int,
+    when: datetime,
+) -> ModelGroupStatus:
+    """The autoscaler's part of the status after this tick: the decisions, and the conditions of the
+    active one (or of why there was none)."""
+    new = record_decisions(previous, active=decided.active, shadow=decided.shadow)
+    if decided.active is not None and decided.health is not None:
+        conditions = autoscaler_conditions(
+            new.conditions, decided.active, decided.health, generation=generation, now=when
+        )
+        if decided.verdict is not None:
+            conditions = attainability_conditions(
+                conditions, decided.verdict, generation=generation, now=when
+            )
+            new = new.model_copy(update={"feasibility": feasibility_status(decided.active)})
+    elif stopped is not None:
+        conditions = failure_conditions(
+            new.conditions, reason=stopped.reason, message=stopped.message, generation=generation, now=when
+        )
+    else:
+        return new
+    return new.model_copy(update={"conditions": conditions})
+
+
+def _tick_events(status: ModelGroupStatus, plan: Plan, decided: Decided) -> list[EventRecord]:
+    """Events on transitions: a changed decision, attainability, or why the active policy stopped."""
+    events: list[EventRecord] = []
+    if decided.active is not None and plan.active is not None:
+        events += decision_events(status.last_decision, decided.active, policy_name=plan.active.policy_name)
+        if decided.verdict is not None and (event := attainability_event(status.conditions, decided.verdict)):
+            events.append(event)
+    elif plan.stopped is not None and (
+        event := failure_event(status.conditions, plan.stopped.reason, plan.stopped.message)
+    ):
+        events.append(event)
+    if decided.shadow is not None and plan.shadow is not None:
+        events += decision_events(
+            status.shadow_decision, decided.shadow, policy_name=plan.shadow.policy_name, shadow=True
+        )
+    return events
+
+
 def is_bound(spec: Mapping[str, Any]) -> bool:
     return bool(spec.get("policyRef") or spec.get("shadowPolicyRef"))
 
 
 def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSettings) -> None:
-    """Register the autoscaler's handlers."""
-    chosen = settings
+    """Register the autoscaler's handlers: start and stop, the SLOPolicy index, the daemon."""
+    _register_lifecycle(registry, settings)
+    _register_policy_index(registry)
+    _register_daemon(registry)
 
+
+def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSettings) -> None:
     @kopf.on.startup(id="autoscaler_start", registry=registry)
     async def start(*, memo: Any, **_: Any) -> None:
         runtime = memo.runtime
-        source = PrometheusMetricsSource(
-            chosen.prometheus_url,
-            chosen.labels,
-            timeout_seconds=chosen.prometheus_timeout_seconds,
-            connection=chosen.prometheus_connection,
+        metrics = AutoscalerMetrics(runtime.metrics.registry)
+        reader = PrometheusMetricsSource(
+            settings.prometheus_url,
+            settings.labels,
+            timeout_seconds=settings.prometheus_timeout_seconds,
+            connection=settings.prometheus_connection,
         )
-        memo.autoscaler = Autoscaler(
-            runtime.kube, source, AutoscalerMetrics(runtime.metrics.registry), chosen
+        source = BatchedMetricsSource(
+            reader, gather_seconds=settings.prometheus_batch_seconds, on_query=metrics.count_query
         )
-        log.info("autoscaler reading Prometheus at %s", chosen.prometheus_url)
+        memo.autoscaler = Autoscaler(runtime.kube, source, metrics, settings)
+        log.info("autoscaler reading Prometheus at %s", settings.prometheus_url)
 
     @kopf.on.cleanup(id="autoscaler_stop", registry=registry)
     async def stop(*, memo: Any, **_: Any) -> None:
         autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
-        if autoscaler is not None and isinstance(autoscaler.source, PrometheusMetricsSource):
-            autoscaler.source.close()
+        if autoscaler is not None and isinstance(autoscaler.source, BatchedMetricsSource):
+            reader = autoscaler.source.reader
+            if isinstance(reader, PrometheusMetricsSource):
+                reader.close()
 
+
+def _register_policy_index(registry: kopf.OperatorRegistry) -> None:
     @kopf.index(*SLO_POLICIES, id="autoscaler_slo_policies", registry=registry)
     async def slo_policies(
         *, body: kopf.Body, name: str, namespace: str | None, **_: Any
@@ -799,6 +962,8 @@ def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             }
         }
 
+
+def _register_daemon(registry: kopf.OperatorRegistry) -> None:
     @kopf.daemon(
         *MODEL_GROUPS,
         id="autoscaler",
@@ -825,12 +990,19 @@ def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSet
         try:
             while not stopped:
                 outcome = await autoscaler.tick(where, name, policies, post)
-                await stopped.wait(outcome.interval_seconds)
+                await stopped.wait(outcome.delay_seconds(autoscaler.clock()))
         finally:
-            reason = stopped.reason or kopf.DaemonStoppingReason.DONE
-            if kopf.DaemonStoppingReason.RESOURCE_DELETED in reason:
-                autoscaler.forget(where, name)
-            elif kopf.DaemonStoppingReason.FILTERS_MISMATCH in reason:
-                autoscaler.forget(where, name)
-                with contextlib.suppress(kopf.TemporaryError, KubeError, OSError):
-                    await autoscaler.unbind(where, name)
+            await _stop_daemon(autoscaler, where, name, stopped.reason)
+
+
+async def _stop_daemon(
+    autoscaler: Autoscaler, namespace: str, name: str, reason: kopf.DaemonStoppingReason | None
+) -> None:
+    """A deleted ModelGroup is forgotten; one that no longer names a policy is also told so."""
+    reason = reason or kopf.DaemonStoppingReason.DONE
+    if kopf.DaemonStoppingReason.RESOURCE_DELETED in reason:
+        autoscaler.forget(namespace, name)
+    elif kopf.DaemonStoppingReason.FILTERS_MISMATCH in reason:
+        autoscaler.forget(namespace, name)
+        with contextlib.suppress(kopf.TemporaryError, KubeError, OSError):
+            await autoscaler.unbind(namespace, name)

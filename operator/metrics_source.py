@@ -3,9 +3,12 @@ from Prometheus, as one `ModelGroupSnapshot`.
 
 Prometheus is read with prometheus-api-client in one instant query (`promql.snapshot_query`), with
 a timeout and no retries: a Prometheus that is down or slow raises `MetricsUnavailableError` at once and
-the caller decides nothing (it never scales in on what it cannot see). Everything after the query is
-pure: `parse_query_result` splits the answer by group, `group_metrics` turns one group's series into
-`GroupMetrics`, and `build_snapshot` joins them with the group states of `status.groups`.
+the caller decides nothing (it never scales in on what it cannot see). At fleet size the ModelGroups
+due at about the same moment share one query (`promql.fleet_snapshot_query`, sent by
+`metrics_batch.BatchedMetricsSource`), whose answer `split_by_model_group` cuts into each
+ModelGroup's part. Everything after the query is pure: `parse_query_result` splits the answer by
+group, `group_metrics` turns one group's series into `GroupMetrics`, and `build_snapshot` joins them
+with the group states of `status.groups`.
 
 Nothing is guessed. A ready group whose engine gauges are absent (its target is down, or not scraped
 yet) keeps its place in the snapshot with no metrics, so the decision's missing-metrics guard holds
@@ -21,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import requests
 import requests.auth
@@ -58,6 +61,7 @@ from goodput.operator.promql import (
     Quantity,
     SeriesLabels,
     Windows,
+    fleet_snapshot_query,
     snapshot_query,
 )
 
@@ -75,7 +79,17 @@ class MetricsReading:
 
 
 class MetricsUnavailableError(RuntimeError):
-    """Prometheus could not answer (down, slow, or an error): nothing is known about the load."""
+    """Prometheus could not answer (down, slow, or an error): nothing is known about the load.
+    `kind`: 'unreachable' (no connection: asking again for fewer ModelGroups cannot help),
+    'timeout' (no answer in time), or 'answer' (an error or an answer that is not a vector)."""
+
+    def __init__(self, message: str, *, kind: Literal["unreachable", "timeout", "answer"] = "answer") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+ModelGroupKey = tuple[str, str]
+"""A ModelGroup's namespace and name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +282,30 @@ def reading_from_result(result: Sequence[Mapping[str, Any]], labels: SeriesLabel
     return MetricsReading(metrics_by_group(result, labels), gateway_from_result(result))
 
 
+def split_by_model_group(
+    result: Sequence[Mapping[str, Any]], labels: SeriesLabels
+) -> dict[ModelGroupKey, list[Mapping[str, Any]]]:
+    """A `fleet_snapshot_query` answer cut into each ModelGroup's series, by their namespace and
+    ModelGroup labels; a series without both belongs to no ModelGroup and is dropped."""
+    parts: dict[ModelGroupKey, list[Mapping[str, Any]]] = {}
+    for series in result:
+        metric = series.get("metric") or {}
+        namespace, model_group = metric.get(labels.namespace), metric.get(labels.model_group)
+        if namespace and model_group:
+            parts.setdefault((str(namespace), str(model_group)), []).append(series)
+    return parts
+
+
+def readings_by_model_group(
+    keys: Sequence[ModelGroupKey], result: Sequence[Mapping[str, Any]], labels: SeriesLabels
+) -> dict[ModelGroupKey, MetricsReading]:
+    """Each asked ModelGroup's reading from one fleet answer. A ModelGroup without series in it gets
+    an empty reading (its ready groups have no metrics: the missing-metrics guard holds its count),
+    never an error: one ModelGroup's absent series say nothing about the others'."""
+    parts = split_by_model_group(result, labels)
+    return {key: reading_from_result(parts.get(key, []), labels) for key in keys}
+
+
 def _observed(status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics]) -> list[GroupObservation]:
     """The groups of `status.groups`, with the metrics of the ready ones."""
     return [
@@ -406,11 +444,24 @@ class PrometheusMetricsSource:
         )
 
     def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
-        query = snapshot_query(self.labels, namespace, model_group, windows)
+        """One ModelGroup's reading, in a query of its own."""
+        return reading_from_result(
+            self._query(snapshot_query(self.labels, namespace, model_group, windows)), self.labels
+        )
+
+    def read_fleet(
+        self, keys: Sequence[ModelGroupKey], windows: Windows
+    ) -> dict[ModelGroupKey, MetricsReading]:
+        """The readings of `keys`, all of one query shape, in one query for every ModelGroup."""
+        return readings_by_model_group(
+            keys, self._query(fleet_snapshot_query(self.labels, windows)), self.labels
+        )
+
+    def _query(self, query: str) -> list[Mapping[str, Any]]:
         try:
             result = self._client.custom_query(query)
         except requests.RequestException as error:
-            raise MetricsUnavailableError(f"Prometheus at {self.url} {self._describe(error)}") from error
+            raise self._unavailable(error) from error
         except OSError as error:  # the bearer token file, read for each query
             raise MetricsUnavailableError(
                 f"Prometheus at {self.url}: cannot read the bearer token: {_short(error)}"
@@ -421,19 +472,23 @@ class PrometheusMetricsSource:
             raise MetricsUnavailableError(
                 f"Prometheus at {self.url} answered a {type(result).__name__}, not a vector"
             )
-        return reading_from_result(result, self.labels)
+        return result
 
-    def _describe(self, error: requests.RequestException) -> str:
+    def _unavailable(self, error: requests.RequestException) -> MetricsUnavailableError:
         """What went wrong, without the query (the URL of a failed request repeats all of it)."""
         cause = getattr(error.args[0], "reason", None) if error.args else None
         # urllib3's NewConnectionError (refused, no route) subclasses its ConnectTimeoutError.
         if isinstance(cause, NewConnectionError):
-            return f"is unreachable: {str(cause).rsplit(': ', 1)[-1]}"
+            return MetricsUnavailableError(
+                f"Prometheus at {self.url} is unreachable: {str(cause).rsplit(': ', 1)[-1]}",
+                kind="unreachable",
+            )
         if isinstance(error, requests.Timeout) or isinstance(cause, ReadTimeoutError | ConnectTimeoutError):
-            return f"did not answer within {self.timeout_seconds:g}s"
-        if cause is not None:
-            return f"failed: {_short(cause)}"
-        return f"failed: {type(error).__name__}"
+            return MetricsUnavailableError(
+                f"Prometheus at {self.url} did not answer within {self.timeout_seconds:g}s", kind="timeout"
+            )
+        what = _short(cause) if cause is not None else type(error).__name__
+        return MetricsUnavailableError(f"Prometheus at {self.url} failed: {what}")
 
     def close(self) -> None:
         self._client.close()

@@ -15,6 +15,12 @@ settings (`SeriesLabels`): by default the ones the project's manifests and local
 When a gateway fronts the ModelGroup, its series (`goodput_gateway_*`) answer in the same query,
 aggregated per SLO class (`gateway_sub_queries`); their presence is how the operator knows there is
 a gateway (DESIGN §6 step 2: its exact figures then replace what is inferred from engines).
+
+At fleet size one query per ModelGroup per interval is a thousand queries; `fleet_snapshot_query`
+asks the same sub-queries once for every ModelGroup (the series keep their namespace and
+ModelGroup labels: `by (namespace, model_group, group)`), so the operator sends one query per
+query shape (the windows) per interval. A `Scope` is what tells the two apart: the selector's
+matchers and the labels every aggregation keeps beside its own.
 """
 
 from __future__ import annotations
@@ -129,39 +135,72 @@ def label_value(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which ModelGroups a query reads: `matchers` select their series, `keys` are the labels every
+    aggregation keeps before its own (none for one ModelGroup; namespace and ModelGroup for all)."""
+
+    matchers: tuple[str, ...]
+    keys: tuple[str, ...] = ()
+
+    def selector(self, extra: str = "") -> str:
+        return "{" + ",".join([*self.matchers, *([extra] if extra else [])]) + "}"
+
+    def by(self, *labels: str) -> str:
+        """`by (...)` with the scope's keys first; a bare aggregation when there are none at all."""
+        kept = [*self.keys, *labels]
+        return f"by ({', '.join(kept)})" if kept else ""
+
+
+def model_group_scope(labels: SeriesLabels, namespace: str, model_group: str) -> Scope:
+    """One ModelGroup's series."""
+    return Scope(
+        (
+            f"{labels.namespace}={label_value(namespace)}",
+            f"{labels.model_group}={label_value(model_group)}",
+        )
+    )
+
+
+def fleet_scope(labels: SeriesLabels) -> Scope:
+    """Every ModelGroup's series, kept apart by their namespace and ModelGroup labels."""
+    return Scope(
+        (f'{labels.namespace}!=""', f'{labels.model_group}!=""'),
+        (labels.namespace, labels.model_group),
+    )
+
+
 def model_group_selector(labels: SeriesLabels, namespace: str, model_group: str, extra: str = "") -> str:
     """The series of one ModelGroup's leaders, e.g. `{namespace="ml",model_group="llama"}`."""
-    matchers = [
-        f"{labels.namespace}={label_value(namespace)}",
-        f"{labels.model_group}={label_value(model_group)}",
-    ]
-    if extra:
-        matchers.append(extra)
-    return "{" + ",".join(matchers) + "}"
+    return model_group_scope(labels, namespace, model_group).selector(extra)
 
 
 def sub_queries(
     labels: SeriesLabels, namespace: str, model_group: str, windows: Windows
 ) -> dict[Quantity, str]:
+    """One ModelGroup's engine sub-queries (`scoped_sub_queries`)."""
+    return scoped_sub_queries(labels, model_group_scope(labels, namespace, model_group), windows)
+
+
+def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> dict[Quantity, str]:
     """One expression per quantity, each aggregated to one series per group (per group and `le` for
-    histogram buckets)."""
-    selector = model_group_selector(labels, namespace, model_group)
-    by_group = f"by ({labels.group})"
-    by_bucket = f"by ({labels.group}, le)"
+    histogram buckets) of each ModelGroup in the scope."""
+    selector = scope.selector()
+    by_group = scope.by(labels.group)
+    by_bucket = scope.by(labels.group, "le")
     rate = f"{windows.rate_seconds}s"
     window = f"{windows.histogram_seconds}s"
     lookback = f"{max(windows.prompt_lookback_seconds, windows.histogram_seconds)}s"
 
     def capacity_waiting() -> str:
-        by_reason = model_group_selector(labels, namespace, model_group, 'reason="capacity"')
+        by_reason = scope.selector('reason="capacity"')
         return (
             f"sum {by_group} (vllm:num_requests_waiting_by_reason{by_reason}) "
             f"or sum {by_group} (vllm:num_requests_waiting{selector})"
         )
 
     def increase(metric: str, span: str, extra: str = "") -> str:
-        chosen = model_group_selector(labels, namespace, model_group, extra) if extra else selector
-        return f"sum {by_group} (increase({metric}{chosen}[{span}]))"
+        return f"sum {by_group} (increase({metric}{scope.selector(extra)}[{span}]))"
 
     def rate_of(metric: str) -> str:
         return f"sum {by_group} (rate({metric}{selector}[{rate}]))"
@@ -202,29 +241,40 @@ def sub_queries(
 def gateway_sub_queries(
     labels: SeriesLabels, namespace: str, model_group: str, windows: Windows
 ) -> dict[Quantity, str]:
-    """The gateway's figures for one ModelGroup, summed over gateway replicas: the queue per class
-    now, and per class over the goodput window the outcomes and the client-side TTFT and ITL.
+    """One ModelGroup's gateway sub-queries (`scoped_gateway_sub_queries`)."""
+    return scoped_gateway_sub_queries(model_group_scope(labels, namespace, model_group), windows)
+
+
+def scoped_gateway_sub_queries(scope: Scope, windows: Windows) -> dict[Quantity, str]:
+    """The gateway's figures per ModelGroup in the scope, summed over gateway replicas: the queue per
+    class now, and per class over the goodput window the outcomes and the client-side TTFT and ITL.
 
     The gateway labels its series `model_group` itself; the scrape adds the namespace. When no
-    gateway fronts the ModelGroup these match nothing and the snapshot has no gateway view.
+    gateway fronts a ModelGroup these match nothing for it and its snapshot has no gateway view.
     """
-    selector = model_group_selector(labels, namespace, model_group)
-    by_class = f"by ({GATEWAY_CLASS_LABEL})"
-    by_bucket = f"by ({GATEWAY_CLASS_LABEL}, le)"
+    selector = scope.selector()
+    whole = scope.by()
+    by_class = scope.by(GATEWAY_CLASS_LABEL)
+    by_bucket = scope.by(GATEWAY_CLASS_LABEL, "le")
     window = f"{windows.histogram_seconds}s"
 
     def counted(metric: str, extra: str = "") -> str:
-        chosen = model_group_selector(labels, namespace, model_group, extra) if extra else selector
-        return f"sum {by_class} (increase({metric}{chosen}[{window}]))"
+        return f"sum {by_class} (increase({metric}{scope.selector(extra)}[{window}]))"
 
     def buckets(metric: str) -> str:
         return f"sum {by_bucket} (increase({metric}{selector}[{window}]))"
 
+    def overall(how: str, inner: str) -> str:
+        """One value per ModelGroup, over every class and gateway replica."""
+        return f"{how} {whole} ({inner})" if whole else f"{how}({inner})"
+
     return {
-        Quantity.GATEWAY_SAMPLE_AGE: (f"time() - max(timestamp(goodput_gateway_running_requests{selector}))"),
-        Quantity.GATEWAY_RUNNING_REQUESTS: f"sum(goodput_gateway_running_requests{selector})",
-        Quantity.GATEWAY_RUNNING_WORK: f"sum(goodput_gateway_running_work_seconds{selector})",
-        Quantity.GATEWAY_ROUTABLE_GROUPS: f"max(goodput_gateway_routable_groups{selector})",
+        Quantity.GATEWAY_SAMPLE_AGE: (
+            f"time() - {overall('max', f'timestamp(goodput_gateway_running_requests{selector})')}"
+        ),
+        Quantity.GATEWAY_RUNNING_REQUESTS: overall("sum", f"goodput_gateway_running_requests{selector}"),
+        Quantity.GATEWAY_RUNNING_WORK: overall("sum", f"goodput_gateway_running_work_seconds{selector}"),
+        Quantity.GATEWAY_ROUTABLE_GROUPS: overall("max", f"goodput_gateway_routable_groups{selector}"),
         Quantity.GATEWAY_QUEUED_REQUESTS: f"sum {by_class} (goodput_gateway_queued_requests{selector})",
         Quantity.GATEWAY_QUEUED_WORK: f"sum {by_class} (goodput_gateway_queued_work_seconds{selector})",
         Quantity.GATEWAY_QUEUED_PROMPT_TOKENS: (
@@ -246,11 +296,21 @@ def gateway_sub_queries(
 
 
 def snapshot_query(labels: SeriesLabels, namespace: str, model_group: str, windows: Windows) -> str:
+    """One ModelGroup's snapshot in one expression (`scoped_snapshot_query`)."""
+    return scoped_snapshot_query(labels, model_group_scope(labels, namespace, model_group), windows)
+
+
+def fleet_snapshot_query(labels: SeriesLabels, windows: Windows) -> str:
+    """Every ModelGroup's snapshot in one expression: the batch of one query shape."""
+    return scoped_snapshot_query(labels, fleet_scope(labels), windows)
+
+
+def scoped_snapshot_query(labels: SeriesLabels, scope: Scope, windows: Windows) -> str:
     """Every sub-query in one expression, each series tagged with `goodput_query="<quantity>"`: the
     engines' per group, then the gateway's."""
     expressions = {
-        **sub_queries(labels, namespace, model_group, windows),
-        **gateway_sub_queries(labels, namespace, model_group, windows),
+        **scoped_sub_queries(labels, scope, windows),
+        **scoped_gateway_sub_queries(scope, windows),
     }
     tagged = [
         f'label_replace({expression}, "{QUERY_LABEL}", "{quantity.value}", "", "")'

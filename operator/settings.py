@@ -70,6 +70,10 @@ class Settings:
     """A query slower than this counts as Prometheus being down (no scale-in, retried)."""
     prometheus_rate_window_seconds: float = 60.0
     """Window of token rates and the request mix; at least two scrape intervals."""
+    prometheus_batch_seconds: float = 0.5
+    """How long the autoscaler gathers the reads of ModelGroups ticking at the same moment (ticks
+    are aligned to the policy interval) into one Prometheus query per query shape; 0: one query per
+    ModelGroup per interval."""
     prometheus_label_namespace: str = "namespace"
     """Series label holding the pod's namespace, as the user's Prometheus relabels it."""
     prometheus_label_model_group: str = "model_group"

@@ -185,7 +185,7 @@ class Metrics:
     reads: list[Windows] = field(default_factory=list)
     gateway: GatewayObservation | None = None
 
-    def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
+    async def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
         self.reads.append(windows)
         if self.down:
             raise MetricsUnavailableError(
@@ -273,6 +273,8 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
     h = harness(groups={"g0": OVERLOADED})
     outcome = h.tick()
     assert outcome.interval_seconds == 10
+    # The next tick lands on the interval's grid, where every ModelGroup with this interval ticks.
+    assert (START + 3.0 + outcome.delay_seconds(START + 3.0)) % 10 == pytest.approx(0.0, abs=1e-6)
     assert outcome.active is not None and outcome.active.desired_groups > 1
     (scale,) = h.api.of("scale")
     assert scale == {
@@ -453,6 +455,7 @@ def test_a_count_changed_by_someone_else_meanwhile_wins() -> None:
     h.api.conflicts.append("scale")
     outcome = h.tick()
     assert outcome.interval_seconds == 1.0
+    assert outcome.delay_seconds(START + 7.3) == 1.0  # a retry soon, not at the next interval boundary
     assert h.api.writes == [] and h.events == []
     assert h.autoscaler is not None and not h.autoscaler.memories[(NAMESPACE, NAME)].active.started
 

@@ -1,0 +1,153 @@
+"""One Prometheus query per query shape for every ModelGroup due at about the same moment.
+
+Each ModelGroup's autoscaler tick asks for its own reading (`BatchedMetricsSource.read`). The first
+request of a query shape (its `Windows`) opens a batch; requests of the same shape that arrive within
+`gather_seconds` join it; then one `fleet_snapshot_query` answers all of them, cut per ModelGroup by
+its namespace and ModelGroup labels. Ticks are aligned to the interval (`next_tick_delay_seconds`),
+so the ModelGroups of one interval ask together and an interval costs one query per shape, not one
+per ModelGroup. A request that arrives while a batch is being answered waits for the next batch.
+
+A ModelGroup without series in the answer gets an empty reading, and the decision's missing-metrics
+guard holds its count: an absent series is that ModelGroup's problem, never the batch's. When the
+batched query itself fails (an error answer, a timeout), each ModelGroup of the batch is asked alone
+(the per-ModelGroup query of before), one after the other; once one of those cannot reach
+Prometheus or times out, the rest of the batch fails with that error rather than waiting for each.
+A Prometheus that refuses connections fails the whole batch at once.
+
+`gather_seconds` 0 turns batching off: every read is its own query, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from goodput.operator.metrics_source import MetricsReading, MetricsUnavailableError, ModelGroupKey
+from goodput.operator.promql import Windows
+
+QueryCounter = Callable[[str, bool], None]
+"""Told of each query sent: its scope ('fleet' or 'model_group') and whether it was answered."""
+
+
+class FleetReader(Protocol):
+    """The blocking reads `BatchedMetricsSource` drives (`PrometheusMetricsSource`)."""
+
+    def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading: ...
+
+    def read_fleet(
+        self, keys: Sequence[ModelGroupKey], windows: Windows
+    ) -> dict[ModelGroupKey, MetricsReading]: ...
+
+
+def next_tick_delay_seconds(interval_seconds: float, now: float) -> float:
+    """Seconds to the next multiple of the interval (wall clock), so that every ModelGroup with this
+    interval ticks at the same moments and their reads share a batch. A boundary closer than a
+    quarter interval is skipped, so a first tick (started at any moment) is not followed at once by
+    a second."""
+    if interval_seconds <= 0:
+        raise ValueError(f"interval_seconds must be positive, got {interval_seconds}")
+    delay = interval_seconds - (now % interval_seconds)
+    return delay + interval_seconds if delay < interval_seconds / 4 else delay
+
+
+@dataclass
+class _Batch:
+    windows: Windows
+    waiters: dict[ModelGroupKey, asyncio.Future[MetricsReading]] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+
+Outcome = MetricsReading | MetricsUnavailableError
+
+
+def _retrieved(future: asyncio.Future[MetricsReading]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class BatchedMetricsSource:
+    """Reads for the autoscaler's ticks, batched per query shape (see the module docstring)."""
+
+    def __init__(
+        self, reader: FleetReader, *, gather_seconds: float, on_query: QueryCounter | None = None
+    ) -> None:
+        if gather_seconds < 0:
+            raise ValueError(f"gather_seconds must not be negative, got {gather_seconds}")
+        self.reader = reader
+        self.gather_seconds = gather_seconds
+        self._on_query = on_query or (lambda scope, answered: None)
+        self._open: dict[Windows, _Batch] = {}
+
+    async def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
+        """This ModelGroup's reading; raises MetricsUnavailableError when Prometheus cannot tell."""
+        if self.gather_seconds == 0:
+            return await asyncio.to_thread(self._read_alone, (namespace, model_group), windows)
+        batch = self._open.get(windows)
+        if batch is None:
+            batch = self._open[windows] = _Batch(windows)
+            batch.task = asyncio.create_task(self._answer(batch))
+        future = batch.waiters.get((namespace, model_group))
+        if future is None:
+            future = batch.waiters[(namespace, model_group)] = asyncio.get_running_loop().create_future()
+            # A waiter cancelled meanwhile never looks at its failure; nobody else needs to hear of it.
+            future.add_done_callback(_retrieved)
+        # Shielded: a tick cancelled while waiting (its daemon stopped) leaves the batch to the others.
+        return await asyncio.shield(future)
+
+    async def _answer(self, batch: _Batch) -> None:
+        """Gather, close the batch to newcomers, ask once, hand each waiter its reading."""
+        outcomes: dict[ModelGroupKey, Outcome] = {}
+        try:
+            await asyncio.sleep(self.gather_seconds)
+            if self._open.get(batch.windows) is batch:
+                del self._open[batch.windows]
+            keys = list(batch.waiters)
+            outcomes = await asyncio.to_thread(self._read_batch, keys, batch.windows)
+        finally:
+            if self._open.get(batch.windows) is batch:
+                del self._open[batch.windows]
+            for key, future in batch.waiters.items():
+                if future.done():
+                    continue
+                outcome = outcomes.get(key)
+                if outcome is None:
+                    future.set_exception(MetricsUnavailableError("the batched metrics read stopped"))
+                elif isinstance(outcome, MetricsUnavailableError):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+
+    def _read_batch(self, keys: Sequence[ModelGroupKey], windows: Windows) -> dict[ModelGroupKey, Outcome]:
+        """Blocking: the fleet query, or after its failure each ModelGroup alone."""
+        try:
+            readings = self.reader.read_fleet(keys, windows)
+        except MetricsUnavailableError as error:
+            self._on_query("fleet", False)
+            if error.kind == "unreachable":
+                return dict.fromkeys(keys, error)
+            return self._read_each(keys, windows)
+        self._on_query("fleet", True)
+        return dict(readings)
+
+    def _read_each(self, keys: Sequence[ModelGroupKey], windows: Windows) -> dict[ModelGroupKey, Outcome]:
+        """The fallback: one query per ModelGroup, until one shows Prometheus itself is out of reach."""
+        outcomes: dict[ModelGroupKey, Outcome] = {}
+        for key in keys:
+            try:
+                outcomes[key] = self._read_alone(key, windows)
+            except MetricsUnavailableError as error:
+                outcomes[key] = error
+                if error.kind != "answer":
+                    return {**dict.fromkeys(keys, error), **outcomes}
+        return outcomes
+
+    def _read_alone(self, key: ModelGroupKey, windows: Windows) -> MetricsReading:
+        try:
+            reading = self.reader.read(key[0], key[1], windows)
+        except MetricsUnavailableError:
+            self._on_query("model_group", False)
+            raise
+        self._on_query("model_group", True)
+        return reading
