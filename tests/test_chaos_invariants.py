@@ -276,6 +276,14 @@ STREAM_CASES = [
         (),
     ),
     StreamCase(
+        "hung by an injected fault, then aborted by the drain that timed out: the drain's to count",
+        (stream("10.1.0.6", "aborted"),),
+        (FaultMark("m", "g2", T0 + 11, "engine-hang"),),
+        DrainCount("m", 1, frozenset({"g2"})),
+        0,
+        (),
+    ),
+    StreamCase(
         "a fault on another group explains nothing",
         (stream("10.1.0.5", "cut"),),
         (FaultMark("m", "g2", T0 + 12, "engine-hang"),),

@@ -462,12 +462,14 @@ def _cause(
     """'fault', 'drain' or 'unexplained'."""
     if owner is None:
         return "unexplained"
+    timed_out = any(c.model_group == owner.model_group and owner.group in c.timed_out_groups for c in drains)
+    if timed_out and stream.outcome == "aborted":
+        return "drain"  # the engine's own abort at shutdown: what a timed-out drain does
     if any(
         mark.model_group == owner.model_group and mark.group == owner.group and mark.at <= stream.ended_at
         for mark in marks
     ):
         return "fault"
-    timed_out = any(c.model_group == owner.model_group and owner.group in c.timed_out_groups for c in drains)
     return "drain" if timed_out else "unexplained"
 
 
