@@ -103,14 +103,21 @@ class OperatorProcess:
     environment: dict[str, str] = field(default_factory=dict)
     """Extra environment of the operator (`GOODPUT_<SETTING>` variables), over the defaults."""
     starts: int = 0
+    kill_at: str | None = None
+    """A crash point of `crash_points`: the next start's operator SIGKILLs itself right after it."""
 
     def start(self) -> None:
         self.metrics_port = free_ports(1)[0]
         self.starts += 1
+        entry = (
+            ["goodput.testbed.crash_points", "--kill-at", self.kill_at]
+            if self.kill_at
+            else ["goodput.operator.cli"]
+        )
         argv = [
             sys.executable,
             "-m",
-            "goodput.operator.cli",
+            *entry,
             "run",
             "--standalone",
             "--namespace",
