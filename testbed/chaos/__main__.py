@@ -12,6 +12,7 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -54,14 +55,28 @@ def prepare(cluster: LocalCluster, namespace: str) -> None:
         if doc and doc.get("kind") == "CustomResourceDefinition"
     ]
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+    # Polled rather than `kubectl wait`, which fails when it reads a CRD before its status exists.
+    _wait(lambda: all(_established(cluster, name) for name in names), f"the CRDs {names} Established")
     cluster.kubectl("create", "namespace", namespace)
-    deadline = time.monotonic() + 30
+    _wait(
+        lambda: bool(cluster.api.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")),
+        f"the default ServiceAccount of namespace {namespace}",
+    )
+
+
+def _established(cluster: LocalCluster, name: str) -> bool:
+    crd = cluster.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+    conditions = (crd.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
+def _wait(ready: Callable[[], bool], what: str, timeout_seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
-        if cluster.api.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"):
+        if ready():
             return
         time.sleep(0.5)
-    raise RuntimeError(f"namespace {namespace} has no default ServiceAccount after 30 s")
+    raise RuntimeError(f"not ready after {timeout_seconds:g} s: {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
