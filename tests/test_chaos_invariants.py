@@ -329,3 +329,12 @@ def test_every_stream_is_accounted_once(outcomes: list[str], counted: int) -> No
     assert row.ok + row.failed + row.refused_at_connect == len(streams)
     assert row.ended_by_fault + row.ended_by_timed_out_drain <= row.failed
     assert row.lost == max(0, row.ended_by_timed_out_drain - counted)
+
+
+def test_a_miscount_names_the_group_whose_drain_record_disagrees_with_the_clients() -> None:
+    streams = [stream("10.1.0.6", "aborted"), stream("10.1.0.6", "aborted"), stream("10.1.0.5", "aborted")]
+    counted = DrainCount("m", 2, frozenset({"g1", "g2"}), {"g1": 1, "g2": 1})
+    _, violations = account_streams(streams, LEADERS, (), (counted,))
+    (miscount,) = [v for v in violations if v.rule == "aborted-miscounted"]
+    assert "g2 clients 2 / record 1" in miscount.evidence
+    assert "g1" not in miscount.evidence.split("per group:")[1]

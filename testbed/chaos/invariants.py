@@ -401,6 +401,8 @@ class DrainCount:
     model_group: str
     aborted: int
     timed_out_groups: frozenset[str]
+    aborted_by_group: Mapping[str, int] = field(default_factory=dict)
+    """requestsAborted of each group's timed-out drain record, where the record was seen."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,20 +435,36 @@ def account_streams(
     marks = tuple(faults)
     drains = tuple(counts)
     by_model_group: dict[str, dict[str, int]] = {}
+    seen_by_group: dict[tuple[str, str], int] = {}
     for stream in streams:
-        owner = _owner(stream, spans)
+        owner, cause = attribute(stream, spans, marks, drains)
         name = owner.model_group if owner else "?"
         tally = by_model_group.setdefault(name, {"ok": 0, "failed": 0, "connect": 0, "fault": 0, "drain": 0})
-        if stream.outcome == "ok":
-            tally["ok"] += 1
-        elif stream.outcome == "connect_error":
-            tally["connect"] += 1
-        elif stream.outcome in FAILED_OUTCOMES:
-            tally["failed"] += 1
-            cause = _cause(stream, owner, marks, drains)
-            if cause in ("fault", "drain"):
-                tally[cause] += 1
-    return _settle(by_model_group, {c.model_group: c for c in drains})
+        if cause in ("ok", "connect"):
+            tally[cause] += 1
+            continue
+        tally["failed"] += 1
+        if cause in ("fault", "drain"):
+            tally[cause] += 1
+        if owner is not None and cause == "drain":
+            seen_by_group[(name, owner.group)] = seen_by_group.get((name, owner.group), 0) + 1
+    return _settle(by_model_group, {c.model_group: c for c in drains}, seen_by_group)
+
+
+def attribute(
+    stream: StreamView,
+    spans: tuple[LeaderSpan, ...],
+    marks: tuple[FaultMark, ...],
+    drains: tuple[DrainCount, ...],
+) -> tuple[LeaderSpan | None, str]:
+    """The group a stream went to, and its cause: 'ok', 'connect' (never admitted), 'fault', 'drain'
+    or 'unexplained'."""
+    owner = _owner(stream, spans)
+    if stream.outcome == "ok":
+        return owner, "ok"
+    if stream.outcome == "connect_error" or stream.outcome not in FAILED_OUTCOMES:
+        return owner, "connect"
+    return owner, _cause(stream, owner, marks, drains)
 
 
 def _owner(stream: StreamView, spans: tuple[LeaderSpan, ...]) -> LeaderSpan | None:
@@ -474,7 +492,9 @@ def _cause(
 
 
 def _settle(
-    tallies: dict[str, dict[str, int]], counts: Mapping[str, DrainCount]
+    tallies: dict[str, dict[str, int]],
+    counts: Mapping[str, DrainCount],
+    seen_by_group: Mapping[tuple[str, str], int],
 ) -> tuple[tuple[Accounting, ...], tuple[Violation, ...]]:
     rows = []
     violations = []
@@ -502,9 +522,17 @@ def _settle(
             )
             violations.append(Violation("stream-lost", 0.0, name, evidence))
         if tally["drain"] != counted:
+            by_group = counts[name].aborted_by_group if name in counts else {}
+            groups = sorted({g for (mg, g) in seen_by_group if mg == name} | set(by_group))
+            differ = [
+                f"{g} clients {seen_by_group.get((name, g), 0)} / record {by_group.get(g, 'none')}"
+                for g in groups
+                if seen_by_group.get((name, g), 0) != by_group.get(g)
+            ]
             evidence = (
                 f"aborted: the clients saw {tally['drain']} streams end with their group's timed-out "
-                f"drain; the operator counted {counted} aborted"
+                f"drain; the operator counted {counted} aborted "
+                f"(per group: {', '.join(differ) or 'all equal'})"
             )
             violations.append(Violation("aborted-miscounted", 0.0, name, evidence))
     return tuple(rows), tuple(violations)

@@ -40,6 +40,7 @@ from goodput.testbed.chaos.invariants import (
     StreamView,
     Violation,
     account_streams,
+    attribute,
     check,
 )
 from goodput.testbed.chaos.promproxy import PrometheusProxy
@@ -214,13 +215,12 @@ class Checker:
     def drain_counts(self) -> list[DrainCount]:
         counts = []
         for name, status in self.last_status.items():
-            timed_out = {
-                group
-                for (mg, group, _), r in self.drains.items()
-                if mg == name and r["outcome"] == "TimedOut"
-            }
+            by_group: dict[str, int] = {}
+            for (mg, group, _), record in self.drains.items():
+                if mg == name and record["outcome"] == "TimedOut":
+                    by_group[group] = by_group.get(group, 0) + int(record.get("requestsAborted", 0))
             aborted = int((status.get("drain") or {}).get("requestsAborted", 0))
-            counts.append(DrainCount(name, aborted, frozenset(timed_out)))
+            counts.append(DrainCount(name, aborted, frozenset(by_group), by_group))
         return counts
 
 
@@ -539,12 +539,33 @@ def run_chaos(
         wait_serving(stage)
         checker = Checker(stage)
         run_loops(stage, outcome, checker)
-        accounting, stream_violations = account_streams(
-            streams_of(outcome), checker.leader_spans(), stage.marks, checker.drain_counts()
-        )
+        streams, spans, counts = streams_of(outcome), checker.leader_spans(), checker.drain_counts()
+        accounting, stream_violations = account_streams(streams, spans, stage.marks, counts)
         report = build_report(stage, outcome, checker, accounting, stream_violations)
+        report["failed_streams"] = failed_streams(streams, spans, stage, counts, outcome.started_wall)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def failed_streams(
+    streams: list[StreamView], spans: list[LeaderSpan], stage: Stage, counts: list[DrainCount], start: float
+) -> list[dict[str, Any]]:
+    """Every stream that did not end well: where it went, when, and what the accounting blamed."""
+    rows = []
+    for stream in streams:
+        owner, cause = attribute(stream, tuple(spans), tuple(stage.marks), tuple(counts))
+        if cause == "ok":
+            continue
+        rows.append(
+            {
+                "group": f"{owner.model_group}/{owner.group}" if owner else f"? ({stream.target_ip})",
+                "outcome": stream.outcome,
+                "sent_at_seconds": round(stream.sent_at - start, 1),
+                "ended_at_seconds": round(stream.ended_at - start, 1),
+                "cause": cause,
+            }
+        )
+    return rows
 
 
 def _plan_dict(plan: ChaosPlan) -> dict[str, Any]:
@@ -599,7 +620,7 @@ def build_report(
         "kills_aimed_at": _by([r.moment for r in outcome.kills]),
         "kills_landed_during": _by([m for r in outcome.kills for m in r.landed]),
         "operator_starts": stage.operator.starts,
-        "operator_tracebacks": log_text.count("Traceback (most recent call last)"),
+        "operator_tracebacks": sum("Traceback" in line for line in log_text.splitlines()),
         "fault_log": [r.as_dict() for r in outcome.faults],
         "stimuli": _by([f"{s['action']}{'' if s['landed'] else ' (not landed)'}" for s in outcome.stimuli]),
         "invariant_checks": checker.checks,
