@@ -586,6 +586,30 @@ def _by(values: list[str]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def _load_summary(outcome: Outcome) -> dict[str, Any]:
+    keep = ("planned", "sent", "outcomes", "not_sent")
+    return {
+        load.name: (
+            {k: v for k, v in load.report[0].as_dict().items() if k in keep}
+            if load.report
+            else "the load did not finish"
+        )
+        for load in outcome.loads
+    }
+
+
+def _violation_rows(violations: list[Violation], start: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "rule": v.rule,
+            "model_group": v.model_group,
+            "at_seconds": round(v.at - start, 1) if v.at else None,
+            "evidence": v.evidence,
+        }
+        for v in violations
+    ]
+
+
 def build_report(
     stage: Stage,
     outcome: Outcome,
@@ -596,18 +620,6 @@ def build_report(
     records = [*outcome.kills, *outcome.faults]
     violations = [*checker.violations, *stream_violations]
     log_text = stage.operator.log_path.read_text(errors="replace") if stage.operator.log_path.exists() else ""
-    loads = {
-        load.name: (
-            {
-                k: v
-                for k, v in load.report[0].as_dict().items()
-                if k in ("planned", "sent", "outcomes", "not_sent")
-            }
-            if load.report
-            else "the load did not finish"
-        )
-        for load in outcome.loads
-    }
     settled, settle_seconds, settle_reason = outcome.settled
     return {
         "seed": outcome.plan.settings.seed,
@@ -626,18 +638,10 @@ def build_report(
         "invariant_checks": checker.checks,
         "observations": checker.observations,
         "observations_missed": checker.missed,
-        "violations": [
-            {
-                "rule": v.rule,
-                "model_group": v.model_group,
-                "at_seconds": round(v.at - outcome.started_wall, 1) if v.at else None,
-                "evidence": v.evidence,
-            }
-            for v in violations
-        ],
+        "violations": _violation_rows(violations, outcome.started_wall),
         "streams": [asdict(a) for a in accounting],
         "requests_lost": sum(a.lost for a in accounting),
-        "load": loads,
+        "load": _load_summary(outcome),
         "drains": {
             name: (status.get("drain") or {})
             | {"recent": len((status.get("drain") or {}).get("recent") or ())}
