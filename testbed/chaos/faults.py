@@ -131,6 +131,10 @@ def kill_operator(stage: Stage, fault: PlannedFault, record: FaultRecord, wait_s
             break
         time.sleep(POLL_SECONDS)
     record.started_at = time.time()
+    process = stage.operator.process
+    exit_code = process.poll() if process is not None else None
+    if exit_code is not None:
+        record.detail = f"the operator had already exited by itself (code {exit_code})"
     stage.operator.stop(kill=True)
     record.landed = tuple(sorted(m.value for m in landed)) or ("idle",)
     time.sleep(fault.hold_seconds)

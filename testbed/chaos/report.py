@@ -22,7 +22,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"operator kills aimed at: {_counts(report['kills_aimed_at'])}",
         f"operator kills landed during: {_counts(report['kills_landed_during'])}",
         f"operator starts: {report['operator_starts']}, "
-        f"tracebacks in its log: {report['operator_tracebacks']}",
+        f"exits it was not asked for: {report.get('operator_exits_unasked', 0)}, "
+        f"log lines with a traceback: {report['operator_tracebacks']}",
         f"stimuli: {_counts(report['stimuli'])}",
         f"invariant checks: {report['invariant_checks']} over {report['observations']} observations "
         f"({report['observations_missed']} missed while the API server did not answer)",

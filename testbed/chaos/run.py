@@ -633,6 +633,7 @@ def build_report(
         "kills_landed_during": _by([m for r in outcome.kills for m in r.landed]),
         "operator_starts": stage.operator.starts,
         "operator_tracebacks": sum("Traceback" in line for line in log_text.splitlines()),
+        "operator_exits_unasked": sum("already exited" in r.detail for r in outcome.kills),
         "fault_log": [r.as_dict() for r in outcome.faults],
         "stimuli": _by([f"{s['action']}{'' if s['landed'] else ' (not landed)'}" for s in outcome.stimuli]),
         "invariant_checks": checker.checks,
