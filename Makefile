@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 LAYERS := api estimators controllers operator simulator gateway testbed agent
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo demo-sim bench venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean
+.PHONY: test demo demo-sim bench venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean chaos
 
 # Every set-up step is a prerequisite of the step that needs it, so `make test` on a fresh machine
 # installs the OS tools, creates the virtual environment and builds the cluster's binaries (the chart
@@ -83,6 +83,12 @@ demo-sim: venv
 # hindsight oracle. Writes out/bench/table.md, results.json and the cost-versus-attainment plots.
 bench: venv
 	$(PY) bench/bench_suite.py --traces $(TRACES) --out out/bench --workers 2
+
+# The chaos run (issue #18): seeded faults against a throwaway local cluster, the live emulator and
+# streaming load, invariants checked every second, a report in out/chaos. CHAOS_SECONDS (default 900)
+# and CHAOS_SEED (default: drawn and printed) repeat a run; `make test` runs a short one (e2e/test_chaos.py).
+chaos: venv binaries
+	$(PY) -m goodput.testbed.chaos --out out/chaos
 
 clean:
 	rm -rf $(VENV) out

@@ -100,11 +100,15 @@ class OperatorProcess:
     reconcile_interval_seconds: float = 1.0
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    environment: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the operator (`GOODPUT_<SETTING>` variables), over the defaults."""
+    starts: int = 0
     kill_at: str | None = None
     """A crash point of `crash_points`: the next start's operator SIGKILLs itself right after it."""
 
     def start(self) -> None:
         self.metrics_port = free_ports(1)[0]
+        self.starts += 1
         entry = (
             ["goodput.testbed.crash_points", "--kill-at", self.kill_at]
             if self.kill_at
@@ -127,7 +131,11 @@ class OperatorProcess:
             "--reconcile-interval",
             str(self.reconcile_interval_seconds),
         ]
-        environment = {"KUBECONFIG": self.cluster.kubeconfig, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        environment = {
+            "KUBECONFIG": self.cluster.kubeconfig,
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            **self.environment,
+        }
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
 
