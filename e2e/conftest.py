@@ -98,10 +98,19 @@ def goodput_crds(cluster: controlplane.LocalCluster) -> list[str]:
             f"{crd_dir} holds no CustomResourceDefinition; render them with `goodput crds`", pytrace=False
         )
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{name}" for name in names]
-    )
+
+    # Polled, not `kubectl wait`: that fails at once on a CRD read before it has any status.
+    def established() -> bool:
+        return all(_crd_established(cluster, name) for name in names)
+
+    wait_for(established, timeout_seconds=60, describe=f"CRDs {', '.join(names)} to be Established")
     return names
+
+
+def _crd_established(cluster: controlplane.LocalCluster, name: str) -> bool:
+    crd = cluster.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+    conditions = (crd.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
 @pytest.fixture
