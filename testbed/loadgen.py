@@ -564,6 +564,42 @@ class LoadGenerator:
             body["prompt"] = prompt
         return body
 
+    async def _read_stream(self, response: aiohttp.ClientResponse, result: RequestResult, sent: float) -> bool:
+        """Follow the server-sent events into `result` (first token, chunk gaps, usage, finish
+        reason, an in-stream error); True when the stream ended with `[DONE]`."""
+        loop = asyncio.get_running_loop()
+        last: float | None = None
+        async for line in response.content:
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[6:].strip()
+            if payload == b"[DONE]":
+                return True
+            event = json.loads(payload)
+            if "error" in event:
+                result.outcome = "error"
+                result.detail = str(event["error"])[:200]
+            usage = event.get("usage")
+            if usage:
+                result.completion_tokens = int(usage.get("completion_tokens") or 0)
+            choice = (event.get("choices") or (None,))[0]
+            if choice is None:
+                continue
+            text = choice.get("text")
+            if text is None:
+                text = (choice.get("delta") or {}).get("content")
+            if text:
+                now = loop.time()
+                if last is None:
+                    result.ttft_seconds = now - sent
+                else:
+                    self._itl_gaps.append(now - last)
+                last = now
+                result.chunks += 1
+            if choice.get("finish_reason"):
+                result.finish_reason = choice["finish_reason"]
+        return False
+
     async def _send(
         self, session: aiohttp.ClientSession, target: str, request: PlannedRequest, scheduled: float
     ) -> None:
@@ -571,9 +607,6 @@ class LoadGenerator:
         body = self._body(request)
         sent = loop.time()
         result = RequestResult(index=request.index, target=target, scheduled_at=scheduled, sent_at=sent)
-        gaps = self._itl_gaps
-        done = False
-        last: float | None = None
         try:
             headers = {TENANT_HEADER: request.tenant} if request.tenant is not None else None
             async with session.post(target + self._path, json=body, headers=headers) as response:
@@ -583,37 +616,7 @@ class LoadGenerator:
                     result.outcome = "rejected" if response.status == 429 else "http_error"
                     result.detail = (await response.text())[:200]
                     return
-                async for line in response.content:
-                    if not line.startswith(b"data: "):
-                        continue
-                    payload = line[6:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        break
-                    event = json.loads(payload)
-                    if "error" in event:
-                        result.outcome = "error"
-                        result.detail = str(event["error"])[:200]
-                    usage = event.get("usage")
-                    if usage:
-                        result.completion_tokens = int(usage.get("completion_tokens") or 0)
-                    choices = event.get("choices") or ()
-                    if not choices:
-                        continue
-                    choice = choices[0]
-                    text = choice.get("text")
-                    if text is None:
-                        text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        now = loop.time()
-                        if last is None:
-                            result.ttft_seconds = now - sent
-                        else:
-                            gaps.append(now - last)
-                        last = now
-                        result.chunks += 1
-                    if choice.get("finish_reason"):
-                        result.finish_reason = choice["finish_reason"]
+                done = await self._read_stream(response, result, sent)
             result.e2e_seconds = loop.time() - sent
             if result.outcome == "ok":
                 if result.finish_reason == "abort":
