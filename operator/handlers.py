@@ -172,8 +172,7 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         settings.queueing.idle_timeout = 10
         settings.scanning.disabled = True
         runtime.http = aiohttp.ClientSession()
-        if runtime.settings.metrics_port:
-            runtime.metrics.serve(runtime.settings.metrics_address, runtime.settings.metrics_port)
+        # The metrics endpoint is served by `goodput run` from the start, followers included.
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

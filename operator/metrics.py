@@ -44,6 +44,11 @@ class OperatorMetrics:
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         )
+        self.leader = Gauge(
+            "goodput_leader",
+            "1 while this replica holds the leader Lease and acts, 0 while it waits as a follower.",
+            registry=r,
+        )
         self.groups = Gauge(
             "goodput_groups",
             "Replica groups of a ModelGroup by state.",
