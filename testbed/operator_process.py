@@ -100,6 +100,11 @@ class OperatorProcess:
     reconcile_interval_seconds: float = 1.0
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    kubeconfig: str | None = None
+    """Whose credentials it runs with (default: the cluster's admin)."""
+    extra_args: tuple[str, ...] = ()
+    """More flags of `goodput run`; with `--leader-elect` it runs without `--standalone`."""
+    environment: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         self.metrics_port = free_ports(1)[0]
@@ -108,7 +113,8 @@ class OperatorProcess:
             "-m",
             "goodput.operator.cli",
             "run",
-            "--standalone",
+            *([] if "--leader-elect" in self.extra_args else ["--standalone"]),
+            *self.extra_args,
             "--namespace",
             self.namespace,
             "--metrics-port",
@@ -120,7 +126,11 @@ class OperatorProcess:
             "--reconcile-interval",
             str(self.reconcile_interval_seconds),
         ]
-        environment = {"KUBECONFIG": self.cluster.kubeconfig, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        environment = {
+            "KUBECONFIG": self.kubeconfig or self.cluster.kubeconfig,
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            **self.environment,
+        }
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
 
