@@ -41,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
     metrics = OperatorMetrics()
     if settings.metrics_port:
         metrics.serve(settings.metrics_address, settings.metrics_port)
-    elector = elected(settings) if settings.leader_election else None
+    try:
+        elector = elected(settings) if settings.leader_election else None
+    except ValueError as error:  # settings that cannot work: say which, act on nothing
+        logging.getLogger("goodput").error("leader election: %s", error)
+        return 2
     if elector is not None:
         # The Lease decides who acts; kopf's peering would only add a second, slower opinion.
         settings = dataclasses.replace(settings, standalone=True)
