@@ -992,6 +992,11 @@ class DrainRecord(StatusModel):
     """`drain.onTimeout` as applied, for a drain that timed out."""
 
 
+# Drains kept in `status.drain.recent`. A drain is deleted only once it is there, so no more drains
+# end (are recorded) in one pass than this holds.
+RECENT_DRAINS = 10
+
+
 class DrainSummary(StatusModel):
     """Every drain of this ModelGroup as seen by the operator: totals and the latest ones."""
 
@@ -1005,7 +1010,7 @@ class DrainSummary(StatusModel):
     """Requests finished by draining groups, over every drain."""
     requests_aborted: int = Field(default=0, ge=0)
     """Requests aborted when a drain timed out, over every drain."""
-    recent: tuple[DrainRecord, ...] = Field(default=(), max_length=10)
+    recent: tuple[DrainRecord, ...] = Field(default=(), max_length=RECENT_DRAINS)
     """The latest drains, newest first (at most 10)."""
 
 

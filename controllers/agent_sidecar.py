@@ -29,9 +29,14 @@ CONTAINER_NAME: Final = "goodput-agent"
 SERVICE_ACCOUNT: Final = "goodput-agent"
 TOKEN_VOLUME: Final = "goodput-agent-token"
 RUN_VOLUME: Final = "goodput-agent-run"
+TMP_VOLUME: Final = "goodput-agent-tmp"
 # Where the kubernetes client's in-cluster configuration looks for the token, CA and namespace.
 TOKEN_PATH: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 RUN_PATH: Final = "/run/goodput-agent"
+TMP_PATH: Final = "/tmp"
+# A user with no entry in the image's /etc/passwd: the agent needs no identity, only the GPUs' device
+# nodes (world-readable and -writable under the NVIDIA container toolkit and CDI) and its volumes.
+RUN_AS_USER: Final = 65532
 CHECKED_FILE: Final = f"{RUN_PATH}/nccl-checked"
 METRICS_PORT: Final = 9410
 RENDEZVOUS_PORT: Final = 29510
@@ -87,11 +92,30 @@ def render_agent_container(sidecar: AgentSidecar, rank: AgentRank) -> dict[str, 
             "failureThreshold": failure_threshold,
         },
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "4Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": _security_context(),
         "volumeMounts": [
             {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
             {"name": RUN_VOLUME, "mountPath": RUN_PATH},
+            {"name": TMP_VOLUME, "mountPath": TMP_PATH},
         ],
+    }
+
+
+def _security_context() -> dict[str, Any]:
+    """The agent runs beside the user's engine with a token: the least a container can be given.
+
+    Not root even in an image whose default user is (vLLM's), no privilege escalation, no
+    capabilities, the runtime's default seccomp profile, and a read-only root filesystem; what the
+    NCCL check writes (Python's and the collective's caches and temporary files) goes to `/tmp`, an
+    emptyDir of its own."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -114,6 +138,9 @@ def _env(rank: AgentRank) -> list[dict[str, Any]]:
         {"name": "GOODPUT_AGENT_RENDEZVOUS_PORT", "value": str(RENDEZVOUS_PORT)},
         {"name": "GOODPUT_AGENT_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "GOODPUT_AGENT_CHECKED_FILE", "value": CHECKED_FILE},
+        # The run user has no passwd entry: HOME and USER keep caches and getpass.getuser() working.
+        {"name": "HOME", "value": TMP_PATH},
+        {"name": "USER", "value": CONTAINER_NAME},
     ]
 
 
@@ -141,6 +168,7 @@ def agent_volumes() -> list[dict[str, Any]]:
             },
         },
         {"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}},
     ]
 
 

@@ -15,9 +15,12 @@ its prefix cache away, so scale-in is a protocol:
 4. Remove every rank together (each pod's grace period outlasts vLLM's `--shutdown-timeout`).
    On timeout the requests still in flight are counted as aborted: never silently.
 
-A drain's state lives in the cluster (the draining-since and drain-progress pod annotations), so
-a restarted operator resumes it where it was. Everything here is pure: `step_drain` decides from a
-frozen view of one draining group and `now`.
+A drain's state lives in the cluster, each part written before the act it announces, so an operator
+killed at any write resumes it where it was (issue 18): the draining-since mark on every rank before
+any readiness gate goes False; the drain's progress on the leader; its outcome (`DrainOutcomeRecord`,
+the drain-outcome annotation) on every rank, then in `status.drain.recent`, and only then are the
+ranks deleted. Everything here is pure: `step_drain` decides from a frozen view of one draining
+group and `now`.
 """
 
 from __future__ import annotations
@@ -234,23 +237,17 @@ DrainStep = KeepDraining | RemoveGroup
 
 
 def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep:
-    """What to do with one draining group now: keep waiting (and why), or remove it whole."""
+    """What to do with one draining group now: keep waiting (and why), or remove it whole.
+
+    Drained once routing stopped, routers had `settle_seconds` to notice, and a fresh leader reading
+    taken after that shows nothing in flight; timed out at `max_seconds` (after one last reading of a
+    reachable leader, within its grace)."""
     sample = view.reading if isinstance(view.reading, LeaderSample) else view.last_sample
-    progress = view.progress
-    if progress.baseline is None and sample is not None and sample.at >= view.started_at:
-        progress = replace(
-            progress,
-            baseline=DrainBaseline(sample.at, sample.finished_total, sample.aborted_total, sample.in_flight),
-        )
-    if view.routed_pods:
-        progress = replace(progress, routes_stopped_at=None)
-    elif progress.routes_stopped_at is None:
-        progress = replace(progress, routes_stopped_at=now)
+    progress = _advanced(view, sample, now)
     elapsed = _seconds(view.started_at, now)
     routes_stopped_at = progress.routes_stopped_at
     settled_at = routes_stopped_at + timedelta(seconds=policy.settle_seconds) if routes_stopped_at else None
     fresh = isinstance(view.reading, LeaderSample)
-
     if (
         fresh
         and sample is not None
@@ -258,18 +255,7 @@ def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep
         and sample.at >= settled_at
         and sample.in_flight == 0
     ):
-        finished = _finished(progress.baseline, sample)
-        aborted = _engine_aborts(progress.baseline, sample)
-        return RemoveGroup(
-            outcome="Drained",
-            duration_seconds=elapsed,
-            requests_finished=finished,
-            requests_aborted=aborted,
-            message=f"group {view.group} drained in {elapsed:.1f}s: "
-            f"{_count(finished)} request(s) finished during the drain, none left in flight"
-            + (f", {aborted} aborted by the engine itself" if aborted else ""),
-        )
-
+        return _drained(view, progress, sample, elapsed)
     deadline = view.started_at + timedelta(seconds=policy.max_seconds)
     if now >= deadline:
         final_reading = fresh and sample is not None and sample.at >= deadline
@@ -277,24 +263,61 @@ def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep
         if final_reading or grace_over or not view.leader_reachable:
             return _timed_out(view, policy, progress, sample, elapsed)
         return KeepDraining("ReadingLeader", "drain time is up: reading the leader once more", progress, True)
-
-    if view.routed_pods:
-        phase: DrainPhase = "StoppingRoutes"
-        message = f"waiting for {', '.join(view.routed_pods)} to leave the Service endpoints"
-    elif settled_at is not None and now < settled_at:
-        phase = "Settling"
-        message = f"endpoints removed; giving routers {policy.settle_seconds:g}s to notice"
-    elif sample is None or not fresh:
-        phase = "ReadingLeader"
-        message = "routing stopped; the leader's in-flight requests are not known yet"
-    else:
-        phase = "WaitingForRequests"
-        message = (
-            f"routing stopped; {sample.running} running and {sample.waiting} waiting request(s) at the leader"
-        )
+    phase, message = _waiting_for(view, policy, sample if fresh else None, settled_at, now)
     remaining = max(0.0, policy.max_seconds - elapsed)
     return KeepDraining(
         phase, f"draining: {message} ({remaining:.0f}s left)", progress, view.leader_reachable
+    )
+
+
+def _advanced(view: DrainView, sample: LeaderSample | None, now: datetime) -> DrainProgress:
+    """The drain's progress with what this look adds: the leader's counters as the baseline (the
+    first reading taken since the drain started), and when the group's ranks left every Service."""
+    progress = view.progress
+    if progress.baseline is None and sample is not None and sample.at >= view.started_at:
+        progress = replace(
+            progress,
+            baseline=DrainBaseline(sample.at, sample.finished_total, sample.aborted_total, sample.in_flight),
+        )
+    if view.routed_pods:
+        return replace(progress, routes_stopped_at=None)
+    if progress.routes_stopped_at is None:
+        return replace(progress, routes_stopped_at=now)
+    return progress
+
+
+def _drained(view: DrainView, progress: DrainProgress, sample: LeaderSample, elapsed: float) -> RemoveGroup:
+    finished = _finished(progress.baseline, sample)
+    aborted = _engine_aborts(progress.baseline, sample)
+    return RemoveGroup(
+        outcome="Drained",
+        duration_seconds=elapsed,
+        requests_finished=finished,
+        requests_aborted=aborted,
+        message=f"group {view.group} drained in {elapsed:.1f}s: "
+        f"{_count(finished)} request(s) finished during the drain, none left in flight"
+        + (f", {aborted} aborted by the engine itself" if aborted else ""),
+    )
+
+
+def _waiting_for(
+    view: DrainView,
+    policy: DrainPolicy,
+    fresh_sample: LeaderSample | None,
+    settled_at: datetime | None,
+    now: datetime,
+) -> tuple[DrainPhase, str]:
+    """What a drain that goes on waits for: the endpoints, the routers, a reading, or requests."""
+    if view.routed_pods:
+        return "StoppingRoutes", f"waiting for {', '.join(view.routed_pods)} to leave the Service endpoints"
+    if settled_at is not None and now < settled_at:
+        return "Settling", f"endpoints removed; giving routers {policy.settle_seconds:g}s to notice"
+    if fresh_sample is None:
+        return "ReadingLeader", "routing stopped; the leader's in-flight requests are not known yet"
+    return (
+        "WaitingForRequests",
+        f"routing stopped; {fresh_sample.running} running and {fresh_sample.waiting} waiting request(s) "
+        "at the leader",
     )
 
 
@@ -401,3 +424,79 @@ def _parse_time(value: object) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+# The drain-outcome annotation: a drain's end, written on every rank before any rank is deleted.
+
+
+@dataclass(frozen=True, slots=True)
+class DrainOutcomeRecord:
+    """How a drain ended, as decided once. It is written on every rank before the group's status
+    record and before any deletion, so an operator killed in between rebuilds the same record from
+    the pods (never recomputes it from a leader that may have changed) and counts it exactly once."""
+
+    outcome: DrainOutcome
+    started_at: datetime
+    ended_at: datetime
+    duration_seconds: float
+    requests_finished: int | None
+    requests_aborted: int | None
+    on_timeout: OnTimeout | None = None
+    message: str = ""
+
+
+def encode_outcome(record: DrainOutcomeRecord) -> str:
+    document: dict[str, object] = {
+        "outcome": record.outcome,
+        "startedAt": _rfc3339(record.started_at),
+        "endedAt": _rfc3339(record.ended_at),
+        "durationSeconds": round(record.duration_seconds, 3),
+        "requestsFinished": record.requests_finished,
+        "requestsAborted": record.requests_aborted,
+        "message": record.message,
+    }
+    if record.on_timeout is not None:
+        document["onTimeout"] = record.on_timeout
+    return json.dumps(document, separators=(",", ":"), sort_keys=True)
+
+
+def parse_outcome(text: str | None) -> DrainOutcomeRecord | None:
+    """The drain outcome stored on a rank; None when absent or unreadable (the drain then resumes
+    and decides its end again, which is safe: nothing was recorded or deleted on its account)."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(raw, dict) or raw.get("outcome") not in ("Drained", "TimedOut"):
+        return None
+    started_at = _parse_time(raw.get("startedAt"))
+    ended_at = _parse_time(raw.get("endedAt"))
+    duration = raw.get("durationSeconds")
+    if started_at is None or ended_at is None or not isinstance(duration, int | float) or duration < 0:
+        return None
+    on_timeout = raw.get("onTimeout")
+    return DrainOutcomeRecord(
+        outcome=raw["outcome"],
+        started_at=started_at,
+        ended_at=ended_at,
+        duration_seconds=float(duration),
+        requests_finished=_count_or_none(raw.get("requestsFinished")),
+        requests_aborted=_count_or_none(raw.get("requestsAborted")),
+        on_timeout=on_timeout if on_timeout in ("Abort", "Requeue") else None,
+        message=str(raw.get("message") or ""),
+    )
+
+
+def _count_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def canonical_outcome(record: DrainOutcomeRecord) -> DrainOutcomeRecord:
+    """The record as it reads back from its annotation (times to the millisecond), so the record a
+    pass decides equals the one a later pass, or a restarted operator, reads from the ranks."""
+    parsed = parse_outcome(encode_outcome(record))
+    if parsed is None:  # pragma: no cover - encode_outcome always writes a readable record
+        raise ValueError(f"drain outcome does not read back: {record}")
+    return parsed

@@ -34,6 +34,8 @@ ANNOTATION_REPLACES: Final = f"{DOMAIN}/replaces"
 ANNOTATION_DRAINING_SINCE: Final = f"{DOMAIN}/draining-since"
 # Leader annotation: what a drain has established (its baseline counters, when routing stopped).
 ANNOTATION_DRAIN_PROGRESS: Final = f"{DOMAIN}/drain-progress"
+# How a drain ended, on every rank before any is deleted: a restart records it from the pods.
+ANNOTATION_DRAIN_OUTCOME: Final = f"{DOMAIN}/drain-outcome"
 # Pod annotation written by the in-pod health agent: the model revision the rank loaded.
 ANNOTATION_MODEL_REVISION: Final = labels.MODEL_REVISION_ANNOTATION
 # Pod annotation an operator or a user sets to make the health agent re-run its NCCL check.

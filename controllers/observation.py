@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from goodput.controllers import naming
-from goodput.controllers.drain import DrainProgress, parse_progress
+from goodput.controllers.drain import DrainOutcomeRecord, DrainProgress, parse_outcome, parse_progress
 from goodput.controllers.placement import GpuClaim, NodeInventory, Taint
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -60,6 +60,8 @@ class PodView:
     """Written by the in-pod health agent; False is an engine holding requests without progress."""
     waiting: ContainerWaiting | None = None
     """Why the engine container is not running yet, when the kubelet says (image pull, config)."""
+    drain_outcome: DrainOutcomeRecord | None = None
+    """How the group's drain ended, written before any rank is deleted (see `drain`)."""
 
     @property
     def terminated(self) -> bool:
@@ -227,6 +229,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         gpu_healthy=_condition(conditions.get(naming.CONDITION_GPU_HEALTHY)),
         engine_healthy=_condition(conditions.get(naming.CONDITION_ENGINE_HEALTHY)),
         waiting=_container_waiting(status),
+        drain_outcome=parse_outcome(annotations.get(naming.ANNOTATION_DRAIN_OUTCOME)),
     )
 
 

@@ -15,13 +15,19 @@ from datetime import datetime
 
 from goodput.api.conditions import Condition, ConditionStatus, set_condition
 from goodput.api.labels import leader_label_selector
-from goodput.api.modelgroup import DrainRecord, DrainSummary, GroupStatus, ModelGroupStatus, ReadyTime
+from goodput.api.modelgroup import (
+    RECENT_DRAINS,
+    DrainRecord,
+    DrainSummary,
+    GroupStatus,
+    ModelGroupStatus,
+    ReadyTime,
+)
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.groups import Assessment, DrainEnded, Plan
 from goodput.controllers.ownership import GROUP_STATUS
 
 # Drains kept in `status.drain.recent`, newest first.
-RECENT_DRAINS = 10
 # Progressing reports the earliest phase any group is in.
 _PHASES = (
     ("Placing", Reason.GROUPS_PLACING),
@@ -81,30 +87,6 @@ def model_group_status(
     """
     counts: Counter[str] = Counter(group.state for group in plan.groups)
     ready = counts["Ready"]
-    conditions = previous.conditions
-
-    def put(kind: str, status: ConditionStatus, reason: str, message: str) -> None:
-        nonlocal conditions
-        new = Condition(
-            type=kind,
-            status=status,
-            observed_generation=generation,
-            last_transition_time=now,
-            reason=reason,
-            message=message,
-        )
-        conditions = set_condition(conditions, new, now)
-
-    summary = _summary(counts)
-    put(ConditionType.READY, *_ready_condition(ready, desired_groups, summary))
-    put(ConditionType.PROGRESSING, *_progressing(plan, counts, summary))
-    degraded = _degraded(plan.groups)
-    if degraded is not None:
-        put(ConditionType.DEGRADED, "True", degraded[0], degraded[1])
-    else:
-        put(ConditionType.DEGRADED, "False", Reason.STABLE, "no group failed or is being replaced")
-    put(ConditionType.SCALING_LIMITED, *_scaling_limited(plan))
-
     return previous.model_copy(
         update={
             "observed_generation": generation,
@@ -126,9 +108,49 @@ def model_group_status(
                 [*unrecorded_drains, *plan.drains_ended],
                 len(plan.drains_cancelled) + unrecorded_cancellations,
             ),
-            "conditions": conditions,
+            "conditions": _group_conditions(
+                previous, plan, counts=counts, desired_groups=desired_groups, generation=generation, now=now
+            ),
         }
     )
+
+
+def _group_conditions(
+    previous: ModelGroupStatus,
+    plan: Plan,
+    *,
+    counts: Counter[str],
+    desired_groups: int,
+    generation: int,
+    now: datetime,
+) -> tuple[Condition, ...]:
+    """The group controller's conditions (Ready, Progressing, Degraded, ScalingLimited) after `plan`,
+    set on the previous ones so each keeps its transition time while its status holds."""
+    conditions = previous.conditions
+    summary = _summary(counts)
+    degraded = _degraded(plan.groups)
+    found: list[tuple[str, tuple[ConditionStatus, str, str]]] = [
+        (ConditionType.READY, _ready_condition(counts["Ready"], desired_groups, summary)),
+        (ConditionType.PROGRESSING, _progressing(plan, counts, summary)),
+        (
+            ConditionType.DEGRADED,
+            ("True", *degraded)
+            if degraded is not None
+            else ("False", Reason.STABLE, "no group failed or is being replaced"),
+        ),
+        (ConditionType.SCALING_LIMITED, _scaling_limited(plan)),
+    ]
+    for kind, (status, reason, message) in found:
+        new = Condition(
+            type=kind,
+            status=status,
+            observed_generation=generation,
+            last_transition_time=now,
+            reason=reason,
+            message=message,
+        )
+        conditions = set_condition(conditions, new, now)
+    return conditions
 
 
 def _containers_not_starting(groups: Iterable[Assessment]) -> list[str]:

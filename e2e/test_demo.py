@@ -87,6 +87,32 @@ def test_attainment_is_counted_against_everything_offered(demo_run: dict[str, An
     assert "attainment against offered load" in demo_run["stdout"]
 
 
+def test_the_load_goes_through_the_gateway_with_two_tenants_and_it_counts_what_the_client_sent(
+    demo_run: dict[str, Any],
+) -> None:
+    document = demo_run["document"]
+    steady, bursty = document["scenario"]["tenants"]
+    tenants = {figures["tenant"]: figures for figures in document["summary"]["tenants"]}
+    assert set(tenants) == {steady, bursty}
+    assert tenants[bursty]["offered"] > tenants[steady]["offered"], "the burst is the second tenant's"
+    # Every request the client sent reached the gateway, which counted it for the right tenant; its
+    # refusals are the client's 429s.
+    counted = document["scenario"]["gateway"]
+    sent = {
+        name: sum(row_t["offered"] for row in document["timeline"] for row_t in row["tenants"]
+                  if row_t["tenant"] == name)
+        for name in (steady, bursty)
+    }  # fmt: skip
+    not_sent = document["load"]["not_sent"]
+    assert sum(not_sent.values()) == 0, not_sent
+    for name in (steady, bursty):
+        assert counted[name]["offered"] == sent[name], (name, counted, sent)
+        assert counted[name].get("rejected", 0) == tenants[name]["rejected"], (name, counted, tenants)
+    assert document["summary"]["rejected"] == document["load"]["outcomes"]["rejected"]
+    assert "the gateway counted (its own metrics), per tenant:" in demo_run["stdout"]
+    assert f"{steady}: offered/s rejected attained" in demo_run["stdout"]
+
+
 def test_the_plots_are_written_and_not_empty(demo_run: dict[str, Any]) -> None:
     plots = demo_run["document"]["scenario"]["plots"]
     assert sorted(plots) == ["groups.png", "latency.png"]

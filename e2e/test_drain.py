@@ -25,6 +25,7 @@ import yaml
 from goodput.controllers.observation import parse_time
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.crash_points import CRASH_POINTS
 from goodput.testbed.operator_process import (
     EmulatorProcess,
     LoadProcess,
@@ -442,3 +443,70 @@ def test_a_scale_out_during_a_drain_puts_the_draining_group_back_in_service(
     ]
     assert "goodput.dev/draining-since" not in annotations and "goodput.dev/drain-progress" not in annotations
     assert {g["state"] for g in final["groups"]} == {"Ready"}
+
+
+# Issue 18: the operator SIGKILLed at each step of a scale-in's drains, under load, then restarted.
+
+
+def victim_names(events_of_kind: list[dict[str, Any]]) -> list[str]:
+    return [event["message"].split()[1] for event in events_of_kind]
+
+
+@pytest.mark.parametrize("step", sorted(CRASH_POINTS), ids=lambda step: step)
+def test_an_operator_killed_at_any_step_of_a_scale_in_finishes_every_drain_once(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path, step: str
+) -> None:
+    cluster.kubectl("apply", "-f", "-", input=model_group(namespace, 3, max_seconds=120))
+    leaders = serving(cluster, namespace, operator, 3)
+    # The same operator, started through the test bed's crash point: it SIGKILLs itself after `step`.
+    operator.stop()
+    operator.kill_at = step
+    operator.start()
+    trace = write_trace(tmp_path / "steady.jsonl", steady(6, 40, (250, 700), seed=7))
+    load = LoadProcess(cluster, f"{namespace}/{SERVED}", trace, tmp_path / "load.json", 40).start()
+    try:
+        time.sleep(8)
+        scale(cluster, namespace, 1)
+        process = operator.process
+        assert process is not None
+        wait_for(
+            lambda: process.poll() is not None,
+            timeout_seconds=60,
+            describe=lambda: f"the operator killed {CRASH_POINTS[step].describe}\n{operator.log_tail(25)}",
+        )
+        assert process.returncode == -9, operator.log_tail(25)
+        time.sleep(2)
+        operator.kill_at = None
+        operator.start()
+        wait_for(
+            lambda: (
+                (status(cluster, namespace).get("drain") or {}).get("drained", 0)
+                + (status(cluster, namespace).get("drain") or {}).get("timedOut", 0)
+                == 2
+                and len(groups(cluster, namespace)) == 1
+            ),
+            timeout_seconds=150,
+            describe=lambda: f"both drains ended after the restart\n{describe(cluster, namespace, operator)}",
+        )
+        report = load.report()
+    finally:
+        load.stop()
+
+    final = status(cluster, namespace)
+    drain = final["drain"]
+    show(f"killed {step}", drain, report)
+    removed = {record["group"] for record in drain["recent"]}
+    assert len(removed) == 2 and groups(cluster, namespace) == set(leaders) - removed
+    # Every victim announced its drain, and the end of each drain was announced exactly once.
+    assert set(victim_names(events(cluster, namespace, "DrainStarted"))) == removed
+    ends = victim_names(events(cluster, namespace, "DrainFinished")) + victim_names(
+        events(cluster, namespace, "DrainTimedOut")
+    )
+    assert sorted(ends) == sorted(removed), ends
+    # No victim was deleted as a not-yet-serving group (the drain cut short, judged Warming).
+    assert not [e for e in events(cluster, namespace, "GroupDeleted") if e["message"].split()[1] in removed]
+    # No stream was cut without being counted as aborted.
+    cut = sum(n for outcome, n in report["outcomes"].items() if outcome != "ok")
+    assert cut == drain["requestsAborted"], (report["outcomes"], drain)
+    assert report["sent"] == report["planned"], report
+    assert final["readyGroups"] == 1 and final["drainingGroups"] == 0

@@ -31,14 +31,18 @@ from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
 from goodput.controllers import naming
-from goodput.controllers.drain import LeaderReading, LeaderSample, encode_progress
+from goodput.controllers.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
 from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
 from goodput.controllers.groups import (
+    APPLY_ORDER,
     DrainEnded,
     DrainMark,
+    DrainOutcomeMark,
     DrainProgressMark,
+    DrainStart,
     EventRecord,
     GateChange,
+    GateRelease,
     GroupCreation,
     GroupDeletion,
     Plan,
@@ -152,6 +156,14 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
 
     (Handlers receive kopf's own settings as `settings`; goodput's reach them through the memo.)
     """
+    _register_lifecycle(registry)
+    _register_indexes(registry)
+    _register_model_groups(registry)
+    _register_slo_policies(registry, options)
+
+
+def _register_lifecycle(registry: kopf.OperatorRegistry) -> None:
+    """Start-up (kopf's settings, the HTTP session, the metrics server), login and clean-up."""
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
@@ -185,9 +197,11 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         if runtime.http is not None:
             await runtime.http.close()
 
-    # Indexes: what the controllers read, kept current by the watches. The indexers of our pods
-    # and of the ModelGroups also wake the ModelGroup's loop, so a change is acted on at once
-    # rather than at the next tick (an indexer runs on every change, and logs nothing).
+
+def _register_indexes(registry: kopf.OperatorRegistry) -> None:
+    """What the controllers read, kept current by the watches. The indexers of our pods and of the
+    ModelGroups also wake the ModelGroup's loop, so a change is acted on at once rather than at the
+    next tick (an indexer runs on every change, and logs nothing)."""
 
     @kopf.index("pods", labels={naming.LABEL_MODEL_GROUP: kopf.PRESENT}, id="group_pods", registry=registry)
     async def group_pods(
@@ -230,7 +244,9 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         policy = (spec.get("policyRef") or {}).get("name")
         return {(namespace or "", policy): name} if policy else {}
 
-    # ModelGroups
+
+def _register_model_groups(registry: kopf.OperatorRegistry) -> None:
+    """A ModelGroup's spec check on create and update, and its reconcile loop (one daemon each)."""
 
     @kopf.on.create(*MODEL_GROUPS, id="validate_on_create", registry=registry)
     @kopf.on.update(*MODEL_GROUPS, field="spec", id="validate_on_update", registry=registry)
@@ -260,7 +276,9 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
         loop = ModelGroupLoop(runtime, body, Indexes.of(kwargs), logger)
         await run_model_group_loop(runtime, loop, stopped)
 
-    # SLOPolicies
+
+def _register_slo_policies(registry: kopf.OperatorRegistry, options: Settings) -> None:
+    """One timer per SLOPolicy: validate it, and list the ModelGroups bound to it."""
 
     @kopf.timer(
         *SLO_POLICIES, interval=options.policy_interval_seconds, id="slo_policy_status", registry=registry
@@ -407,6 +425,33 @@ def parse_body(body: Mapping[str, Any]) -> ModelGroup | str:
     return parse_model_group({key: body.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
 
 
+@dataclass(frozen=True, slots=True)
+class GroupWrite:
+    """How one step of `APPLY_ORDER` writes a group: the `PlanWrites` method that does it, and the
+    Warning (reason, and what was being done) when the API server refuses it."""
+
+    method: str
+    failed_reason: str
+    what: str
+
+
+# The steps of a plan that write one group each, by their field of `Plan`. The others are the
+# loop's own (`ModelGroupLoop._apply_own_step`). The methods are looked up by name on every pass.
+GROUP_WRITES: Mapping[str, GroupWrite] = {
+    "drain_starts": GroupWrite("start_drain", EventReason.FAILED_UPDATE, "starting its drain"),
+    "unready": GroupWrite("set_gates", EventReason.FAILED_UPDATE, "marking it not ready"),
+    "drain_outcomes": GroupWrite("write_outcome", EventReason.FAILED_UPDATE, "recording its drain's end"),
+    "deletions": GroupWrite("delete", EventReason.FAILED_DELETE, "deleting it"),
+    "creations": GroupWrite("create", EventReason.FAILED_CREATE, "creating it"),
+    "gate_releases": GroupWrite("release_gates", EventReason.FAILED_UPDATE, "releasing its gates"),
+    "drain_marks": GroupWrite("mark_drain", EventReason.FAILED_UPDATE, "marking its drain"),
+    "drain_progress": GroupWrite("record_progress", EventReason.FAILED_UPDATE, "recording its drain"),
+    "ready": GroupWrite("set_gates", EventReason.FAILED_UPDATE, "marking it ready"),
+}
+# The steps of `APPLY_ORDER` the loop does itself rather than as a group's writes.
+OWN_STEPS = frozenset({"annotations", "drains_ended", "warmups", "leader_probes"})
+
+
 @dataclass
 class StepLedger:
     """Which groups' writes of one pass all succeeded, so the Events say what happened.
@@ -421,16 +466,7 @@ class StepLedger:
 
     @classmethod
     def of(cls, plan: Plan) -> StepLedger:
-        steps: list[Iterable[Any]] = [
-            plan.unready,
-            plan.deletions,
-            plan.creations,
-            plan.gate_releases,
-            plan.drain_marks,
-            plan.drain_progress,
-            plan.ready,
-        ]
-        return cls(Counter(step.group for kind in steps for step in kind))
+        return cls(Counter(action.group for step in GROUP_WRITES for action in getattr(plan, step)))
 
     async def run(self, group: str, failed_reason: str, what: str, write: Awaitable[Any]) -> None:
         """Await one step of `group`'s writes; a KubeError is recorded, then raised (the pass stops)."""
@@ -500,13 +536,10 @@ class ModelGroupLoop:
             self.runtime.metrics.reconcile_errors.labels("modelgroup", "spec").inc()
             return
 
-        world = self.build_world(parsed, nodes, now, deleting=bool(metadata.get("deletionTimestamp")))
+        deleting = bool(metadata.get("deletionTimestamp"))
+        world = self.build_world(parsed, nodes, now, deleting=deleting, recorded_drains=_recorded(previous))
         plan = plan_model_group(world)
-        for creation in plan.creations:
-            for manifest in creation.pods:
-                claim = gpu_claim(manifest)
-                if claim is not None:
-                    self.runtime.reserve(f"{self.namespace}/{manifest['metadata']['name']}", claim)
+        self._reserve_gpus(plan)
         ledger = StepLedger.of(plan)
         try:
             await self.apply(plan, world, ledger)
@@ -516,26 +549,50 @@ class ModelGroupLoop:
             self.runtime.post_events(self.body, ledger.events(plan))
             self.readiness_reported.update(plan.readiness_reported)
         _record(self.runtime.metrics, self.namespace, self.name, world, plan)
+        await self._record_status(previous, plan, world, generation)
+
+    def _reserve_gpus(self, plan: Plan) -> None:
+        """Claim the GPUs of the pods this plan creates, for every loop's placement, before any await."""
+        for creation in plan.creations:
+            for manifest in creation.pods:
+                claim = gpu_claim(manifest)
+                if claim is not None:
+                    self.runtime.reserve(f"{self.namespace}/{manifest['metadata']['name']}", claim)
+
+    async def _record_status(
+        self, previous: ModelGroupStatus, plan: Plan, world: World, generation: int
+    ) -> None:
+        """Apply the status after `plan`, with the drains and cancellations earlier passes could not
+        record. An ended drain is announced (DrainFinished, DrainTimedOut) only once this write,
+        which makes it durable in `status.drain.recent`, has landed: a restarted operator records
+        and announces a drain again only if it did not."""
         status = model_group_status(
             previous,
             name=self.name,
             generation=generation,
             desired_groups=world.desired_groups,
             plan=plan,
-            now=now,
+            now=world.now,
             unrecorded_drains=self.unrecorded_drains,
             unrecorded_cancellations=self.unrecorded_cancellations,
         )
         try:
-            await self._apply_status(previous, status, now)
+            await self._apply_status(previous, status, world.now)
         except KubeError:
             self.unrecorded_cancellations += len(plan.drains_cancelled)
             raise
+        self.runtime.post_events(self.body, [d.event for d in self.unrecorded_drains if d.event])
         self.unrecorded_drains = []
         self.unrecorded_cancellations = 0
 
     def build_world(
-        self, model_group: ModelGroup, nodes: list[NodeView], now: datetime, *, deleting: bool = False
+        self,
+        model_group: ModelGroup,
+        nodes: list[NodeView],
+        now: datetime,
+        *,
+        deleting: bool = False,
+        recorded_drains: frozenset[str] = frozenset(),
     ) -> World:
         spec = model_group.spec
         settings = self.runtime.settings
@@ -583,75 +640,70 @@ class ModelGroupLoop:
             routed_pods=self.indexes.routed_pods(self.namespace),
             max_replicas=spec.max_replicas,
             deleting=deleting,
+            recorded_drains=recorded_drains,
         )
 
     async def apply(self, plan: Plan, world: World, ledger: StepLedger | None = None) -> None:
-        """Apply a plan in order, stopping at the first write that fails; `ledger` learns which
-        groups' writes all succeeded.
+        """Apply a plan step by step in `APPLY_ORDER`, stopping at the first write that fails;
+        `ledger` learns which groups' writes all succeeded.
 
         The group counter is recorded before any pod of a new group exists, so a restart never
-        reuses a name; gates go False on every failing rank before anything is deleted; a group's
-        gates are released only once every one of its pods exists.
+        reuses a name; a drain's mark is on every rank before its gate goes False, and its outcome
+        on every rank before its status record (the ranks go in a later pass, once recorded); gates
+        go False on every failing rank before anything is deleted; a group's gates are released
+        only once every one of its pods exists.
         """
         ledger = ledger or StepLedger.of(plan)
         writes = PlanWrites(self, world)
-        if plan.annotations:
-            await asyncio.to_thread(
-                self.runtime.kube.patch_custom,
-                "modelgroups",
-                self.namespace,
-                self.name,
-                {"metadata": {"annotations": dict(plan.annotations)}},
-            )
-            self.annotations.update(plan.annotations)
-        for change in plan.unready:
-            await ledger.run(
-                change.group, EventReason.FAILED_UPDATE, "marking it not ready", writes.set_gates(change)
-            )
-        for deletion in plan.deletions:
-            await ledger.run(
-                deletion.group, EventReason.FAILED_DELETE, "deleting it", writes.delete(deletion)
-            )
-        self._record_drains_ended(plan.drains_ended)
-        for creation in plan.creations:
-            await ledger.run(
-                creation.group, EventReason.FAILED_CREATE, "creating it", writes.create(creation)
-            )
-        for release in plan.gate_releases:
-            await ledger.run(
-                release.group,
-                EventReason.FAILED_UPDATE,
-                "releasing its gates",
-                writes.release_gates(release.pods),
-            )
-        for mark in plan.drain_marks:
-            await ledger.run(
-                mark.group, EventReason.FAILED_UPDATE, "marking its drain", writes.mark_drain(mark)
-            )
-        for progress in plan.drain_progress:
-            await ledger.run(
-                progress.group,
-                EventReason.FAILED_UPDATE,
-                "recording its drain",
-                writes.record_progress(progress),
-            )
-        for change in plan.ready:
-            await ledger.run(
-                change.group, EventReason.FAILED_UPDATE, "marking it ready", writes.set_gates(change)
-            )
-        for _ in plan.drains_cancelled:
-            self.runtime.metrics.drain_cancelled(self.namespace, self.name)
-        for request in plan.warmups:
-            self.warmups_in_flight.add(request.group)
-            self._spawn(self._warm_up(request))
-        for probe in plan.leader_probes:
-            if probe.group not in self.probes_in_flight:
-                self.probes_in_flight.add(probe.group)
-                self._spawn(self._probe_leader(probe.group, probe.url))
+        for step in APPLY_ORDER:
+            group_write = GROUP_WRITES.get(step)
+            if group_write is None:
+                await self._apply_own_step(step, plan)
+                continue
+            write = getattr(writes, group_write.method)
+            for action in getattr(plan, step):
+                await ledger.run(action.group, group_write.failed_reason, group_write.what, write(action))
+
+    async def _apply_own_step(self, step: str, plan: Plan) -> None:
+        """A step of `APPLY_ORDER` that is not one group's writes: the ModelGroup's annotations, the
+        drains ended this pass (kept for the status write), and the warm-ups and leader reads."""
+        if step == "annotations":
+            await self._write_annotations(plan.annotations)
+        elif step == "drains_ended":
+            self._record_drains_ended(plan.drains_ended)
+            for _ in plan.drains_cancelled:
+                self.runtime.metrics.drain_cancelled(self.namespace, self.name)
+        elif step == "warmups":
+            for request in plan.warmups:
+                self.warmups_in_flight.add(request.group)
+                self._spawn(self._warm_up(request))
+        elif step == "leader_probes":
+            for probe in plan.leader_probes:
+                if probe.group not in self.probes_in_flight:
+                    self.probes_in_flight.add(probe.group)
+                    self._spawn(self._probe_leader(probe.group, probe.url))
+        else:  # pragma: no cover - APPLY_ORDER and GROUP_WRITES are checked against each other
+            raise ValueError(f"no write for plan step {step!r}")
+
+    async def _write_annotations(self, annotations: Mapping[str, str]) -> None:
+        if not annotations:
+            return
+        await asyncio.to_thread(
+            self.runtime.kube.patch_custom,
+            "modelgroups",
+            self.namespace,
+            self.name,
+            {"metadata": {"annotations": dict(annotations)}},
+        )
+        self.annotations.update(annotations)
 
     def _record_drains_ended(self, drains: Iterable[DrainEnded]) -> None:
+        """Keep each ended drain until a status write carries it (even if a later step of this pass
+        fails). Every pass emits it again until `status.drain.recent` holds it: counted and logged
+        once per process; announced once the status write lands."""
         for drain in drains:
-            # Kept until a status write carries it, even if a later step of this pass fails.
+            if any(known.group == drain.group for known in self.unrecorded_drains):
+                continue
             self.unrecorded_drains.append(drain)
             self.runtime.metrics.drain_ended(self.namespace, self.name, drain)
             self.logger.info(
@@ -767,7 +819,10 @@ class PlanWrites:
             if pod in self.views:
                 self.remember(pod, "group_ready", group_ready=marked)
 
-    async def release_gates(self, pods: Iterable[str]) -> None:
+    async def release_gates(self, release: GateRelease) -> None:
+        await self._release(release.pods)
+
+    async def _release(self, pods: Iterable[str]) -> None:
         pods = list(pods)
         await _gather(
             self.kube.patch_pod,
@@ -793,8 +848,33 @@ class PlanWrites:
             if view is not None:
                 self.views[view.name] = view
                 self.remember(view.name, EXISTS, created_at=self.now)
-        await self.release_gates(manifest["metadata"]["name"] for manifest in creation.pods)
+        await self._release(manifest["metadata"]["name"] for manifest in creation.pods)
         self.loop.logger.info("group created", extra={"group": creation.group, "domain": creation.domain})
+
+    async def start_drain(self, start: DrainStart) -> None:
+        """Intent first: every rank marked draining, then DrainStarted (the drain now resumes after
+        any restart), and only then every readiness gate False (see `DrainStart`)."""
+        await self.mark_draining(start)
+        if start.event is not None:
+            self.loop.runtime.post_events(self.loop.body, [start.event])
+        await self.set_gates(GateChange(start.group, start.pods, False, start.reason, start.message))
+
+    async def mark_draining(self, start: DrainStart) -> None:
+        since = _rfc3339_millis(start.since)
+        patch = {"metadata": {"annotations": {naming.ANNOTATION_DRAINING_SINCE: since}}}
+        await _gather(self.kube.patch_pod, [(self.namespace, pod, patch) for pod in start.pods])
+        for pod in start.pods:
+            if pod in self.views:
+                self.remember(pod, "draining_since", draining_since=start.since)
+
+    async def write_outcome(self, outcome: DrainOutcomeMark) -> None:
+        """A drain's end on every rank, before its status record and before any rank is deleted."""
+        encoded = encode_outcome(outcome.record)
+        patch = {"metadata": {"annotations": {naming.ANNOTATION_DRAIN_OUTCOME: encoded}}}
+        await _gather(self.kube.patch_pod, [(self.namespace, pod, patch) for pod in outcome.pods])
+        for pod in outcome.pods:
+            if pod in self.views:
+                self.remember(pod, "drain_outcome", drain_outcome=outcome.record)
 
     async def mark_drain(self, mark: DrainMark) -> None:
         annotations: dict[str, str | None] = {
@@ -824,6 +904,13 @@ class PlanWrites:
 async def _gather(call: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> None:
     """Run one Kubernetes call per argument tuple concurrently: all ranks of a group at once."""
     await asyncio.gather(*(asyncio.to_thread(call, *arguments) for arguments in argument_lists))
+
+
+def _recorded(status: ModelGroupStatus) -> frozenset[str]:
+    """Groups whose ended drain `status.drain.recent` holds: only those may be deleted."""
+    return (
+        frozenset(record.group for record in status.drain.recent) if status.drain is not None else frozenset()
+    )
 
 
 def _readable_status(model: type[StatusT], raw: Mapping[str, Any]) -> StatusT:

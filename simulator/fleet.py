@@ -19,7 +19,15 @@ from enum import StrEnum
 
 from goodput.controllers import naming
 from goodput.controllers.drain import LeaderSample
-from goodput.controllers.groups import Backoff, GroupTransition, Plan, WarmupOutcome, World, plan_model_group
+from goodput.controllers.groups import (
+    Backoff,
+    GroupEvent,
+    GroupTransition,
+    Plan,
+    WarmupOutcome,
+    World,
+    plan_model_group,
+)
 from goodput.controllers.observation import PodView
 from goodput.controllers.pods import render_group
 from goodput.controllers.snapshot import wanted_groups
@@ -179,6 +187,7 @@ class Fleet:
         self._backoffs: tuple[Backoff, ...] = ()
         self._warmups: dict[str, WarmupOutcome] = {}
         self._readings: dict[str, LeaderSample] = {}
+        self._recorded_drains: set[str] = set()
         self.aborted: list[int] = []
         # Every transition the group controller decided, with the simulated time it did.
         self.transitions: list[tuple[float, GroupTransition]] = []
@@ -281,6 +290,7 @@ class Fleet:
             leader_samples=dict(self._readings),
             routed_pods=frozenset(pod.name for pod in pods if pod.marked_group_ready),
             max_replicas=self.config.max_groups,
+            recorded_drains=frozenset(self._recorded_drains),
         )
 
     def reconcile(self, now: float) -> list[LifecycleEvent]:
@@ -290,7 +300,7 @@ class Fleet:
         for _ in range(_PASSES_PER_RECONCILE):
             plan = plan_model_group(self.world(now))
             events.extend(self._apply(plan, now))
-            if not (plan.warmups or plan.leader_probes or plan.ready):
+            if not (plan.warmups or plan.leader_probes or plan.ready or plan.drains_ended):
                 break
         self._record(now)
         return events
@@ -301,9 +311,19 @@ class Fleet:
         self.transitions.extend((now, step) for step in plan.transitions)
         self._counter = int(plan.annotations.get(naming.ANNOTATION_GROUP_COUNTER, self._counter))
         self._backoffs = plan.backoffs
+        for start in plan.drain_starts:
+            for name in start.pods:
+                self._pods[name] = replace(self._pods[name], draining_since=start.since)
+            self._set_gate(start.pods, False, at)
+            self._stop_serving(self._by_key[start.group], now)
         for change in plan.unready:
             self._set_gate(change.pods, False, at)
             self._stop_serving(self._by_key[change.group], now)
+        for outcome in plan.drain_outcomes:
+            for name in outcome.pods:
+                self._pods[name] = replace(self._pods[name], drain_outcome=outcome.record)
+        # The operator's status write: a drain's record precedes the deletion of its ranks.
+        self._recorded_drains.update(ended.group for ended in plan.drains_ended)
         for deletion in plan.deletions:
             self._delete(deletion.group, deletion.pods, now, plan)
         events: list[LifecycleEvent] = []
@@ -363,7 +383,7 @@ class Fleet:
             return
         if group in self._ready:
             self._ready.remove(group)
-        if any(ended.group == key and ended.outcome == "TimedOut" for ended in plan.drains_ended):
+        if any(step.group == key and step.event is GroupEvent.DRAIN_TIMED_OUT for step in plan.transitions):
             self.aborted.extend(group.engine.abort_all(now))
         group.state = GroupPhase.REMOVED
         group.ended_at = now

@@ -10,8 +10,10 @@
    every leader pod's IP;
 4. apply `manifests/demo/`: an SLOPolicy with short windows, an 8B TP1 ModelGroup bound to it and a
    Service over its ready leaders; wait for the first group;
-5. load: a slice of a public trace (a seeded synthetic one if the file is absent), replayed open
-   loop through the Service with a burst (the rate multiplier steps up, then down), while the
+5. gateway and load: `goodput gateway` in front of the ModelGroup (admission, tenant fairness,
+   routing; Prometheus scrapes it, so the autoscaler reads its queue); a slice of a public trace (a
+   seeded synthetic one if the file is absent) replayed open loop through it by two tenants of the
+   policy, one steady, one that makes the burst (the rate multiplier steps up, then down), while the
    ModelGroup's count, groups and decisions are sampled every second;
 6. settle: wait (bounded) for the drains that follow the burst;
 7. report: a timeline per interval and a summary, printed and written under `--out` as JSON and
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -43,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
@@ -58,6 +62,7 @@ from goodput.testbed.demo_report import (
     NOT_SENT,
     OK,
     DecisionRecord,
+    GroupEvent,
     ModelGroupSample,
     RequestRecord,
     SloTargets,
@@ -86,6 +91,7 @@ from goodput.testbed.loadgen import (
     ready_endpoints,
     target_host,
 )
+from goodput.testbed.operator_process import GatewayProcess
 
 DEFAULT_TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
 SYNTHETIC_FALLBACK = "synthetic:rate=4,duration={duration:g},burst_multiplier=1"
@@ -167,6 +173,81 @@ def phased_workload(
     )
 
 
+def assign_tenants(
+    plan: Sequence[PlannedRequest], phases: Sequence[Phase], tenants: tuple[str, str], seed: int
+) -> list[PlannedRequest]:
+    """Two tenants share the first phase's rate evenly; every request a phase offers beyond it is the
+    second tenant's. So in a burst the second tenant is the noisy one and the first keeps its rate,
+    which is what the gateway's fairness must protect (seeded: the same plan gives the same split)."""
+    steady, bursty = tenants
+    base = phases[0].rate_multiplier
+    draws = np.random.default_rng(seed).random(len(plan))
+    assigned = []
+    for planned, draw in zip(plan, draws, strict=True):
+        phase = _phase_at(phases, planned.send_at_seconds)
+        steady_share = 0.5 * min(1.0, base / phase.rate_multiplier)
+        assigned.append(replace(planned, tenant=steady if draw < steady_share else bursty))
+    return assigned
+
+
+def _phase_at(phases: Sequence[Phase], offset_seconds: float) -> Phase:
+    start = 0.0
+    for phase in phases:
+        if offset_seconds < start + phase.seconds:
+            return phase
+        start += phase.seconds
+    return phases[-1]
+
+
+GatewayCounts = dict[str, dict[str, int]]
+"""Per tenant, the requests the gateway counted: `offered` and one count per admission outcome."""
+
+
+def gateway_counts(gateway: GatewayProcess) -> GatewayCounts:
+    """What the gateway itself counted, from its metrics: the client's figures are checked against it."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError as error:
+        raise DemoError(f"reading the gateway's metrics failed: {error}") from None
+    return count_by_tenant(text)
+
+
+def served_model(gateway: GatewayProcess) -> str:
+    """The model name the gateway serves (its `/v1/models`), which every request must name."""
+    try:
+        with urllib.request.urlopen(gateway.url + "/v1/models", timeout=5) as reply:
+            return str(json.loads(reply.read())["data"][0]["id"])
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        raise DemoError(f"the gateway's /v1/models gave no model: {error!r}") from None
+
+
+def count_by_tenant(metrics_text: str) -> GatewayCounts:
+    counts: GatewayCounts = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            tenant = sample.labels.get("tenant")
+            if tenant is None:
+                continue
+            if sample.name == "goodput_gateway_requests_offered_total":
+                key = "offered"
+            elif sample.name == "goodput_gateway_requests_total":
+                key = sample.labels.get("outcome", "")
+            else:
+                continue
+            mine = counts.setdefault(tenant, {})
+            mine[key] = mine.get(key, 0) + int(sample.value)
+    return dict(sorted(counts.items()))
+
+
+def render_gateway_counts(counts: GatewayCounts) -> str:
+    lines = ["the gateway counted (its own metrics), per tenant:"]
+    for tenant, mine in counts.items():
+        outcomes = ", ".join(f"{name} {count}" for name, count in sorted(mine.items()) if name != "offered")
+        lines.append(f"  {tenant}: offered {mine.get('offered', 0)}; {outcomes or 'no outcome yet'}")
+    return "\n".join(lines)
+
+
 def request_records(plan: Sequence[PlannedRequest], results: Sequence[RequestResult]) -> list[RequestRecord]:
     """One record per planned request: what the client saw, or `not_sent`."""
     by_index = {result.index: result for result in results}
@@ -174,7 +255,7 @@ def request_records(plan: Sequence[PlannedRequest], results: Sequence[RequestRes
     for planned in plan:
         result = by_index.get(planned.index)
         if result is None:
-            records.append(RequestRecord(planned.send_at_seconds, NOT_SENT))
+            records.append(RequestRecord(planned.send_at_seconds, NOT_SENT, tenant=planned.tenant))
             continue
         tpot = None
         if (
@@ -192,6 +273,8 @@ def request_records(plan: Sequence[PlannedRequest], results: Sequence[RequestRes
                 tpot_seconds=tpot,
                 e2e_seconds=result.e2e_seconds,
                 target_host=target_host(result.target),
+                tenant=planned.tenant,
+                group=result.group,
             )
         )
     return records
@@ -427,6 +510,8 @@ class DemoObjects:
     min_groups: int
     targets: SloTargets
     model_name: str
+    tenants: tuple[str, str]
+    """The steady tenant and the one whose traffic bursts: the policy's first two fairness tenants."""
 
 
 def read_manifests(directory: Path) -> DemoObjects:
@@ -447,6 +532,12 @@ def read_manifests(directory: Path) -> DemoObjects:
         )
     chat = policy.spec.classes[0]
     spec = model_group.spec
+    tenants = tuple(tenant.name for tenant in policy.spec.fairness.tenants)
+    if len(tenants) < 2:
+        raise DemoError(
+            f"the SLOPolicy in {directory} must name two tenants in spec.fairness.tenants: the demo's "
+            "load comes from a steady tenant and one that bursts"
+        )
     return DemoObjects(
         files=files,
         model_group=str(model_group.metadata.name),
@@ -456,6 +547,7 @@ def read_manifests(directory: Path) -> DemoObjects:
         min_groups=spec.min_replicas,
         targets=SloTargets(chat.name, chat.ttft_seconds, chat.itl_seconds, chat.e2e_seconds, chat.attainment),
         model_name=spec.model.name,
+        tenants=(tenants[0], tenants[1]),
     )
 
 
@@ -488,8 +580,9 @@ class Demo:
         operator = self.start_operator(cluster)
         self.start_emulator(cluster)
         self.apply(cluster, operator)
+        gateway = self.start_gateway(cluster)
         duration = sum(phase.seconds for phase in phases)
-        sampler, load, started_wall = self.replay(cluster, workload, plan, duration)
+        sampler, load, started_wall = self.replay(cluster, gateway, workload, plan, duration)
         report = load.report
         if report is None:
             raise DemoError(f"the load generator failed: {load.error!r}")
@@ -497,7 +590,7 @@ class Demo:
         sampler.stop()
         self.write_report(
             cluster, sampler=sampler, load=load, report=report, phases=phases, workload=workload,
-            end_seconds=end_seconds, started_wall=started_wall,
+            end_seconds=end_seconds, started_wall=started_wall, gateway=gateway_counts(gateway),
         )  # fmt: skip
         return 0
 
@@ -528,9 +621,14 @@ class Demo:
         )
         if not plan:
             raise DemoError(f"the trace {source} offers no request in the first {total:g} s")
+        plan = assign_tenants(plan, phases, self.objects.tenants, args.seed)
         shape = ", ".join(f"{p.name} {p.seconds:g} s x{p.rate_multiplier:g}" for p in phases)
         origin = source if source.startswith("synthetic") else Path(source).name
-        self.say(f"load: {len(plan)} requests over {total:g} s from {origin} ({shape})")
+        steady, bursty = self.objects.tenants
+        self.say(
+            f"load: {len(plan)} requests over {total:g} s from {origin} ({shape}); tenant {steady} "
+            f"keeps half the steady rate, {bursty} sends the rest and the whole burst"
+        )
         return workload, plan
 
     def start_cluster(self) -> controlplane.LocalCluster:
@@ -740,6 +838,25 @@ class Demo:
         )
         self.say(f"ready: {self.objects.model_group} serves through Service {self.objects.service}")
 
+    def start_gateway(self, cluster: controlplane.LocalCluster) -> GatewayProcess:
+        """`goodput gateway` for the ModelGroup, here as a process (as the operator is); the cluster's
+        Prometheus scrapes it, so the autoscaler reads the gateway's queue and outcomes."""
+        gateway = GatewayProcess(
+            cluster, self.namespace, self.objects.model_group, self.out / "logs" / "gateway.log"
+        )
+        gateway.log_path.parent.mkdir(parents=True, exist_ok=True)
+        gateway.start()
+        self.cleanup.callback(gateway.stop)
+        try:
+            gateway.wait_serving()
+        except (RuntimeError, TimeoutError) as error:
+            raise DemoError(f"the gateway did not start: {error}") from None
+        self.say(
+            f"gateway: admission, tenant fairness and routing at {gateway.url} in front of "
+            f"{self.objects.model_group} (log {gateway.log_path})"
+        )
+        return gateway
+
     def delete_objects(self, cluster: controlplane.LocalCluster, files: list[str]) -> None:
         self.say("teardown: deleting the demo's objects")
         cluster.kubectl(
@@ -780,26 +897,21 @@ class Demo:
     def replay(
         self,
         cluster: controlplane.LocalCluster,
+        gateway: GatewayProcess,
         workload: Workload,
         plan: list[PlannedRequest],
         duration: float,
     ) -> tuple[Sampler, LoadRun, datetime]:
-        """Send the plan through the Service while sampling the ModelGroup; returns when the load
+        """Send the plan through the gateway while sampling the ModelGroup; returns when the load
         generator is done (bounded: its duration plus one request timeout)."""
         args = self.args
-
-        async def refresh() -> list[str]:
-            return await asyncio.to_thread(self.endpoints, cluster)
-
         settings = LoadSettings(
-            model=None,
+            model=served_model(gateway),
             duration_seconds=duration,
             request_timeout_seconds=args.request_timeout_seconds,
             run_id=f"demo{args.seed}",
-            refresh_targets=refresh,
-            refresh_interval_seconds=1.0,
         )
-        generator = LoadGenerator(TargetPool(self.endpoints(cluster), TargetPolicy()), settings)
+        generator = LoadGenerator(TargetPool([gateway.url], TargetPolicy()), settings)
         started_wall = datetime.now(UTC)
         started = time.monotonic()
         limit = duration + args.request_timeout_seconds + args.settle_seconds + 120
@@ -860,20 +972,14 @@ class Demo:
         workload: Workload,
         end_seconds: float,
         started_wall: datetime,
+        gateway: GatewayCounts,
     ) -> None:
         objects = self.objects
         requests = request_records(load.plan, load.generator.results)
         samples = sorted(sampler.samples, key=lambda sample: sample.offset_seconds)
         decisions = merge_decisions(sampler.decisions)
-        events = (
-            cluster.api.get(
-                f"/api/v1/namespaces/{self.namespace}/events?fieldSelector="
-                f"involvedObject.name%3D{objects.model_group}"
-            )
-            or {}
-        ).get("items", [])
         histories = group_histories(samples)
-        drains = drain_records(group_events(events, started_wall, since=self.applied_at), histories, requests)
+        drains = drain_records(self.group_events(cluster, started_wall), histories, requests)
         rows = timeline(
             requests, samples, decisions, objects.targets,
             interval_seconds=self.args.interval_seconds, end_seconds=end_seconds,
@@ -882,17 +988,61 @@ class Demo:
             requests, samples, decisions, objects.targets, drains=drains, histories=histories,
             gpus_per_group=objects.gpus_per_group, end_seconds=end_seconds,
         )  # fmt: skip
-        burst = next((phase for phase in phases if phase.name == "burst"), None)
-        base = phases[0].rate_multiplier
-        title = (
-            f"goodput demo: {objects.model_group} ({objects.model_name}, {objects.gpus_per_group} GPU/group)"
-        )
-        if burst is not None:
-            title += f", burst x{burst.rate_multiplier / base:.1f} for {burst.seconds:g} s"
         plots = plot_timeline(
             rows, samples, decisions, objects.targets, title=objects.model_group, out_dir=self.out
         )
-        scenario = {
+        scenario = self.scenario(cluster, phases, workload, started_wall)
+        scenario |= {"sampler_failed_reads": sampler.failed_reads, "plots": [path.name for path in plots]}
+        scenario["gateway"] = gateway
+        document = report_dict(
+            scenario=scenario, rows=rows, summary=summary, decisions=decisions, histories=histories,
+            samples=samples, load=report.as_dict(),
+        )  # fmt: skip
+        (self.out / "demo.json").write_text(json.dumps(document, indent=2) + "\n")
+        screen = "\n\n".join(
+            [
+                render_timeline(rows, objects.targets),
+                render_summary(summary, objects.targets, title=self.title(phases)),
+                render_gateway_counts(gateway),
+                self.look_further(cluster, plots),
+            ]
+        )
+        (self.out / "summary.txt").write_text(screen + "\n")
+        print(screen, flush=True)
+
+    def group_events(
+        self, cluster: controlplane.LocalCluster, started_wall: datetime
+    ) -> tuple[GroupEvent, ...]:
+        events = (
+            cluster.api.get(
+                f"/api/v1/namespaces/{self.namespace}/events?fieldSelector="
+                f"involvedObject.name%3D{self.objects.model_group}"
+            )
+            or {}
+        ).get("items", [])
+        return group_events(events, started_wall, since=self.applied_at)
+
+    def title(self, phases: Sequence[Phase]) -> str:
+        objects = self.objects
+        title = (
+            f"goodput demo: {objects.model_group} ({objects.model_name}, {objects.gpus_per_group} GPU/group)"
+        )
+        burst = next((phase for phase in phases if phase.name == "burst"), None)
+        if burst is not None:
+            title += (
+                f", burst x{burst.rate_multiplier / phases[0].rate_multiplier:.1f} for {burst.seconds:g} s"
+            )
+        return title
+
+    def scenario(
+        self,
+        cluster: controlplane.LocalCluster,
+        phases: Sequence[Phase],
+        workload: Workload,
+        started_wall: datetime,
+    ) -> dict[str, Any]:
+        objects = self.objects
+        return {
             "cluster": cluster.name,
             "namespace": self.namespace,
             "model_group": objects.model_group,
@@ -903,29 +1053,14 @@ class Demo:
                 "itl_seconds": objects.targets.itl_seconds,
                 "attainment": objects.targets.attainment,
             },
+            "tenants": list(objects.tenants),
             "phases": [
                 {"name": p.name, "seconds": p.seconds, "rate_multiplier": p.rate_multiplier} for p in phases
             ],
             "interval_seconds": self.args.interval_seconds,
             "workload_notes": list(workload.notes),
             "started_at": started_wall.isoformat(),
-            "sampler_failed_reads": sampler.failed_reads,
-            "plots": [path.name for path in plots],
         }
-        document = report_dict(
-            scenario=scenario, rows=rows, summary=summary, decisions=decisions, histories=histories,
-            samples=samples, load=report.as_dict(),
-        )  # fmt: skip
-        (self.out / "demo.json").write_text(json.dumps(document, indent=2) + "\n")
-        screen = "\n\n".join(
-            [
-                render_timeline(rows, objects.targets),
-                render_summary(summary, objects.targets, title=title),
-                self.look_further(cluster, plots),
-            ]
-        )
-        (self.out / "summary.txt").write_text(screen + "\n")
-        print(screen, flush=True)
 
     def look_further(self, cluster: controlplane.LocalCluster, plots: Sequence[Path]) -> str:
         files = ", ".join(str(path) for path in (*plots, self.out / "demo.json", self.out / "logs"))

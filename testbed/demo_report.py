@@ -28,6 +28,8 @@ from goodput.api.reasons import EventReason
 
 OK = "ok"
 NOT_SENT = "not_sent"
+REJECTED = "rejected"
+"""Refused by the gateway's admission (429 with Retry-After): answered, on purpose, not lost."""
 FAILED_OUTCOMES = ("aborted", "cut", "error", "http_error", "connect_error", "timeout")
 """Outcomes of a request that was sent and did not complete."""
 DRAINING = "draining"
@@ -57,13 +59,16 @@ class RequestRecord:
     offset_seconds: float
     """When the plan offered it, from the start of the load."""
     outcome: str
-    """`ok`, one of FAILED_OUTCOMES, or `not_sent` (the generator's concurrency limit, deadline or no
-    ready target)."""
+    """`ok`, `rejected` (by the gateway's admission), one of FAILED_OUTCOMES, or `not_sent` (the
+    generator's concurrency limit, deadline or no ready target)."""
     ttft_seconds: float | None = None
     tpot_seconds: float | None = None
     e2e_seconds: float | None = None
     target_host: str | None = None
-    """The address it was sent to (a group leader's pod IP)."""
+    """The address it was sent to (a group leader's pod IP, or the gateway's)."""
+    tenant: str | None = None
+    group: str | None = None
+    """The group that served it, as the gateway named it; None when sent to a leader directly."""
 
     def attained(self, targets: SloTargets) -> bool:
         if self.outcome != OK or self.ttft_seconds is None or self.ttft_seconds > targets.ttft_seconds:
@@ -306,20 +311,13 @@ def drain_records(
     events: Sequence[GroupEvent], histories: Sequence[GroupHistory], requests: Sequence[RequestRecord]
 ) -> tuple[DrainRecord, ...]:
     """Every drain the Events tell of that did not end with the group back in service, with the
-    requests its leader lost (its address, while the group existed: pod IPs are reused)."""
+    requests it lost: those the gateway says it served, or, sent to leaders directly, those sent to
+    its leader's address while the group existed (pod IPs are reused)."""
     by_name = {history.name: history for history in histories}
 
     def record(group: str, started: float, ended: float | None, ending: str) -> DrainRecord:
         history = by_name.get(group)
-        mine = [
-            request
-            for request in requests
-            if history is not None
-            and history.leader_address is not None
-            and request.target_host == history.leader_address
-            and request.offset_seconds >= history.first_seen
-            and (ended is None or request.offset_seconds <= ended)
-        ]
+        mine = [request for request in requests if _served_by(request, group, history, ended)]
         return DrainRecord(group, started, ended, ending, len(mine), sum(1 for r in mine if r.failed))
 
     draining: dict[str, float] = {}
@@ -333,6 +331,57 @@ def drain_records(
             drains.append(record(event.group, draining.pop(event.group), event.offset_seconds, event.change))
     drains += [record(group, started, None, STILL_DRAINING) for group, started in draining.items()]
     return tuple(sorted(drains, key=lambda drain: drain.started_at))
+
+
+def _served_by(request: RequestRecord, group: str, history: GroupHistory | None, ended: float | None) -> bool:
+    if request.group is not None:
+        return request.group == group
+    return (
+        history is not None
+        and history.leader_address is not None
+        and request.target_host == history.leader_address
+        and request.offset_seconds >= history.first_seen
+        and (ended is None or request.offset_seconds <= ended)
+    )
+
+
+# ---------------------------------------------------------------------------------------- tenants
+@dataclass(frozen=True, slots=True)
+class TenantFigures:
+    """What one tenant offered in a span of the run, what the gateway refused and what attained."""
+
+    tenant: str
+    offered: int
+    rejected: int
+    attained: int
+    ttft_p99_seconds: float | None
+
+    @property
+    def attainment_offered(self) -> float | None:
+        return self.attained / self.offered if self.offered else None
+
+    @property
+    def attainment_admitted(self) -> float | None:
+        admitted = self.offered - self.rejected
+        return self.attained / admitted if admitted else None
+
+
+def tenant_figures(requests: Sequence[RequestRecord], targets: SloTargets) -> tuple[TenantFigures, ...]:
+    """Per tenant, in name order; empty when no request named a tenant (no gateway)."""
+    names = sorted({request.tenant for request in requests if request.tenant is not None})
+    figures = []
+    for name in names:
+        mine = [request for request in requests if request.tenant == name]
+        figures.append(
+            TenantFigures(
+                tenant=name,
+                offered=len(mine),
+                rejected=sum(1 for request in mine if request.outcome == REJECTED),
+                attained=sum(1 for request in mine if request.attained(targets)),
+                ttft_p99_seconds=percentile([r.ttft_seconds for r in mine if r.ttft_seconds is not None], 99),
+            )
+        )
+    return tuple(figures)
 
 
 # ---------------------------------------------------------------------------------------- timeline
@@ -350,6 +399,8 @@ class IntervalRow:
     attained: int
     decisions: tuple[DecisionRecord, ...]
     """Decisions in the interval that changed the count."""
+    rejected: int = 0
+    tenants: tuple[TenantFigures, ...] = ()
 
     @property
     def offered_per_second(self) -> float:
@@ -408,6 +459,8 @@ def timeline(
                 ),
                 attained=sum(1 for r in offered if r.attained(targets)),
                 decisions=tuple(d for d in decisions if d.changes and start <= d.offset_seconds < end),
+                rejected=sum(1 for r in offered if r.outcome == REJECTED),
+                tenants=tenant_figures(offered, targets),
             )
         )
     return tuple(rows)
@@ -437,6 +490,8 @@ class DemoSummary:
     failed: int
     failed_by_outcome: dict[str, int]
     not_sent: int
+    rejected: int
+    """Sent and refused by the gateway's admission (429): answered at once, not lost."""
     attained: int
     attainment_offered: float | None
     attainment_admitted: float | None
@@ -453,6 +508,7 @@ class DemoSummary:
     gpu_hours: float
     fixed_peak_gpu_hours: float
     """What a fleet held at the peak for the whole run would have cost."""
+    tenants: tuple[TenantFigures, ...] = ()
 
     @property
     def drained_scale_ins(self) -> int:
@@ -468,7 +524,16 @@ class DemoSummary:
         data["lost_on_drained_groups"] = self.lost_on_drained_groups
         for drain, raw in zip(self.drains, data["drains"], strict=True):
             raw["drain_seconds"] = drain.drain_seconds
+        data["tenants"] = [tenant_dict(figures) for figures in self.tenants]
         return data
+
+
+def tenant_dict(figures: TenantFigures) -> dict[str, Any]:
+    return {
+        **asdict(figures),
+        "attainment_offered": figures.attainment_offered,
+        "attainment_admitted": figures.attainment_admitted,
+    }
 
 
 def summarize(
@@ -483,6 +548,7 @@ def summarize(
     end_seconds: float,
 ) -> DemoSummary:
     sent = [r for r in requests if r.outcome != NOT_SENT]
+    admitted = [r for r in sent if r.outcome != REJECTED]
     attained = sum(1 for r in requests if r.attained(targets))
     ttfts = [r.ttft_seconds for r in requests if r.ttft_seconds is not None]
     in_run = [s for s in samples if s.offset_seconds <= end_seconds]
@@ -495,9 +561,10 @@ def summarize(
         failed=sum(1 for r in requests if r.failed),
         failed_by_outcome={name: sum(1 for r in requests if r.outcome == name) for name in FAILED_OUTCOMES},
         not_sent=len(requests) - len(sent),
+        rejected=len(sent) - len(admitted),
         attained=attained,
         attainment_offered=attained / len(requests) if requests else None,
-        attainment_admitted=attained / len(sent) if sent else None,
+        attainment_admitted=attained / len(admitted) if admitted else None,
         target_attainment=targets.attainment,
         ttft_p50_seconds=percentile(ttfts, 50),
         ttft_p99_seconds=percentile(ttfts, 99),
@@ -511,6 +578,7 @@ def summarize(
         gpus_per_group=gpus_per_group,
         gpu_hours=gpu_hours(samples, gpus_per_group, end_seconds=end_seconds),
         fixed_peak_gpu_hours=peak * gpus_per_group * end_seconds / 3600.0,
+        tenants=tenant_figures(requests, targets),
     )
 
 
@@ -526,13 +594,18 @@ def _share(value: float | None) -> str:
 
 
 def render_timeline(rows: Sequence[IntervalRow], targets: SloTargets) -> str:
+    tenants = sorted({figures.tenant for row in rows for figures in row.tenants})
     header = (
         f"{'t (s)':>9}  {'offered/s':>9}  {'desired':>7}  {'ready':>5}  {'draining':>8}  "
-        f"{'TTFT p99':>9}  {'attained':>8}  decisions"
+        f"{'TTFT p99':>9}  {'attained':>8}  "
+        + "".join(f"{name + ': offered/s rejected attained':<36}  " for name in tenants)
+        + "decisions"
     )
     lines = [
         f"timeline (class {targets.class_name}: TTFT ≤ {_seconds(targets.ttft_seconds)}, "
-        f"TPOT ≤ {_seconds(targets.itl_seconds)}; attainment against offered load)",
+        f"TPOT ≤ {_seconds(targets.itl_seconds)}; attainment against offered load"
+        + ("; per tenant, what it offered, what the gateway refused, what attained" if tenants else "")
+        + ")",
         header,
     ]
     for row in rows:
@@ -540,10 +613,23 @@ def render_timeline(rows: Sequence[IntervalRow], targets: SloTargets) -> str:
             f"{row.start_seconds:>4.0f}-{row.end_seconds:<4.0f}  {row.offered_per_second:>9.1f}  "
             f"{row.desired_groups:>7}  {row.ready_groups:>5}  {row.draining_groups:>8}  "
             f"{_seconds(row.ttft_p99_seconds):>9}  {_share(row.attainment_offered):>8}  "
+            + "".join(f"{_tenant_cell(row, name):<36}  " for name in tenants)
             + "; ".join(decision.describe() for decision in row.decisions)
         )
         lines.append(line.rstrip())
     return "\n".join(lines)
+
+
+def _tenant_cell(row: IntervalRow, tenant: str) -> str:
+    figures = next((f for f in row.tenants if f.tenant == tenant), None)
+    indent = " " * len(tenant)
+    if figures is None:
+        return f"{indent}  {'-':>9} {'-':>8} {'-':>8}"
+    seconds = row.end_seconds - row.start_seconds
+    return (
+        f"{indent}  {figures.offered / seconds:>9.1f} {figures.rejected:>8} "
+        f"{_share(figures.attainment_offered):>8}"
+    )
 
 
 def render_summary(summary: DemoSummary, targets: SloTargets, *, title: str) -> str:
@@ -559,6 +645,7 @@ def render_summary(summary: DemoSummary, targets: SloTargets, *, title: str) -> 
         f"(target {s.target_attainment:.0%} of {targets.class_name}: TTFT ≤ {_seconds(targets.ttft_seconds)},"
         f" TPOT ≤ {_seconds(targets.itl_seconds)}); against admitted: {_share(s.attainment_admitted)}",
         f"  TTFT p50 {_seconds(s.ttft_p50_seconds)}, p99 {_seconds(s.ttft_p99_seconds)}",
+        *_render_tenants(s),
     ]
     if s.scale_outs:
         steps = ", ".join(f"{d.describe()} at {d.offset_seconds:.0f} s" for d in s.scale_outs)
@@ -596,6 +683,22 @@ def render_summary(summary: DemoSummary, targets: SloTargets, *, title: str) -> 
     return "\n".join(lines)
 
 
+def _render_tenants(summary: DemoSummary) -> list[str]:
+    if not summary.tenants:
+        return []
+    lines = [
+        f"  through the gateway: {summary.rejected} of {summary.sent} sent refused by admission "
+        "(429, Retry-After); per tenant:"
+    ]
+    for figures in summary.tenants:
+        lines.append(
+            f"    {figures.tenant}: offered {figures.offered}, rejected {figures.rejected}, attainment "
+            f"against offered {_share(figures.attainment_offered)}, against admitted "
+            f"{_share(figures.attainment_admitted)}, TTFT p99 {_seconds(figures.ttft_p99_seconds)}"
+        )
+    return lines
+
+
 def report_dict(
     *,
     scenario: Mapping[str, Any],
@@ -622,6 +725,8 @@ def report_dict(
                 "ttft_p99_seconds": row.ttft_p99_seconds,
                 "attained": row.attained,
                 "attainment_offered": row.attainment_offered,
+                "rejected": row.rejected,
+                "tenants": [tenant_dict(figures) for figures in row.tenants],
                 "decisions": [asdict(decision) for decision in row.decisions],
             }
             for row in rows
@@ -644,6 +749,30 @@ def report_dict(
 
 
 # ---------------------------------------------------------------------------------------- plots
+def _plot_offered(axes: Any, rows: Sequence[IntervalRow]) -> None:
+    """Offered load per interval, stacked by tenant when there are tenants, with what the gateway
+    refused drawn over it."""
+    starts = [row.start_seconds for row in rows]
+    widths = [row.end_seconds - row.start_seconds for row in rows]
+    tenants = sorted({figures.tenant for row in rows for figures in row.tenants})
+    if not tenants:
+        axes.bar(starts, [row.offered_per_second for row in rows], width=widths, align="edge", alpha=0.6)
+        return
+    bottom = [0.0] * len(rows)
+    for tenant in tenants:
+        rates = [
+            next((f.offered for f in row.tenants if f.tenant == tenant), 0) / width
+            for row, width in zip(rows, widths, strict=True)
+        ]
+        axes.bar(
+            starts, rates, width=widths, bottom=bottom, align="edge", alpha=0.6, label=f"{tenant} offered"
+        )
+        bottom = [b + r for b, r in zip(bottom, rates, strict=True)]
+    refused = [row.rejected / width for row, width in zip(rows, widths, strict=True)]
+    axes.step(starts, refused, where="post", color="black", linewidth=1, label="refused by the gateway")
+    axes.legend(loc="upper right", fontsize=8)
+
+
 def plot_timeline(
     rows: Sequence[IntervalRow],
     samples: Sequence[ModelGroupSample],
@@ -673,14 +802,7 @@ def plot_timeline(
     times = [s.offset_seconds for s in series]
 
     figure, (load, groups) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
-    load.bar(
-        [row.start_seconds for row in rows],
-        [row.offered_per_second for row in rows],
-        width=[row.end_seconds - row.start_seconds for row in rows],
-        align="edge",
-        color="tab:blue",
-        alpha=0.6,
-    )
+    _plot_offered(load, rows)
     load.set_ylabel("offered requests / s")
     load.set_title(title)
     groups.step(times, [s.desired_groups for s in series], where="post", label="desired", color="tab:orange")

@@ -52,7 +52,11 @@ DEFAULT_CONCURRENCY_LIMIT = 1024
 SEND_LEAD_SECONDS = 0.05
 """The first request is scheduled this long after the start, so setup does not count as lag."""
 
-OUTCOMES = ("ok", "aborted", "cut", "error", "http_error", "connect_error", "timeout")
+OUTCOMES = ("ok", "rejected", "aborted", "cut", "error", "http_error", "connect_error", "timeout")
+"""`rejected`: refused by an admission gate (HTTP 429, with `Retry-After`); sent, answered at once."""
+TENANT_HEADER = "X-Goodput-Tenant"
+GROUP_HEADER = "X-Goodput-Group"
+"""The gateway names the group that served a request; a leader reached directly is its own group."""
 
 
 class UnsafeTargetError(ValueError):
@@ -212,6 +216,8 @@ class PlannedRequest:
     prompt_tokens: int
     output_tokens: int
     prefix_blocks: tuple[int, ...] | None = None
+    tenant: str | None = None
+    """Sent as `X-Goodput-Tenant` (a gateway's fairness); None: no header."""
 
 
 def plan_requests(
@@ -275,6 +281,8 @@ class RequestResult:
     chunks: int = 0
     finish_reason: str | None = None
     detail: str = ""
+    group: str | None = None
+    """The group that served it, as the gateway's `X-Goodput-Group` said; None without a gateway."""
 
     @property
     def send_lag_seconds(self) -> float:
@@ -567,10 +575,12 @@ class LoadGenerator:
         done = False
         last: float | None = None
         try:
-            async with session.post(target + self._path, json=body) as response:
+            headers = {TENANT_HEADER: request.tenant} if request.tenant is not None else None
+            async with session.post(target + self._path, json=body, headers=headers) as response:
                 result.status = response.status
+                result.group = response.headers.get(GROUP_HEADER)
                 if response.status != 200:
-                    result.outcome = "http_error"
+                    result.outcome = "rejected" if response.status == 429 else "http_error"
                     result.detail = (await response.text())[:200]
                     return
                 async for line in response.content:

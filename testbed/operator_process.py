@@ -100,21 +100,22 @@ class OperatorProcess:
     reconcile_interval_seconds: float = 1.0
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
-    kubeconfig: str | None = None
-    """Whose credentials it runs with (default: the cluster's admin)."""
-    extra_args: tuple[str, ...] = ()
-    """More flags of `goodput run`; with `--leader-elect` it runs without `--standalone`."""
-    environment: dict[str, str] = field(default_factory=dict)
+    kill_at: str | None = None
+    """A crash point of `crash_points`: the next start's operator SIGKILLs itself right after it."""
 
     def start(self) -> None:
         self.metrics_port = free_ports(1)[0]
+        entry = (
+            ["goodput.testbed.crash_points", "--kill-at", self.kill_at]
+            if self.kill_at
+            else ["goodput.operator.cli"]
+        )
         argv = [
             sys.executable,
             "-m",
-            "goodput.operator.cli",
+            *entry,
             "run",
-            *([] if "--leader-elect" in self.extra_args else ["--standalone"]),
-            *self.extra_args,
+            "--standalone",
             "--namespace",
             self.namespace,
             "--metrics-port",
@@ -126,11 +127,7 @@ class OperatorProcess:
             "--reconcile-interval",
             str(self.reconcile_interval_seconds),
         ]
-        environment = {
-            "KUBECONFIG": self.kubeconfig or self.cluster.kubeconfig,
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            **self.environment,
-        }
+        environment = {"KUBECONFIG": self.cluster.kubeconfig, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
 

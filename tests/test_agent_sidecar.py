@@ -126,3 +126,26 @@ def test_the_agent_is_injected_when_the_model_group_asks_and_the_operator_has_an
     template = group_template(model_group(nccl_check), image)
 
     assert (template.agent is not None) is injected
+
+
+@pytest.mark.parametrize("template", [SINGLE, MULTI], ids=["one pod", "two pods"])
+def test_the_agent_runs_unprivileged_on_a_read_only_root_writing_only_to_its_volumes(
+    template: GroupTemplate,
+) -> None:
+    for pod in render_group(template, "g0", "a").pods:
+        agent = agent_of(pod)
+        context = agent["securityContext"]
+        mounted = {mount["mountPath"]: mount for mount in agent["volumeMounts"]}
+        volumes = {volume["name"] for volume in pod["spec"]["volumes"]}
+        env = env_of(agent)
+
+        assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+        # Every place the agent writes is a mounted volume, not the read-only root.
+        for written in (str(agent_sidecar.CHECKED_FILE).rsplit("/", 1)[0], env["HOME"]):
+            assert written in mounted and not mounted[written].get("readOnly")
+            assert mounted[written]["name"] in volumes
+        assert env["USER"]  # getpass.getuser() needs it without a passwd entry for the run user

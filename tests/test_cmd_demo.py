@@ -22,7 +22,9 @@ from goodput.testbed.demo import (
     DemoError,
     Phase,
     add_arguments,
+    assign_tenants,
     burst_phases,
+    count_by_tenant,
     phased_workload,
     read_manifests,
     request_records,
@@ -204,3 +206,54 @@ def test_the_defaults_tell_a_story_of_a_few_minutes() -> None:
     assert 120 <= load_seconds <= 300
     assert args.burst_rate_multiplier > 2 * args.rate_multiplier, "the burst must need more groups"
     assert not args.keep, "by default the demo stops the cluster it started"
+
+
+def test_a_policy_without_two_tenants_is_refused_the_demo_needs_a_steady_and_a_bursting_one(
+    tmp_path: Path,
+) -> None:
+    for path in DEMO_MANIFESTS.glob("*.yaml"):
+        document = yaml.safe_load(path.read_text())
+        if document["kind"] == "SLOPolicy":
+            document["spec"]["fairness"]["tenants"] = document["spec"]["fairness"]["tenants"][:1]
+        (tmp_path / path.name).write_text(yaml.safe_dump(document))
+    with pytest.raises(DemoError, match=r"two tenants in spec\.fairness\.tenants"):
+        read_manifests(tmp_path)
+
+
+# ------------------------------------------------------------------------------------ tenants
+def test_the_steady_tenant_keeps_half_the_steady_rate_and_the_burst_is_the_other_tenants() -> None:
+    phases = burst_phases(100.0, 100.0, 100.0, 1.0, 4.0)
+    # 20/s, then 80/s in the burst, then 20/s again: the rates a phased plan offers.
+    times = [*np.arange(0, 100, 0.05), *np.arange(100, 200, 0.0125), *np.arange(200, 300, 0.05)]
+    plan = [PlannedRequest(i, float(t), 10, 10) for i, t in enumerate(times)]
+
+    assigned = assign_tenants(plan, phases, ("steady", "bursty"), seed=7)
+
+    def count(tenant: str, start: float, end: float) -> int:
+        return sum(1 for r in assigned if r.tenant == tenant and start <= r.send_at_seconds < end)
+
+    for start in (0, 100, 200):  # the steady tenant sends about 10/s throughout
+        assert count("steady", start, start + 100) == pytest.approx(1000, rel=0.1), start
+    assert count("bursty", 0, 100) == pytest.approx(1000, rel=0.1)
+    assert count("bursty", 100, 200) == pytest.approx(7000, rel=0.05), "the whole burst is bursty's"
+    assert [r.index for r in assigned] == list(range(len(plan))), "the plan itself is unchanged"
+    assert assign_tenants(plan, phases, ("steady", "bursty"), seed=7) == assigned
+
+
+def test_the_gateways_own_counts_are_read_per_tenant_and_outcome() -> None:
+    text = """# HELP goodput_gateway_requests_offered_total Requests offered.
+# TYPE goodput_gateway_requests_offered_total counter
+goodput_gateway_requests_offered_total{slo_class="chat",tenant="a"} 7.0
+goodput_gateway_requests_offered_total{slo_class="batch",tenant="a"} 2.0
+goodput_gateway_requests_offered_total{slo_class="chat",tenant="b"} 9.0
+# HELP goodput_gateway_requests_total Requests by admission outcome.
+# TYPE goodput_gateway_requests_total counter
+goodput_gateway_requests_total{slo_class="chat",tenant="a",outcome="admitted",reason="Fits"} 9.0
+goodput_gateway_requests_total{slo_class="chat",tenant="b",outcome="admitted",reason="Fits"} 4.0
+goodput_gateway_requests_total{slo_class="chat",tenant="b",outcome="rejected",reason="Budget"} 3.0
+goodput_gateway_requests_total{slo_class="chat",tenant="b",outcome="rejected",reason="Deadline"} 2.0
+"""
+    assert count_by_tenant(text) == {
+        "a": {"offered": 9, "admitted": 9},
+        "b": {"offered": 9, "admitted": 4, "rejected": 5},
+    }

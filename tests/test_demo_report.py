@@ -102,6 +102,7 @@ def test_a_request_attains_only_when_it_completed_within_every_target(case: Atta
     [
         ("ok", False),
         (NOT_SENT, False),
+        ("rejected", False),
         ("cut", True),
         ("aborted", True),
         ("timeout", True),
@@ -436,3 +437,68 @@ def test_decision_offsets_use_the_start_given() -> None:
     later = START + timedelta(seconds=30)
     records = decision_records(model_group_object(), later)
     assert min(r.offset_seconds for r in records) == pytest.approx(-10.0)
+
+
+# ------------------------------------------------------------------------------------ through a gateway
+def through_gateway() -> list[RequestRecord]:
+    """Requests as the gateway answered them: all sent to its address, the serving group named."""
+
+    def served(
+        offset: float, tenant: str, group: str, outcome: str = "ok", ttft: float = 0.2
+    ) -> RequestRecord:
+        return RequestRecord(
+            offset, outcome, ttft_seconds=ttft, tpot_seconds=0.01, e2e_seconds=2.0,
+            target_host="127.0.0.1", tenant=tenant, group=group,
+        )  # fmt: skip
+
+    return [
+        served(1, "team-a", "g0"),
+        served(2, "team-b", "g0"),
+        RequestRecord(3, "rejected", target_host="127.0.0.1", tenant="team-b"),
+        RequestRecord(4, "rejected", target_host="127.0.0.1", tenant="team-b"),
+        served(12, "team-a", "g1", ttft=1.5),
+        served(41, "team-b", "g1", outcome="cut"),
+        served(42, "team-a", "g0", outcome="cut"),
+        RequestRecord(44, NOT_SENT, tenant="team-a"),
+    ]
+
+
+def test_through_a_gateway_each_tenant_has_its_offered_refused_and_attained_per_interval() -> None:
+    rows = timeline(through_gateway(), burst_samples(), [], CHAT, interval_seconds=10, end_seconds=50)
+
+    first = {f.tenant: (f.offered, f.rejected, f.attained) for f in rows[0].tenants}
+    assert first == {"team-a": (1, 0, 1), "team-b": (3, 2, 1)}
+    assert rows[0].rejected == 2
+    assert {f.tenant: (f.offered, f.attained) for f in rows[1].tenants} == {"team-a": (1, 0)}
+    assert rows[2].tenants == () and rows[2].offered == 0
+    table = render_timeline(rows, CHAT)
+    assert "team-a: offered/s rejected attained" in table and "team-b: offered/s" in table
+
+
+def test_a_refusal_is_neither_a_failure_nor_admitted_and_each_tenant_is_judged_apart() -> None:
+    requests = through_gateway()
+    samples = burst_samples()
+    summary = summarize(
+        requests, samples, [], CHAT, drains=[], histories=group_histories(samples),
+        gpus_per_group=1, end_seconds=60,
+    )  # fmt: skip
+
+    assert (summary.sent, summary.rejected, summary.failed) == (7, 2, 2)
+    assert summary.attainment_admitted == pytest.approx(2 / 5)
+    tenants = {f.tenant: f for f in summary.tenants}
+    assert (tenants["team-a"].offered, tenants["team-a"].rejected) == (4, 0)
+    assert tenants["team-a"].attainment_offered == pytest.approx(1 / 4)
+    assert tenants["team-b"].attainment_admitted == pytest.approx(1 / 2)
+    text = render_summary(summary, CHAT, title="demo")
+    assert "2 of 7 sent refused by admission" in text
+    assert "team-b: offered 4, rejected 2, attainment against offered 25.0%, against admitted 50.0%" in text
+    document = summary.as_dict()
+    assert [t["tenant"] for t in document["tenants"]] == ["team-a", "team-b"]
+    assert document["tenants"][1]["attainment_admitted"] == pytest.approx(1 / 2)
+
+
+def test_through_a_gateway_a_drain_counts_what_the_gateway_says_its_group_served() -> None:
+    """All requests go to the gateway's address, so only the group it names can tie them to a drain."""
+    (drain,) = drain_records(G1_DRAIN, group_histories(burst_samples()), through_gateway())
+
+    assert (drain.group, drain.requests_served, drain.requests_lost) == ("g1", 2, 1)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from goodput.controllers.drain import (
     Candidate,
     DrainBaseline,
+    DrainOutcomeRecord,
     DrainPolicy,
     DrainProgress,
     DrainView,
@@ -19,8 +20,11 @@ from goodput.controllers.drain import (
     LeaderSample,
     ProbeFailure,
     RemoveGroup,
+    canonical_outcome,
     choose_victims,
+    encode_outcome,
     encode_progress,
+    parse_outcome,
     parse_progress,
     stale_loads,
     step_drain,
@@ -517,3 +521,64 @@ SLICE_CASES = [
 def test_endpoint_slices(case: SliceCase) -> None:
     body = {"metadata": {"name": "llama-x7k2p", "labels": case.labels}, "endpoints": case.endpoints}
     assert parse_endpoint_slice(body) == case.routes
+
+
+# The drain-outcome annotation: what a restarted operator records must be what was decided.
+
+outcome_records = st.builds(
+    DrainOutcomeRecord,
+    outcome=st.sampled_from(["Drained", "TimedOut"]),
+    started_at=st.datetimes(
+        min_value=datetime(2020, 1, 1), max_value=datetime(2040, 1, 1), timezones=st.just(UTC)
+    ),
+    ended_at=st.datetimes(
+        min_value=datetime(2020, 1, 1), max_value=datetime(2040, 1, 1), timezones=st.just(UTC)
+    ),
+    duration_seconds=st.floats(min_value=0, max_value=1e6),
+    requests_finished=st.none() | st.integers(min_value=0, max_value=10**9),
+    requests_aborted=st.none() | st.integers(min_value=0, max_value=10**9),
+    on_timeout=st.none() | st.sampled_from(["Abort", "Requeue"]),
+    message=st.text(max_size=200),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(outcome_records)
+def test_a_drain_outcome_reads_back_as_decided_once_canonical(record: DrainOutcomeRecord) -> None:
+    canonical = canonical_outcome(record)
+    assert parse_outcome(encode_outcome(canonical)) == canonical
+    assert (canonical.outcome, canonical.requests_finished, canonical.requests_aborted) == (
+        record.outcome,
+        record.requests_finished,
+        record.requests_aborted,
+    )
+    assert abs((canonical.ended_at - record.ended_at).total_seconds()) < 0.001
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "not json",
+        "[]",
+        '{"outcome": "Vanished", "startedAt": "2026-01-01T00:00:00Z"}',
+        '{"outcome": "Drained", "startedAt": "yesterday", "endedAt": "2026-01-01T00:00:00Z", '
+        '"durationSeconds": 1}',
+        '{"outcome": "Drained", "startedAt": "2026-01-01T00:00:00Z", "endedAt": "2026-01-01T00:00:00Z", '
+        '"durationSeconds": -4}',
+    ],
+    ids=["absent", "empty", "not json", "not an object", "unknown outcome", "bad time", "negative"],
+)
+def test_an_unreadable_drain_outcome_is_none_so_the_drain_decides_again(text: str | None) -> None:
+    assert parse_outcome(text) is None
+
+
+def test_a_drain_outcome_with_unreadable_counts_keeps_them_unknown() -> None:
+    text = (
+        '{"outcome": "TimedOut", "startedAt": "2026-01-01T00:00:00Z", "endedAt": "2026-01-01T00:01:00Z", '
+        '"durationSeconds": 60, "requestsFinished": "many", "requestsAborted": -1, "onTimeout": "Retry"}'
+    )
+    record = parse_outcome(text)
+    assert record is not None
+    assert (record.requests_finished, record.requests_aborted, record.on_timeout) == (None, None, None)

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.api.modelgroup import RECENT_DRAINS
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.drain import DrainBaseline, DrainProgress, LeaderSample
+from goodput.controllers.drain import DrainBaseline, DrainOutcomeRecord, DrainProgress, LeaderSample
 from goodput.controllers.groups import (
     Backoff,
     Plan,
@@ -163,7 +164,14 @@ def states(plan: Plan) -> dict[str, str]:
 
 
 def event_reasons(plan: Plan) -> list[str]:
-    return [event.reason for event in plan.events]
+    """Every Event the operator posts for a plan: a drain's start and end travel with their actions."""
+    starts = [start.event for start in plan.drain_starts if start.event is not None]
+    ends = [ended.event for ended in plan.drains_ended if ended.event is not None]
+    return [event.reason for event in (*starts, *plan.events, *ends)]
+
+
+def started(plan: Plan) -> list[tuple[str, datetime]]:
+    return [(start.group, start.since) for start in plan.drain_starts]
 
 
 @dataclass(frozen=True)
@@ -540,8 +548,8 @@ def test_scale_in_of_ready_groups_drains_them_first() -> None:
             leader_readings=idle("g0", "g1"),
         )
     )
-    assert [(c.group, c.ready) for c in plan.unready] == [("g1", False)]
-    assert [(m.group, m.since) for m in plan.drain_marks] == [("g1", NOW)]
+    assert started(plan) == [("g1", NOW)]
+    assert plan.unready == () and plan.drain_marks == ()
     assert plan.deletions == ()
     assert states(plan) == {"g0": "Ready", "g1": "Draining"}
     assert event_reasons(plan) == [EventReason.DRAIN_STARTED]
@@ -559,7 +567,7 @@ def test_ready_leaders_are_read_before_one_is_chosen_for_scale_in() -> None:
     plan = plan_model_group(world(*groups, desired=1, leader_readings=idle("g0")))
     # The not-ready group goes at once; the ready victim waits for g1's leader to be read.
     assert [d.group for d in plan.deletions] == ["g2"]
-    assert plan.unready == () and plan.drain_marks == ()
+    assert plan.unready == () and plan.drain_starts == ()
     assert [p.group for p in plan.leader_probes] == ["g1"]
     assert states(plan) == {"g0": "Ready", "g1": "Ready"}
 
@@ -578,8 +586,9 @@ def test_the_ready_group_holding_the_least_work_is_drained() -> None:
             leader_readings=readings,
         )
     )
-    assert [m.group for m in plan.drain_marks] == ["g0"]
-    assert "1 running and 0 waiting" in plan.events[0].message
+    assert [group for group, _ in started(plan)] == ["g0"]
+    (start,) = plan.drain_starts
+    assert start.event is not None and "1 running and 0 waiting" in start.event.message
 
 
 def test_groups_younger_than_the_minimum_lifetime_are_not_drained() -> None:
@@ -587,7 +596,7 @@ def test_groups_younger_than_the_minimum_lifetime_are_not_drained() -> None:
     plan = plan_model_group(
         world(group("g0", "ready", created=young), group("g1", "ready", created=young), desired=1)
     )
-    assert plan.unready == () and plan.deletions == () and plan.leader_probes == ()
+    assert plan.drain_starts == () and plan.deletions == () and plan.leader_probes == ()
 
 
 @pytest.mark.parametrize(
@@ -612,7 +621,7 @@ def test_young_groups_are_drained_only_over_max_replicas_or_on_deletion(
             **change,
         )
     )
-    assert [m.group for m in plan.drain_marks] == drained
+    assert [group for group, _ in started(plan)] == drained
 
 
 def draining(name: str, since_seconds: float, **changes: Any) -> list[PodView]:
@@ -698,15 +707,18 @@ def test_draining_groups_leave_when_idle_or_out_of_time(case: DrainCase) -> None
             routed_pods=case.routed,
         )
     )
-    assert [d.group for d in plan.deletions] == (["g1"] if case.deleted else [])
+    # A drain's end is written and recorded first; the ranks go in a later pass (see below).
+    assert plan.deletions == ()
     assert ([p.group for p in plan.leader_probes] == ["g1"]) is case.probed
     assert event_reasons(plan) == ([case.event] if case.event else [])
     if case.deleted:
         (ended,) = plan.drains_ended
         assert ended.requests_finished == case.readings["g1"].finished_total - 40
         assert ended.requests_aborted == case.readings["g1"].in_flight
+        (outcome,) = plan.drain_outcomes
+        assert outcome.pods == tuple(pod.name for pod in pods)
     else:
-        assert "g1" in states(plan) and plan.drains_ended == ()
+        assert "g1" in states(plan) and plan.drains_ended == () and plan.drain_outcomes == ()
 
 
 def test_a_draining_groups_progress_is_recorded_on_its_leader() -> None:
@@ -765,6 +777,14 @@ def apply(w: World, plan: Plan) -> World:
     for release in plan.gate_releases:
         for name in release.pods:
             pods[name] = replace(pods[name], gated=False)
+    for start in plan.drain_starts:
+        for name in start.pods:
+            pods[name] = replace(
+                pods[name], draining_since=start.since, group_ready=condition("False", w.now)
+            )
+    for outcome in plan.drain_outcomes:
+        for name in outcome.pods:
+            pods[name] = replace(pods[name], drain_outcome=outcome.record)
     for change in (*plan.unready, *plan.ready):
         for name in change.pods:
             pods[name] = replace(
@@ -861,7 +881,7 @@ def test_a_group_drained_the_moment_it_became_ready_is_not_marked_ready() -> Non
         )
     )
     assert [c.group for c in plan.ready] == []
-    assert [(c.group, c.ready) for c in plan.unready] == [("g1", False)]
+    assert started(plan) == [("g1", NOW)]
     assert states(plan) == {"g0": "Ready", "g1": "Draining"}
 
 
@@ -881,3 +901,167 @@ def test_a_group_that_lost_nccl_health_says_which_check_failed_and_how() -> None
         "lost NCCL health (AllReduceTimeout: rank 8 did not finish the all-reduce within 120s)"
         in failed.message
     )
+
+
+# Issue 18: a drain's every step resumes from what the pods hold, wherever an operator stopped.
+
+DRAIN_BEGAN = NOW - timedelta(seconds=40)
+OUTCOME = DrainOutcomeRecord(
+    outcome="Drained",
+    started_at=DRAIN_BEGAN,
+    ended_at=NOW - timedelta(seconds=2),
+    duration_seconds=38.0,
+    requests_finished=5,
+    requests_aborted=0,
+    message="group g1 drained in 38.0s",
+)
+
+
+def _rank(pods: list[PodView], rank: int, **changes: Any) -> list[PodView]:
+    return [replace(p, **changes) if p.rank == rank else p for p in pods]
+
+
+@dataclass(frozen=True)
+class StoppedStart:
+    name: str
+    victim: list[PodView]
+
+
+STOPPED_STARTS = [
+    StoppedStart(
+        "marked on rank 0 only, every gate still True",
+        _rank(group("g1", "ready", domain="c"), 0, draining_since=DRAIN_BEGAN),
+    ),
+    StoppedStart(
+        "marked on every rank, gate False on rank 0 only",
+        _rank(
+            group("g1", "ready", domain="c", draining_since=DRAIN_BEGAN),
+            0,
+            group_ready=condition("False", DRAIN_BEGAN),
+        ),
+    ),
+    StoppedStart(
+        "every gate False and no mark at all (closed by an operator that wrote no intent)",
+        group("g1", "ready", domain="c", group_ready=condition("False", DRAIN_BEGAN)),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STOPPED_STARTS, ids=lambda case: case.name)
+def test_a_drain_start_cut_short_is_judged_draining_and_completed(case: StoppedStart) -> None:
+    plan = plan_model_group(
+        world(group("g0", "ready"), case.victim, desired=1, leader_readings=idle("g0", "g1"))
+    )
+    # Never Warming, never deleted at once: the drain resumes from its start.
+    assert states(plan) == {"g0": "Ready", "g1": "Draining"}
+    assert plan.deletions == () and plan.drains_ended == ()
+    (start,) = plan.drain_starts
+    assert (start.group, start.pods, start.since) == ("g1", ("llama-70b-g1-0", "llama-70b-g1-1"), DRAIN_BEGAN)
+    # Whether the stopped operator posted DrainStarted is unknown: the resumed start announces itself.
+    assert start.event is not None and start.event.reason == EventReason.DRAIN_STARTED
+    assert "resuming a drain start" in start.event.message
+    # Applied, the start is complete and not repeated.
+    again = plan_model_group(apply(world(group("g0", "ready"), case.victim, desired=1), plan))
+    assert again.drain_starts == () and states(again)["g1"] == "Draining"
+
+
+@dataclass(frozen=True)
+class StoppedEnd:
+    name: str
+    victim: list[PodView]
+    recorded: bool
+    deleted: tuple[str, ...]
+    outcome_written_to: tuple[str, ...]
+
+
+ENDED = group(
+    "g1", "ready", domain="c", draining_since=DRAIN_BEGAN, group_ready=condition("False", DRAIN_BEGAN)
+)
+STOPPED_ENDS = [
+    StoppedEnd(
+        "outcome on rank 0 only, not recorded",
+        _rank(ENDED, 0, drain_outcome=OUTCOME),
+        recorded=False,
+        deleted=(),
+        outcome_written_to=("llama-70b-g1-1",),
+    ),
+    StoppedEnd(
+        "outcome on every rank, status write lost",
+        [replace(p, drain_outcome=OUTCOME) for p in ENDED],
+        recorded=False,
+        deleted=(),
+        outcome_written_to=(),
+    ),
+    StoppedEnd(
+        "recorded, no rank deleted yet",
+        [replace(p, drain_outcome=OUTCOME) for p in ENDED],
+        recorded=True,
+        deleted=("llama-70b-g1-0", "llama-70b-g1-1"),
+        outcome_written_to=(),
+    ),
+    StoppedEnd(
+        "recorded, rank 0 already deleted",
+        _rank([replace(p, drain_outcome=OUTCOME) for p in ENDED], 0, deleting=True),
+        recorded=True,
+        deleted=("llama-70b-g1-1",),
+        outcome_written_to=(),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STOPPED_ENDS, ids=lambda case: case.name)
+def test_an_ended_drain_is_rebuilt_from_its_ranks_and_recorded_before_deletion(case: StoppedEnd) -> None:
+    # The leader now reports other counts: the outcome on the ranks is what counts, not a recount.
+    readings = {"g1": LeaderSample(NOW, 2, 0, finished_total=99)}
+    plan = plan_model_group(
+        world(
+            group("g0", "ready"),
+            case.victim,
+            desired=1,
+            leader_readings=readings,
+            recorded_drains=frozenset({"g1"}) if case.recorded else frozenset(),
+        )
+    )
+    assert [pod for d in plan.deletions for pod in d.pods] == list(case.deleted)
+    assert [pod for mark in plan.drain_outcomes for pod in mark.pods] == list(case.outcome_written_to)
+    assert plan.creations == ()  # a leaving group is neither failed nor replaced
+    assert plan.drain_starts == () and plan.ready == ()
+    if case.recorded:
+        assert plan.drains_ended == () and event_reasons(plan) == []
+        assert "g1" not in states(plan)
+    else:
+        (ended,) = plan.drains_ended
+        assert (ended.requests_finished, ended.requests_aborted, ended.started_at) == (5, 0, DRAIN_BEGAN)
+        assert event_reasons(plan) == [EventReason.DRAIN_FINISHED]
+        assert states(plan)["g1"] == "Draining"
+
+
+def test_a_leaving_group_is_not_put_back_in_service_by_a_scale_out() -> None:
+    leaving = [replace(p, drain_outcome=OUTCOME) for p in ENDED]
+    plan = plan_model_group(world(group("g0", "ready"), leaving, desired=2))
+    assert plan.ready == () and plan.drains_cancelled == ()
+    assert len(plan.creations) == 1
+
+
+def test_no_more_drains_end_in_a_pass_than_the_status_keeps_so_each_is_recorded_once() -> None:
+    """A drain is deleted only once `status.drain.recent` (10 records) holds it: twelve drains that
+    end together end over two passes, each recorded once and deleted once."""
+    names = [f"g{i}" for i in range(12)]
+    pods = [
+        replace(p, drain_progress=ROUTES_STOPPED) if p.rank == 0 else p
+        for name in names
+        for p in draining(name, 30)
+    ]
+    readings = {name: LeaderSample(NOW, 0, 0, finished_total=41) for name in names}
+    w = world(pods, desired=0, leader_readings=readings)
+    ended: list[str] = []
+    deleted: list[str] = []
+    recorded: frozenset[str] = frozenset()
+    for _ in range(4):
+        plan = plan_model_group(replace(w, recorded_drains=recorded))
+        assert len(plan.drains_ended) <= RECENT_DRAINS
+        ended += [e.group for e in plan.drains_ended if e.group not in recorded]
+        deleted += [d.group for d in plan.deletions]
+        recorded |= {e.group for e in plan.drains_ended}
+        w = apply(w, plan)
+    assert sorted(ended) == sorted(names) and sorted(deleted) == sorted(names)

@@ -22,6 +22,8 @@ from goodput.testbed.emulator_engine import ServingProfile
 from goodput.testbed.emulator_netns import bind_listener
 from goodput.testbed.emulator_server import ServerIdentity, VllmServer, count_prompt_tokens
 from goodput.testbed.loadgen import (
+    GROUP_HEADER,
+    TENANT_HEADER,
     LoadGenerator,
     LoadReport,
     LoadSettings,
@@ -203,6 +205,7 @@ def test_the_report_folds_results_into_counts_rates_and_percentiles() -> None:
     assert (report.planned, report.sent, report.not_sent_concurrency_limit) == (5, 3, 2)
     assert report.outcomes == {
         "ok": 2,
+        "rejected": 0,
         "aborted": 0,
         "cut": 1,
         "error": 0,
@@ -338,3 +341,57 @@ def test_each_failure_is_classified(fault: str, outcome: str) -> None:
     assert report.sent == 1
     assert report.outcomes[outcome] == 1, report.outcomes
     assert math.isnan(report.e2e_seconds.mean), "a failed request has no completion latency"
+
+
+@contextlib.asynccontextmanager
+async def admitting_only(tenant: str) -> AsyncIterator[tuple[list[str | None], str]]:
+    """A gateway's answers, no more: `tenant` is streamed a completion by group g1, anyone else gets
+    429 with Retry-After. Yields the tenant header of each request seen, and the base URL."""
+    from aiohttp import web
+
+    seen: list[str | None] = []
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get(TENANT_HEADER))
+        if request.headers.get(TENANT_HEADER) != tenant:
+            return web.Response(status=429, headers={"Retry-After": "3"}, text="over budget")
+        response = web.StreamResponse(headers={GROUP_HEADER: "g1", "Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"text": "a", "finish_reason": "length"}]}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield seen, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def test_tenants_are_named_to_a_gateway_its_refusals_are_rejections_and_the_serving_group_is_kept() -> None:
+    plan = [
+        PlannedRequest(0, 0.0, 10, 1, tenant="light"),
+        PlannedRequest(1, 0.0, 10, 1, tenant="noisy"),
+        PlannedRequest(2, 0.0, 10, 1),
+    ]
+
+    async def main() -> tuple[LoadReport, list[RequestResult], list[str | None]]:
+        async with admitting_only("light") as (seen, url):
+            generator = LoadGenerator(TargetPool([url], TargetPolicy()), LoadSettings())
+            report = await generator.run(plan)
+            return report, sorted(generator.results, key=lambda r: r.index), seen
+
+    report, results, seen = asyncio.run(main())
+    assert sorted(seen, key=str) == sorted(["light", "noisy", None], key=str)
+    assert [(r.outcome, r.status, r.group) for r in results] == [
+        ("ok", 200, "g1"),
+        ("rejected", 429, None),
+        ("rejected", 429, None),
+    ]
+    assert report.outcomes["rejected"] == 2 and report.outcomes["http_error"] == 0

@@ -10,7 +10,7 @@ import asyncio
 import copy
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,11 +19,19 @@ import pytest
 
 from goodput.controllers import naming
 from goodput.controllers.drain import LeaderSample, parse_progress
-from goodput.controllers.groups import EventRecord
+from goodput.controllers.groups import APPLY_ORDER, EventRecord, Plan
 from goodput.controllers.observation import RouteView, parse_node, parse_pod
 from goodput.controllers.ownership import GROUP_STATUS
 from goodput.controllers.placement import GpuClaim
-from goodput.operator.handlers import Indexes, ModelGroupLoop, Runtime, run_model_group_loop
+from goodput.operator.handlers import (
+    GROUP_WRITES,
+    OWN_STEPS,
+    Indexes,
+    ModelGroupLoop,
+    PlanWrites,
+    Runtime,
+    run_model_group_loop,
+)
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
@@ -382,9 +390,10 @@ def test_scale_in_closes_admission_then_waits_for_the_endpoints_to_go_and_the_le
     read(h, "g1", 1, finished=20)
 
     calls = h.run()
-    # The group with less in flight goes: its gate goes False on every rank, then it is marked.
-    assert calls[:2] == [("gate", "llama-g1-0", "False"), ("gate", "llama-g1-1", "False")]
-    assert {c[1] for c in calls[2:4]} == {"llama-g1-0", "llama-g1-1"}
+    # The group with less in flight goes: every rank is marked draining first (the intent, which a
+    # restarted operator resumes), and only then does its gate go False on every rank.
+    assert set(calls[:2]) == {("annotate-pod", "llama-g1-0"), ("annotate-pod", "llama-g1-1")}
+    assert calls[2:4] == [("gate", "llama-g1-0", "False"), ("gate", "llama-g1-1", "False")]
     assert [e.reason for e in h.events[-1:]] == ["DrainStarted"]
     status = h.kube.status_writes[-1]["status"]
     assert (status["drainingGroups"], status["readyGroups"]) == (1, 1)
@@ -406,10 +415,15 @@ def test_scale_in_closes_admission_then_waits_for_the_endpoints_to_go_and_the_le
     h.run()
     read(h, "g1", 0, finished=23)
     calls = h.run()
-    assert {c[1] for c in calls if c[0] == "delete-pod"} == {"llama-g1-0", "llama-g1-1"}
-    assert ("delete-service", "llama-g1") in calls
+    # The drain's end goes on every rank and into the status first; nothing is deleted yet.
+    assert not any(c[0] == "delete-pod" for c in calls)
+    assert {c[1] for c in calls if c[0] == "annotate-pod"} == {"llama-g1-0", "llama-g1-1"}
     assert h.events[-1].reason == "DrainFinished" and "2 request(s) finished" in h.events[-1].message
     drain = h.kube.status_writes[-1]["status"]["drain"]
+    calls = h.run()
+    assert {c[1] for c in calls if c[0] == "delete-pod"} == {"llama-g1-0", "llama-g1-1"}
+    assert ("delete-service", "llama-g1") in calls
+    assert [e.reason for e in h.events].count("DrainFinished") == 1
     assert (drain["drained"], drain["requestsFinished"], drain["requestsAborted"]) == (1, 2, 0)
     assert drain["recent"][0]["group"] == "g1" and drain["recent"][0]["outcome"] == "Drained"
     metrics = h.loop.runtime.metrics.registry
@@ -437,14 +451,19 @@ def test_a_timed_out_drain_counts_its_aborted_requests_even_when_the_status_writ
     read(h, "g1", 4, finished=20)
     h.kube.status_failure = KubeError(503, "ServiceUnavailable", "the server is shutting down")
     calls = h.run(fails=True)
-    assert {c[1] for c in calls if c[0] == "delete-pod"} == {"llama-g1-0", "llama-g1-1"}
-    assert h.events[-1].reason == "DrainTimedOut" and "4 request(s) aborted" in h.events[-1].message
+    # Not recorded, so not deleted and not announced yet: the outcome waits on the ranks.
+    assert not any(c[0] == "delete-pod" for c in calls)
+    assert "DrainTimedOut" not in [e.reason for e in h.events]
     assert h.kube.status_writes == [] or "drain" not in h.kube.status_writes[-1]["status"]
 
-    # The next pass writes what the failed one could not, once.
+    # The next pass writes what the failed one could not, once, and announces it; then the ranks go.
     h.kube.status_failure = None
+    read(h, "g1", 0, finished=25)  # a later reading does not change the outcome already decided
     h.run()
-    h.run()
+    assert [e.reason for e in h.events].count("DrainTimedOut") == 1
+    assert "4 request(s) aborted" in h.events[-1].message
+    calls = h.run()
+    assert {c[1] for c in calls if c[0] == "delete-pod"} == {"llama-g1-0", "llama-g1-1"}
     writes = [w["status"]["drain"] for w in h.kube.status_writes if "drain" in w["status"]]
     assert writes and writes[-1]["timedOut"] == 1 and writes[-1]["requestsAborted"] == 4
     assert writes[-1]["recent"][0]["onTimeout"] == "Abort"
@@ -578,3 +597,36 @@ def test_only_a_spec_change_or_a_deletion_wakes_the_loop_not_a_status_or_annotat
     change(resourceVersion="10", generation=2)  # kubectl scale, or any spec edit
     change(resourceVersion="11", generation=2, deletionTimestamp="2026-03-01T11:00:00Z")
     assert seen == [True, False, False, True, True]
+
+
+# The plan's write order, as the loop applies it.
+
+# Plan fields that are no write of the loop: what it reports, counts or remembers.
+NOT_WRITTEN = frozenset(
+    {
+        "events",
+        "drains_cancelled",
+        "groups",
+        "placement_limit",
+        "became_ready",
+        "backoffs",
+        "transitions",
+        "readiness_reported",
+        "rollout",
+    }
+)
+
+
+def test_the_loop_applies_every_step_of_the_apply_order_and_the_order_names_every_action_of_a_plan() -> None:
+    assert len(set(APPLY_ORDER)) == len(APPLY_ORDER)
+    assert not set(GROUP_WRITES) & OWN_STEPS
+    assert set(APPLY_ORDER) == set(GROUP_WRITES) | OWN_STEPS
+    assert set(APPLY_ORDER) == {f.name for f in fields(Plan)} - NOT_WRITTEN
+    for write in GROUP_WRITES.values():
+        assert callable(getattr(PlanWrites, write.method)), write
+    order = APPLY_ORDER.index
+    # Intent before the act: the drain's mark before any gate, its outcome before any deletion and
+    # before its record; gates False on failing ranks before deleting anything.
+    assert order("drain_starts") < order("unready") < order("deletions")
+    assert order("drain_outcomes") < order("deletions") and order("drain_outcomes") < order("drains_ended")
+    assert order("annotations") < order("creations") < order("gate_releases")

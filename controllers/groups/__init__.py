@@ -29,11 +29,14 @@ from goodput.controllers.groups.lifecycle import (
     next_phase,
 )
 from goodput.controllers.groups.model import (
+    APPLY_ORDER,
     Assessment,
     Backoff,
     DrainEnded,
     DrainMark,
+    DrainOutcomeMark,
     DrainProgressMark,
+    DrainStart,
     EventRecord,
     GateChange,
     GateRelease,
@@ -64,12 +67,15 @@ def plan_model_group(world: World) -> Plan:
 
 __all__ = [
     "ACTIVE_STATES",
+    "APPLY_ORDER",
     "TRANSITIONS",
     "Assessment",
     "Backoff",
     "DrainEnded",
     "DrainMark",
+    "DrainOutcomeMark",
     "DrainProgressMark",
+    "DrainStart",
     "EventRecord",
     "GateChange",
     "GateRelease",

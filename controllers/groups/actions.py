@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.drain import KeepDraining, RemoveGroup
+from goodput.controllers.drain import DrainOutcomeRecord, KeepDraining
 from goodput.controllers.groups.lifecycle import ACTIVE_STATES, GroupEvent, GroupTransition
 from goodput.controllers.groups.model import (
     Assessment,
     DrainEnded,
     DrainMark,
+    DrainOutcomeMark,
     DrainProgressMark,
+    DrainStart,
     EventRecord,
     GateChange,
     GateRelease,
@@ -43,12 +45,12 @@ from goodput.controllers.pods import SHUTDOWN_MARGIN_SECONDS
 class _Actions:
     """The plan's action lists while they are derived (local to `plan_actions`)."""
 
+    drain_starts: list[DrainStart] = field(default_factory=list)
     unready: list[GateChange] = field(default_factory=list)
     deletions: list[GroupDeletion] = field(default_factory=list)
     drain_marks: list[DrainMark] = field(default_factory=list)
     ready: list[GateChange] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
-    drains_ended: list[DrainEnded] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     probes: list[LeaderProbe | None] = field(default_factory=list)
 
@@ -67,13 +69,20 @@ def plan_actions(tick: Tick) -> Plan:
     probes = [_probe(g, world) for g in still_draining if continuing[g.name].probe]
     probes += [_probe(tick.groups[name], world) for name in tick.unread_leaders]
     probes += actions.probes
+    started = {start.group for start in actions.drain_starts}
+    actions.drain_starts.extend(
+        _resumed_start(g, world) for g in still_draining if g.name not in started and g.unstarted_drain_pods
+    )
+    outcomes = [_ending(tick.observed[name], record, tick) for name, record in tick.drains_ending.items()]
     reported = _start_problems(final, world) + _readiness_waits(final, world)
     actions.events.extend(event for _, event in reported)
     rollout = _rollout_status(tick, final)
     actions.events.extend(_rollout_events(rollout, world))
     return Plan(
         annotations=_annotations(tick),
+        drain_starts=tuple(actions.drain_starts),
         unready=tuple(actions.unready),
+        drain_outcomes=tuple(mark for mark, _ in outcomes if mark is not None),
         deletions=tuple(actions.deletions),
         creations=tick.creations,
         gate_releases=tuple(
@@ -89,7 +98,7 @@ def plan_actions(tick: Tick) -> Plan:
         warmups=tuple(request for g in final if (request := _warmup(g, world)) is not None),
         leader_probes=tuple(probe for probe in probes if probe is not None),
         events=tuple(actions.events),
-        drains_ended=tuple(actions.drains_ended),
+        drains_ended=tuple(ended for _, ended in outcomes),
         drains_cancelled=tuple(actions.cancelled),
         groups=tuple(final),
         placement_limit=tick.placement_limit,
@@ -216,35 +225,52 @@ def _warmed_up(tick: Tick, step: GroupTransition, actions: _Actions, superseded:
 
 
 def _drain_ended(tick: Tick, step: GroupTransition, actions: _Actions, superseded: bool) -> None:
-    world = tick.world
-    drain = tick.drain_steps[step.group]
-    assert isinstance(drain, RemoveGroup)
-    group = tick.observed[step.group]
-    actions.deletions.append(_deletion(tick, group))
-    timed_out = step.event is GroupEvent.DRAIN_TIMED_OUT
-    actions.drains_ended.append(
-        DrainEnded(
-            group=group.name,
-            outcome=drain.outcome,
-            started_at=group.draining_since or world.now,
-            ended_at=world.now,
-            duration_seconds=drain.duration_seconds,
-            requests_finished=drain.requests_finished,
-            requests_aborted=drain.requests_aborted,
-            on_timeout=world.rules.drain_on_timeout if timed_out else None,
-        )
-    )
-    template = world.template
+    """The drain's end is in `status.drain.recent` (recorded and announced by an earlier pass):
+    only now are its ranks deleted."""
+    actions.deletions.append(_deletion(tick, tick.observed[step.group]))
+
+
+def _ending(
+    group: Assessment, record: DrainOutcomeRecord, tick: Tick
+) -> tuple[DrainOutcomeMark | None, DrainEnded]:
+    """A drain whose end is decided but not recorded yet: its outcome written on every rank that
+    lacks it, then its status record and Event. The ranks stay until a pass sees the record."""
+    template = tick.world.template
     grace = template.shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS
-    actions.events.append(
-        EventRecord(
-            "Warning" if timed_out else "Normal",
-            EventReason.DRAIN_TIMED_OUT if timed_out else EventReason.DRAIN_FINISHED,
-            f"{drain.message}; {len(group.pods)} pod(s) deleted together with a "
-            f"{grace}s grace period (vLLM --shutdown-timeout {template.shutdown_timeout_seconds}s)",
-            group.name,
-        )
+    timed_out = record.outcome == "TimedOut"
+    event = EventRecord(
+        "Warning" if timed_out else "Normal",
+        EventReason.DRAIN_TIMED_OUT if timed_out else EventReason.DRAIN_FINISHED,
+        f"{record.message}; {len(group.pods)} pod(s) deleted together with a "
+        f"{grace}s grace period (vLLM --shutdown-timeout {template.shutdown_timeout_seconds}s)",
+        group.name,
     )
+    unmarked = tuple(pod.name for pod in group.pods if pod.drain_outcome != record)
+    ended = DrainEnded(
+        group=group.name,
+        outcome=record.outcome,
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        duration_seconds=record.duration_seconds,
+        requests_finished=record.requests_finished,
+        requests_aborted=record.requests_aborted,
+        on_timeout=record.on_timeout,
+        event=event,
+    )
+    return (DrainOutcomeMark(group.name, unmarked, record) if unmarked else None), ended
+
+
+def _resumed_start(group: Assessment, world: World) -> DrainStart:
+    """Finish a drain start an operator left part-done: every rank marked, then every gate False.
+    Whether the stopped operator posted DrainStarted (after its last mark, before the gates) is not
+    known, so the resumed start announces itself: at least once, never a drain nobody was told of."""
+    since = group.draining_since or world.now
+    message = (
+        f"group {group.name} draining since {since.isoformat()}: resuming a drain start that was "
+        f"cut short (rank(s) {', '.join(group.unstarted_drain_pods)} not yet out of service)"
+    )
+    event = EventRecord("Normal", EventReason.DRAIN_STARTED, message, group.name)
+    return DrainStart(group.name, group.pod_names, since, Reason.GROUPS_DRAINING, message, event)
 
 
 def _scaled_out(tick: Tick, step: GroupTransition, actions: _Actions, superseded: bool) -> None:
@@ -262,11 +288,12 @@ def _created(tick: Tick, step: GroupTransition, actions: _Actions, superseded: b
 def _scaled_in(tick: Tick, step: GroupTransition, actions: _Actions, superseded: bool) -> None:
     if step.after == "Draining":
         group = tick.groups[step.group]
-        actions.unready.append(
-            GateChange(group.name, group.pod_names, False, Reason.GROUPS_DRAINING, step.message)
+        event = EventRecord("Normal", EventReason.DRAIN_STARTED, step.message, group.name)
+        actions.drain_starts.append(
+            DrainStart(
+                group.name, group.pod_names, tick.world.now, Reason.GROUPS_DRAINING, step.message, event
+            )
         )
-        actions.drain_marks.append(DrainMark(group.name, group.pod_names, tick.world.now))
-        actions.events.append(EventRecord("Normal", EventReason.DRAIN_STARTED, step.message, group.name))
         # The drain's baseline: the leader's counters as admission closes.
         actions.probes.append(_probe(group, tick.world))
         return

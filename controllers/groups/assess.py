@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from datetime import datetime
 
 from goodput.api.reasons import Reason
 from goodput.controllers import naming
@@ -34,6 +35,10 @@ def assess_group(name: str, pods: Iterable[PodView], world: World) -> Assessment
     if not live:
         return None
     base = _base(name, live, world)
+    if base.drain_outcome is not None:
+        # The drain's end is decided and written: its ranks are leaving (some may be gone already),
+        # so a missing rank is the deletion's progress, not a failure.
+        return _draining(base)
     broken = _broken_rank(name, everything, live, world)
     if broken is not None:
         return _failed(base, *broken)
@@ -59,8 +64,34 @@ def _base(name: str, live: tuple[PodView, ...], world: World) -> Assessment:
         created_at=min((pod.created_at for pod in live if pod.created_at), default=world.now),
         replaces=next((pod.replaces for pod in live if pod.replaces), None),
         outdated=any(pod.revision != world.template.revision for pod in live),
-        draining_since=min((pod.draining_since for pod in live if pod.draining_since), default=None),
+        draining_since=_draining_since(live, world),
         drain_progress=next((pod.drain_progress for pod in live if pod.rank == 0), None),
+        drain_outcome=next((pod.drain_outcome for pod in live if pod.drain_outcome), None),
+    )
+
+
+def _draining_since(live: tuple[PodView, ...], world: World) -> datetime | None:
+    """When the group's drain began: the earliest draining-since mark on any rank (a drain start
+    cut short marks only some). A group-ready gate that is False with no mark anywhere was closed by
+    an operator that wrote no intent first (an older version, or a hand edit): the group has left
+    service, so it is judged Draining from the gate's time and the drain resumed, never taken for a
+    Warming group that may be deleted at once."""
+    marked = min((pod.draining_since for pod in live if pod.draining_since), default=None)
+    if marked is not None:
+        return marked
+    closed = [pod.group_ready for pod in live if pod.group_ready and pod.group_ready.status == "False"]
+    if not closed:
+        return None
+    return min((gate.last_transition or world.now for gate in closed), default=world.now)
+
+
+def _draining(base: Assessment) -> Assessment:
+    since = base.draining_since or (base.drain_outcome.started_at if base.drain_outcome else None)
+    message = f"draining since {since.isoformat()}" if since else "draining"
+    if base.drain_outcome is not None:
+        message = f"drain ended ({base.drain_outcome.outcome}); removing every rank"
+    return replace(
+        base, state="Draining", draining_since=since, reason=Reason.GROUPS_DRAINING, message=message
     )
 
 
@@ -167,12 +198,7 @@ def _running(base: Assessment, world: World) -> Assessment:
     warm-up pass, Failed (StartupTimedOut) past the start-up timeout."""
     live = base.pods
     if base.draining_since is not None:
-        return replace(
-            base,
-            state="Draining",
-            reason=Reason.GROUPS_DRAINING,
-            message=f"draining since {base.draining_since.isoformat()}",
-        )
+        return _draining(base)
     if all(pod.marked_group_ready for pod in live):
         ready_at = min(pod.group_ready.last_transition or world.now for pod in live if pod.group_ready)
         return replace(base, state="Ready", reason=Reason.GROUPS_READY, ready_at=ready_at, checks_passed=True)

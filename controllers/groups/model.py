@@ -23,6 +23,7 @@ from typing import Any, Literal
 from goodput.api.modelgroup import DrainOutcome
 from goodput.controllers import naming
 from goodput.controllers.drain import (
+    DrainOutcomeRecord,
     DrainPolicy,
     DrainProgress,
     LeaderReading,
@@ -154,6 +155,8 @@ class World:
     rollout: RolloutRules = RolloutRules()
     # The rollout recorded on the ModelGroup (annotation), or None before any.
     rollout_progress: RolloutProgress | None = None
+    # Groups whose ended drain is in the ModelGroup's `status.drain.recent`: those may be deleted.
+    recorded_drains: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,8 @@ class Assessment:
     ready_at: datetime | None = None
     draining_since: datetime | None = None
     drain_progress: DrainProgress | None = None
+    # Draining: how the drain ended, once decided and written on some rank (the group is leaving).
+    drain_outcome: DrainOutcomeRecord | None = None
     # Placing: the gang gate is still on some pod.
     gated: bool = False
     # Warming: NCCL and revision checks passed; only the warm-up is left.
@@ -197,6 +202,16 @@ class Assessment:
     @property
     def pod_names(self) -> tuple[str, ...]:
         return tuple(pod.name for pod in self.pods)
+
+    @property
+    def unstarted_drain_pods(self) -> tuple[str, ...]:
+        """Ranks of a draining group whose drain start is not complete: no draining-since mark, or a
+        readiness gate not yet False (an operator stopped part-way through starting the drain)."""
+        return tuple(
+            pod.name
+            for pod in self.pods
+            if pod.draining_since is None or pod.group_ready is None or pod.group_ready.status != "False"
+        )
 
     @property
     def ordinal(self) -> int:
@@ -215,7 +230,23 @@ class Assessment:
         )
 
 
-# Actions, in the order the operator applies them.
+# Actions, in the order the operator applies them (`APPLY_ORDER`).
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStart:
+    """Start (or finish starting) a group's drain, intent first: the draining-since mark is
+    written on every rank, then the DrainStarted Event is posted, and only then does the
+    group-ready gate go False on any rank. An operator killed at any point leaves either an
+    untouched serving group or a marked one, which the next pass judges Draining and completes
+    (`Assessment.unstarted_drain_pods`); never a group out of service with no drain on record."""
+
+    group: str
+    pods: tuple[str, ...]
+    since: datetime
+    reason: str
+    message: str
+    event: EventRecord | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +262,8 @@ class GateChange:
 
 @dataclass(frozen=True, slots=True)
 class DrainMark:
-    """Record on every rank when the group started draining; since=None ends the drain (and
-    clears its progress) because the group goes back in service."""
+    """Clear the draining-since mark (and the drain's progress) on every rank: the group goes
+    back in service. A drain's start is a `DrainStart`."""
 
     group: str
     pods: tuple[str, ...]
@@ -249,8 +280,18 @@ class DrainProgressMark:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainOutcomeMark:
+    """Write how a drain ended on every rank, before its status record and before any deletion."""
+
+    group: str
+    pods: tuple[str, ...]
+    record: DrainOutcomeRecord
+
+
+@dataclass(frozen=True, slots=True)
 class DrainEnded:
-    """A drain that ended with the group's removal, for status, metrics and Events."""
+    """A drain that ended, for the status record, metrics and its Event. Emitted (again) by every
+    pass until `status.drain.recent` holds the group; the ranks are deleted only after that."""
 
     group: str
     outcome: DrainOutcome
@@ -260,6 +301,8 @@ class DrainEnded:
     requests_finished: int | None
     requests_aborted: int | None
     on_timeout: OnTimeout | None = None
+    # DrainFinished or DrainTimedOut, posted once per drain by the operator that records it.
+    event: EventRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,12 +367,36 @@ class EventRecord:
     marks): the operator posts it only once they all succeeded. None: an observation, posted as is."""
 
 
+# The order the operator applies a plan's actions in. Intent comes before the act it announces:
+# a drain's mark before its gate (`DrainStart`), a drain's outcome on the ranks and in the status
+# before the ranks are deleted (`DrainOutcomeMark`, `DrainEnded`; the deletion waits for a pass
+# that sees the record in `status.drain.recent`). Each step is resumable from the API server alone.
+APPLY_ORDER: tuple[str, ...] = (
+    "annotations",
+    "drain_starts",
+    "unready",
+    "drain_outcomes",
+    "deletions",
+    "drains_ended",
+    "creations",
+    "gate_releases",
+    "drain_marks",
+    "drain_progress",
+    "ready",
+    "warmups",
+    "leader_probes",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one tick decided. `groups` is the state of every group once the plan is applied."""
+    """What one tick decided. `groups` is the state of every group once the plan is applied.
+    The operator applies the actions in `APPLY_ORDER`; `drains_ended` reaches the status write."""
 
     annotations: Mapping[str, str]
+    drain_starts: tuple[DrainStart, ...] = ()
     unready: tuple[GateChange, ...] = ()
+    drain_outcomes: tuple[DrainOutcomeMark, ...] = ()
     deletions: tuple[GroupDeletion, ...] = ()
     creations: tuple[GroupCreation, ...] = ()
     gate_releases: tuple[GateRelease, ...] = ()

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import cast
 
+from goodput.api.modelgroup import RECENT_DRAINS
 from goodput.api.reasons import Reason
 from goodput.controllers import naming
 from goodput.controllers.drain import (
     Candidate,
     CandidateState,
+    DrainOutcomeRecord,
     DrainProgress,
     DrainStep,
     DrainView,
@@ -26,6 +28,7 @@ from goodput.controllers.drain import (
     LeaderReading,
     LeaderSample,
     RemoveGroup,
+    canonical_outcome,
     choose_victims,
     stale_loads,
     step_drain,
@@ -72,6 +75,8 @@ class Tick:
     backoffs: tuple[Backoff, ...] = ()
     became_ready: tuple[Assessment, ...] = ()
     drain_steps: Mapping[str, DrainStep] = field(default_factory=dict)
+    # Drains whose end is decided but not yet in `status.drain.recent`: recorded before deletion.
+    drains_ending: Mapping[str, DrainOutcomeRecord] = field(default_factory=dict)
     creations: tuple[GroupCreation, ...] = ()
     victims: Mapping[str, Candidate] = field(default_factory=dict)
     unread_leaders: tuple[str, ...] = ()
@@ -180,33 +185,67 @@ def readiness(tick: Tick) -> Tick:
 
 def drains(tick: Tick) -> Tick:
     """Draining groups leave when their leader is idle after routing stopped, or at the time limit
-    (Drained / DrainTimedOut); the others record how far their drain got."""
+    (Drained / DrainTimedOut); the others record how far their drain got.
+
+    A drain's end is decided once and kept on its ranks (`DrainOutcomeRecord`); the group is
+    deleted only in a pass that finds that record in `status.drain.recent`, so an operator killed
+    between the decision, the status write and the deletion neither loses nor repeats it."""
     world = tick.world
     policy = world.rules.drain_policy()
     steps = dict(tick.drain_steps)
-    for group in tick.in_state("Draining"):
-        leader = group.pods[0]
-        view = DrainView(
-            group=group.name,
-            started_at=group.draining_since or world.now,
-            routed_pods=tuple(pod.name for pod in group.pods if pod.name in world.routed_pods),
-            progress=group.drain_progress or DrainProgress(),
-            reading=world.leader_readings.get(group.name),
-            last_sample=world.leader_samples.get(group.name),
-            leader_reachable=leader.ip is not None,
-        )
-        step = step_drain(view, policy, world.now)
-        steps[group.name] = step
-        if isinstance(step, RemoveGroup):
-            event = GroupEvent.DRAIN_TIMED_OUT if step.outcome == "TimedOut" else GroupEvent.DRAINED
-            tick = tick.moved(None, transition(group.name, "Draining", event, step.message))
+    ending = dict(tick.drains_ending)
+    # Drains already ended on their ranks first: at most RECENT_DRAINS may await their record.
+    draining = sorted(tick.in_state("Draining"), key=lambda g: (g.drain_outcome is None, group_key(g.name)))
+    for group in draining:
+        record = group.drain_outcome
+        if record is None:
+            step = step_drain(_drain_view(group, world), policy, world.now)
+            if isinstance(step, RemoveGroup) and len(ending) >= RECENT_DRAINS:
+                waiting = "drain over: waiting a pass for other drains to be recorded first"
+                step = KeepDraining("ReadingLeader", waiting, group.drain_progress or DrainProgress(), True)
+            steps[group.name] = step
+            if isinstance(step, KeepDraining):
+                groups = {
+                    **tick.groups,
+                    group.name: replace(group, message=step.message, drain_progress=step.progress),
+                }
+                tick = replace(tick, groups=groups)
+                continue
+            record = _outcome(group, step, world)
+        if group.name in world.recorded_drains:
+            event = GroupEvent.DRAIN_TIMED_OUT if record.outcome == "TimedOut" else GroupEvent.DRAINED
+            tick = tick.moved(None, transition(group.name, "Draining", event, record.message))
         else:
-            groups = {
-                **tick.groups,
-                group.name: replace(group, message=step.message, drain_progress=step.progress),
-            }
-            tick = replace(tick, groups=groups)
-    return replace(tick, drain_steps=steps)
+            ending[group.name] = record
+            leaving = replace(group, drain_outcome=record, message=f"drain ended: {record.message}")
+            tick = replace(tick, groups={**tick.groups, group.name: leaving})
+    return replace(tick, drain_steps=steps, drains_ending=ending)
+
+
+def _drain_view(group: Assessment, world: World) -> DrainView:
+    return DrainView(
+        group=group.name,
+        started_at=group.draining_since or world.now,
+        routed_pods=tuple(pod.name for pod in group.pods if pod.name in world.routed_pods),
+        progress=group.drain_progress or DrainProgress(),
+        reading=world.leader_readings.get(group.name),
+        last_sample=world.leader_samples.get(group.name),
+        leader_reachable=group.pods[0].ip is not None,
+    )
+
+
+def _outcome(group: Assessment, step: RemoveGroup, world: World) -> DrainOutcomeRecord:
+    record = DrainOutcomeRecord(
+        outcome=step.outcome,
+        started_at=group.draining_since or world.now,
+        ended_at=world.now,
+        duration_seconds=step.duration_seconds,
+        requests_finished=step.requests_finished,
+        requests_aborted=step.requests_aborted,
+        on_timeout=world.rules.drain_on_timeout if step.outcome == "TimedOut" else None,
+        message=step.message,
+    )
+    return canonical_outcome(record)
 
 
 def scale(tick: Tick) -> Tick:
@@ -240,7 +279,11 @@ def _cancel_drains(tick: Tick, shortfall: int) -> Tick:
     service (ScaledOut) always beats creating a new one. The drain begun last has lost the least."""
     now = tick.world.now
     # A group of an older template drained by a rollout goes back only if the rollout stopped.
-    reusable = [g for g in tick.in_state("Draining") if not g.outdated or tick.stalled]
+    reusable = [
+        g
+        for g in tick.in_state("Draining")
+        if (not g.outdated or tick.stalled) and g.drain_outcome is None and g.name not in tick.drains_ending
+    ]
     draining = sorted(reusable, key=lambda g: (g.draining_since or now, g.ordinal), reverse=True)
     for group in draining[:shortfall]:
         message = (
