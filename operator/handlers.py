@@ -163,7 +163,7 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
 
 
 def _register_lifecycle(registry: kopf.OperatorRegistry) -> None:
-    """Start-up (kopf's settings, the HTTP session, the metrics server), login and clean-up."""
+    """Start-up (kopf's settings, the HTTP session), login and clean-up."""
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
