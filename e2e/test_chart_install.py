@@ -241,12 +241,15 @@ def test_the_chart_installs_upgrades_and_uninstalls_leaving_only_the_crds(
             ("ClusterRole", f"{fullname}-controller"),
             ("ClusterRole", f"{fullname}-nodes"),
             ("ClusterRoleBinding", f"{fullname}-controller"),
-            ("ClusterKopfPeering", fullname),
+            ("Role", f"{fullname}-leader-election"),
+            ("RoleBinding", f"{fullname}-leader-election"),
+            ("PodDisruptionBudget", fullname),
         ]:
             assert expected in objects, f"{expected} not created"
-        # The pod passed the restricted Pod Security admission (kwok then runs nothing in it).
+        assert not [kind for kind, _ in objects if kind == "ClusterKopfPeering"], "the Lease replaced peering"
+        # The pods passed the restricted Pod Security admission (kwok then runs nothing in them).
         deployment = get_json(cluster, "deployment", fullname, "-n", namespace)
-        assert deployment["status"]["availableReplicas"] == 1
+        assert deployment["status"]["availableReplicas"] == deployment["spec"]["replicas"] == 2
         for crd in goodput_crds:
             body = get_json(cluster, "crd", crd)
             assert body["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -310,6 +313,9 @@ def operator_environment(cluster: LocalCluster, install: Installed) -> dict[str,
     env["GOODPUT_METRICS_ADDRESS"] = "127.0.0.1"
     env["GOODPUT_METRICS_PORT"] = str(metrics_port)
     env["POD_ID"] = f"{install.release}-under-test"
+    # The downward API's metadata.namespace, as the Deployment gives it.
+    if env.get("GOODPUT_LEADER_ELECTION") == "true":
+        env["GOODPUT_LEADER_ELECTION_NAMESPACE"] = install.namespace
     return env
 
 
@@ -419,13 +425,10 @@ def test_the_operator_reconciles_a_sample_with_only_the_charts_permissions(
                 cluster, "events", "-n", workload_namespace, "--field-selector", "reason=GroupCreated"
             )
             assert any(event.get("reportingComponent") == "goodput" for event in events["items"])
-            # peering: the operator registered in the chart's peering object and is the active replica
-            peering = (
-                get_json(cluster, "kopfpeering", fullname, "-n", workload_namespace)
-                if mode == "namespaced"
-                else get_json(cluster, "clusterkopfpeering", fullname)
-            )
-            assert env["POD_ID"] in peering["status"], "the operator registered in the chart's peering object"
+            # leases: the operator holds the chart's Lease in the release's namespace
+            lease = get_json(cluster, "lease", fullname, "-n", install.namespace)
+            holder = lease["spec"]["holderIdentity"]
+            assert holder.startswith(env["POD_ID"] + "_"), f"the Lease is held by {holder}"
             with urllib.request.urlopen(env["GOODPUT_LIVENESS_ENDPOINT"], timeout=5) as health:
                 assert health.status == 200
 

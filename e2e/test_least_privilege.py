@@ -55,7 +55,8 @@ Grant = tuple[str, str, str]
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 NEVER_VERBS = frozenset({"escalate", "bind", "impersonate"})
 # Where the operator may write, and why: its own kinds (kopf's finalizer and annotations, status,
-# scale), the pods and Services of its groups, Events, and its one peering object. RBAC cannot say
+# scale), the pods and Services of its groups, Events, and its leader election Lease (in the release's
+# namespace only; kopf's peering object instead when a platform chooses peering). RBAC cannot say
 # "only the pods it owns"; the owner references and the group labels say it, and the API server's
 # admission is the place to narrow it further.
 OPERATOR_WRITES = frozenset(
@@ -72,6 +73,7 @@ OPERATOR_WRITES = frozenset(
         "events",
         "clusterkopfpeerings.kopf.dev",
         "kopfpeerings.kopf.dev",
+        "leases.coordination.k8s.io",
     }
 )
 AGENT_WRITES = frozenset({"pods", "pods/status"})
@@ -84,12 +86,10 @@ def expand(resources: Iterable[str], verbs: Iterable[str], name: str = "") -> se
 NODES_TABLE = expand(["nodes"], ["get", "list", "watch"])
 
 
-def operator_table(peering: str, peering_kind: str = "clusterkopfpeerings.kopf.dev") -> set[Grant]:
+def operator_table() -> set[Grant]:
     """What the operator needs where it serves, reviewed: the chart's _rbac.tpl says why each."""
     return (
         expand(["events"], ["create"])
-        | expand([peering_kind], ["list", "watch"])
-        | expand([peering_kind], ["get", "patch"], name=peering)
         | expand(["modelgroups.goodput.dev", "slopolicies.goodput.dev"], ["get", "list", "watch", "patch"])
         | expand(["modelgroups.goodput.dev/status", "slopolicies.goodput.dev/status"], ["patch"])
         | expand(["modelgroups.goodput.dev/scale"], ["get", "patch", "update"])
@@ -99,6 +99,14 @@ def operator_table(peering: str, peering_kind: str = "clusterkopfpeerings.kopf.d
         | expand(["services"], ["create", "delete"])
         | expand(["endpointslices.discovery.k8s.io"], ["get", "list", "watch"])
         | NODES_TABLE
+    )
+
+
+def lease_table(lease: str) -> set[Grant]:
+    """In the release's namespace only: the leader election Lease, created once (RBAC cannot name
+    an object before it exists), then read and renewed by its name."""
+    return expand(["leases.coordination.k8s.io"], ["create"]) | expand(
+        ["leases.coordination.k8s.io"], ["get", "update"], name=lease
     )
 
 
@@ -213,13 +221,17 @@ def test_the_default_install_grants_the_operator_exactly_the_reviewed_table(
     watchNamespaces, in those only, and elsewhere nothing but reading nodes."""
     flags = ["--set", f"watchNamespaces[0]={workload_namespace}"] if mode == "namespaced" else []
     with installed(cluster, restricted_namespace, *flags) as install:
-        peering = f"{install.release}-goodput"
+        lease = lease_table(f"{install.release}-goodput")
+        served = operator_table()
         if mode == "namespaced":
-            served = operator_table(peering, peering_kind="kopfpeerings.kopf.dev")
-            expected = {workload_namespace: served, elsewhere: NODES_TABLE, restricted_namespace: NODES_TABLE}
+            expected = {
+                workload_namespace: served,
+                elsewhere: NODES_TABLE,
+                restricted_namespace: NODES_TABLE | lease,
+            }
         else:
-            served = operator_table(peering)
-            expected = dict.fromkeys((workload_namespace, elsewhere, restricted_namespace), served)
+            expected = dict.fromkeys((workload_namespace, elsewhere), served)
+            expected[restricted_namespace] = served | lease
         for namespace, table in expected.items():
             baseline = baseline_of(cluster, namespace)
             found = review(cluster, operator_account(install), namespace, baseline)
@@ -267,8 +279,10 @@ def test_with_the_agent_and_the_gateway_each_account_holds_its_reviewed_table_an
         agent = f"{workload_namespace}:{agent_sidecar.SERVICE_ACCOUNT}"
         expected = {
             # The operator is cluster-wide: the same everywhere.
-            (operator_account(install), workload_namespace): operator_table(f"{install.release}-goodput"),
-            (operator_account(install), elsewhere): operator_table(f"{install.release}-goodput"),
+            (operator_account(install), workload_namespace): operator_table(),
+            (operator_account(install), elsewhere): operator_table(),
+            (operator_account(install), install.namespace): operator_table()
+            | lease_table(f"{install.release}-goodput"),
             # The agent: its own pod, in the namespace it runs in, and nothing anywhere else.
             (agent, workload_namespace): AGENT_TABLE,
             (agent, elsewhere): set(),
@@ -377,7 +391,7 @@ def test_a_wider_role_fails_the_review(
     """The review is not a mirror of the chart: a rule added to the operator's role shows as an
     unreviewed grant and breaks the rules that hold whatever the table says."""
     with installed(cluster, restricted_namespace) as install:
-        table = operator_table(peering=f"{install.release}-goodput")
+        table = operator_table()
         baseline = baseline_of(cluster, elsewhere)
         extra = [
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]},

@@ -163,7 +163,7 @@ def register(registry: kopf.OperatorRegistry, options: Settings) -> None:
 
 
 def _register_lifecycle(registry: kopf.OperatorRegistry) -> None:
-    """Start-up (kopf's settings, the HTTP session, the metrics server), login and clean-up."""
+    """Start-up (kopf's settings, the HTTP session), login and clean-up."""
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
@@ -184,8 +184,7 @@ def _register_lifecycle(registry: kopf.OperatorRegistry) -> None:
         settings.queueing.idle_timeout = 10
         settings.scanning.disabled = True
         runtime.http = aiohttp.ClientSession()
-        if runtime.settings.metrics_port:
-            runtime.metrics.serve(runtime.settings.metrics_address, runtime.settings.metrics_port)
+        # The metrics endpoint is served by `goodput run` from the start, followers included.
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

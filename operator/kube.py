@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from kubernetes import client, config
@@ -46,22 +46,29 @@ class KubeApi:
         api_client: client.ApiClient,
         recorder: RequestRecorder | None = None,
         timeout_seconds: float = 15.0,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
+        """`before_write` runs before every request that is not a GET: the leader election's check
+        that this replica still holds its Lease (it ends the process when it does not)."""
         self._client = api_client
         self._recorder = recorder
         self._timeout = (min(5.0, timeout_seconds), timeout_seconds)
         self._upgraded: set[tuple[str, str, str, str]] = set()
+        self._before_write = before_write
 
     @classmethod
     def from_environment(
-        cls, recorder: RequestRecorder | None = None, timeout_seconds: float = 15.0
+        cls,
+        recorder: RequestRecorder | None = None,
+        timeout_seconds: float = 15.0,
+        before_write: Callable[[], None] | None = None,
     ) -> KubeApi:
         """In a pod: its service account; elsewhere: the current context of $KUBECONFIG or ~/.kube/config."""
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
             config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient(), recorder, timeout_seconds)
+        return cls(client.ApiClient(), recorder, timeout_seconds, before_write)
 
     def request(
         self,
@@ -74,6 +81,8 @@ class KubeApi:
         query: Mapping[str, str] | None = None,
     ) -> Any:
         """One API request; the decoded JSON response, or KubeError for any non-2xx answer."""
+        if verb != "GET" and self._before_write is not None:
+            self._before_write()
         method, url, headers, payload, _ = self._client.param_serialize(
             method=verb,
             resource_path=path,

@@ -54,6 +54,11 @@ class OperatorMetrics:
             ["verb", "resource", "code"],
             registry=r,
         )
+        self.leader = Gauge(
+            "goodput_leader",
+            "1 while this replica holds the leader Lease and acts, 0 while it waits as a follower.",
+            registry=r,
+        )
 
     def _declare_groups(self, r: CollectorRegistry) -> None:
         self.groups = Gauge(

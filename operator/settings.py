@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from goodput.controllers.leader_election import ElectionTiming
+
 LogFormat = Literal["json", "plain", "full"]
 # GOODPUT_PRIORITY / --priority value asking for a priority derived from the pod's name.
 AUTO_PRIORITY = "auto"
@@ -27,6 +29,22 @@ class Settings:
     """Run without peering: for tests and single-replica installs only."""
     peering_name: str = "goodput"
     """kopf peering object shared by the replicas; only the highest-priority replica acts."""
+    leader_election: bool = False
+    """Act only while holding a coordination.k8s.io Lease, so that of several replicas exactly one
+    acts and another takes over when it dies; kopf then runs standalone (no peering)."""
+    leader_election_namespace: str = ""
+    """Namespace of the Lease; empty: the pod's own namespace."""
+    leader_election_name: str = "goodput"
+    """Name of the Lease the replicas compete for."""
+    leader_election_identity: str = ""
+    """This replica's name in the Lease; empty: the pod name (POD_ID) with a random suffix."""
+    lease_duration_seconds: int = 15
+    """How long a follower waits, after it last saw the Lease change, before it takes it over."""
+    renew_deadline_seconds: float = 10.0
+    """How long the leader may go without renewing before it stops acting (exits); shorter than the
+    lease duration, so it has stopped before anyone may take over."""
+    retry_period_seconds: float = 2.0
+    """How often the leader renews and a follower tries to acquire."""
     priority: int = 0
     """This replica's peering priority; replicas must have distinct priorities ('auto': derived
     from the pod name in POD_ID, stable across restarts and distinct between replicas)."""
@@ -104,6 +122,14 @@ class Settings:
             values["liveness_endpoint"] = None
         return cls(**values)
 
+    def election_timing(self) -> ElectionTiming:
+        """The Lease timing; ValueError naming the setting when it is unsafe."""
+        return ElectionTiming(
+            lease_duration_seconds=self.lease_duration_seconds,
+            renew_deadline_seconds=self.renew_deadline_seconds,
+            retry_period_seconds=self.retry_period_seconds,
+        )
+
 
 def auto_priority(pod_id: str) -> int:
     """A peering priority of one replica's own: a CRC-32 of its pod name, so replicas of one
@@ -160,6 +186,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--priority",
         type=_priority,
         help="peering priority of this replica, or 'auto' to derive it from $POD_ID [GOODPUT_PRIORITY]",
+    )
+    parser.add_argument(
+        "--leader-elect",
+        dest="leader_election",
+        action="store_true",
+        default=None,
+        help="act only while holding the leader Lease [GOODPUT_LEADER_ELECTION]",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        help="namespace of the Lease (default: the pod's) [GOODPUT_LEADER_ELECTION_NAMESPACE]",
+    )
+    parser.add_argument("--leader-election-name", help="name of the Lease [GOODPUT_LEADER_ELECTION_NAME]")
+    parser.add_argument(
+        "--leader-election-identity",
+        help="name in the Lease (default: $POD_ID_<random>) [GOODPUT_LEADER_ELECTION_IDENTITY]",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        dest="lease_duration_seconds",
+        type=int,
+        help="seconds a follower waits before taking over [GOODPUT_LEASE_DURATION_SECONDS]",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        dest="renew_deadline_seconds",
+        type=float,
+        help="seconds the leader may go unrenewed before it exits [GOODPUT_RENEW_DEADLINE_SECONDS]",
+    )
+    parser.add_argument(
+        "--retry-period",
+        dest="retry_period_seconds",
+        type=float,
+        help="seconds between renewals and acquire attempts [GOODPUT_RETRY_PERIOD_SECONDS]",
     )
     parser.add_argument(
         "--log-format", choices=["json", "plain", "full"], help="log format [GOODPUT_LOG_FORMAT]"

@@ -564,7 +564,9 @@ class LoadGenerator:
             body["prompt"] = prompt
         return body
 
-    async def _read_stream(self, response: aiohttp.ClientResponse, result: RequestResult, sent: float) -> bool:
+    async def _read_stream(
+        self, response: aiohttp.ClientResponse, result: RequestResult, sent: float
+    ) -> bool:
         """Follow the server-sent events into `result` (first token, chunk gaps, usage, finish
         reason, an in-stream error); True when the stream ended with `[DONE]`."""
         loop = asyncio.get_running_loop()

@@ -172,9 +172,11 @@ def test_defaults_install_the_operator_cluster_wide_without_monitoring(defaults:
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
+            "Role",  # leader election
+            "RoleBinding",
             "Service",
             "Deployment",
-            "ClusterKopfPeering",
+            "PodDisruptionBudget",
             "NetworkPolicy",
         ]
     )
@@ -309,9 +311,19 @@ REFUSED_COMBINATIONS = [
         "enable one of them, not both",
     ),
     RefusedCombination(
-        "replicas without peering",
-        {"replicaCount": 2, "peering": {"enabled": False}},
-        "replicaCount > 1 needs peering.enabled",
+        "replicas without leader election",
+        {"replicaCount": 2, "leaderElection": {"enabled": False}},
+        "replicaCount > 1 needs leaderElection.enabled",
+    ),
+    RefusedCombination(
+        "leader election and kopf peering at once",
+        {"peering": {"enabled": True}},
+        "enable one of them, not both",
+    ),
+    RefusedCombination(
+        "a lease no longer than the renew deadline",
+        {"leaderElection": {"leaseDurationSeconds": 10, "renewDeadlineSeconds": 10}},
+        "leaseDurationSeconds must exceed leaderElection.renewDeadlineSeconds",
     ),
     RefusedCombination(
         "a namespace watched twice", {"watchNamespaces": ["a", "b", "a"]}, "lists a namespace more than once"
@@ -355,12 +367,22 @@ def expand(group: str, resources: Sequence[str], verbs: Sequence[str], name: str
     return {(group, resource, verb, name) for resource in resources for verb in verbs}
 
 
-def framework_grants(peering: str) -> set[Grant]:
+def framework_grants(peering: str | None = None) -> set[Grant]:
+    """Events; with kopf peering instead of leader election, its peering object too."""
+    events = expand("", ["events"], ["create"])
+    if peering is None:
+        return events
     return (
-        expand("", ["events"], ["create"])
+        events
         | expand("kopf.dev", [peering], ["list", "watch"])
         | expand("kopf.dev", [peering], ["get", "patch"], name="goodput")
     )
+
+
+# The Lease, in the release's namespace only: created once, then read and renewed by name.
+LEADER_ELECTION_GRANTS = expand("coordination.k8s.io", ["leases"], ["create"]) | expand(
+    "coordination.k8s.io", ["leases"], ["get", "update"], name="goodput"
+)
 
 
 CONTROLLER_GRANTS = (
@@ -379,9 +401,12 @@ NODE_GRANTS = expand("", ["nodes"], ["get", "list", "watch"])
 def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses(defaults: Rendered) -> None:
     roles = {role["metadata"]["name"]: grants(role["rules"]) for role in defaults.of_kind("ClusterRole")}
 
-    assert roles["goodput-framework"] == framework_grants("clusterkopfpeerings")
+    assert roles["goodput-framework"] == framework_grants()
     assert roles["goodput-controller"] == CONTROLLER_GRANTS
     assert roles["goodput-nodes"] == NODE_GRANTS
+    lease_role = defaults.one("Role", "goodput-leader-election")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    assert grants(lease_role["rules"]) == LEADER_ELECTION_GRANTS
 
 
 def test_namespaced_rbac_grants_per_namespace_and_reads_only_nodes_cluster_wide(namespaced: Rendered) -> None:
@@ -392,20 +417,16 @@ def test_namespaced_rbac_grants_per_namespace_and_reads_only_nodes_cluster_wide(
     cluster_roles = {r["metadata"]["name"]: grants(r["rules"]) for r in namespaced.of_kind("ClusterRole")}
 
     assert roles == {
-        ("serving-a", "goodput-framework"): framework_grants("kopfpeerings"),
+        ("serving-a", "goodput-framework"): framework_grants(),
         ("serving-a", "goodput-controller"): CONTROLLER_GRANTS,
-        ("serving-b", "goodput-framework"): framework_grants("kopfpeerings"),
+        ("serving-b", "goodput-framework"): framework_grants(),
         ("serving-b", "goodput-controller"): CONTROLLER_GRANTS,
+        (NAMESPACE, "goodput-leader-election"): LEADER_ELECTION_GRANTS,
     }
     assert set(cluster_roles) == {"goodput-nodes", "goodput-edit", "goodput-view"}
     assert cluster_roles["goodput-nodes"] == NODE_GRANTS
     assert [b["metadata"]["name"] for b in namespaced.of_kind("ClusterRoleBinding")] == ["goodput-nodes"]
-    assert {
-        (p["metadata"]["namespace"], p["metadata"]["name"]) for p in namespaced.of_kind("KopfPeering")
-    } == {
-        ("serving-a", "goodput"),
-        ("serving-b", "goodput"),
-    }
+    assert not namespaced.of_kind("KopfPeering")
 
 
 def test_every_binding_binds_the_operator_service_account_to_its_own_role(
@@ -431,15 +452,39 @@ def test_no_role_uses_a_wildcard(all_features: Rendered, namespaced: Rendered) -
                 assert "*" not in grant, f"{role['metadata']['name']} grants {grant}"
 
 
-def test_without_peering_the_operator_runs_standalone_and_gets_no_peering_access(helm: Path) -> None:
-    rendered = render(helm, "--set", "peering.enabled=false")
+def test_with_leader_election_the_operator_competes_for_a_lease_in_its_own_namespace(
+    defaults: Rendered,
+) -> None:
+    container = operator_container(defaults)
+    env = env_of(container)
+    assert (env["GOODPUT_LEADER_ELECTION"], env["GOODPUT_LEADER_ELECTION_NAME"]) == ("true", "goodput")
+    assert (env["GOODPUT_LEASE_DURATION_SECONDS"], env["GOODPUT_RENEW_DEADLINE_SECONDS"]) == ("15", "10")
+    assert env["GOODPUT_RETRY_PERIOD_SECONDS"] == "2"
+    namespace = next(i for i in container["env"] if i["name"] == "GOODPUT_LEADER_ELECTION_NAMESPACE")
+    assert namespace["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # The Lease replaces kopf's peering: no peering object, no access to one.
+    assert env["GOODPUT_STANDALONE"] == "true" and "GOODPUT_PEERING_NAME" not in env
+    assert not defaults.of_kind("ClusterKopfPeering")
+    budget = defaults.one("PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+
+
+def test_one_replica_needs_no_disruption_budget_and_never_overlaps(helm: Path) -> None:
+    rendered = render(helm, "--set", "replicaCount=1")
+    assert not rendered.of_kind("PodDisruptionBudget"), "it would block every node drain"
+    assert rendered.one("Deployment")["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_kopf_peering_instead_of_leader_election_gets_peering_access_and_no_lease(helm: Path) -> None:
+    rendered = render(helm, "--set", "peering.enabled=true", "--set", "leaderElection.enabled=false")
 
     framework = rendered.one("ClusterRole", "goodput-framework")
-    assert grants(framework["rules"]) == expand("", ["events"], ["create"])
-    assert not rendered.of_kind("ClusterKopfPeering")
+    assert grants(framework["rules"]) == framework_grants("clusterkopfpeerings")
+    assert rendered.of_kind("ClusterKopfPeering")
+    assert not rendered.of_kind("Role")
     env = env_of(operator_container(rendered))
-    assert env["GOODPUT_STANDALONE"] == "true"
-    assert "GOODPUT_PEERING_NAME" not in env
+    assert (env["GOODPUT_STANDALONE"], env["GOODPUT_PRIORITY"]) == ("false", "auto")
+    assert "GOODPUT_LEADER_ELECTION" not in env
 
 
 def test_rbac_and_service_account_can_be_left_to_the_platform(helm: Path) -> None:
@@ -531,8 +576,8 @@ def test_the_deployment_configures_goodput_run_through_settings_it_has(
 
     cluster_wide = Settings.from_sources({}, env_of(operator_container(defaults)))
     assert cluster_wide.namespaces == ()
-    assert cluster_wide.standalone is False
-    assert cluster_wide.peering_name == "goodput"
+    assert (cluster_wide.standalone, cluster_wide.leader_election) == (True, True)
+    assert cluster_wide.election_timing().takeover_bound_seconds == 17
     assert cluster_wide.log_format == "json"
     assert cluster_wide.liveness_endpoint == "http://0.0.0.0:8080/healthz"
     assert (cluster_wide.metrics_address, cluster_wide.metrics_port) == ("0.0.0.0", 8082)
@@ -545,22 +590,18 @@ def test_the_deployment_configures_goodput_run_through_settings_it_has(
 
 
 @pytest.mark.parametrize(
-    ("replicas", "strategy", "priority"),
-    [(1, "Recreate", None), (3, "RollingUpdate", "auto")],
-    ids=["one replica never overlaps", "replicas get distinct priorities"],
+    ("replicas", "strategy"),
+    [(1, "Recreate"), (3, "RollingUpdate")],
+    ids=["one replica never overlaps", "replicas replaced one at a time"],
 )
-def test_replicas_and_their_update_strategy(
-    helm: Path, replicas: int, strategy: str, priority: str | None
-) -> None:
+def test_replicas_and_their_update_strategy(helm: Path, replicas: int, strategy: str) -> None:
     rendered = render(helm, "--set", f"replicaCount={replicas}")
     deployment = rendered.one("Deployment")
-    env = env_of(operator_container(rendered))
 
     assert deployment["spec"]["replicas"] == replicas
     assert deployment["spec"]["strategy"]["type"] == strategy
-    assert env.get("GOODPUT_PRIORITY") == priority
     identity = next(item for item in operator_container(rendered)["env"] if item["name"] == "POD_ID")
-    assert identity["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, "kopf's peering identity"
+    assert identity["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, "its name in the Lease"
     spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
     assert spread == [
         {

@@ -18,6 +18,7 @@ from goodput.testbed.cluster.config import (
     StatePaths,
     component_commands,
     health_urls,
+    render_audit_policy,
     render_kubeconfig,
     render_kwok_config,
     render_prometheus_config,
@@ -105,6 +106,34 @@ def test_apiserver_needs_no_default_route_and_enforces_rbac(layout: ClusterLayou
     assert flags["client-ca-file"] == str(layout.paths.cert("ca"))
     assert flags["etcd-servers"] == f"http://127.0.0.1:{PORTS.etcd_client}"
     assert flags["enable-priority-and-fairness"] == "false"
+
+
+def test_the_apiserver_audits_every_write_but_the_node_leases(layout: ClusterLayout) -> None:
+    flags = flag_values(component_commands(layout)["kube-apiserver"])
+    assert flags["audit-policy-file"] == str(layout.paths.audit_policy)
+    assert flags["audit-log-path"] == str(layout.paths.audit_log)
+    rules = yaml.safe_load(render_audit_policy())["rules"]
+    first = {rule["level"]: rule for rule in reversed(rules)}
+
+    def level(verb: str, namespace: str) -> str:
+        for rule in rules:
+            if namespace in rule.get("namespaces", [namespace]) and verb in rule.get("verbs", [verb]):
+                return str(rule["level"])
+        raise AssertionError("no rule matched")
+
+    assert first["Metadata"]["verbs"] == ["create", "update", "patch", "delete", "deletecollection"]
+    assert level("update", "goodput-system") == "Metadata"
+    assert level("get", "goodput-system") == "None"
+    assert level("update", "kube-node-lease") == "None"
+
+
+def test_a_second_client_has_its_own_certificate_in_its_kubeconfig(layout: ClusterLayout) -> None:
+    config = yaml.safe_load(render_kubeconfig(layout, user="operator-a"))
+    user = config["users"][0]["user"]
+    assert (user["client-certificate"], user["client-key"]) == (
+        str(layout.paths.cert("operator-a")),
+        str(layout.paths.key("operator-a")),
+    )
 
 
 def test_etcd_is_a_fast_throwaway_store(layout: ClusterLayout) -> None:

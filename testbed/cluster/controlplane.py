@@ -30,6 +30,7 @@ from goodput.testbed.cluster.config import (
     StatePaths,
     component_commands,
     health_urls,
+    render_audit_policy,
     render_kubeconfig,
     render_kwok_config,
     render_prometheus_config,
@@ -181,6 +182,14 @@ class LocalCluster:
     @property
     def network(self) -> PodNetwork:
         return self.layout.network
+
+    def client_kubeconfig(self, user: str, path: Path) -> Path:
+        """A kubeconfig at `path` for a client certificate of its own, user `user` in group
+        system:masters: a second client that the audit log tells apart from the admin."""
+        pki.issue_client_certificate(self.layout.paths.pki, user, pki.Subject(user, "system:masters"))
+        path.write_text(render_kubeconfig(self.layout, user=user))
+        path.chmod(0o600)
+        return path
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout_seconds: float = 60.0
@@ -381,6 +390,7 @@ def _prepare(spec: ClusterSpec, bin_dir: Path, paths: StatePaths, progress: Prog
     paths.kubeconfig.chmod(0o600)
     paths.kwok_config.write_text(render_kwok_config([path.read_text() for path in stage_files()]))
     paths.prometheus_config.write_text(render_prometheus_config(layout))
+    paths.audit_policy.write_text(render_audit_policy())
     return state
 
 

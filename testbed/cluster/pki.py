@@ -83,6 +83,17 @@ def create_cluster_pki(pki_dir: Path) -> None:
         key.chmod(0o600)
 
 
+def issue_client_certificate(pki_dir: Path, name: str, subject: Subject) -> None:
+    """A client certificate `name`.crt/.key signed by the cluster's CA: the API server knows its
+    holder as `subject.common_name` (in group `subject.organization`), in RBAC and in its audit log."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise PkiError("openssl is not installed (Debian: apt-get install openssl)")
+    ca = (pki_dir / "ca.crt", pki_dir / "ca.key")
+    _issue(openssl, pki_dir, name, subject, ca=ca, extensions="extendedKeyUsage=clientAuth\n")
+    (pki_dir / f"{name}.key").chmod(0o600)
+
+
 def _issue(
     openssl: str, pki_dir: Path, name: str, subject: Subject, *, ca: tuple[Path, Path], extensions: str
 ) -> None:

@@ -85,6 +85,11 @@ component when that names a host (has a "." or ":" or is "localhost"), else it i
 {{- toJson (uniq (concat .Values.imagePullSecrets $global)) }}
 {{- end }}
 
+{{/* The leader election Lease's name. */}}
+{{- define "goodput.leaseName" -}}
+{{- default (include "goodput.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
 {{/* The kopf peering object's name. */}}
 {{- define "goodput.peeringName" -}}
 {{- default (include "goodput.fullname" .) .Values.peering.name }}
@@ -112,8 +117,14 @@ point ("2.5", "1.0", "2560.0"), so the rules match the series exactly.
 {{- if and .Values.prometheus.serviceMonitor.enabled .Values.prometheus.podMonitor.enabled }}
 {{- fail "prometheus.serviceMonitor.enabled and prometheus.podMonitor.enabled both scrape the operator: enable one of them, not both" }}
 {{- end }}
-{{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) }}
-{{- fail "replicaCount > 1 needs peering.enabled: without peering every replica would act on the same objects" }}
+{{- if and (gt (int .Values.replicaCount) 1) (not (or .Values.leaderElection.enabled .Values.peering.enabled)) }}
+{{- fail "replicaCount > 1 needs leaderElection.enabled: without it every replica would act on the same objects" }}
+{{- end }}
+{{- if and .Values.leaderElection.enabled .Values.peering.enabled }}
+{{- fail "leaderElection.enabled and peering.enabled both coordinate replicas: enable one of them, not both" }}
+{{- end }}
+{{- if and .Values.leaderElection.enabled (le (float64 .Values.leaderElection.leaseDurationSeconds) (float64 .Values.leaderElection.renewDeadlineSeconds)) }}
+{{- fail "leaderElection.leaseDurationSeconds must exceed leaderElection.renewDeadlineSeconds: the leader must stop before another may take over" }}
 {{- end }}
 {{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) }}
 {{- fail "watchNamespaces lists a namespace more than once" }}

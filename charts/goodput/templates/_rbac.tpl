@@ -60,6 +60,18 @@ The operator's permissions, in two parts (kopf's deployment RBAC draws the same 
   verbs: ["get", "list", "watch"]
 {{- end }}
 
+{{- define "goodput.rbac.leaderElectionRules" -}}
+# The Lease the replicas compete for, in the release's namespace only: created once (RBAC cannot
+# name an object that does not exist yet), then read and renewed by name.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ include "goodput.leaseName" . | quote }}]
+  verbs: ["get", "update"]
+{{- end }}
+
 {{- define "goodput.rbac.nodeRules" -}}
 # GPU inventory and topology labels for gang placement.
 - apiGroups: [""]
