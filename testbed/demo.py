@@ -742,6 +742,8 @@ class Demo:
             "GOODPUT_METRICS_ADDRESS": "127.0.0.1",
             "GOODPUT_METRICS_PORT": str(metrics_port),
             "POD_ID": f"{self.fullname}-local",
+            # What the Deployment takes from the downward API: the Lease lives in its namespace.
+            "GOODPUT_LEADER_ELECTION_NAMESPACE": args.release_namespace,
         }
         secrets_dir = Path(tempfile.mkdtemp(prefix="goodput-demo-"))
         self.cleanup.callback(shutil.rmtree, secrets_dir, True)
