@@ -25,13 +25,12 @@ from typing import Any
 import numpy as np
 
 from goodput.api.reasons import EventReason
+from goodput.testbed.loadgen import FAILED_OUTCOMES
 
 OK = "ok"
 NOT_SENT = "not_sent"
 REJECTED = "rejected"
 """Refused by the gateway's admission (429 with Retry-After): answered, on purpose, not lost."""
-FAILED_OUTCOMES = ("aborted", "cut", "error", "http_error", "connect_error", "timeout")
-"""Outcomes of a request that was sent and did not complete."""
 DRAINING = "draining"
 DRAINED = "drained"
 DRAIN_TIMED_OUT = "timed_out"

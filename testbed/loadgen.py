@@ -54,6 +54,8 @@ SEND_LEAD_SECONDS = 0.05
 
 OUTCOMES = ("ok", "rejected", "aborted", "cut", "error", "http_error", "connect_error", "timeout")
 """`rejected`: refused by an admission gate (HTTP 429, with `Retry-After`); sent, answered at once."""
+FAILED_OUTCOMES = ("aborted", "cut", "error", "http_error", "connect_error", "timeout")
+"""Sent and not answered whole: every outcome but `ok` and `rejected`."""
 TENANT_HEADER = "X-Goodput-Tenant"
 GROUP_HEADER = "X-Goodput-Group"
 """The gateway names the group that served a request; a leader reached directly is its own group."""

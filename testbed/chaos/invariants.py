@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from goodput.testbed.loadgen import FAILED_OUTCOMES
+
 
 @dataclass(frozen=True, slots=True)
 class PodView:
@@ -417,9 +419,6 @@ class Accounting:
     counted_aborted: int
     lost: int
     """Failed streams no injected fault and no counted drain explain: the goal is 0."""
-
-
-FAILED_OUTCOMES = frozenset({"aborted", "cut", "error", "http_error", "timeout"})
 
 
 def account_streams(
