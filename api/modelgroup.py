@@ -987,7 +987,9 @@ class DrainRecord(StatusModel):
     requests_finished: int = Field(default=0, ge=0)
     """Requests the leader finished during the drain."""
     requests_aborted: int = Field(default=0, ge=0)
-    """Requests still in flight at the deletion, ended by the shutdown: never dropped silently."""
+    """Requests the leader still held at its last reading before the deletion, ended by the shutdown:
+    never dropped silently. One that finishes in the moment between that reading and the shutdown is
+    counted too, so this may count more than were aborted, never fewer."""
     on_timeout: Literal["Abort", "Requeue"] | None = None
     """`drain.onTimeout` as applied, for a drain that timed out."""
 

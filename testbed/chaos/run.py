@@ -216,11 +216,15 @@ class Checker:
         counts = []
         for name, status in self.last_status.items():
             by_group: dict[str, int] = {}
-            for (mg, group, _), record in self.drains.items():
+            deadlines: dict[str, float] = {}
+            for (mg, group, started), record in self.drains.items():
                 if mg == name and record["outcome"] == "TimedOut":
                     by_group[group] = by_group.get(group, 0) + int(record.get("requestsAborted", 0))
+                    started_at = parse_time(started)
+                    if started_at is not None:
+                        deadlines[group] = started_at.timestamp() + manifests.DRAIN_MAX_SECONDS
             aborted = int((status.get("drain") or {}).get("requestsAborted", 0))
-            counts.append(DrainCount(name, aborted, frozenset(by_group), by_group))
+            counts.append(DrainCount(name, aborted, frozenset(by_group), by_group, deadlines))
         return counts
 
 
