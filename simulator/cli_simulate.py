@@ -35,6 +35,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     _add_fleet_arguments(parser)
     _add_world_arguments(parser)
     parser.add_argument(
+        "--gateway",
+        action="store_true",
+        help="put the gateway's request path (admission gates, fair queue, routing) in front of the "
+        "groups; needs --modelgroup and --policy",
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -156,6 +162,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         progress=progress,
         trace_limit=args.trace_limit,
         capacity_trial_seconds=args.capacity_trial_seconds,
+        gateway=args.gateway,
     )
 
 
