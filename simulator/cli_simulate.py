@@ -177,6 +177,12 @@ def bench_from(args: argparse.Namespace) -> Bench:
     return Bench(setup, options_from(args))
 
 
+def gateway_outcomes(figures: dict[str, object]) -> str:
+    """The offered requests' outcomes at the gateway's door, on one line."""
+    names = ("admitted", "deferred", "degraded", "rejected", "hold_expired", "infeasible")
+    return f"{figures['offered']} offered: " + ", ".join(f"{figures[name]} {name}" for name in names)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         bench = bench_from(args)
@@ -190,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
         f"(attainment {report['attainment_offered']:.3f} of offered), {report['gpu_hours']:.2f} GPU-hours, "
         f"{report['scale_event_count']} scale events"
     )
+    gateway = report.get("gateway")
+    if gateway is not None:
+        print("gateway: " + gateway_outcomes(gateway))
     for path in paths:
         print(f"wrote {path}")
     return 0

@@ -18,7 +18,10 @@ from goodput.controllers.admission import AdmissionReason
 from goodput.controllers.request_path import RequestPathPolicy
 from goodput.operator.metrics_source import gateway_from_result
 from goodput.operator.promql import GATEWAY_CLASS_LABEL, QUERY_LABEL, Quantity
+from goodput.simulator.baselines import FixedFleet
 from goodput.simulator.config import SimulationSetup, build_setup
+from goodput.simulator.envelope import CapacityEnvelope
+from goodput.simulator.fair_bench import FairBench, outcome_record
 from goodput.simulator.gateway import (
     ADMISSION_NAMES,
     Admission,
@@ -371,3 +374,20 @@ def test_goodput_bench_with_the_gateway_needs_both_manifests() -> None:
     bare = build_setup(None, None)
     with pytest.raises(ValueError, match="--gateway needs --modelgroup and --policy"):
         Bench(bare, RunOptions(trace="synthetic:rate=1,duration=30", gateway=True))
+
+
+def test_the_fair_bench_runs_behind_the_gateway_only_when_asked_and_counts_what_it_refused() -> None:
+    workload, _, _ = overload_runs()
+    capacity = policy().capacity_work_seconds_per_second
+    envelope = CapacityEnvelope(capacity, fleet_requests_per_second(policy(), 1), 0.99, 0)
+    records = {}
+    for name, path in (("plain", None), ("gateway", policy())):
+        bench = FairBench(setup(), workload, measured_envelope=envelope, request_path=path)
+        outcome = bench.run(bench.test, bench.test_feasibility, FixedFleet(1), bench.test_seconds)
+        records[name] = (outcome, outcome_record(outcome))
+    plain, plain_record = records["plain"]
+    fronted, fronted_record = records["gateway"]
+    assert plain.refused is None and "refused" not in plain_record
+    assert fronted.refused is not None and fronted.refused > 0
+    assert fronted_record["refused"] == fronted.refused
+    assert fronted.met > plain.met
