@@ -309,7 +309,8 @@ def _cost(result: SimulationResult, verdicts: RequestVerdicts, gpu_hour_price: f
     horizon = max(result.horizon_seconds, 1e-9)
     gpu_hours = result.gpu_seconds / 3600.0
     cost = gpu_hours * gpu_hour_price
-    good_tokens = float(result.workload.output_tokens[verdicts.met].sum())
+    outputs = result.requests.get("served_output_tokens", result.workload.output_tokens)
+    good_tokens = float(outputs[verdicts.met].sum())
     return {
         "offered_window_seconds": result.horizon_seconds,
         "goodput_rps": met / horizon,

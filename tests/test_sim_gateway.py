@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.admission import AdmissionReason
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
 from goodput.operator.metrics_source import gateway_from_result
 from goodput.operator.promql import GATEWAY_CLASS_LABEL, QUERY_LABEL, Quantity
 from goodput.simulator.baselines import FixedFleet
@@ -391,3 +393,33 @@ def test_the_fair_bench_runs_behind_the_gateway_only_when_asked_and_counts_what_
     assert fronted.refused is not None and fronted.refused > 0
     assert fronted_record["refused"] == fronted.refused
     assert fronted.met > plain.met
+
+
+def degrading_policy() -> RequestPathPolicy:
+    """The sample request path with the chat class's overload action set to Degrade."""
+    document = yaml.safe_load((SAMPLES / "slopolicy-interactive.yaml").read_text())
+    document["spec"]["classes"][0]["overloadAction"] = "Degrade"
+    model_group = setup().model_group
+    assert model_group is not None
+    compiled = compile_request_path(model_group, SloPolicy.model_validate(document))
+    assert isinstance(compiled, RequestPathPolicy)
+    return compiled
+
+
+def test_degraded_requests_are_served_and_best_effort_ones_never_count_as_attaining() -> None:
+    workload, _, _ = overload_runs()
+    result = run_fixed_fleet(setup(), workload, 1, degrading_policy(), horizon_seconds=40.0, seed=3)
+    requests = result.requests
+    degraded = requests["admission"] == Admission.DEGRADED
+    best_effort = requests["best_effort"]
+    assert degraded.sum() > 0
+    assert not (requests["admission"] == Admission.REJECTED).any()  # Degrade serves instead
+    # Best effort queues behind every request admitted on time: it is served, or its hold expires.
+    expired = requests["admission"] == Admission.HOLD_EXPIRED
+    assert (best_effort <= (degraded | expired)).all()
+    assert (requests["group"][degraded] >= 0).all()
+    assert (requests["served_output_tokens"] <= workload.output_tokens).all()
+    met = judge(result, setup().classes).met
+    assert not met[best_effort].any()
+    report = summarize(result, setup().classes)
+    assert report["gateway"]["degraded"] == int(degraded.sum())
