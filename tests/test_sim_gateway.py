@@ -5,6 +5,7 @@ goodput policy decides on."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from goodput.simulator.baselines import FixedFleet
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.envelope import CapacityEnvelope
 from goodput.simulator.fair_bench import FairBench, outcome_record
+from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.gateway import (
     ADMISSION_NAMES,
     Admission,
@@ -44,7 +46,7 @@ from goodput.simulator.policy import FleetObservation
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import judge, summarize
 from goodput.simulator.runner import Bench, RunOptions, request_path_for
-from goodput.simulator.simulation import SimulationResult
+from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import Workload
 
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
@@ -423,3 +425,38 @@ def test_degraded_requests_are_served_and_best_effort_ones_never_count_as_attain
     assert not met[best_effort].any()
     report = summarize(result, setup().classes)
     assert report["gateway"]["degraded"] == int(degraded.sum())
+
+
+def test_from_zero_groups_the_gateways_held_queue_wakes_the_pool_and_is_served() -> None:
+    """No group at the start and minReplicas 0: engines report nothing, so only the requests the
+    gateway holds tell the goodput policy there is demand. Without the gateway nobody holds them."""
+    zero = replace(
+        build_setup(
+            SAMPLES / "modelgroup-llama-8b-tp1.yaml",
+            SAMPLES / "slopolicy-interactive.yaml",
+            ready_time_seconds=10.0,
+        ),
+        min_groups=0,
+        warm_groups=0,
+    )
+    seconds = 240.0
+    workload = poisson_workload({"a": 2.0}, seconds, 9, classes())
+    fleet = FleetConfig(
+        engine=zero.engine,
+        gpus_per_group=1,
+        min_groups=0,
+        max_groups=4,
+        ready_time_median_seconds=10.0,
+        itl_targets_seconds=tuple(c.itl_seconds for c in zero.classes),
+    )
+    outcomes = {}
+    for name, path in (("plain", None), ("gateway", request_path_for(zero))):
+        config = SimulationConfig(fleet=fleet, initial_groups=0, horizon_seconds=seconds, request_path=path)
+        result = simulate(workload, config, GoodputPolicy.for_setup(zero, workload, None))
+        outcomes[name] = (result, int(judge(result, zero.classes).met.sum()))
+    plain, plain_met = outcomes["plain"]
+    fronted, fronted_met = outcomes["gateway"]
+    assert plain_met == 0 and not plain.scale_events
+    assert fronted.scale_events and fronted.scale_events[0].from_groups == 0
+    assert fronted.scale_events[0].to_groups >= 1
+    assert fronted_met > len(workload) / 2
