@@ -6,7 +6,9 @@ Scenarios (each one process, one core):
 - one simulated hour of a fixed 16-group fleet (Llama-3.1-8B, one H100 per group) at the trace's own
   rate — the design target is under 10 wall seconds;
 - the same hour at 10x the rate on 8 groups (busy engines, mixed prefill and decode steps);
-- the same busy hour driven by goodput's decision pipeline every 15 s (metrics scraped every 5 s).
+- the same busy hour driven by goodput's decision pipeline every 15 s (metrics scraped every 5 s);
+- the same busy hour on 8 fixed groups behind the gateway's request path (admission gates, fair
+  queue, routing; the sample ModelGroup and interactive SLOPolicy, whose engine it runs).
 Without the trace file, a Poisson hour at the Azure conversation trace's mean rate and lengths is
 used instead. Prints wall time, simulated/wall ratio and events; nothing is asserted.
 """
@@ -20,13 +22,16 @@ from pathlib import Path
 import numpy as np
 
 from goodput.controllers.autoscale_model import SloTargets
+from goodput.controllers.request_path import RequestPathPolicy
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.baselines import FixedFleet
+from goodput.simulator.config import build_setup
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy
 from goodput.simulator.policy import Autoscaler
+from goodput.simulator.runner import request_path_for
 from goodput.simulator.simulation import SimulationConfig, simulate
 from goodput.simulator.workload import ClassRule, Workload, load_trace, multiply_rate, prepare, truncate
 
@@ -45,7 +50,13 @@ def poisson_hour(seed: int) -> Workload:
 
 
 def measure(
-    label: str, workload: Workload, groups: int, autoscaler: Autoscaler, engine: EngineConfig
+    label: str,
+    workload: Workload,
+    groups: int,
+    autoscaler: Autoscaler,
+    engine: EngineConfig,
+    *,
+    request_path: RequestPathPolicy | None = None,
 ) -> None:
     config = SimulationConfig(
         fleet=FleetConfig(
@@ -57,6 +68,7 @@ def measure(
         ),
         seed=1,
         initial_groups=groups,
+        request_path=request_path,
     )
     started = time.perf_counter()
     result = simulate(workload, config, autoscaler)
@@ -93,6 +105,21 @@ def main() -> None:
     )
     policy = GoodputPolicy(scaling_policy(None, 1, 16, 0, (SloTargets("chat", 1.0, 0.08),)), profile)
     measure("1 h, 10x trace rate, goodput's decision pipeline", busy, 8, policy, engine)
+    samples = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+    setup = build_setup(
+        samples / "modelgroup-llama-8b-tp1.yaml",
+        samples / "slopolicy-interactive.yaml",
+        step_noise_sigma=0.04,
+    )
+    gateway = request_path_for(setup)
+    measure(
+        "1 h, 8 groups, 10x trace rate, behind the gateway",
+        busy,
+        8,
+        FixedFleet(8),
+        setup.engine,
+        request_path=gateway,
+    )
 
 
 if __name__ == "__main__":

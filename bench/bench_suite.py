@@ -2,7 +2,11 @@
 tuned on the training window and reported on the test window, with the hindsight oracle.
 
 Run: .venv/bin/python bench/bench_suite.py --traces ../shared/traces --out out/bench [--workers 2]
-        [--only TRACE,...] [--models llama-8b-tp1,...]
+        [--only TRACE,...] [--models llama-8b-tp1,...] [--gateway]
+
+With --gateway every run (each policy's sweep and test, and the oracle's search) has the gateway's
+request path (admission gates, fair queue, routing) in front of the groups; each run's record then
+counts the requests it refused.
 
 Writes OUT/results.json (every case's sweep, choice, test run, envelope and oracle), OUT/table.md
 (the tables below, with the machine and the wall time) and OUT/<model>/<trace>/cost-vs-attainment.png.
@@ -47,6 +51,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", type=lambda text: set(text.split(",")), help="trace names to run")
     parser.add_argument("--models", type=lambda text: set(text.split(",")), help="model names to run")
+    parser.add_argument(
+        "--gateway", action="store_true", help="the gateway's request path in front of the groups"
+    )
     args = parser.parse_args()
     traces = [t for t in TRACES if args.only is None or t.name in args.only]
     models = [m for m in MODELS if args.models is None or m.name in args.models]
@@ -59,7 +66,14 @@ def main() -> int:
         return 2
     started = time.perf_counter()
     try:
-        records = run_suite(args.traces, args.samples, traces=traces, models=models, workers=args.workers)
+        records = run_suite(
+            args.traces,
+            args.samples,
+            traces=traces,
+            models=models,
+            workers=args.workers,
+            gateway=args.gateway,
+        )
     except ValueError as error:
         print(f"bench_suite: {error}", file=sys.stderr)
         return 2
@@ -70,8 +84,8 @@ def main() -> int:
             plot_curves(record, args.out / record["model"] / record["trace"])
     (args.out / "results.json").write_text(json.dumps(sanitize(records), indent=1) + "\n")
     preamble = (
-        f"`make bench` ({len(records)} cases, {args.workers} worker processes): wall {wall:.0f} s on "
-        f"{machine()}."
+        f"`make bench` ({len(records)} cases, {args.workers} worker processes"
+        f"{', behind the gateway' if args.gateway else ''}): wall {wall:.0f} s on {machine()}."
     )
     text = markdown(records, preamble)
     (args.out / "table.md").write_text(text)

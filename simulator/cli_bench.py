@@ -37,16 +37,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+GATEWAY_COLUMNS: tuple[tuple[str, str, str], ...] = (("refused", "refused_requests", "{:d}"),)
+"""Added when the gateway ran: the requests it refused at the door or whose hold expired."""
+
+
 def _cell(report: Mapping[str, Any], key: str, pattern: str) -> str:
     value = report.get(key)
+    if key == "refused_requests":
+        value = report.get("rejected_requests", {}).get("admission")
     return "-" if value is None else pattern.format(value)
 
 
 def comparison_table(reports: Mapping[str, Mapping[str, Any]]) -> str:
     """One row per policy; the figures a platform team and its finance team compare."""
-    headers = ("policy", *(header for header, _, _ in COLUMNS))
+    gateway = any("gateway" in report for report in reports.values())
+    columns = COLUMNS + GATEWAY_COLUMNS if gateway else COLUMNS
+    headers = ("policy", *(header for header, _, _ in columns))
     rows = [
-        (name, *(_cell(report, key, pattern) for _, key, pattern in COLUMNS))
+        (name, *(_cell(report, key, pattern) for _, key, pattern in columns))
         for name, report in reports.items()
     ]
     widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) for i in range(len(headers))]

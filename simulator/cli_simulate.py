@@ -35,6 +35,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     _add_fleet_arguments(parser)
     _add_world_arguments(parser)
     parser.add_argument(
+        "--gateway",
+        action="store_true",
+        help="put the gateway's request path (admission gates, fair queue, routing) in front of the "
+        "groups; needs --modelgroup and --policy",
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -156,6 +162,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         progress=progress,
         trace_limit=args.trace_limit,
         capacity_trial_seconds=args.capacity_trial_seconds,
+        gateway=args.gateway,
     )
 
 
@@ -168,6 +175,12 @@ def bench_from(args: argparse.Namespace) -> Bench:
         max_groups=args.max_groups,
     )
     return Bench(setup, options_from(args))
+
+
+def gateway_outcomes(figures: dict[str, object]) -> str:
+    """The offered requests' outcomes at the gateway's door, on one line."""
+    names = ("admitted", "deferred", "degraded", "rejected", "hold_expired", "infeasible")
+    return f"{figures['offered']} offered: " + ", ".join(f"{figures[name]} {name}" for name in names)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
         f"(attainment {report['attainment_offered']:.3f} of offered), {report['gpu_hours']:.2f} GPU-hours, "
         f"{report['scale_event_count']} scale events"
     )
+    gateway = report.get("gateway")
+    if gateway is not None:
+        print("gateway: " + gateway_outcomes(gateway))
     for path in paths:
         print(f"wrote {path}")
     return 0

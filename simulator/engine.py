@@ -218,6 +218,10 @@ class Engine:
         self._beta = 0.0
         self._noise = 1.0
         self._chunks: list[tuple[_Seq, int]] = []
+        # Off unless a gateway in front reads them: requests whose first token streamed, and requests
+        # that left the engine (finished or refused), since the gateway last looked.
+        self.started_log: list[int] | None = None
+        self.ended_log: list[int] | None = None
 
         self._reset_counters(started_at)
 
@@ -436,6 +440,8 @@ class Engine:
             self._finish(seq, now, log)
 
     def _finish(self, seq: _Seq, now: float, log: RequestLog) -> None:
+        if self.ended_log is not None:
+            self.ended_log.append(seq.index)
         log.finished_at[seq.index] = now
         log.outcome[seq.index] = Outcome.FINISHED
         log.slow_gaps[seq.index] = seq.slow_gaps
@@ -616,6 +622,8 @@ class Engine:
         self.waiting_prompt_tokens -= seq.target
         self._log.outcome[seq.index] = Outcome.REJECTED_TOO_LONG
         self._log.finished_at[seq.index] = now
+        if self.ended_log is not None:
+            self.ended_log.append(seq.index)
 
     def _end_mixed_step(self, now: float) -> None:
         decoders = len(self._decoding)
@@ -645,6 +653,8 @@ class Engine:
             self.generation_tokens_total += 1
             if math.isnan(log.first_token_at[seq.index]):
                 log.first_token_at[seq.index] = now
+                if self.started_log is not None:
+                    self.started_log.append(seq.index)
                 self.ttft.observe(now - log.routed_at[seq.index])
                 self.prompt_tokens_total += seq.prompt
                 if seq.prefix_blocks and self.config.prefix_caching:

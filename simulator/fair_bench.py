@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from goodput.controllers.request_path import RequestPathPolicy
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests, KnativeKpa, KpaSpec
 from goodput.simulator.config import SimulationSetup
@@ -48,6 +49,7 @@ from goodput.simulator.oracle import (
     search_factor,
 )
 from goodput.simulator.policy import Autoscaler
+from goodput.simulator.records import Outcome as RequestOutcome
 from goodput.simulator.report import ClassTargets, judge
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import Workload, window
@@ -79,6 +81,8 @@ class Outcome:
     feasible: int
     met: int
     meets_target: bool
+    refused: int | None = None
+    """Requests the gateway refused at the door or whose hold expired (None: no gateway ran)."""
 
     @property
     def attainment_offered(self) -> float:
@@ -122,6 +126,9 @@ class FairBench:
     scrape_delay_seconds: float = 5.0
     measured_envelope: CapacityEnvelope | None = None
     """An envelope already measured on this workload's training window (None: measure it)."""
+    request_path: RequestPathPolicy | None = None
+    """The gateway's request path in front of the groups in every run (None: no gateway). The
+    envelope is the groups' own capacity and is measured without it."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.train_fraction < 1.0:
@@ -209,6 +216,7 @@ class FairBench:
             scrape_delay_seconds=self.scrape_delay_seconds,
             horizon_seconds=horizon,
             tail_seconds=300.0,
+            request_path=self.request_path,
         )
         result = simulate(workload, config, autoscaler)
         return self.outcome(result, feasibility, 0.0)
@@ -222,6 +230,9 @@ class FairBench:
             feasible=int(feasibility.feasible.sum()),
             met=int(met.sum()),
             meets_target=meets_target(met, feasibility, result.workload, self.setup.classes),
+            refused=int((result.requests["outcome"] == RequestOutcome.REJECTED_ADMISSION).sum())
+            if "admission" in result.requests
+            else None,
         )
 
     def tune(self, name: str, settings: Sequence[float] | None = None) -> PolicyResult:
@@ -295,6 +306,7 @@ def cheapest_meeting_target(sweep: Sequence[Outcome]) -> tuple[Outcome, bool]:
 
 
 def outcome_record(outcome: Outcome) -> dict[str, Any]:
+    refused = {} if outcome.refused is None else {"refused": outcome.refused}
     return {
         "setting": outcome.setting,
         "gpu_hours": outcome.gpu_hours,
@@ -305,6 +317,7 @@ def outcome_record(outcome: Outcome) -> dict[str, Any]:
         "attainment_feasible": outcome.attainment_feasible,
         "good_per_gpu_hour": outcome.good_per_gpu_hour,
         "meets_target": outcome.meets_target,
+        **refused,
     }
 
 

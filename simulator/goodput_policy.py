@@ -37,6 +37,7 @@ from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
+from goodput.simulator.gateway import gateway_observation
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
 from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
@@ -190,11 +191,16 @@ def snapshot_from(
 ) -> ModelGroupSnapshot:
     """The `ModelGroupSnapshot` the operator would build at `observation.now`, by the same assembly.
 
+    With a gateway in front, its scraped figures go in as the operator's `gateway_from_result`
+    reads them from Prometheus: the decision then counts the gateway's queue and offered requests.
     A failed group's replacement not created yet (a replacement delay) is capacity on its way, as the
     operator counts it; the simulated cluster always has room, so it is never unschedulable, and it
     runs no rollout, so no group is outdated.
     """
     counts = GroupCounts(observation.desired_groups, observation.min_groups, observation.max_groups)
+    scraped = [
+        (sample.time, sample.gateway) for sample in observation.metrics.samples if sample.gateway is not None
+    ]
     return model_group_snapshot(
         group_observations(observation, window_figures(observation, window_seconds)),
         counts,
@@ -203,6 +209,7 @@ def snapshot_from(
         name=name,
         metrics_window_seconds=window_seconds,
         now=observation.now,
+        gateway=gateway_observation(scraped, observation.now, window_seconds),
     )
 
 

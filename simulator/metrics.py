@@ -12,8 +12,12 @@ import bisect
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from goodput.estimators.attainment import Histogram
+
+if TYPE_CHECKING:
+    from goodput.simulator.gateway import GatewaySample
 
 TTFT_BUCKETS_SECONDS: tuple[float, ...] = (
     0.001,
@@ -187,6 +191,8 @@ class FleetSample:
 
     time: float
     groups: tuple[GroupScrape, ...]
+    gateway: GatewaySample | None = None
+    """The gateway's own series at the same scrape, when a gateway stands in front of the groups."""
 
     def by_group(self) -> dict[str, GroupScrape]:
         return {metrics.group: metrics for metrics in self.groups}

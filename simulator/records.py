@@ -23,6 +23,8 @@ class Outcome(IntEnum):
     """The prompt (or prompt plus output) does not fit a group's KV cache at all."""
     UNFINISHED = 5
     """Still in flight when the simulation stopped."""
+    REJECTED_ADMISSION = 6
+    """The gateway refused it at the door (429, 503), or its hold in the gateway's queue ran out."""
 
 
 NOT_YET = math.nan

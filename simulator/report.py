@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from goodput.simulator.gateway import ADMISSION_NAMES
 from goodput.simulator.records import Outcome
 from goodput.simulator.simulation import SimulationResult
 
@@ -66,7 +67,8 @@ def judge(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> Reques
     admitted = requests["group"] >= 0
     ttft = requests["first_token_at"] - arrival
     e2e = requests["finished_at"] - arrival
-    outputs = workload.output_tokens
+    # Behind a gateway a degraded request is served a lower max_tokens: its gaps are those it got.
+    outputs = requests.get("served_output_tokens", workload.output_tokens)
     gaps = np.maximum(outputs - 1, 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(
@@ -83,6 +85,8 @@ def judge(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> Reques
     with np.errstate(invalid="ignore"):
         tpot_ok = np.where(gaps > 0, tpot <= itl_target, True)
         met = finished & (ttft <= ttft_target) & tpot_ok & (e2e <= e2e_target)
+    if "best_effort" in requests:  # served outside its class's SLO: never attaining (nor a miss)
+        met &= ~requests["best_effort"]
     return RequestVerdicts(ttft, tpot, e2e, finished, admitted, met, gaps, requests["slow_gaps"])
 
 
@@ -183,6 +187,7 @@ def summarize(
     workload = result.workload
     report: dict[str, Any] = {
         **_population(result, verdicts),
+        **_admission(result, verdicts, classes),
         **_cost(result, verdicts, gpu_hour_price),
         "scale_events": [
             {
@@ -242,6 +247,11 @@ def _population(result: SimulationResult, verdicts: RequestVerdicts) -> dict[str
         "rejected_requests": {
             "no_ready_group": int((outcome == Outcome.REJECTED_NO_CAPACITY).sum()),
             "too_long": int((outcome == Outcome.REJECTED_TOO_LONG).sum()),
+            **(
+                {"admission": int((outcome == Outcome.REJECTED_ADMISSION).sum())}
+                if "admission" in result.requests
+                else {}
+            ),
         },
         "failed_requests": int((outcome == Outcome.FAILED).sum()),
         "unfinished_requests": int((outcome == Outcome.UNFINISHED).sum()),
@@ -252,13 +262,55 @@ def _population(result: SimulationResult, verdicts: RequestVerdicts) -> dict[str
     }
 
 
+def _admission_counts(admission: np.ndarray, infeasible: np.ndarray, met: np.ndarray) -> dict[str, int]:
+    counts = {name: int((admission == code).sum()) for code, name in ADMISSION_NAMES.items()}
+    return {
+        "offered": len(admission),
+        **counts,
+        "infeasible": int(infeasible.sum()),
+        "slo_met": int(met.sum()),
+    }
+
+
+def _admission(
+    result: SimulationResult, verdicts: RequestVerdicts, classes: tuple[ClassTargets, ...]
+) -> dict[str, Any]:
+    """With a gateway in front (§5): every offered request's outcome at the door, by class and by
+    tenant within it (admitted, deferred, degraded, rejected, its hold expired; infeasible counted
+    apart, across outcomes), beside the requests that met their SLO. Nothing without a gateway."""
+    requests = result.requests
+    if "admission" not in requests:
+        return {}
+    workload = result.workload
+    admission, infeasible, met = requests["admission"], requests["infeasible"], verdicts.met
+    count = len(workload)
+    class_index = workload.class_index if workload.class_index is not None else np.zeros(count, np.int64)
+    tenant_index = workload.tenant_index if workload.tenant_index is not None else np.zeros(count, np.int64)
+    tenants = workload.tenant_names or ("default",)
+    by_class: dict[str, Any] = {}
+    for index, targets in enumerate(classes):
+        in_class = class_index == index
+        by_tenant = {
+            tenant: _admission_counts(admission[mask], infeasible[mask], met[mask])
+            for t, tenant in enumerate(tenants)
+            if (mask := in_class & (tenant_index == t)).any()
+        }
+        by_class[targets.name] = {
+            **_admission_counts(admission[in_class], infeasible[in_class], met[in_class]),
+            "tenants": by_tenant,
+        }
+    total = _admission_counts(admission, infeasible, met)
+    return {"gateway": {**total, "classes": by_class}}
+
+
 def _cost(result: SimulationResult, verdicts: RequestVerdicts, gpu_hour_price: float) -> dict[str, Any]:
     """Goodput over the offered window, and what the GPUs cost for it."""
     met = int(verdicts.met.sum())
     horizon = max(result.horizon_seconds, 1e-9)
     gpu_hours = result.gpu_seconds / 3600.0
     cost = gpu_hours * gpu_hour_price
-    good_tokens = float(result.workload.output_tokens[verdicts.met].sum())
+    outputs = result.requests.get("served_output_tokens", result.workload.output_tokens)
+    good_tokens = float(outputs[verdicts.met].sum())
     return {
         "offered_window_seconds": result.horizon_seconds,
         "goodput_rps": met / horizon,

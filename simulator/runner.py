@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import (
     FixedFleet,
@@ -71,6 +72,8 @@ class RunOptions:
     bin_seconds: float = 30.0
     capacity_trial_seconds: float = 300.0
     kpa_target_per_group: float = 16.0
+    gateway: bool = False
+    """Put the gateway's request path (admission, fair queue, routing) in front of the groups."""
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Bench:
     _envelope: CapacityEnvelope | None = field(default=None, init=False)
     _need: np.ndarray | None = field(default=None, init=False)
     _feasibility: Feasibility | None = field(default=None, init=False)
+    request_path: RequestPathPolicy | None = field(default=None, init=False)
     search: EnvelopeSearch | None = field(default=None, init=False)
     """How the envelope is measured when the profile holds no figure (default: `EnvelopeSearch`)."""
 
@@ -129,6 +133,7 @@ class Bench:
             else None,
         )
         self.pricing = WorkPricing.from_step_model(setup.engine.cost)
+        self.request_path = request_path_for(setup) if options.gateway else None
 
     @property
     def horizon_seconds(self) -> float:
@@ -255,6 +260,7 @@ class Bench:
             scrape_interval_seconds=self.options.scrape_interval_seconds,
             scrape_delay_seconds=self.options.scrape_delay_seconds,
             horizon_seconds=self.horizon_seconds,
+            request_path=self.request_path,
         )
         result = simulate(self.workload, config, autoscaler, progress=self.options.progress)
         context = {
@@ -267,6 +273,7 @@ class Bench:
             "duration_seconds": self.options.duration_seconds,
             "start_seconds": self.options.start_seconds,
             "router": self.options.router,
+            "gateway": self.request_path is not None,
             "scrape_interval_seconds": getattr(autoscaler, "scrape_interval_seconds", None)
             or self.options.scrape_interval_seconds,
             "scrape_delay_seconds": getattr(autoscaler, "scrape_delay_seconds", None)
@@ -299,6 +306,19 @@ class Bench:
             if envelope.trials == 0
             else f"measured on feasible requests: {envelope.groups} groups, {envelope.repeats} repeats",
         }
+
+
+def request_path_for(setup: SimulationSetup) -> RequestPathPolicy:
+    """The gateway's policy, compiled from the ModelGroup and the SLOPolicy as the gateway compiles
+    it; both manifests are needed (the request path prices and limits come from both)."""
+    if setup.model_group is None or setup.slo_policy is None:
+        raise ValueError(
+            "--gateway needs --modelgroup and --policy: the request path is compiled from both manifests"
+        )
+    compiled = compile_request_path(setup.model_group, setup.slo_policy)
+    if isinstance(compiled, str):
+        raise ValueError(f"--gateway: the request path cannot be compiled: {compiled}")
+    return compiled
 
 
 def analytic_rate_per_group(setup: SimulationSetup, workload: Workload, pricing: WorkPricing) -> float:

@@ -16,15 +16,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from goodput.controllers.groups import GroupTransition
+from goodput.controllers.request_path import RequestPathPolicy
 from goodput.simulator.engine import Engine
 from goodput.simulator.fleet import Fleet, FleetConfig, FleetCounts, Group, GroupPhase, LifecycleEvent
+from goodput.simulator.gateway import SimGateway
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsHistory
 from goodput.simulator.policy import Autoscaler, FleetObservation, GroupInfo
 from goodput.simulator.records import Outcome, RequestLog
 from goodput.simulator.workload import Workload
 
-_STEP, _LIFECYCLE, _FAIL, _REPLACE, _SCHEDULED_FAIL, _SCRAPE, _CONTROL, _GROUPS = range(8)
+_STEP, _LIFECYCLE, _FAIL, _REPLACE, _SCHEDULED_FAIL, _SCRAPE, _CONTROL, _GROUPS, _HOLD = range(9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,10 @@ class SimulationConfig:
     control_start_seconds: float = 60.0
     """First control tick: the fleet starts warm but its engines start empty, so no policy acts
     before one metrics window of real load has been seen."""
+    request_path: RequestPathPolicy | None = None
+    """With a request path, a gateway stands between the workload and the groups: its admission
+    gates, fair queue and routing (`simulator.gateway`); without, each request goes to the fleet's
+    router at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,8 @@ class SimulationResult:
     events_processed: int
     group_transitions: tuple[tuple[float, GroupTransition], ...] = ()
     """Every move the group controller decided, with the simulated time it did (see `fleet`)."""
+    backlogged_cost_by_tenant: dict[str, float] | None = None
+    """With a gateway: the fair-queue cost dispatched per tenant while two or more tenants waited."""
 
 
 def scrape(group: Group, now: float) -> GroupScrape:
@@ -184,6 +194,7 @@ class _Run:
         self.total = len(self.arrivals)
         self.processed = 0
         self.now = 0.0
+        self.gateway = SimGateway(config.request_path, workload) if config.request_path is not None else None
 
     def push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
         self.counter += 1
@@ -202,6 +213,8 @@ class _Run:
 
     def work_left(self) -> bool:
         """Arrivals to come or requests in flight: otherwise the run is over."""
+        if self.gateway is not None and self.gateway.holds_requests():
+            return True
         return self.next_arrival < self.total or any(
             group.engine.in_flight
             for group in self.fleet.groups
@@ -212,6 +225,8 @@ class _Run:
         for index in indices:
             self.log.outcome[index] = Outcome.FAILED
             self.log.finished_at[index] = at
+            if self.gateway is not None:
+                self.gateway.release(index)
 
     def run(self) -> SimulationResult:
         config = self.config
@@ -253,8 +268,13 @@ class _Run:
             self.lose(self.fleet.take_aborted(), now)
             if self.work_left():
                 self.push(now + self.config.fleet.reconcile_interval_seconds, _GROUPS)
+        elif kind == _HOLD:
+            self.on_hold_expired(a, now)
+            return
         elif self.work_left():  # lifecycle and failures after the last request change nothing reported
             self.on_group_event(kind, a, b, now)
+        if self.gateway is not None and kind != _SCRAPE:
+            self.dispatch(now)  # a group may have become ready, or left: the queue moves on
 
     def on_step(self, group_index: int, plan_version: int, now: float) -> None:
         """An engine step ends, unless the engine re-planned since it was scheduled."""
@@ -266,6 +286,8 @@ class _Run:
             return
         group.engine.complete_step(now)
         self.schedule_step(group)
+        if self.gateway is not None:
+            self.answers(group)
 
     def on_scrape(self, now: float) -> None:
         """Prometheus scrapes every serving or draining group's leader."""
@@ -275,7 +297,8 @@ class _Run:
             for group in self.fleet.groups
             if group.state in (GroupPhase.READY, GroupPhase.DRAINING)
         )
-        self.history.append(FleetSample(now, scraped))
+        gateway = None if self.gateway is None else self.gateway.sample(now, self.serving())
+        self.history.append(FleetSample(now, scraped, gateway))
         if self.work_left():
             self.push(now + self.scrape_interval, _SCRAPE)
 
@@ -343,6 +366,9 @@ class _Run:
         self.next_arrival += 1
         self.processed += 1
         log = self.log
+        if self.gateway is not None:
+            self.arrive_at_gateway(index, now)
+            return
         target = self.fleet.route()
         if target is None:
             log.outcome[index] = Outcome.REJECTED_NO_CAPACITY
@@ -367,14 +393,91 @@ class _Run:
         if self.processed % 4096 == 0:
             self.bar.update(now)
 
+    # ------------------------------------------------------------------ the gateway, when there is one
+    def serving(self) -> list[int]:
+        """The groups the gateway routes to (Ready, not draining); their engines report answers."""
+        ready = self.fleet.serving_groups
+        for group in ready:
+            if group.engine.started_log is None:
+                group.engine.started_log, group.engine.ended_log = [], []
+        return [group.index for group in ready]
+
+    def arrive_at_gateway(self, index: int, now: float) -> None:
+        """The gates decide; a request that proceeds waits in the fair queue until its hold ends."""
+        assert self.gateway is not None
+        hold_until = self.gateway.arrive(index, now, self.serving())
+        if hold_until is None:
+            self.log.outcome[index] = Outcome.REJECTED_ADMISSION
+            self.log.finished_at[index] = now
+            return
+        self.push(hold_until, _HOLD, index)
+        self.dispatch(now)
+
+    def on_hold_expired(self, index: int, now: float) -> None:
+        assert self.gateway is not None
+        if self.gateway.expire(index, now):
+            self.log.outcome[index] = Outcome.REJECTED_ADMISSION
+            self.log.finished_at[index] = now
+
+    def dispatch(self, now: float) -> None:
+        """What the gateway's pump sends now goes to the groups it chose."""
+        assert self.gateway is not None
+        if not len(self.gateway.queue):
+            return
+        log = self.log
+        for sent in self.gateway.pump(now, self.serving()):
+            index, group = sent.index, self.fleet.groups[sent.group]
+            if not group.engine.fits(self.inputs[index]):
+                self.gateway.release(index)
+                log.outcome[index] = Outcome.REJECTED_TOO_LONG
+                log.finished_at[index] = now
+                continue
+            log.group[index] = group.index
+            log.routed_at[index] = now
+            group.engine.enqueue(
+                index,
+                self.inputs[index],
+                sent.output_tokens,
+                None if self.blocks is None else self.blocks[index],
+                now,
+                itl_slot=-1 if self.slots is None else self.slots[index],
+            )
+            self.schedule_step(group)
+
+    def answers(self, group: Group) -> None:
+        """First tokens and ends the gateway saw stream back from one group's step (its queue moves
+        on after the event, in `handle`)."""
+        gateway, engine, log = self.gateway, group.engine, self.log
+        assert gateway is not None
+        if engine.started_log:
+            for index in engine.started_log:
+                gateway.started(index)
+            engine.started_log.clear()
+        if engine.ended_log:
+            for index in engine.ended_log:
+                if log.outcome[index] == Outcome.FINISHED:
+                    gateway.finished(
+                        index, log.arrival[index], log.first_token_at[index], log.finished_at[index]
+                    )
+                else:
+                    gateway.release(index)
+            engine.ended_log.clear()
+
     def result(self) -> SimulationResult:
         log, fleet = self.log, self.fleet
         for index, outcome in enumerate(log.outcome):
             if outcome == Outcome.PENDING:
                 log.outcome[index] = Outcome.UNFINISHED
+        requests = log.arrays()
+        gateway = self.gateway
+        if gateway is not None:
+            requests["admission"] = np.asarray(gateway.admission, dtype=np.int64)
+            requests["infeasible"] = np.asarray(gateway.infeasible, dtype=bool)
+            requests["best_effort"] = np.asarray(gateway.best_effort, dtype=bool)
+            requests["served_output_tokens"] = np.asarray(gateway.served_output_tokens, dtype=np.int64)
         return SimulationResult(
             workload=self.workload,
-            requests=log.arrays(),
+            requests=requests,
             horizon_seconds=self.horizon,
             end_seconds=min(self.now, self.stop_at),
             gpu_seconds=fleet.gpu_seconds(self.horizon),
@@ -388,6 +491,7 @@ class _Run:
             wall_seconds=time.perf_counter() - self.started,
             events_processed=self.processed,
             group_transitions=tuple(fleet.transitions),
+            backlogged_cost_by_tenant=None if gateway is None else dict(gateway.backlogged_cost),
         )
 
 

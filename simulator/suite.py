@@ -34,6 +34,7 @@ from goodput.simulator.fair_bench import SWEEPS, FairBench, outcome_record
 from goodput.simulator.feasible import NoFeasibleRequestsError
 from goodput.simulator.oracle import ScheduleRules
 from goodput.simulator.rate_traces import load_rate_series, renewal_arrivals, workload_from_rates
+from goodput.simulator.runner import request_path_for
 from goodput.simulator.workload import (
     ClassRule,
     Workload,
@@ -203,11 +204,20 @@ def _oracle_record(bench: FairBench, setup: SimulationSetup) -> dict[str, Any]:
 
 
 def run_case(
-    trace: TraceCase, model: ModelCase, traces_dir: Path, samples_dir: Path, seed: int = 0
+    trace: TraceCase,
+    model: ModelCase,
+    traces_dir: Path,
+    samples_dir: Path,
+    seed: int = 0,
+    *,
+    gateway: bool = False,
 ) -> dict[str, Any]:
-    """One (trace, ModelGroup) case, as a JSON-ready record; an error becomes the record's `error`."""
+    """One (trace, ModelGroup) case, as a JSON-ready record; an error becomes the record's `error`.
+    With `gateway`, every run has the request path compiled from the case's manifests in front."""
     started = time.perf_counter()
     record: dict[str, Any] = {"trace": trace.name, "model": model.name}
+    if gateway:
+        record["gateway"] = True
     try:
         setup = build_setup(samples_dir / model.modelgroup, samples_dir / model.policy, step_noise_sigma=0.04)
         setup = replace(setup, measured_capacity_work_seconds_per_second=None)
@@ -221,7 +231,14 @@ def run_case(
         envelope = probe.envelope
         offered_per_group = envelope.requests_per_second / max(probe.train_feasibility.feasible_share, 1e-9)
         workload = case_workload(trace, setup, model, traces_dir, seed, rate_per_group=offered_per_group)
-        bench = FairBench(setup, workload, seed=seed, envelope_search=search, measured_envelope=envelope)
+        bench = FairBench(
+            setup,
+            workload,
+            seed=seed,
+            envelope_search=search,
+            measured_envelope=envelope,
+            request_path=request_path_for(setup) if gateway else None,
+        )
         record["workload"] = {
             "requests": len(workload),
             "train_requests": len(bench.train),
@@ -248,14 +265,17 @@ def run_suite(
     models: Sequence[ModelCase] = MODELS,
     workers: int = 2,
     seed: int = 0,
+    gateway: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every case, `workers` at a time; records in the suite's order."""
+    """Every case, `workers` at a time; records in the suite's order. `gateway`: every run behind
+    the gateway's request path."""
     if not traces_dir.is_dir():
         raise ValueError(f"trace folder {traces_dir} does not exist (set TRACES=...)")
     cases = [(trace, model) for model in models for trace in traces]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = [
-            pool.submit(run_case, trace, model, traces_dir, samples_dir, seed) for trace, model in cases
+            pool.submit(run_case, trace, model, traces_dir, samples_dir, seed, gateway=gateway)
+            for trace, model in cases
         ]
         records = []
         for future in futures:

@@ -151,3 +151,42 @@ def test_an_unknown_policy_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     code = main(["bench", "--trace", TRACE, "--out", str(tmp_path), "--policies", "fixed,magic"])
     assert code == 2
     assert "magic" in capsys.readouterr().err
+
+
+def test_bench_behind_the_gateway_counts_what_it_refused(
+    tmp_path: Path, manifests: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At twice what one fixed group serves, the gateway refuses some requests and says so."""
+    model_group, policy = manifests
+    out = tmp_path / "gateway"
+    arguments = ["--trace", "synthetic:rate=40,duration=60", "--modelgroup", str(model_group)]
+    code = main(
+        [
+            "bench",
+            *arguments,
+            "--policy",
+            str(policy),
+            "--policies",
+            "fixed",
+            "--fixed-groups",
+            "1",
+            "--gateway",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    assert "refused" in capsys.readouterr().out
+    report = json.loads((out / "fixed" / "report.json").read_text())
+    gateway = report["gateway"]
+    assert report["config"]["gateway"] is True
+    assert gateway["offered"] == report["offered_requests"]
+    assert gateway["rejected"] > 0
+    assert report["rejected_requests"]["admission"] == gateway["rejected"] + gateway["hold_expired"]
+
+
+def test_the_gateway_needs_both_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--trace", TRACE, "--out", str(tmp_path), "--gateway", "--no-progress"])
+    assert code == 2
+    assert "--gateway needs --modelgroup and --policy" in capsys.readouterr().err

@@ -1,0 +1,508 @@
+"""The request path in the simulated world: the gateway's admission gates, fair queue and routing
+between the workload and the simulated groups.
+
+Every decision is a call into `controllers/` (`admission.admit`, `fairness.FairQueue`,
+`routing.choose_group`, the load views' `slot_wait_seconds`, `free_dispatch_slots`,
+`fair_work_ahead_seconds`, the `DrainRateMeter`); this module keeps only the bookkeeping the
+gateway process keeps around them (`gateway/server.py`): per group the requests it has in flight,
+their predicted work, their KV reservation and the prompts not started yet, the queued work by
+tenant, tenant token budgets, and the exact per-request counters it exports. What the gateway
+cannot see it does not read: an engine's own queue and KV state stay in the engine; the gateway
+learns only what a proxy learns, a request's first streamed token and its end.
+
+The simulation drives it: `arrive` on each arrival, `pump` whenever a slot may have freed or a group
+become ready, `expire` when a held request's hold runs out, `observe_engine` after an engine step,
+`lose` when a group failed with requests in flight, and `sample` at each scrape round (the
+autoscaler reads its figures through the scraped history, as the operator reads them from
+Prometheus).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from goodput.controllers.admission import (
+    AdmissionDecision,
+    AdmissionReason,
+    DrainRateMeter,
+    GroupLoad,
+    Outcome,
+    RequestShape,
+    TokenBucket,
+    admit,
+    slot_wait_seconds,
+)
+from goodput.controllers.autoscale_model import GatewayClassFigures, GatewayObservation
+from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_seconds
+from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots
+from goodput.estimators.attainment import Histogram, histogram_delta
+from goodput.simulator.metrics import TTFT_BUCKETS_SECONDS, HistogramAccumulator
+from goodput.simulator.workload import Workload
+
+# Deferred and best-effort requests queue behind every request admitted on time. The gateway
+# process holds the same constant (`gateway/server.py`); it belongs in `controllers/fairness.py`.
+LOWER_PRECEDENCE_LEVELS = 100
+
+
+class Admission(IntEnum):
+    """What the request path did with one request (0: it ran without a gateway)."""
+
+    NONE = 0
+    ADMITTED = 1
+    DEFERRED = 2
+    """Held by the deadline gate (or for lack of a ready group) and dispatched within its hold."""
+    DEGRADED = 3
+    REJECTED = 4
+    """Refused at the door: 429, or 503 with no ready group."""
+    HOLD_EXPIRED = 5
+    """Proceeded (held or queued), but no group could take it before its hold ran out: 503."""
+
+
+ADMISSION_NAMES: dict[int, str] = {
+    Admission.ADMITTED: "admitted",
+    Admission.DEFERRED: "deferred",
+    Admission.DEGRADED: "degraded",
+    Admission.REJECTED: "rejected",
+    Admission.HOLD_EXPIRED: "hold_expired",
+}
+
+_OUTCOME_CODES = {
+    Outcome.ADMIT: Admission.ADMITTED,
+    Outcome.DEFER: Admission.DEFERRED,
+    Outcome.DEGRADE: Admission.DEGRADED,
+}
+
+
+@dataclass(slots=True)
+class _GroupBook:
+    """What the gateway keeps per group: requests it sent there and has not seen answered."""
+
+    in_flight: int = 0
+    running_work_seconds: float = 0.0
+    kv_used_tokens: int = 0
+    unstarted_prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _ClassCounters:
+    """One class's cumulative counters, as the gateway's Prometheus counters hold them."""
+
+    offered: int = 0
+    admitted: int = 0
+    rejected: int = 0
+    infeasible: int = 0
+    attaining: int = 0
+    missed: int = 0
+    ttft: HistogramAccumulator = field(default_factory=lambda: HistogramAccumulator(TTFT_BUCKETS_SECONDS))
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayClassSample:
+    """One class's exported series at one scrape: queue gauges and cumulative counters."""
+
+    class_name: str
+    waiting_requests: int
+    waiting_prompt_tokens: int
+    waiting_work_seconds: float
+    earliest_slack_seconds: float | None
+    offered: int
+    admitted: int
+    rejected: int
+    infeasible: int
+    attaining: int
+    missed: int
+    ttft: Histogram
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySample:
+    """The gateway's `/metrics` at one scrape."""
+
+    classes: tuple[GatewayClassSample, ...]
+    running_requests: int
+    running_work_seconds: float
+    routable_groups: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A request in the fair queue: its class, tenant, predicted work and what it will reserve."""
+
+    index: int
+    class_name: str
+    output_tokens: int
+    work_seconds: float
+    kv_tokens: int
+    best_effort: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A request the gateway sends to a group now, with the output budget it is served with."""
+
+    index: int
+    group: int
+    output_tokens: int
+
+
+class SimGateway:
+    """One gateway process in front of the simulated groups."""
+
+    def __init__(self, policy: RequestPathPolicy, workload: Workload) -> None:
+        self.policy = policy
+        count = len(workload)
+        self._prompt = workload.input_tokens.tolist()
+        self._output = workload.output_tokens.tolist()
+        self._class_names = _names(
+            workload.class_index, workload.class_names, policy.admission.default_class, count
+        )
+        self._tenants = _names(workload.tenant_index, workload.tenant_names, policy.default_tenant, count)
+        self.queue: FairQueue[_Held] = FairQueue(policy.fairness)
+        self._items: dict[int, QueuedItem[_Held]] = {}
+        self._queued_work_by_tenant: dict[str, float] = {}
+        self._groups: dict[int, _GroupBook] = {}
+        self._dispatched: dict[int, tuple[int, _Held]] = {}
+        self._budgets: dict[str, TokenBucket] = {}
+        self.meter = DrainRateMeter()
+        self._counters = {name: _ClassCounters() for name in policy.admission.classes}
+        self.admission: list[int] = [Admission.NONE] * count
+        self.reason: list[str] = [""] * count
+        self.infeasible: list[bool] = [False] * count
+        self.best_effort: list[bool] = [False] * count
+        self.served_output_tokens: list[int] = list(self._output)
+        self.backlogged_cost: dict[str, float] = {}
+        """Fair-queue cost charged per tenant at dispatches made while two or more tenants waited."""
+
+    # ------------------------------------------------------------------ views for the gates
+    def _rate(self, serving: int) -> float:
+        measured = self.meter.work_seconds_per_second()
+        if measured and serving:
+            return measured / serving
+        return self.policy.capacity_work_seconds_per_second
+
+    def loads(
+        self, serving: Sequence[int], tenant: str | None = None, own_work: float = 0.0
+    ) -> list[GroupLoad]:
+        """Each serving group's view, as `Gateway.loads` builds it: the work queued ahead (the
+        tenant's fair share of it, with a tenant) spread over the serving groups."""
+        ahead = sum(self._queued_work_by_tenant.values())
+        if tenant is not None:
+            ahead = fair_work_ahead_seconds(
+                self._queued_work_by_tenant, tenant, own_work, self.policy.fairness
+            )
+        share = ahead / len(serving) if serving else ahead
+        rate = self._rate(len(serving))
+        capacity = self.policy.kv_capacity_tokens
+        limit = self.policy.max_in_flight_per_group
+        loads = []
+        for group in serving:
+            book = self._groups.setdefault(group, _GroupBook())
+            loads.append(
+                GroupLoad(
+                    name=str(group),
+                    ready=True,
+                    draining=False,
+                    waiting_work_seconds=share,
+                    running_work_seconds=book.running_work_seconds,
+                    kv_capacity_tokens=capacity,
+                    kv_free_tokens=capacity - book.kv_used_tokens,
+                    capacity_work_seconds_per_second=rate,
+                    slot_wait_seconds=slot_wait_seconds(
+                        book.in_flight, limit, book.running_work_seconds, rate
+                    ),
+                )
+            )
+        return loads
+
+    def _work_seconds(self, prompt_tokens: int, output_tokens: int) -> float:
+        pricing = self.policy.admission.pricing
+        return pricing.prefill_work_seconds(prompt_tokens) + pricing.decode_work_seconds(
+            prompt_tokens, output_tokens
+        )
+
+    def _bucket(self, tenant: str, now: float) -> TokenBucket | None:
+        limit = self.policy.tenant_tokens_per_minute.get(tenant)
+        if limit is None:
+            return None
+        bucket = self._budgets.get(tenant)
+        if bucket is None:
+            bucket = self._budgets[tenant] = TokenBucket.full(limit, now)
+        return bucket
+
+    # ------------------------------------------------------------------ arrivals
+    def arrive(self, index: int, now: float, serving: Sequence[int]) -> float | None:
+        """The gates on one arriving request. Returns when its hold ends if it joined the queue
+        (the caller schedules `expire` then), None when it was refused at the door."""
+        tenant, class_name = self._tenants[index], self._class_names[index]
+        prompt, asked = self._prompt[index], self._output[index]
+        shape = RequestShape(tenant, class_name, prompt, asked, now)
+        bucket = self._bucket(tenant, now)
+        decision = admit(
+            self.policy.admission,
+            shape,
+            self.loads(serving, tenant, self._work_seconds(prompt, asked)),
+            now,
+            tenant_budget=bucket,
+        )
+        counters = self._counters.setdefault(decision.class_name or class_name, _ClassCounters())
+        counters.offered += 1
+        self.reason[index] = decision.reason.value
+        self.infeasible[index] = decision.infeasible
+        counters.infeasible += int(decision.infeasible)
+        if not decision.proceeds:
+            counters.rejected += 1
+            self.admission[index] = Admission.REJECTED
+            return None
+        counters.admitted += 1
+        self.admission[index] = _OUTCOME_CODES[decision.outcome]
+        self.best_effort[index] = decision.best_effort
+        self.served_output_tokens[index] = min(asked, decision.output_tokens)
+        if bucket is not None:
+            self._budgets[tenant] = bucket.spend(decision.budget_tokens, now)
+        return self._enqueue(index, now, decision.output_tokens, decision)
+
+    def _enqueue(self, index: int, now: float, output_tokens: int, decision: AdmissionDecision) -> float:
+        contract = self.policy.admission.contract_for(decision.class_name)
+        assert contract is not None  # admission resolved the class
+        tenant, prompt = self._tenants[index], self._prompt[index]
+        work = self._work_seconds(prompt, output_tokens)
+        held = _Held(index, contract.name, output_tokens, work, prompt + output_tokens, decision.best_effort)
+        deferred = decision.outcome is Outcome.DEFER and decision.reason is not AdmissionReason.NO_READY_GROUP
+        lower = deferred or decision.best_effort
+        item = QueuedItem(
+            tenant,
+            contract.priority + (LOWER_PRECEDENCE_LEVELS if lower else 0),
+            now + contract.ttft_seconds,
+            now,
+            prompt,
+            output_tokens,
+            held,
+        )
+        self._items[index] = self.queue.push(item)
+        self._queued_work_by_tenant[tenant] = self._queued_work_by_tenant.get(tenant, 0.0) + work
+        hold = (
+            decision.hold_seconds
+            if decision.outcome is Outcome.DEFER
+            else max(self.policy.admission.max_defer_seconds, contract.ttft_seconds)
+        )
+        return now + hold
+
+    def _unqueue_work(self, tenant: str, work_seconds: float) -> None:
+        left = self._queued_work_by_tenant.get(tenant, 0.0) - work_seconds
+        if left > 1e-12 and self.queue.backlog(tenant) > 0:
+            self._queued_work_by_tenant[tenant] = left
+        else:
+            self._queued_work_by_tenant.pop(tenant, None)
+
+    def expire(self, index: int, now: float) -> bool:
+        """A hold ran out: a request still queued leaves with a 503 (True), its budget refunded."""
+        item = self._items.pop(index, None)
+        if item is None or not self.queue.cancel(item):
+            return False
+        held = item.payload
+        self._unqueue_work(item.tenant, held.work_seconds)
+        bucket = self._budgets.get(item.tenant)
+        if bucket is not None:
+            self._budgets[item.tenant] = bucket.refund(item.input_tokens + item.expected_output_tokens, now)
+        # Its admission outcome was counted when it proceeded; the 503 is counted here only.
+        self.admission[index] = Admission.HOLD_EXPIRED
+        return True
+
+    # ------------------------------------------------------------------ dispatch
+    def pump(self, now: float, serving: Sequence[int]) -> list[Dispatch]:
+        """Dispatch queued requests while some serving group has a free slot (`Gateway._pump`)."""
+        dispatches: list[Dispatch] = []
+        limit = self.policy.max_in_flight_per_group
+        chunk = self.policy.admission.floor_model.chunk_tokens
+        while len(self.queue) and serving:
+            candidates = [
+                Candidate(
+                    load,
+                    free_dispatch_slots(
+                        limit - self._groups[int(load.name)].in_flight,
+                        self._groups[int(load.name)].unstarted_prompt_tokens,
+                        chunk,
+                    ),
+                )
+                for load in self.loads(serving)
+            ]
+            if not any(candidate.free_slots > 0 for candidate in candidates):
+                break
+            head = self.queue.peek(now)
+            if head is not None and now > head.arrival_time:
+                self.meter.record(now, head.payload.work_seconds)  # a seat freed while requests waited
+            backlogged = self.queue.backlogged()
+            popped = self.queue.pop(now)
+            if popped is None:
+                break
+            item = popped.item
+            held = item.payload
+            if len(backlogged) >= 2:
+                self.backlogged_cost[item.tenant] = (
+                    self.backlogged_cost.get(item.tenant, 0.0) + popped.charged_cost
+                )
+            self._items.pop(held.index, None)
+            self._unqueue_work(item.tenant, held.work_seconds)
+            route = choose_group(
+                candidates, RouteRequest(item.deadline - now, held.kv_tokens), self.policy.routing
+            )
+            if route is None:  # unreachable while a slot is free; keep the request rather than lose it
+                self._items[held.index] = self.queue.push(item)
+                self._queued_work_by_tenant[item.tenant] = (
+                    self._queued_work_by_tenant.get(item.tenant, 0.0) + held.work_seconds
+                )
+                break
+            group = int(route.group)
+            book = self._groups[group]
+            book.in_flight += 1
+            book.running_work_seconds += held.work_seconds
+            book.kv_used_tokens += held.kv_tokens
+            book.unstarted_prompt_tokens += self._prompt[held.index]
+            self._dispatched[held.index] = (group, held)
+            dispatches.append(Dispatch(held.index, group, self.served_output_tokens[held.index]))
+        return dispatches
+
+    # ------------------------------------------------------------------ answers
+    def started(self, index: int) -> None:
+        """The request's first token streamed back: its prompt left the group's prefill pipeline."""
+        entry = self._dispatched.get(index)
+        if entry is not None:
+            book = self._groups[entry[0]]
+            book.unstarted_prompt_tokens = max(0, book.unstarted_prompt_tokens - self._prompt[index])
+
+    def release(self, index: int) -> tuple[str, bool] | None:
+        """The request left its group (answered, failed or aborted): free its slot and reservation.
+        Returns its class and whether it was served best effort; None when the gateway never sent it."""
+        entry = self._dispatched.pop(index, None)
+        if entry is None:
+            return None
+        group, held = entry
+        book = self._groups[group]
+        book.in_flight = max(0, book.in_flight - 1)
+        book.running_work_seconds = max(0.0, book.running_work_seconds - held.work_seconds)
+        book.kv_used_tokens = max(0, book.kv_used_tokens - held.kv_tokens)
+        return held.class_name, held.best_effort
+
+    def finished(self, index: int, arrival: float, first_token_at: float, finished_at: float) -> None:
+        """An answer ended: judged against its class as `Gateway._observe` judges it."""
+        released = self.release(index)
+        if released is None:
+            return
+        class_name, best_effort = released
+        contract = self.policy.admission.contract_for(class_name)
+        assert contract is not None
+        counters = self._counters[class_name]
+        ttft = first_token_at - arrival
+        counters.ttft.observe(ttft)
+        generated = self.served_output_tokens[index]
+        mean_gap = (finished_at - first_token_at) / (generated - 1) if generated > 1 else 0.0
+        met = ttft <= contract.ttft_seconds and mean_gap <= contract.itl_seconds
+        if contract.e2e_seconds is not None:
+            met = met and finished_at - arrival <= contract.e2e_seconds
+        if not best_effort:
+            counters.attaining += int(met)
+            counters.missed += int(not met)
+
+    def holds_requests(self) -> bool:
+        return len(self.queue) > 0 or bool(self._dispatched)
+
+    # ------------------------------------------------------------------ exported figures
+    def sample(self, now: float, serving: Sequence[int]) -> GatewaySample:
+        """Its `/metrics` now, as `Gateway.publish_gauges` and its counters write them."""
+        pooled = sum(load.capacity_work_seconds_per_second for load in self.loads(serving))
+        queued = sum(self._queued_work_by_tenant.values())
+        wait = queued / pooled if pooled > 0 else math.inf
+        by_class: dict[str, list[QueuedItem[_Held]]] = {name: [] for name in self._counters}
+        for item in self.queue.items():
+            by_class.setdefault(item.payload.class_name, []).append(item)
+        classes = []
+        for name, items in by_class.items():
+            counters = self._counters.setdefault(name, _ClassCounters())
+            earliest = min((item.deadline - now for item in items), default=math.inf)
+            slack = earliest - wait if items and math.isfinite(earliest) else None
+            classes.append(
+                GatewayClassSample(
+                    class_name=name,
+                    waiting_requests=len(items),
+                    waiting_prompt_tokens=sum(item.input_tokens for item in items),
+                    waiting_work_seconds=sum(item.payload.work_seconds for item in items),
+                    earliest_slack_seconds=slack,
+                    offered=counters.offered,
+                    admitted=counters.admitted,
+                    rejected=counters.rejected,
+                    infeasible=counters.infeasible,
+                    attaining=counters.attaining,
+                    missed=counters.missed,
+                    ttft=counters.ttft.snapshot(),
+                )
+            )
+        books = self._groups.values()
+        return GatewaySample(
+            classes=tuple(classes),
+            running_requests=sum(book.in_flight for book in books),
+            running_work_seconds=sum(book.running_work_seconds for book in books),
+            routable_groups=len(serving),
+        )
+
+
+def _names(index: np.ndarray | None, names: tuple[str, ...], default: str, count: int) -> list[str]:
+    """Per request, its class or tenant name (the default when the workload has none)."""
+    if index is None or not names:
+        return [default] * count
+    return [names[int(i)] for i in index.tolist()]
+
+
+def gateway_observation(
+    samples: Sequence[tuple[float, GatewaySample]], now: float, window_seconds: float
+) -> GatewayObservation | None:
+    """What the operator reads from Prometheus about the gateway at `now` (`gateway_from_result`):
+    the latest scrape's gauges, its age, and the counters' increase over the window before it."""
+    if not samples:
+        return None
+    latest_time, latest = samples[-1]
+    earlier = next((sample for time, sample in samples if time >= latest_time - window_seconds - 1e-9), None)
+    before = {entry.class_name: entry for entry in earlier.classes} if earlier is not None else {}
+    classes = []
+    for entry in latest.classes:
+        classes.append(_class_figures(entry, before.get(entry.class_name), earlier is latest))
+    return GatewayObservation(
+        age_seconds=max(0.0, now - latest_time),
+        classes=tuple(classes),
+        running_requests=float(latest.running_requests),
+        running_work_seconds=latest.running_work_seconds,
+        routable_groups=latest.routable_groups,
+    )
+
+
+def _class_figures(
+    entry: GatewayClassSample, start: GatewayClassSample | None, single_sample: bool
+) -> GatewayClassFigures:
+    """One class's figures: gauges as they are, counters as their increase since `start` (from zero
+    for a series that appeared inside the window, as PromQL `increase` counts a new series); with a
+    single sample in the window there is no increase and no latency histogram yet."""
+
+    def increase(read: Callable[[GatewayClassSample], int]) -> float:
+        return float(read(entry) - (read(start) if start is not None else 0))
+
+    return GatewayClassFigures(
+        class_name=entry.class_name,
+        waiting_requests=float(entry.waiting_requests),
+        waiting_prompt_tokens=float(entry.waiting_prompt_tokens),
+        waiting_work_seconds=entry.waiting_work_seconds,
+        earliest_slack_seconds=entry.earliest_slack_seconds,
+        offered_requests=increase(lambda e: e.offered),
+        admitted_requests=increase(lambda e: e.admitted),
+        rejected_requests=increase(lambda e: e.rejected),
+        infeasible_requests=increase(lambda e: e.infeasible),
+        attaining_requests=increase(lambda e: e.attaining),
+        missed_requests=increase(lambda e: e.missed),
+        ttft=None
+        if single_sample
+        else (entry.ttft if start is None else histogram_delta(entry.ttft, start.ttft)),
+    )
