@@ -17,8 +17,9 @@ Scenarios:
    fair queue and routing.
 2. Two equally weighted tenants, one at 10x the other (the light one at 40 % of the fleet's capacity,
    together 4.4x): the Jain index of served cost while both are backlogged, and the light tenant's
-   attainment (SLO-met over offered) against its attainment alone; with and without fairness (FCFS:
-   every request charged to one tenant).
+   attainment (SLO-met over offered) against its attainment alone; with fairness, for each way the
+   deadline gate may predict the newcomer's wait (`PREDICTORS`), and without (FCFS: every request
+   charged to one tenant).
 """
 
 from __future__ import annotations
@@ -37,13 +38,7 @@ import yaml
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.admission import DrainRateMeter, GroupLoad, RequestShape, admit, slot_wait_seconds
-from goodput.controllers.fairness import (
-    FairnessPolicy,
-    FairQueue,
-    QueuedItem,
-    fair_work_ahead_seconds,
-    jain_index,
-)
+from goodput.controllers.fairness import FairnessPolicy, FairQueue, QueuedItem, jain_index
 from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
 from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots
 from goodput.simulator.engine import Engine, EngineConfig
@@ -89,20 +84,53 @@ class Result:
     offered: dict[str, int] = field(default_factory=dict)
     met: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
+    dispatched: dict[str, int] = field(default_factory=dict)
     both_backlogged_cost: dict[str, float] = field(default_factory=dict)
     both_backlogged_dispatches: int = 0
+
+
+# How the deadline gate predicts a newcomer's queue wait (scenario 2 compares them):
+# expected: its place in the fair order and what the tenants ahead of it send while it waits
+#   (`FairQueue.expected_work_ahead_seconds`), the gateway's;
+# order: its place in the fair order as it stands (`FairQueue.work_ahead_seconds`);
+# share: a fluid fair share that ignores the counters (`fluid_share_ahead_seconds`), the gate before;
+# whole: the whole queue's work, as if the queue were first come, first served.
+PREDICTORS = ("expected", "order", "share", "whole")
+
+
+def fluid_share_ahead_seconds(
+    queued_work_by_tenant: dict[str, float], tenant: str, own_work_seconds: float, policy: FairnessPolicy
+) -> float:
+    """The previous gate's prediction: the tenant's own queued work W (with the newcomer's), and of every
+    other tenant u at most W * w_u / w_t, whatever the counters say; less the newcomer's own work."""
+    own = queued_work_by_tenant.get(tenant, 0.0) + own_work_seconds
+    weight = policy.weight(tenant)
+    others = sum(
+        min(work, own * policy.weight(other) / weight)
+        for other, work in queued_work_by_tenant.items()
+        if other != tenant and work > 0
+    )
+    return own - own_work_seconds + others
 
 
 class Loop:
     """One run: arrivals, engine steps and hold expiries in time order."""
 
     def __init__(
-        self, policy: RequestPathPolicy, workload: Workload, groups: int, *, gateway: bool, fair: bool
+        self,
+        policy: RequestPathPolicy,
+        workload: Workload,
+        groups: int,
+        *,
+        gateway: bool,
+        fair: bool,
+        predictor: str = "expected",
     ) -> None:
         self.policy = policy
         self.workload = workload
         self.gateway = gateway
         self.fair = fair
+        self.predictor = predictor
         self.log = RequestLog(workload)
         profile_model = policy.admission.floor_model.step_model
         config = EngineConfig(
@@ -139,13 +167,21 @@ class Loop:
         if engine.step_end is not None:
             heapq.heappush(self.events, (engine.step_end, 1, group, engine.plan_version))
 
-    def loads(self, tenant: str, own: float) -> list[GroupLoad]:
-        ahead = fair_work_ahead_seconds(
-            self.work_by_tenant, tenant if self.fair else "all", own, self.queue.policy
-        )
-        capacity = self.policy.kv_capacity_tokens
+    def loads(self, tenant: str | None, own: float, now: float = 0.0) -> list[GroupLoad]:
+        """The groups as the gate sees them for `tenant`'s newcomer (None: the whole queue, as routing
+        sees it)."""
         measured = self.meter.work_seconds_per_second()
         rate = measured / len(self.engines) if measured else self.policy.capacity_work_seconds_per_second
+        charged = tenant if self.fair else "all"
+        if tenant is None or charged is None or self.predictor == "whole":
+            ahead = sum(self.work_by_tenant.values())
+        elif self.predictor == "share":
+            ahead = fluid_share_ahead_seconds(self.work_by_tenant, charged, own, self.queue.policy)
+        elif self.predictor == "order":
+            ahead = self.queue.work_ahead_seconds(charged, 0)
+        else:
+            ahead = self.queue.expected_work_ahead_seconds(charged, 0, now, rate * len(self.engines))
+        capacity = self.policy.kv_capacity_tokens
         return [
             GroupLoad(
                 f"g{g}",
@@ -176,12 +212,14 @@ class Loop:
         prompt, output = int(self.workload.input_tokens[index]), int(self.workload.output_tokens[index])
         work = self.work(index)
         shape = RequestShape(tenant, "chat", prompt, output, now)
-        decision = admit(self.policy.admission, shape, self.loads(tenant, work), now)
+        decision = admit(self.policy.admission, shape, self.loads(tenant, work, now), now)
         if not decision.proceeds:
             self.result.rejected += 1
             return
         charged = tenant if self.fair else "all"
-        item = QueuedItem(charged, 0, now + self.contract.ttft_seconds, now, prompt, output, index)
+        item = QueuedItem(
+            charged, 0, now + self.contract.ttft_seconds, now, prompt, output, index, work_seconds=work
+        )
         self.items[index] = self.queue.push(item)
         self.work_by_tenant[charged] = self.work_by_tenant.get(charged, 0.0) + work
         hold = decision.hold_seconds or max(
@@ -210,7 +248,7 @@ class Loop:
                         slots - len(self.in_flight[g]), sum(self.unstarted[g].values()), chunk
                     ),
                 )
-                for g, load in enumerate(self.loads("all", 0.0))
+                for g, load in enumerate(self.loads(None, 0.0))
             ]
             if not any(c.free_slots > 0 for c in candidates):
                 return
@@ -222,6 +260,8 @@ class Loop:
             assert dispatch is not None
             index = dispatch.item.payload
             self.items.pop(index, None)
+            served = self.result.dispatched
+            served[self.tenant(index)] = served.get(self.tenant(index), 0) + 1
             charged = dispatch.item.tenant
             self.work_by_tenant[charged] = max(0.0, self.work_by_tenant.get(charged, 0.0) - self.work(index))
             if both:
@@ -325,18 +365,20 @@ def tenants(policy: RequestPathPolicy, groups: int, seconds: float, seed: int) -
     base_attainment = base.met.get("light", 0) / max(1, base.offered.get("light", 0))
     print(f"  light alone:            attainment {base_attainment:6.1%}")
     both = make_workload({"light": light_rate, "heavy": 10 * light_rate}, seconds, seed)
-    for name, fair in (("fair (VTC)", True), ("FCFS, no fairness", False)):
-        result = Loop(policy, both, groups, gateway=True, fair=fair).run(seconds + 120)
+    runs = [(f"fair (VTC), wait: {predictor}", True, predictor) for predictor in PREDICTORS]
+    for name, fair, predictor in [*runs, ("FCFS, no fairness", False, "order")]:
+        result = Loop(policy, both, groups, gateway=True, fair=fair, predictor=predictor).run(seconds + 120)
         light = result.met.get("light", 0) / max(1, result.offered.get("light", 0))
         heavy = result.met.get("heavy", 0) / max(1, result.offered.get("heavy", 0))
+        heavy_sent = result.met.get("heavy", 0) / max(1, result.dispatched.get("heavy", 0))
         shares = result.both_backlogged_cost
         jain = (
             f"{jain_index(shares):.3f} over {result.both_backlogged_dispatches} dispatches" if fair else "n/a"
         )
         print(
-            f"  {name:22s}  light attainment {light:6.1%} "
+            f"  {name:28s}  light attainment {light:6.1%} "
             f"({light / max(base_attainment, 1e-9):6.1%} of alone), "
-            f"heavy {heavy:6.1%}; Jain index while both backlogged: {jain}"
+            f"heavy {heavy:6.1%} ({heavy_sent:6.1%} of those sent); Jain index while both backlogged: {jain}"
         )
 
 
