@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -167,15 +167,6 @@ class BacklogSums:
         if cost_budget <= 0:
             return 0.0, 0.0
         return cost_budget, self.work_seconds * cost_budget / self.cost_total
-
-
-def _merged(levels: Iterable[BacklogSums]) -> BacklogSums:
-    merged = BacklogSums()
-    for sums in levels:
-        merged.count += sums.count
-        merged.cost_total += sums.cost_total
-        merged.work_seconds += sums.work_seconds
-    return merged
 
 
 class FairQueue(Generic[PayloadT]):
@@ -406,7 +397,7 @@ class FairQueue(Generic[PayloadT]):
         up. Requests that arrive later are not counted here: this is the order as it stands (see
         `expected_work_ahead_seconds`).
         """
-        return self._order_ahead(tenant, priority).work_seconds
+        return self._order_ahead(tenant, priority, self._lift_floor()).work_seconds
 
     def expected_work_ahead_seconds(
         self, tenant: str, priority: int, now: float, drain_work_seconds_per_second: float
@@ -420,45 +411,79 @@ class FairQueue(Generic[PayloadT]):
         under the tag, the wait W solves C*W = ahead + sum_u min(R_u, r_u*W); the figure returned is
         C*W, the work the gate prices the wait by.
         """
-        order = self._order_ahead(tenant, priority)
+        floor = self._lift_floor()
+        order = self._order_ahead(tenant, priority, floor)
         if drain_work_seconds_per_second <= 0:
             return order.work_seconds
         window = self.policy.arrival_window_seconds
         lanes: list[tuple[float, float]] = []
         for other, arrivals in self._arrivals.items():
-            work_rate, cost_rate = arrivals.rates_at(now, window)
-            if other == tenant or work_rate <= 0 or cost_rate <= 0:
+            if other == tenant:
                 continue
-            room_cost = (order.start_tag - self._lifted_counter(other)) * self.policy.weight(other)
+            counter = self.counters.get(other, 0.0)
+            if other not in self._sums:
+                counter = max(counter, floor)  # lifted when it sends its next request
+            room_cost = (order.start_tag - counter) * self.policy.weight(other)
             room_cost -= order.cost_taken.get(other, 0.0)
-            if room_cost > 0:
+            if room_cost <= 0:
+                continue
+            work_rate, cost_rate = arrivals.rates_at(now, window)
+            if work_rate > 0 and cost_rate > 0:
                 lanes.append((room_cost * work_rate / cost_rate, work_rate))
         return order.work_seconds + work_arriving_during_wait(
             order.work_seconds, lanes, drain_work_seconds_per_second
         )
 
-    def _order_ahead(self, tenant: str, priority: int) -> OrderAhead:
-        own = _merged(sums for level, sums in self._sums.get(tenant, {}).items() if level <= priority)
-        start = self._lifted_counter(tenant) + own.cost_total / self.policy.weight(tenant)
-        ahead = own.work_seconds
+    def _lift_floor(self) -> float:
+        """The counter a tenant that is not backlogged is lifted to when it queues a request: the least
+        backlogged counter, or the last served tenant's when none waits (O(backlogged tenants))."""
+        if self._sums:
+            return min(self.counters.get(tenant, 0.0) for tenant in self._sums)
+        if self._last_served is not None:
+            return self.counters.get(self._last_served, 0.0)
+        return 0.0
+
+    def _order_ahead(self, tenant: str, priority: int, floor: float) -> OrderAhead:
+        own_cost, own_work = 0.0, 0.0
+        for level, sums in self._sums.get(tenant, {}).items():
+            if level <= priority:
+                own_cost += sums.cost_total
+                own_work += sums.work_seconds
+        counter = self.counters.get(tenant, 0.0)
+        lifted = counter if tenant in self._sums else max(counter, floor)
+        start = lifted + own_cost / self.policy.weight(tenant)
+        ahead = own_work
         taken: dict[str, float] = {}
         allowance = self.policy.priority_allowance
         for other, levels in self._sums.items():
-            if other == tenant or not levels:
-                continue
             counter = self.counters.get(other, 0.0)
+            if other == tenant or counter > start + allowance:
+                continue  # past the tag: none of its requests goes first
             weight = self.policy.weight(other)
-            better = _merged(sums for level, sums in levels.items() if level < priority)
-            rest = _merged(sums for level, sums in levels.items() if level >= priority)
+            better, rest = _split_at(levels, priority)
             mean_cost = (better.cost_total + rest.cost_total) / (better.count + rest.count)
-            better_cost, better_work = _served_before(better, counter, start + allowance, weight, mean_cost)
+            better_cost, better_work = better.take(
+                _cost_budget(counter, start + allowance, weight, mean_cost)
+            )
             rest_cost, rest_work = 0.0, 0.0
             if counter <= start:
-                budget = _cost_budget(counter, start, weight, mean_cost) - better_cost
-                rest_cost, rest_work = rest.take(budget)
+                rest_cost, rest_work = rest.take(
+                    _cost_budget(counter, start, weight, mean_cost) - better_cost
+                )
             ahead += better_work + rest_work
             taken[other] = better_cost + rest_cost
         return OrderAhead(ahead, start, taken)
+
+
+def _split_at(levels: Mapping[int, BacklogSums], priority: int) -> tuple[BacklogSums, BacklogSums]:
+    """A tenant's sums over the levels better than `priority`, and over the rest."""
+    better, rest = BacklogSums(), BacklogSums()
+    for level, sums in levels.items():
+        part = better if level < priority else rest
+        part.count += sums.count
+        part.cost_total += sums.cost_total
+        part.work_seconds += sums.work_seconds
+    return better, rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,15 +523,6 @@ def _cost_budget(counter: float, tag: float, weight: float, crossing_cost: float
     if counter > tag:
         return 0.0
     return (tag - counter) * weight + crossing_cost
-
-
-def _served_before(
-    sums: BacklogSums, counter: float, tag: float, weight: float, crossing_cost: float
-) -> tuple[float, float]:
-    """(cost, work) of `sums` served before a tenant at `counter` passes `tag`."""
-    if sums.count == 0 or counter > tag:
-        return 0.0, 0.0
-    return sums.take(_cost_budget(counter, tag, weight, crossing_cost))
 
 
 def jain_index(shares: Mapping[str, float]) -> float:
