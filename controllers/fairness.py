@@ -17,6 +17,11 @@ smallest; with allowance 0 fairness is strict. Priority ages: a request's effect
 one level per `aging_seconds` waited, so lower classes are never starved by a stream of higher ones.
 Within a tenant and a priority level, the earliest deadline goes first.
 
+The deadline gate asks the queue where a newcomer would stand (`FairQueue.work_ahead_seconds`): the
+work dispatched before it is read from the counters (its virtual start tag) and per-tenant backlog
+sums, not from the whole queue, so a light tenant behind a heavy one's burst is promised the wait
+it will get; `expected_work_ahead_seconds` adds what tenants below its tag send while it waits.
+
 Pure state (no I/O, no clock): the caller passes `now`; the gateway and the simulator both drive it.
 """
 
@@ -274,22 +279,8 @@ class FairQueue(Generic[PayloadT]):
         self._arrivals = dict(kept[-MAX_TRACKED_ARRIVALS:])
 
     def _lift(self, tenant: str) -> None:
-        self.counters[tenant] = self._lifted_counter(tenant)
-
-    def _lifted_counter(self, tenant: str) -> float:
-        """The tenant's counter once it has a request waiting: as it is when already backlogged, else
-        lifted to the least backlogged counter (or the last served tenant's when none waits)."""
-        counter = self.counters.get(tenant, 0.0)
-        if self._backlog.get(tenant, 0) > 0:
-            return counter
-        others = [self.counters.get(other, 0.0) for other in self.backlogged() if other != tenant]
-        if others:
-            floor = min(others)
-        elif self._last_served is not None:
-            floor = self.counters.get(self._last_served, 0.0)
-        else:
-            floor = 0.0
-        return max(counter, floor)
+        """Called before a tenant with nothing waiting queues a request (see the module's lift rule)."""
+        self.counters[tenant] = max(self.counters.get(tenant, 0.0), self._lift_floor())
 
     def _add(self, item: QueuedItem[PayloadT], sign: int) -> None:
         """Enter (+1) or leave (-1) a request in its tenant's and level's sums."""
@@ -507,8 +498,9 @@ def work_arriving_during_wait(
     the order the lanes fill (room / rate) until the line C*W meets it. Returns C*W - A.
     """
     capacity = drain_work_seconds_per_second
-    fixed, slope = ahead_work_seconds, sum(rate for _, rate in lanes)
-    for room, rate in sorted(lanes, key=lambda lane: lane[0] / lane[1]):
+    sending = [(room, rate) for room, rate in lanes if room > 0 and rate > 0]
+    fixed, slope = ahead_work_seconds, sum(rate for _, rate in sending)
+    for room, rate in sorted(sending, key=lambda lane: lane[0] / lane[1]):
         if slope < capacity and fixed / (capacity - slope) <= room / rate:
             break
         fixed, slope = fixed + room, slope - rate

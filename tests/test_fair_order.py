@@ -130,6 +130,7 @@ ARRIVAL_CASES = {
     "a sender whose room fills first adds its room and no more": (6.0, [(1.0, 0.4)], 1.0, 1.0),
     "two senders, the first fills, the second keeps sending": (1.0, [(0.5, 0.5), (100.0, 0.25)], 1.0, 1.0),
     "senders faster than the queue drains are bounded by their rooms": (1.0, [(3.0, 2.0)], 1.0, 3.0),
+    "a sender with no rate or no room adds nothing": (1.0, [(5.0, 0.0), (0.0, 3.0)], 1.0, 0.0),
 }
 
 
@@ -242,3 +243,8 @@ def test_the_prediction_is_the_dispatch_order_to_within_one_request_per_tenant(
         largest[tenant] = max(largest.get(tenant, 0.0), cost / COST_PER_WORK_SECOND)
     slack = sum(work for tenant, work in largest.items() if tenant != newcomer)
     assert abs(served_before - predicted) <= slack + 1e-9
+
+
+def test_an_arrival_window_that_is_not_positive_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="arrival_window_seconds"):
+        FairnessPolicy(arrival_window_seconds=0.0)
