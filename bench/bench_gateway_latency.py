@@ -1,6 +1,7 @@
 """The gateway's own cost: added latency per request and streaming requests per second, live.
 
 Run: .venv/bin/python bench/bench_gateway_latency.py [--requests 2000] [--stream-requests 5000]
+     [--queue-requests 20000] [--queue-tenants 2,100,1000]
 
 Three processes on this machine: a vLLM-like upstream that answers at once (tests/gateway_upstream.py,
 16 tokens, no delay), one `goodput gateway` process in front of it (standalone mode, the sample
@@ -8,7 +9,10 @@ ModelGroup and SLOPolicy), and this client. Added latency: the same small non-st
 sent one at a time straight to the upstream and through the gateway; the figures are each path's
 p50/p99 and their difference. Throughput: streamed completions through the gateway from
 `--concurrency` concurrent clients. All three share the machine's cores, so the throughput is a
-floor for the gateway alone. Nothing is asserted.
+floor for the gateway alone. In-process, before the live part: the deadline gate's prediction of a
+newcomer's place in the fair order (`FairQueue.expected_work_ahead_seconds`) against a queue of
+`--queue-requests` waiting requests spread over each of `--queue-tenants` tenant counts, the cost a
+request adds when the queue is long (the live part's queue is empty). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from goodput.controllers.fairness import FairnessPolicy, FairQueue, QueuedItem
 from goodput.testbed.cluster.controlplane import free_port
 from goodput.testbed.cluster.processes import stop_child
 
@@ -40,6 +45,31 @@ def process(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
         yield child
     finally:
         stop_child(child, grace_seconds=10)
+
+
+def prediction_cost(queue_requests: int, tenants: int, calls: int = 2000) -> None:
+    """p50 and p99 of one prediction against a long queue, with a hot tenant holding half of it."""
+    rng = np.random.default_rng(1)
+    queue: FairQueue[int] = FairQueue(FairnessPolicy())
+    names = [f"tenant-{index}" for index in range(tenants)]
+    for index in range(queue_requests):
+        tenant = names[0] if index % 2 == 0 or tenants == 1 else names[int(rng.integers(1, tenants))]
+        prompt, output = int(rng.integers(16, 4000)), int(rng.integers(2, 1000))
+        arrival = index * 0.001
+        queue.push(QueuedItem(tenant, int(rng.integers(0, 2)), arrival + 1.0, arrival, prompt, output, index,
+                              work_seconds=(prompt + 20 * output) * 1e-4))  # fmt: skip
+    now = queue_requests * 0.001
+    timings = []
+    for call in range(calls):
+        tenant = names[call % tenants]
+        started = time.perf_counter()
+        queue.expected_work_ahead_seconds(tenant, call % 2, now, 5.0)
+        timings.append(time.perf_counter() - started)
+    p50, p99 = np.percentile(np.array(timings), [50, 99]) * 1e6
+    print(
+        f"  {queue_requests} waiting over {tenants:5d} tenants: p50 {p50:7.1f} us  p99 {p99:7.1f} us "
+        "per prediction"
+    )
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, attempts: int = 100) -> None:
@@ -118,7 +148,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--stream-requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--queue-requests", type=int, default=20_000)
+    parser.add_argument("--queue-tenants", default="2,100,1000")
     args = parser.parse_args()
+    print("the deadline gate's place-in-the-fair-order prediction, in process:")
+    for tenants in (int(count) for count in args.queue_tenants.split(",")):
+        prediction_cost(args.queue_requests, tenants)
     upstream_port, gateway_port = free_port(), free_port()
     upstream = [sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(upstream_port)]
     gateway = [

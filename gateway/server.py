@@ -45,7 +45,7 @@ from goodput.controllers.admission import (
     admit,
     slot_wait_seconds,
 )
-from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_seconds
+from goodput.controllers.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.request_path import RequestPathPolicy
 from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
@@ -71,9 +71,6 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_SESSIONS = 100_000
 MAX_KEPT_ANSWERS = 10_000
 MAX_TRACKED_TENANTS = 10_000
-# Deferred and best-effort requests queue this many priority levels behind admitted ones: served when
-# nothing admitted waits, and, as priority ages one level per `aging_seconds`, never starved for good.
-LOWER_PRECEDENCE_LEVELS = 100
 
 
 @dataclass(slots=True)
@@ -152,7 +149,6 @@ class Gateway:
         self.groups: dict[str, GroupState] = {}
         self.queue: FairQueue[Pending] = FairQueue(policy.fairness)
         self.queued_work_seconds = 0.0
-        self.queued_work_by_tenant: dict[str, float] = {}
         self.ledger = IdempotencyLedger()
         self.answers: OrderedDict[tuple[str, str], asyncio.Future[Answer]] = OrderedDict()
         self.budgets: dict[str, TokenBucket] = {}
@@ -225,20 +221,22 @@ class Gateway:
 
     # --- load views ----------------------------------------------------------------------------
 
-    def loads(self, tenant: str | None = None, own_work_seconds: float = 0.0) -> list[GroupLoad]:
+    def loads(self, tenant: str | None = None, priority: int = 0) -> list[GroupLoad]:
         """Each group's view for the gates; with a tenant, the queued work ahead of its next request
-        is its fair share of the queue (`fair_work_ahead_seconds`), spread over the serving groups."""
+        is what the fair queue serves before it (`FairQueue.expected_work_ahead_seconds`: its place in
+        the fair order, and what the tenants ahead of it send while it waits), spread over the
+        serving groups; without one, the whole queue."""
         serving = [s for s in self.groups.values() if s.endpoint.ready and not s.endpoint.draining]
-        ahead = self.queued_work_seconds
-        if tenant is not None:
-            ahead = fair_work_ahead_seconds(
-                self.queued_work_by_tenant, tenant, own_work_seconds, self.policy.fairness
-            )
-        share = ahead / len(serving) if serving else ahead
         measured = self.meter.work_seconds_per_second()
         rate = (
             measured / len(serving) if measured and serving else self.policy.capacity_work_seconds_per_second
         )
+        ahead = self.queued_work_seconds
+        if tenant is not None:
+            ahead = self.queue.expected_work_ahead_seconds(
+                tenant, priority, self.clock(), rate * len(serving)
+            )
+        share = ahead / len(serving) if serving else ahead
         capacity = self.policy.kv_capacity_tokens
         limit = self.policy.max_in_flight_per_group
         return [
@@ -285,7 +283,7 @@ class Gateway:
                 return
             item = dispatch.item
             pending = item.payload
-            self._unqueue_work(item.tenant, pending.work_seconds)
+            self._unqueue_work(pending.work_seconds)
             if pending.future.done():
                 self.queue.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
                 continue
@@ -298,7 +296,7 @@ class Gateway:
             )
             if route is None:  # unreachable while a slot is free; keep the request rather than lose it
                 self.queue.push(item)
-                self._queue_work(item.tenant, pending.work_seconds)
+                self._queue_work(pending.work_seconds)
                 return
             state = self.groups[route.group]
             state.in_flight += 1
@@ -313,17 +311,13 @@ class Gateway:
                 self._remember_session(pending.session, route.group)
             pending.future.set_result(route.group)
 
-    def _queue_work(self, tenant: str, work_seconds: float) -> None:
+    def _queue_work(self, work_seconds: float) -> None:
         self.queued_work_seconds += work_seconds
-        self.queued_work_by_tenant[tenant] = self.queued_work_by_tenant.get(tenant, 0.0) + work_seconds
 
-    def _unqueue_work(self, tenant: str, work_seconds: float) -> None:
-        self.queued_work_seconds = max(0.0, self.queued_work_seconds - work_seconds)
-        left = self.queued_work_by_tenant.get(tenant, 0.0) - work_seconds
-        if left > 1e-12 and self.queue.backlog(tenant) > 0:
-            self.queued_work_by_tenant[tenant] = left
-        else:
-            self.queued_work_by_tenant.pop(tenant, None)
+    def _unqueue_work(self, work_seconds: float) -> None:
+        self.queued_work_seconds = (
+            max(0.0, self.queued_work_seconds - work_seconds) if len(self.queue) else 0.0
+        )
 
     def _remember_session(self, session: str, group: str) -> None:
         self.sessions[session] = group
@@ -511,10 +505,11 @@ class Gateway:
         tenant = shape.tenant
         bucket = self._bucket(tenant, now)
         retry_budget = self.retry_budgets.get(tenant) or RetryBudget(self.policy.admission.retry_budget_ratio)
+        contract = self.policy.admission.contract_for(shape.class_name)
         decision = admit(
             self.policy.admission,
             shape,
-            self.loads(tenant, self._expected_work_seconds(shape)),
+            self.loads(tenant, contract.priority if contract is not None else 0),
             now,
             tenant_budget=bucket,
             retry_budget=retry_budget,
@@ -533,13 +528,6 @@ class Gateway:
         if isinstance(group, web.StreamResponse):
             return group
         return await self._serve(request, admitted, group)
-
-    def _expected_work_seconds(self, shape: RequestShape) -> float:
-        pricing = self.policy.admission.pricing
-        output = shape.requested_output_tokens or self.policy.admission.default_output_tokens
-        return pricing.prefill_work_seconds(shape.prompt_tokens) + pricing.decode_work_seconds(
-            shape.prompt_tokens, output
-        )
 
     def _bucket(self, tenant: str, now: float) -> TokenBucket | None:
         limit = self.policy.tenant_tokens_per_minute.get(tenant)
@@ -588,9 +576,10 @@ class Gateway:
             shape.prompt_tokens,
             decision.output_tokens,
             pending,
+            work_seconds=work,
         )
         admitted.item = self.queue.push(item)
-        self._queue_work(shape.tenant, work)
+        self._queue_work(work)
         self._pump()
         hold = (
             decision.hold_seconds
@@ -617,7 +606,7 @@ class Gateway:
         """Take a request out of the queue (client gone or hold expired); give back what it took."""
         pending = item.payload
         if self.queue.cancel(item):
-            self._unqueue_work(item.tenant, pending.work_seconds)
+            self._unqueue_work(pending.work_seconds)
         elif pending.future.done() and not pending.future.cancelled():
             # Dispatched in the same instant: free the slot it was given.
             self._release(pending.future.result(), pending)

@@ -3,7 +3,7 @@ between the workload and the simulated groups.
 
 Every decision is a call into `controllers/` (`admission.admit`, `fairness.FairQueue`,
 `routing.choose_group`, the load views' `slot_wait_seconds`, `free_dispatch_slots`,
-`fair_work_ahead_seconds`, the `DrainRateMeter`); this module keeps only the bookkeeping the
+`FairQueue.expected_work_ahead_seconds`, the `DrainRateMeter`); this module keeps only the bookkeeping the
 gateway process keeps around them (`gateway/server.py`): per group the requests it has in flight,
 their predicted work, their KV reservation and the prompts not started yet, the queued work by
 tenant, tenant token budgets, and the exact per-request counters it exports. What the gateway
@@ -38,16 +38,12 @@ from goodput.controllers.admission import (
     slot_wait_seconds,
 )
 from goodput.controllers.autoscale_model import GatewayClassFigures, GatewayObservation
-from goodput.controllers.fairness import FairQueue, QueuedItem, fair_work_ahead_seconds
+from goodput.controllers.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.request_path import RequestPathPolicy
 from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots
 from goodput.estimators.attainment import Histogram, histogram_delta
 from goodput.simulator.metrics import TTFT_BUCKETS_SECONDS, HistogramAccumulator
 from goodput.simulator.workload import Workload
-
-# Deferred and best-effort requests queue behind every request admitted on time. The gateway
-# process holds the same constant (`gateway/server.py`); it belongs in `controllers/fairness.py`.
-LOWER_PRECEDENCE_LEVELS = 100
 
 
 class Admission(IntEnum):
@@ -187,17 +183,16 @@ class SimGateway:
         return self.policy.capacity_work_seconds_per_second
 
     def loads(
-        self, serving: Sequence[int], tenant: str | None = None, own_work: float = 0.0
+        self, serving: Sequence[int], now: float, tenant: str | None = None, priority: int = 0
     ) -> list[GroupLoad]:
-        """Each serving group's view, as `Gateway.loads` builds it: the work queued ahead (the
-        tenant's fair share of it, with a tenant) spread over the serving groups."""
+        """Each serving group's view, as `Gateway.loads` builds it: the work queued ahead (with a
+        tenant, what the fair queue serves before its next request: `expected_work_ahead_seconds`)
+        spread over the serving groups."""
+        rate = self._rate(len(serving))
         ahead = sum(self._queued_work_by_tenant.values())
         if tenant is not None:
-            ahead = fair_work_ahead_seconds(
-                self._queued_work_by_tenant, tenant, own_work, self.policy.fairness
-            )
+            ahead = self.queue.expected_work_ahead_seconds(tenant, priority, now, rate * len(serving))
         share = ahead / len(serving) if serving else ahead
-        rate = self._rate(len(serving))
         capacity = self.policy.kv_capacity_tokens
         limit = self.policy.max_in_flight_per_group
         loads = []
@@ -246,7 +241,7 @@ class SimGateway:
         decision = admit(
             self.policy.admission,
             shape,
-            self.loads(serving, tenant, self._work_seconds(prompt, asked)),
+            self.loads(serving, now, tenant, self._class_priority(class_name)),
             now,
             tenant_budget=bucket,
         )
@@ -267,6 +262,10 @@ class SimGateway:
             self._budgets[tenant] = bucket.spend(decision.budget_tokens, now)
         return self._enqueue(index, now, decision.output_tokens, decision)
 
+    def _class_priority(self, class_name: str) -> int:
+        contract = self.policy.admission.contract_for(class_name)
+        return contract.priority if contract is not None else 0
+
     def _enqueue(self, index: int, now: float, output_tokens: int, decision: AdmissionDecision) -> float:
         contract = self.policy.admission.contract_for(decision.class_name)
         assert contract is not None  # admission resolved the class
@@ -283,6 +282,7 @@ class SimGateway:
             prompt,
             output_tokens,
             held,
+            work_seconds=work,
         )
         self._items[index] = self.queue.push(item)
         self._queued_work_by_tenant[tenant] = self._queued_work_by_tenant.get(tenant, 0.0) + work
@@ -330,7 +330,7 @@ class SimGateway:
                         chunk,
                     ),
                 )
-                for load in self.loads(serving)
+                for load in self.loads(serving, now)
             ]
             if not any(candidate.free_slots > 0 for candidate in candidates):
                 break
@@ -415,7 +415,7 @@ class SimGateway:
     # ------------------------------------------------------------------ exported figures
     def sample(self, now: float, serving: Sequence[int]) -> GatewaySample:
         """Its `/metrics` now, as `Gateway.publish_gauges` and its counters write them."""
-        pooled = sum(load.capacity_work_seconds_per_second for load in self.loads(serving))
+        pooled = sum(load.capacity_work_seconds_per_second for load in self.loads(serving, now))
         queued = sum(self._queued_work_by_tenant.values())
         wait = queued / pooled if pooled > 0 else math.inf
         by_class: dict[str, list[QueuedItem[_Held]]] = {name: [] for name in self._counters}

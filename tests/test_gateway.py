@@ -361,6 +361,42 @@ def test_contending_tenants_are_served_by_their_counters() -> None:
     run(main)
 
 
+def test_the_deadline_gate_prices_a_tenants_wait_by_its_place_in_the_fair_order() -> None:
+    """One slot held busy; each request's work is a fifth of a second at this capacity. Tenant a queues
+    until its own backlog would miss the TTFT target and is refused; tenant b, arriving behind a's whole
+    backlog, waits only for the a request ahead of its tag (a whole-queue gate would refuse it), and is
+    admitted and served."""
+
+    async def main() -> None:
+        gate = asyncio.Event()
+        base = request_path_policy(max_num_seqs=1)
+        pricing = base.admission.pricing
+        work = pricing.prefill_work_seconds(3) + pricing.decode_work_seconds(3, 4)
+        policy = dataclasses.replace(base, capacity_work_seconds_per_second=work / 0.2)
+        async with rig(policy, gate=gate) as r:
+            tasks = []
+            for _ in range(6):
+                tasks.append(asyncio.create_task(r.post(completion(user="a"), **{"X-Goodput-Tenant": "a"})))
+                await asyncio.sleep(0.05)
+            queued_for_a = [task for task in tasks if not task.done()]
+            refused_a = [task.result() for task in tasks if task.done()]
+            assert len(queued_for_a) == 4 and len(refused_a) == 2  # one running, three queued
+            assert all(
+                one.status == 429 and one.headers["X-Goodput-Reason"] == "Deadline" for one in refused_a
+            )
+            light = asyncio.create_task(r.post(completion(user="b"), **{"X-Goodput-Tenant": "b"}))
+            await asyncio.sleep(0.05)
+            assert not light.done()  # admitted and waiting in the fair queue, not refused
+            gate.set()
+            answered = await light
+            assert answered.status == 200 and answered.headers["X-Goodput-Outcome"] == "admitted"
+            assert all(response.status == 200 for response in await asyncio.gather(*queued_for_a))
+            order = [received.body["user"] for received in r.upstreams["g1"].received]
+            assert order.index("b") <= 2, order  # served after the one running and the one ahead
+
+    run(main)
+
+
 def test_duplicate_idempotency_keys_collapse_into_one_engine_request() -> None:
     async def main() -> None:
         async with rig(token_delay_seconds=0.02) as r:
