@@ -3,9 +3,10 @@
 A kopf daemon runs one loop per ModelGroup whose `policyRef` or `shadowPolicyRef` is set, at the
 active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 
-1. reads the ModelGroup fresh from the API server (the count, the groups and the last records), and
-   the SLOPolicies from an index; compiles them (`controllers.policy_compile`; the capacity profile
-   is rebuilt only when its inputs change);
+1. takes the ModelGroup as the watch last delivered it (kopf's body: the count, the groups and the
+   last records; with the autoscaler's own last status write laid over it until the watch shows
+   it, `with_own_status`), and the SLOPolicies from an index; compiles them
+   (`controllers.policy_compile`; the capacity profile is rebuilt only when its inputs change);
 2. reads the engine metrics of the ready groups from Prometheus (`metrics_source`), in one query
    shared with every ModelGroup ticking at the same moment (`metrics_batch`: ticks are aligned to
    the interval, so an interval costs one query per query shape, not one per ModelGroup). A
@@ -21,8 +22,17 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
    of prompts past it, attainment against offered and attainable requests) and the conditions
    ScalingActive, MetricsAvailable, DecisionLimited and SLOAttainable: one server-side apply of the
    autoscaler's own part of the status (`ownership.AUTOSCALER_STATUS`, field manager
-   `goodput-autoscaler`), only when it changed; Events on transitions; one JSON log line per
-   decision in the design note's §38 shape; the operator's Prometheus metrics.
+   `goodput-autoscaler`), only when it changed (the same decision made again is rewritten only
+   when its record is `state_refresh_seconds` old, `repeats_recent_decision`); Events on
+   transitions; one JSON log line per decision in the design note's §38 shape; the operator's
+   Prometheus metrics.
+
+At fleet size (hundreds of ModelGroups on one interval) a tick costs no read of the API server and,
+at rest, no write; its writes run on the autoscaler's own bounded executor
+(`API_WRITE_CONCURRENCY` threads) and its Prometheus query on another, so neither waits behind the
+group controller's writes on asyncio's default executor; and the next tick is due at the boundary
+after the last one began (`TickOutcome.started`), so a slow tick is not followed by a skipped
+interval. Measured with `bench/bench_operator_fleet.py` and `bench/bench_operator_idle.py`.
 
 The decision state (recent recommendations and scale events) is kept in memory and in
 `status.autoscalerState`, so an operator restart keeps its stabilisation windows and step limits
@@ -43,9 +53,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -101,6 +112,16 @@ SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
 # A tick that lost a race with another writer runs again this soon.
 CONFLICT_RETRY_SECONDS = 1.0
+# The autoscaler's Kubernetes writes (scale, status) run on this many threads of its own. asyncio's
+# default executor (min(32, cores + 4) threads: 6 on two cores) is the group controller's; sharing it,
+# the autoscaler's writes queued behind pod creations and gate patches, and at fleet size most
+# ModelGroups were not decided within their interval. Beside the default executor this stays within
+# the Kubernetes client's connection pool (5 per core), so no request opens a connection of its own.
+API_WRITE_CONCURRENCY = 4
+# How long a status this autoscaler applied may go unseen on the watched object before the watched
+# one is trusted again (someone else rewrote those fields, or the write was lost).
+STATUS_ECHO_TIMEOUT_SECONDS = 30.0
+_T = TypeVar("_T")
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -378,6 +399,9 @@ class Memory:
     state_text: str | None = None
     state_written_at: float | None = None
     profiles: dict[str, CapacityProfile] = field(default_factory=dict)
+    written_status: dict[str, Any] | None = None
+    """The autoscaler's part of the status it last applied (wire form), until the watch shows it."""
+    written_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,11 +422,13 @@ class TickOutcome:
     active: Decision | None = None
     shadow: Decision | None = None
     aligned: bool = True
+    started: float | None = None
+    """When the tick began: the next one is due at the boundary after it, however long it took."""
 
     def delay_seconds(self, now: float) -> float:
         if not self.aligned:
             return self.interval_seconds
-        return next_tick_delay_seconds(self.interval_seconds, now)
+        return next_tick_delay_seconds(self.interval_seconds, now, started=self.started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,42 +471,91 @@ class Autoscaler:
         source: MetricsSource,
         metrics: AutoscalerMetrics,
         settings: AutoscalerSettings,
+        *,
         clock: Callable[[], float] = time.time,
+        executor: Executor | None = None,
     ) -> None:
+        """`executor` runs the blocking Kubernetes calls (None: asyncio's default executor)."""
         self.kube = kube
         self.source = source
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
+        self.executor = executor
         self.memories: dict[tuple[str, str], Memory] = {}
+
+    async def _call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """A blocking Kubernetes call on the autoscaler's executor."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(function, *args, **kwargs))
 
     def forget(self, namespace: str, name: str) -> None:
         self.memories.pop((namespace, name), None)
         self.metrics.forget(namespace, name)
 
     async def tick(
-        self, namespace: str, name: str, policies: PolicyIndex, post_events: PostEvents
+        self,
+        namespace: str,
+        name: str,
+        policies: PolicyIndex,
+        post_events: PostEvents,
+        watched: Mapping[str, Any] | None = None,
     ) -> TickOutcome:
         """One decision for one ModelGroup; see the module docstring. Raises kopf.TemporaryError
-        when Prometheus or the scale write fails."""
+        when Prometheus or the scale write fails.
+
+        `watched`: the ModelGroup as the watch last delivered it (kopf's body), read instead of a
+        GET; None reads it from the API server."""
         started = time.perf_counter()
         now = self.clock()
-        obj = await self._get(namespace, name)
+        obj = await self._current(namespace, name, watched, now)
         if obj is None:
             return TickOutcome(self.settings.unbound_interval_seconds)
+        return await self._tick(obj, policies, post_events, now=now, started=started)
+
+    async def _current(
+        self, namespace: str, name: str, watched: Mapping[str, Any] | None, now: float
+    ) -> dict[str, Any] | None:
+        """The ModelGroup to decide on: the watched one, with the status this autoscaler applied and
+        the watch has not shown yet (`with_own_status`), or else a fresh read."""
+        if watched is None:
+            return await self._get(namespace, name)
+        obj = {key: watched.get(key) for key in ("apiVersion", "kind", "metadata", "spec", "status")}
+        memory = self.memories.get((namespace, name))
+        if memory is None or memory.written_status is None:
+            return obj
+        if now - memory.written_at > STATUS_ECHO_TIMEOUT_SECONDS:
+            memory.written_status = None
+            return obj
+        status, echoed = with_own_status(obj.get("status") or {}, memory.written_status)
+        if echoed:
+            memory.written_status = None
+        return {**obj, "status": status}
+
+    async def _tick(
+        self,
+        obj: dict[str, Any],
+        policies: PolicyIndex,
+        post_events: PostEvents,
+        *,
+        now: float,
+        started: float,
+    ) -> TickOutcome:
+        metadata = obj.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
         memory = self._memory(namespace, name, obj, now)
         status = ModelGroupStatus.model_validate(obj.get("status") or {})
         parsed = parse_model_group({key: obj.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
         if isinstance(parsed, str):
             await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events, memory)
-            return TickOutcome(self.settings.unbound_interval_seconds)
+            return TickOutcome(self.settings.unbound_interval_seconds, started=now)
         plan = self._plan(parsed, policies, memory)
         if plan.active is None and plan.shadow is None:
             if plan.stopped is not None:
                 await self._fail(obj, status, plan.stopped, post_events, memory)
             else:
                 await self._write_status(obj, lambda previous: previous, memory=memory)
-            return TickOutcome(plan.interval_seconds)
+            return TickOutcome(plan.interval_seconds, started=now)
         readings = await self._observe(obj, status, plan, post_events, memory)
         decided = self._decide(parsed, status, plan, readings, memory=memory, now=now)
         active = decided.active
@@ -497,7 +572,7 @@ class Autoscaler:
             memory.shadow = decided.shadow.next_state
         await self._record(obj, status, plan, decided, post_events=post_events, memory=memory, now=now)
         self.metrics.duration.labels("total").observe(time.perf_counter() - started)
-        return TickOutcome(plan.interval_seconds, decided.active, decided.shadow)
+        return TickOutcome(plan.interval_seconds, decided.active, decided.shadow, started=now)
 
     def _plan(self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory) -> Plan:
         """Which policies decide this tick, at which interval, and why the active one does not."""
@@ -657,7 +732,7 @@ class Autoscaler:
             "spec": {"replicas": decision.desired_groups},
         }
         try:
-            await asyncio.to_thread(
+            await self._call(
                 self.kube.patch_custom,
                 "modelgroups",
                 str(metadata.get("namespace") or ""),
@@ -728,9 +803,7 @@ class Autoscaler:
 
     async def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            found = await asyncio.to_thread(
-                self.kube.request, "GET", "modelgroups", self._path(namespace, name)
-            )
+            found = await self._call(self.kube.request, "GET", "modelgroups", self._path(namespace, name))
         except KubeError as error:
             if error.status == 404:
                 return None
@@ -761,21 +834,26 @@ class Autoscaler:
         state = self._due_state(memory, now) if memory is not None else None
         if state is not None:
             new = new.model_copy(update={"autoscaler_state": state})
-        if new == previous:
+        if new == previous or repeats_recent_decision(
+            previous, new, now=now, refresh_seconds=self.settings.state_refresh_seconds
+        ):
             return
+        body = AUTOSCALER_STATUS.apply_body(namespace, name, new)
         try:
-            await asyncio.to_thread(
+            await self._call(
                 self.kube.apply_custom_status,
                 "modelgroups",
                 namespace,
                 name,
-                AUTOSCALER_STATUS.apply_body(namespace, name, new),
+                body,
                 field_manager=AUTOSCALER_STATUS.field_manager,
             )
         except KubeError as error:
             raise kopf.TemporaryError(f"status write failed: {error}", delay=5) from error
-        if memory is not None and state is not None:
-            memory.state_text, memory.state_written_at = state, now
+        if memory is not None:
+            memory.written_status, memory.written_at = body["status"], now
+            if state is not None:
+                memory.state_text, memory.state_written_at = state, now
 
     def _due_state(self, memory: Memory, now: float) -> str | None:
         """The decision state to save with this write, or None when the saved one still holds."""
@@ -845,6 +923,49 @@ class Autoscaler:
             return previous.model_copy(update={"conditions": conditions})
 
         await self._write_status(obj, recorded, memory=None, clear_shadow=True)
+
+
+def with_own_status(watched: Mapping[str, Any], written: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The watched status with the autoscaler's part as it last applied it (`written`, wire form),
+    and whether the watch shows that part already (then the watched status is returned as it is).
+
+    The watch may deliver the object a moment after the apply landed; deciding on the older copy
+    would record the decision history from before the last decision. Only the autoscaler's own
+    fields and conditions are taken from `written`: the group controller's are the watched ones."""
+    if AUTOSCALER_STATUS.owned(watched) == dict(written):
+        return dict(watched), True
+    status = {
+        key: value
+        for key, value in watched.items()
+        if key not in AUTOSCALER_STATUS.fields and key != "conditions"
+    }
+    status.update({key: value for key, value in written.items() if key != "conditions"})
+    conditions = [
+        c for c in watched.get("conditions") or () if not AUTOSCALER_STATUS.owns(str(c.get("type")))
+    ]
+    conditions += list(written.get("conditions") or ())
+    if conditions:
+        status["conditions"] = conditions
+    return status, False
+
+
+def repeats_recent_decision(
+    previous: ModelGroupStatus, new: ModelGroupStatus, *, now: float, refresh_seconds: float
+) -> bool:
+    """Whether `new` differs from `previous` only in the time of the same decisions, recorded less
+    than `refresh_seconds` ago: such a write would say only "decided again, the same", and at fleet
+    size one per ModelGroup per interval is most of the operator's API traffic at rest. The record
+    (and the decision state beside it, `persist_due`) is refreshed at least every `refresh_seconds`."""
+    stamps: list[float] = []
+    same_times: dict[str, Any] = {}
+    for name in ("last_decision", "shadow_decision"):
+        old, fresh = getattr(previous, name), getattr(new, name)
+        if old is not None and fresh is not None:
+            same_times[name] = fresh.model_copy(update={"time": old.time})
+            stamps.append(old.time.timestamp())
+    if not stamps or new.model_copy(update=same_times) != previous:
+        return False
+    return all(now - stamp < refresh_seconds for stamp in stamps)
 
 
 def _blind(state: DecisionState) -> DecisionState:
@@ -933,10 +1054,16 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             timeout_seconds=settings.prometheus_timeout_seconds,
             connection=settings.prometheus_connection,
         )
+        writes = ThreadPoolExecutor(API_WRITE_CONCURRENCY, thread_name_prefix="autoscaler-api")
+        queries = ThreadPoolExecutor(1, thread_name_prefix="autoscaler-prometheus")
         source = BatchedMetricsSource(
-            reader, gather_seconds=settings.prometheus_batch_seconds, on_query=metrics.count_query
+            reader,
+            gather_seconds=settings.prometheus_batch_seconds,
+            on_query=metrics.count_query,
+            executor=queries,
         )
-        memo.autoscaler = Autoscaler(runtime.kube, source, metrics, settings)
+        memo.autoscaler = Autoscaler(runtime.kube, source, metrics, settings, executor=writes)
+        memo.autoscaler_executors = (writes, queries)
         log.info("autoscaler reading Prometheus at %s", settings.prometheus_url)
 
     @kopf.on.cleanup(id="autoscaler_stop", registry=registry)
@@ -946,6 +1073,8 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             reader = autoscaler.source.reader
             if isinstance(reader, PrometheusMetricsSource):
                 reader.close()
+        for executor in getattr(memo, "autoscaler_executors", ()):
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _register_policy_index(registry: kopf.OperatorRegistry) -> None:
@@ -989,7 +1118,7 @@ def _register_daemon(registry: kopf.OperatorRegistry) -> None:
 
         try:
             while not stopped:
-                outcome = await autoscaler.tick(where, name, policies, post)
+                outcome = await autoscaler.tick(where, name, policies, post, watched=body)
                 await stopped.wait(outcome.delay_seconds(autoscaler.clock()))
         finally:
             await _stop_daemon(autoscaler, where, name, stopped.reason)

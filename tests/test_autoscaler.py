@@ -31,6 +31,7 @@ from goodput.operator.autoscaler import (
     AutoscalerMetrics,
     AutoscalerSettings,
     is_bound,
+    with_own_status,
 )
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics_source import MetricsReading, MetricsUnavailableError
@@ -109,6 +110,7 @@ class MemoryApi:
     """Subresources ('scale', '') whose next write answers 409 whatever its precondition."""
     failure: KubeError | None = None
     applied: AppliedStatus = field(default_factory=AppliedStatus)
+    gets: int = 0
 
     def __post_init__(self) -> None:
         # The status the test starts from is the group controller's, at the version the test gave.
@@ -142,6 +144,7 @@ class MemoryApi:
             "GET",
             f"/apis/goodput.dev/v1alpha1/namespaces/{NAMESPACE}/modelgroups/{NAME}",
         )
+        self.gets += 1
         return copy.deepcopy(self.body)
 
     def patch_custom(
@@ -236,11 +239,16 @@ class Harness:
             self.api, self.metrics, AutoscalerMetrics(self.registry), settings, clock=self.clock
         )
 
-    def tick(self, at: float | None = None) -> Any:
+    def tick(self, at: float | None = None, watched: Mapping[str, Any] | None = None) -> Any:
+        """One tick; with `watched`, on that copy of the ModelGroup (as kopf's watch delivered it)."""
         if at is not None:
             self.clock.now = START + at
         assert self.autoscaler is not None
-        return asyncio.run(self.autoscaler.tick(NAMESPACE, NAME, self.policies, self.post))
+        return asyncio.run(self.autoscaler.tick(NAMESPACE, NAME, self.policies, self.post, watched=watched))
+
+    def watched(self) -> dict[str, Any]:
+        """The ModelGroup as a watch that has caught up delivers it."""
+        return copy.deepcopy(self.api.body)
 
     def post(self, events: Sequence[EventRecord]) -> None:
         self.events.extend(events)
@@ -715,3 +723,96 @@ def test_attainment_is_reported_against_offered_and_against_the_attainable_ceili
             "goodput_autoscaler_attainment_ratio", namespace=NAMESPACE, model_group=NAME, basis=basis
         )
         assert sample == pytest.approx(value)
+
+
+# --- at fleet size: the watched object, and writes only when something changed --------------------
+
+
+def test_a_tick_on_the_watched_model_group_reads_nothing_from_the_api_server() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    outcome = h.tick(watched=h.watched())
+    assert h.api.gets == 0
+    assert outcome.active is not None and h.api.body["spec"]["replicas"] == outcome.active.desired_groups
+    (scale,) = h.api.of("scale")
+    assert scale["metadata"] == {"resourceVersion": "100"}, "conditional on the version the watch showed"
+
+
+def test_a_watch_behind_the_last_status_write_does_not_lose_the_decision_it_recorded() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    before = h.watched()
+    h.tick(at=0, watched=before)
+    recorded = h.status["decisions"]
+    assert len(recorded) == 1 and recorded[0]["toReplicas"] > 1
+    # The next tick comes before the watch delivered the write: it sees the object as it was (one
+    # group wanted, no record), the scale-out's groups not created yet and the load gone.
+    h.metrics.groups = {"g0": IDLE}
+    stale = copy.deepcopy(before)
+    stale["metadata"]["resourceVersion"] = h.api.body["metadata"]["resourceVersion"]
+    h.tick(at=10, watched=stale)
+    assert h.status["decisions"] == recorded, "the history is the one written, not the stale copy's"
+    assert h.status["groups"] == before["status"]["groups"], "the group controller's fields stay"
+
+
+def test_the_same_decision_again_is_not_rewritten_until_its_record_is_due_for_a_refresh() -> None:
+    h = harness()
+    h.tick(at=0, watched=h.watched())
+    h.tick(at=10, watched=h.watched())
+    h.tick(at=20, watched=h.watched())
+    assert len(h.api.of("status")) == 1, "held at one group, nothing new to record"
+    first = h.status["lastDecision"]["time"]
+    h.tick(at=30, watched=h.watched())
+    assert len(h.api.of("status")) == 2 and h.status["lastDecision"]["time"] != first, "refreshed"
+    h.metrics.groups = {"g0": OVERLOADED}
+    h.tick(at=35, watched=h.watched())
+    assert len(h.api.of("status")) == 3 and h.status["lastDecision"]["toReplicas"] > 1, "a new decision"
+
+
+OWN = {
+    "lastDecision": {"toReplicas": 3},
+    "conditions": [{"type": "ScalingActive", "status": "True"}],
+}
+ECHO_CASES = {
+    "the watch shows the write: taken as it is": (
+        {"readyGroups": 1, **OWN, "conditions": [{"type": "Ready", "status": "True"}, *OWN["conditions"]]},
+        OWN,
+        (
+            {
+                "readyGroups": 1,
+                **OWN,
+                "conditions": [{"type": "Ready", "status": "True"}, *OWN["conditions"]],
+            },
+            True,
+        ),
+    ),
+    "the watch lags: the autoscaler's part as written, the group controller's as watched": (
+        {
+            "readyGroups": 2,
+            "lastDecision": {"toReplicas": 1},
+            "conditions": [
+                {"type": "Ready", "status": "False"},
+                {"type": "ScalingActive", "status": "False"},
+            ],
+        },
+        OWN,
+        (
+            {
+                "readyGroups": 2,
+                "lastDecision": {"toReplicas": 3},
+                "conditions": [{"type": "Ready", "status": "False"}, *OWN["conditions"]],
+            },
+            False,
+        ),
+    ),
+    "a field the write removed stays removed": (
+        {"readyGroups": 1, "shadowDecision": {"toReplicas": 2}, **OWN},
+        OWN,
+        ({"readyGroups": 1, **OWN}, False),
+    ),
+}
+
+
+@pytest.mark.parametrize(("watched", "written", "expected"), ECHO_CASES.values(), ids=ECHO_CASES.keys())
+def test_the_status_decided_on_carries_the_autoscalers_last_write(
+    watched: dict[str, Any], written: dict[str, Any], expected: tuple[dict[str, Any], bool]
+) -> None:
+    assert with_own_status(watched, written) == expected
