@@ -306,6 +306,8 @@ class Sample:
     at: float
     cpu_seconds: float
     kube_requests: float
+    kube_conflicts: float
+    """Of which answered 409 Conflict (a write on an out-of-date resourceVersion)."""
     fleet_queries: float
     model_group_queries: float
     tick_seconds: float
@@ -324,6 +326,7 @@ class Sample:
             at=time.monotonic(),
             cpu_seconds=cpu_seconds(operator.process.pid),
             kube_requests=_metric_sum(page, "goodput_kube_requests_total"),
+            kube_conflicts=_metric_sum(page, "goodput_kube_requests_total", 'code="409"'),
             fleet_queries=_metric_sum(page, queries, 'scope="fleet"'),
             model_group_queries=_metric_sum(page, queries, 'scope="model_group"'),
             tick_seconds=_metric_sum(page, f"{duration}_sum", 'stage="total"'),
@@ -343,9 +346,10 @@ def report_window(before: Sample, after: Sample, operator: FleetOperator, interv
     rss = rss_mib(operator.process.pid)
     print(f"  operator CPU {cpu / elapsed:.3f} cores ({cpu:.1f} CPU-s), RSS {rss:.0f} MiB")
     requests = (after.kube_requests - before.kube_requests) / elapsed
+    conflicts = (after.kube_conflicts - before.kube_conflicts) / elapsed
     print(
-        f"  Kubernetes API requests through the operator's client: {requests:.1f}/s"
-        " (kopf's own watches and finalizer patches not counted)"
+        f"  Kubernetes API requests through the operator's client: {requests:.1f}/s ({conflicts:.1f}/s"
+        " answered 409 Conflict; kopf's own watches and finalizer patches not counted)"
     )
     print(
         f"  Prometheus queries per interval: {(fleet + alone) / intervals:.1f} "

@@ -424,6 +424,8 @@ class TickOutcome:
     aligned: bool = True
     started: float | None = None
     """When the tick began: the next one is due at the boundary after it, however long it took."""
+    conflict: bool = False
+    """The scale write lost to another writer of the ModelGroup: nothing was written."""
 
     def delay_seconds(self, now: float) -> float:
         if not self.aligned:
@@ -511,7 +513,18 @@ class Autoscaler:
         obj = await self._current(namespace, name, watched, now)
         if obj is None:
             return TickOutcome(self.settings.unbound_interval_seconds)
-        return await self._tick(obj, policies, post_events, now=now, started=started)
+        readings: dict[Windows, MetricsReading] = {}
+        outcome = await self._tick(obj, policies, post_events, now=now, started=started, readings=readings)
+        if outcome.conflict and watched is not None:
+            # The watched copy was behind. Only if the spec is still the one decided on (someone
+            # else's status or metadata write, not a count of theirs) decide again at once on a
+            # fresh read, with this tick's metrics.
+            fresh = await self._get(namespace, name)
+            if fresh is not None and _generation(fresh) == _generation(obj):
+                outcome = await self._tick(
+                    fresh, policies, post_events, now=now, started=started, readings=readings
+                )
+        return outcome
 
     async def _current(
         self, namespace: str, name: str, watched: Mapping[str, Any] | None, now: float
@@ -540,7 +553,9 @@ class Autoscaler:
         *,
         now: float,
         started: float,
+        readings: dict[Windows, MetricsReading],
     ) -> TickOutcome:
+        """The tick on `obj`; `readings` holds the metrics read so far this tick (filled here)."""
         metadata = obj.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
         memory = self._memory(namespace, name, obj, now)
@@ -556,7 +571,7 @@ class Autoscaler:
             else:
                 await self._write_status(obj, lambda previous: previous, memory=memory)
             return TickOutcome(plan.interval_seconds, started=now)
-        readings = await self._observe(obj, status, plan, post_events, memory)
+        await self._observe(obj, status, plan, post_events, memory, readings=readings)
         decided = self._decide(parsed, status, plan, readings, memory=memory, now=now)
         active = decided.active
         if (
@@ -565,7 +580,7 @@ class Autoscaler:
             and not await self._scale(obj, active, post_events, plan.interval_seconds)
         ):
             # Someone else wrote the ModelGroup after it was read: decide again soon, on what they wrote.
-            return TickOutcome(CONFLICT_RETRY_SECONDS, aligned=False)
+            return TickOutcome(CONFLICT_RETRY_SECONDS, aligned=False, conflict=True)
         if decided.active is not None:
             memory.active = decided.active.next_state
         if decided.shadow is not None:
@@ -610,14 +625,16 @@ class Autoscaler:
         plan: Plan,
         post_events: PostEvents,
         memory: Memory,
-    ) -> dict[Windows, MetricsReading]:
-        """The metrics of every policy that decides; without them, no decision (and the windows of
-        stabilisation start again)."""
+        *,
+        readings: dict[Windows, MetricsReading],
+    ) -> None:
+        """The metrics of every policy that decides, into `readings` (those already there are not
+        read again); without them, no decision (and the windows of stabilisation start again)."""
         metadata = obj.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
         started = time.perf_counter()
         try:
-            readings = await self._read_metrics(namespace, name, plan.deciding)
+            await self._read_metrics(namespace, name, plan.deciding, readings)
         except MetricsUnavailableError as error:
             self.metrics.metrics_failures.labels(namespace, name).inc()
             replicas = (obj.get("spec") or {}).get("replicas")
@@ -631,7 +648,6 @@ class Autoscaler:
             await self._fail(obj, status, unusable, post_events, memory)
             raise kopf.TemporaryError(message, delay=plan.interval_seconds) from error
         self.metrics.duration.labels("metrics").observe(time.perf_counter() - started)
-        return readings
 
     def _decide(
         self,
@@ -789,14 +805,16 @@ class Autoscaler:
     # --- reading and writing --------------------------------------------------------------------
 
     async def _read_metrics(
-        self, namespace: str, name: str, compiled: Sequence[CompiledPolicy]
-    ) -> dict[Windows, MetricsReading]:
-        readings: dict[Windows, MetricsReading] = {}
+        self,
+        namespace: str,
+        name: str,
+        compiled: Sequence[CompiledPolicy],
+        readings: dict[Windows, MetricsReading],
+    ) -> None:
         for policy in compiled:
             windows = self._windows(policy)
             if windows not in readings:
                 readings[windows] = await self.source.read(namespace, name, windows)
-        return readings
 
     def _path(self, namespace: str, name: str) -> str:
         return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/modelgroups/{name}"
@@ -966,6 +984,10 @@ def repeats_recent_decision(
     if not stamps or new.model_copy(update=same_times) != previous:
         return False
     return all(now - stamp < refresh_seconds for stamp in stamps)
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int((obj.get("metadata") or {}).get("generation") or 0)
 
 
 def _blind(state: DecisionState) -> DecisionState:

@@ -816,3 +816,27 @@ def test_the_status_decided_on_carries_the_autoscalers_last_write(
     watched: dict[str, Any], written: dict[str, Any], expected: tuple[dict[str, Any], bool]
 ) -> None:
     assert with_own_status(watched, written) == expected
+
+
+def test_a_status_written_after_the_watched_copy_costs_no_decision() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    watched = h.watched()
+    h.api.group_controller_applies({"readyGroups": 1, "groups": watched["status"]["groups"]})
+    outcome = h.tick(watched=watched)
+    assert not outcome.conflict and outcome.active is not None
+    (scale,) = h.api.of("scale")
+    assert scale["metadata"] == {"resourceVersion": "101"}, "decided again on a fresh read"
+    assert h.api.body["spec"]["replicas"] == outcome.active.desired_groups > 1
+    assert h.api.gets == 1 and len(h.metrics.reads) == 1, "one read of the object, the metrics read once"
+
+
+def test_a_count_changed_by_someone_else_after_the_watched_copy_wins() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    watched = h.watched()
+    # `kubectl scale --replicas=2` lands between the watch's copy and the decision's write.
+    h.api.body["spec"]["replicas"] = 2
+    h.api.body["metadata"]["generation"] += 1
+    h.api.body["metadata"]["resourceVersion"] = "101"
+    outcome = h.tick(watched=watched)
+    assert outcome.conflict and outcome.delay_seconds(START + 7.3) == 1.0
+    assert h.api.writes == [] and h.events == [] and h.api.body["spec"]["replicas"] == 2
