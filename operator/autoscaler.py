@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -700,9 +701,18 @@ class Autoscaler:
         memory: Memory,
         now: float,
     ) -> None:
-        """Status, Events, the §38 log lines and the operator's metrics of this tick's decisions."""
+        """The §38 log lines and the operator's metrics of this tick's decisions, then its status and
+        Events. The log line comes first: it says when the decision was made (and applied), while the
+        status write may wait its turn behind the rest of the fleet's."""
         metadata = obj.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
+        for decision, policy, role in (
+            (decided.active, plan.active, "active"),
+            (decided.shadow, plan.shadow, "shadow"),
+        ):
+            if decision is not None and policy is not None:
+                self._log(namespace, decision, shadow=role == "shadow")
+                self.metrics.record(namespace, name, decision, policy=role, slo_policy=policy.policy_name)
         recorded = functools.partial(
             _recorded_status,
             decided=decided,
@@ -712,13 +722,6 @@ class Autoscaler:
         )
         await self._write_status(obj, recorded, memory=memory, clear_shadow=not plan.shadow_bound)
         post_events(_tick_events(status, plan, decided))
-        for decision, policy, role in (
-            (decided.active, plan.active, "active"),
-            (decided.shadow, plan.shadow, "shadow"),
-        ):
-            if decision is not None and policy is not None:
-                self._log(namespace, decision, shadow=role == "shadow")
-                self.metrics.record(namespace, name, decision, policy=role, slo_policy=policy.policy_name)
 
     def _memory(self, namespace: str, name: str, obj: Mapping[str, Any], now: float) -> Memory:
         """This ModelGroup's memory; on first sight, the decision states its status saved (or, for an
@@ -849,11 +852,12 @@ class Autoscaler:
         if clear_shadow:
             new = new.model_copy(update={"shadow_decision": None})
         now = self.clock()
-        state = self._due_state(memory, now) if memory is not None else None
+        refresh_seconds = staggered_refresh_seconds(namespace, name, self.settings.state_refresh_seconds)
+        state = self._due_state(memory, now, refresh_seconds) if memory is not None else None
         if state is not None:
             new = new.model_copy(update={"autoscaler_state": state})
         if new == previous or repeats_recent_decision(
-            previous, new, now=now, refresh_seconds=self.settings.state_refresh_seconds
+            previous, new, now=now, refresh_seconds=refresh_seconds
         ):
             return
         body = AUTOSCALER_STATUS.apply_body(namespace, name, new)
@@ -873,7 +877,7 @@ class Autoscaler:
             if state is not None:
                 memory.state_text, memory.state_written_at = state, now
 
-    def _due_state(self, memory: Memory, now: float) -> str | None:
+    def _due_state(self, memory: Memory, now: float, refresh_seconds: float) -> str | None:
         """The decision state to save with this write, or None when the saved one still holds."""
         text = encode_states(memory.active, memory.shadow if memory.shadow_policy else None, now=now)
         due = persist_due(
@@ -881,7 +885,7 @@ class Autoscaler:
             text,
             written_at=memory.state_written_at,
             now=now,
-            refresh_seconds=self.settings.state_refresh_seconds,
+            refresh_seconds=refresh_seconds,
         )
         return text if due else None
 
@@ -984,6 +988,15 @@ def repeats_recent_decision(
     if not stamps or new.model_copy(update=same_times) != previous:
         return False
     return all(now - stamp < refresh_seconds for stamp in stamps)
+
+
+def staggered_refresh_seconds(namespace: str, name: str, refresh_seconds: float) -> float:
+    """How often one ModelGroup's unchanged record and state are rewritten: between half and all of
+    `refresh_seconds`, fixed per ModelGroup. ModelGroups created together would otherwise all come
+    due in the same interval and queue a thousand writes behind one another."""
+    digest = hashlib.blake2b(f"{namespace}/{name}".encode(), digest_size=8).digest()
+    spread = int.from_bytes(digest) / 2**64
+    return refresh_seconds * (0.5 + 0.5 * spread)
 
 
 def _generation(obj: Mapping[str, Any]) -> int:

@@ -12,12 +12,15 @@ import asyncio
 import copy
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from server_side_apply import AppliedStatus
 
@@ -31,6 +34,7 @@ from goodput.operator.autoscaler import (
     AutoscalerMetrics,
     AutoscalerSettings,
     is_bound,
+    staggered_refresh_seconds,
     with_own_status,
 )
 from goodput.operator.kube import KubeError
@@ -840,3 +844,40 @@ def test_a_count_changed_by_someone_else_after_the_watched_copy_wins() -> None:
     outcome = h.tick(watched=watched)
     assert outcome.conflict and outcome.delay_seconds(START + 7.3) == 1.0
     assert h.api.writes == [] and h.events == [] and h.api.body["spec"]["replicas"] == 2
+
+
+@given(namespace=st.text(min_size=1, max_size=63), name=st.text(min_size=1, max_size=63))
+def test_an_unchanged_record_is_refreshed_within_the_setting_and_at_least_half_of_it(
+    namespace: str, name: str
+) -> None:
+    refresh = staggered_refresh_seconds(namespace, name, 60.0)
+    assert 30.0 <= refresh <= 60.0
+    assert refresh == staggered_refresh_seconds(namespace, name, 60.0), "fixed per ModelGroup"
+
+
+def test_the_refreshes_of_a_fleet_are_spread_over_the_setting() -> None:
+    refreshes = [
+        staggered_refresh_seconds(f"ns-{i % 100:03d}", f"llama-8b-{i:04d}", 60.0) for i in range(1000)
+    ]
+    # Ten 3 s bins over [30, 60]: none holds more than a fifth of the fleet.
+    bins = Counter(min(9, int((refresh - 30.0) // 3)) for refresh in refreshes)
+    assert len(bins) == 10 and max(bins.values()) < 200
+
+
+def test_a_decision_is_logged_when_made_and_applied_before_its_status_write_waits_its_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    logged_before_status: list[int] = []
+    apply = h.api.apply_custom_status
+
+    def watching_apply(*args: Any, **kwargs: Any) -> Any:
+        logged_before_status.append(
+            sum(1 for record in caplog.records if record.name == "goodput.autoscaler.decisions")
+        )
+        return apply(*args, **kwargs)
+
+    h.api.apply_custom_status = watching_apply  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="goodput.autoscaler.decisions"):
+        h.tick(watched=h.watched())
+    assert h.api.of("scale") and logged_before_status == [1]
