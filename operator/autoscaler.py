@@ -15,22 +15,27 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 3. decides with `controllers.autoscale.decide`, for the active policy and, beside it, the shadow one;
 4. acts through the scale subresource (`PATCH .../modelgroups/NAME/scale`, conditional on the
    resourceVersion it decided on: a `kubectl scale` in between wins, and the next tick decides
-   again). Only Active decisions act; Advisory ones and the shadow policy's are recorded; Frozen
-   makes no decision at all;
-5. records: `status.lastDecision`, the bounded history `status.decisions`, `status.shadowDecision`,
+   again; when only a status or metadata write came in between, the same generation, the tick
+   reads the object once and decides again at once on it). Only Active decisions act; Advisory
+   ones and the shadow policy's are recorded; Frozen makes no decision at all;
+5. records: one JSON log line per decision in the design note's §38 shape and the operator's
+   Prometheus metrics, as soon as it is decided and applied; then `status.lastDecision`, the
+   bounded history `status.decisions`, `status.shadowDecision`,
    `status.feasibility` (per class: the prompt length past which its TTFT is unreachable, the share
    of prompts past it, attainment against offered and attainable requests) and the conditions
    ScalingActive, MetricsAvailable, DecisionLimited and SLOAttainable: one server-side apply of the
    autoscaler's own part of the status (`ownership.AUTOSCALER_STATUS`, field manager
    `goodput-autoscaler`), only when it changed (the same decision made again is rewritten only
-   when its record is `state_refresh_seconds` old, `repeats_recent_decision`); Events on
-   transitions; one JSON log line per decision in the design note's §38 shape; the operator's
-   Prometheus metrics.
+   when its record is old, `repeats_recent_decision`, at a point between half and all of
+   `state_refresh_seconds` fixed per ModelGroup, `staggered_refresh_seconds`); Events on
+   transitions.
 
 At fleet size (hundreds of ModelGroups on one interval) a tick costs no read of the API server and,
-at rest, no write; its writes run on the autoscaler's own bounded executor
-(`API_WRITE_CONCURRENCY` threads) and its Prometheus query on another, so neither waits behind the
-group controller's writes on asyncio's default executor; and the next tick is due at the boundary
+at rest, no write; its Kubernetes calls run on executors of its own, bounded (`ACT_CONCURRENCY`
+threads for the scale writes and reads, which decide when a decision is applied,
+`RECORD_CONCURRENCY` for the status applies, which only record it, so a scale never waits behind
+the fleet's records), and its Prometheus query on another, so none waits behind the group
+controller's writes on asyncio's default executor; and the next tick is due at the boundary
 after the last one began (`TickOutcome.started`), so a slow tick is not followed by a skipped
 interval. Measured with `bench/bench_operator_fleet.py` and `bench/bench_operator_idle.py`.
 
@@ -113,12 +118,14 @@ SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
 # A tick that lost a race with another writer runs again this soon.
 CONFLICT_RETRY_SECONDS = 1.0
-# The autoscaler's Kubernetes writes (scale, status) run on this many threads of its own. asyncio's
+# The autoscaler's Kubernetes calls run on threads of its own: the scale writes and the reads on two,
+# the status applies (the record, which can wait) on two more. asyncio's
 # default executor (min(32, cores + 4) threads: 6 on two cores) is the group controller's; sharing it,
 # the autoscaler's writes queued behind pod creations and gate patches, and at fleet size most
 # ModelGroups were not decided within their interval. Beside the default executor this stays within
 # the Kubernetes client's connection pool (5 per core), so no request opens a connection of its own.
-API_WRITE_CONCURRENCY = 4
+ACT_CONCURRENCY = 2
+RECORD_CONCURRENCY = 2
 # How long a status this autoscaler applied may go unseen on the watched object before the watched
 # one is trusted again (someone else rewrote those fields, or the write was lost).
 STATUS_ECHO_TIMEOUT_SECONDS = 30.0
@@ -477,20 +484,27 @@ class Autoscaler:
         *,
         clock: Callable[[], float] = time.time,
         executor: Executor | None = None,
+        record_executor: Executor | None = None,
     ) -> None:
-        """`executor` runs the blocking Kubernetes calls (None: asyncio's default executor)."""
+        """`executor` runs the blocking Kubernetes calls that act (the scale writes) and read;
+        `record_executor` the status applies (None: `executor`; both None: asyncio's default)."""
         self.kube = kube
         self.source = source
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
         self.executor = executor
+        self.record_executor = record_executor or executor
         self.memories: dict[tuple[str, str], Memory] = {}
 
-    async def _call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """A blocking Kubernetes call on the autoscaler's executor."""
+    async def _call(
+        self, function: Callable[..., _T], *args: Any, executor: Executor | None = None, **kwargs: Any
+    ) -> _T:
+        """A blocking Kubernetes call on `executor` (default: the autoscaler's acting one)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(function, *args, **kwargs))
+        return await loop.run_in_executor(
+            executor or self.executor, functools.partial(function, *args, **kwargs)
+        )
 
     def forget(self, namespace: str, name: str) -> None:
         self.memories.pop((namespace, name), None)
@@ -869,6 +883,7 @@ class Autoscaler:
                 name,
                 body,
                 field_manager=AUTOSCALER_STATUS.field_manager,
+                executor=self.record_executor,
             )
         except KubeError as error:
             raise kopf.TemporaryError(f"status write failed: {error}", delay=5) from error
@@ -1089,7 +1104,8 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             timeout_seconds=settings.prometheus_timeout_seconds,
             connection=settings.prometheus_connection,
         )
-        writes = ThreadPoolExecutor(API_WRITE_CONCURRENCY, thread_name_prefix="autoscaler-api")
+        acts = ThreadPoolExecutor(ACT_CONCURRENCY, thread_name_prefix="autoscaler-act")
+        records = ThreadPoolExecutor(RECORD_CONCURRENCY, thread_name_prefix="autoscaler-record")
         queries = ThreadPoolExecutor(1, thread_name_prefix="autoscaler-prometheus")
         source = BatchedMetricsSource(
             reader,
@@ -1097,8 +1113,10 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             on_query=metrics.count_query,
             executor=queries,
         )
-        memo.autoscaler = Autoscaler(runtime.kube, source, metrics, settings, executor=writes)
-        memo.autoscaler_executors = (writes, queries)
+        memo.autoscaler = Autoscaler(
+            runtime.kube, source, metrics, settings, executor=acts, record_executor=records
+        )
+        memo.autoscaler_executors = (acts, records, queries)
         log.info("autoscaler reading Prometheus at %s", settings.prometheus_url)
 
     @kopf.on.cleanup(id="autoscaler_stop", registry=registry)

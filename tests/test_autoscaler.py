@@ -12,8 +12,10 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -881,3 +883,34 @@ def test_a_decision_is_logged_when_made_and_applied_before_its_status_write_wait
     with caplog.at_level(logging.INFO, logger="goodput.autoscaler.decisions"):
         h.tick(watched=h.watched())
     assert h.api.of("scale") and logged_before_status == [1]
+
+
+def test_the_scale_write_and_the_status_apply_run_on_executors_of_their_own() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    threads: dict[str, str] = {}
+    patch, apply = h.api.patch_custom, h.api.apply_custom_status
+
+    def named(kind: str, call: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            threads[kind] = threading.current_thread().name
+            return call(*args, **kwargs)
+
+        return run
+
+    h.api.patch_custom = named("scale", patch)  # type: ignore[method-assign]
+    h.api.apply_custom_status = named("status", apply)  # type: ignore[method-assign]
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="acting") as acting,
+        ThreadPoolExecutor(1, thread_name_prefix="recording") as recording,
+    ):
+        h.autoscaler = Autoscaler(
+            h.api,
+            h.metrics,
+            AutoscalerMetrics(CollectorRegistry()),
+            AutoscalerSettings(),
+            clock=h.clock,
+            executor=acting,
+            record_executor=recording,
+        )
+        h.tick(watched=h.watched())
+    assert threads["scale"].startswith("acting") and threads["status"].startswith("recording")
