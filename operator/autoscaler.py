@@ -410,6 +410,8 @@ class Memory:
     written_status: dict[str, Any] | None = None
     """The autoscaler's part of the status it last applied (wire form), until the watch shows it."""
     written_at: float = 0.0
+    written_version: int | None = None
+    """The resourceVersion the API server gave that write, when it is a number."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,13 +547,24 @@ class Autoscaler:
         self, namespace: str, name: str, watched: Mapping[str, Any] | None, now: float
     ) -> dict[str, Any] | None:
         """The ModelGroup to decide on: the watched one, with the status this autoscaler applied and
-        the watch has not shown yet (`with_own_status`), or else a fresh read."""
+        the watch has not shown yet (`with_own_status`), or else a fresh read.
+
+        Whether the watch shows the last write is told by resourceVersion when both are numbers (the
+        API server's are: etcd revisions), so a watch running minutes behind under load never
+        brings back an older record; otherwise by the written part appearing, for at most
+        `STATUS_ECHO_TIMEOUT_SECONDS`."""
         if watched is None:
             return await self._get(namespace, name)
         obj = {key: watched.get(key) for key in ("apiVersion", "kind", "metadata", "spec", "status")}
         memory = self.memories.get((namespace, name))
         if memory is None or memory.written_status is None:
             return obj
+        watched_version = _version(obj)
+        if watched_version is not None and memory.written_version is not None:
+            if watched_version >= memory.written_version:
+                memory.written_status = None
+                return obj
+            return {**obj, "status": with_own_status(obj.get("status") or {}, memory.written_status)[0]}
         if now - memory.written_at > STATUS_ECHO_TIMEOUT_SECONDS:
             memory.written_status = None
             return obj
@@ -876,7 +889,7 @@ class Autoscaler:
             return
         body = AUTOSCALER_STATUS.apply_body(namespace, name, new)
         try:
-            await self._call(
+            answer = await self._call(
                 self.kube.apply_custom_status,
                 "modelgroups",
                 namespace,
@@ -889,6 +902,7 @@ class Autoscaler:
             raise kopf.TemporaryError(f"status write failed: {error}", delay=5) from error
         if memory is not None:
             memory.written_status, memory.written_at = body["status"], now
+            memory.written_version = _version(answer) if isinstance(answer, Mapping) else None
             if state is not None:
                 memory.state_text, memory.state_written_at = state, now
 
@@ -1012,6 +1026,12 @@ def staggered_refresh_seconds(namespace: str, name: str, refresh_seconds: float)
     digest = hashlib.blake2b(f"{namespace}/{name}".encode(), digest_size=8).digest()
     spread = int.from_bytes(digest) / 2**64
     return refresh_seconds * (0.5 + 0.5 * spread)
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
+    """An object's resourceVersion as a number; None when it is not one (it is opaque by contract)."""
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else None
 
 
 def _generation(obj: Mapping[str, Any]) -> int:

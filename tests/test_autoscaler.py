@@ -752,11 +752,13 @@ def test_a_watch_behind_the_last_status_write_does_not_lose_the_decision_it_reco
     # The next tick comes before the watch delivered the write: it sees the object as it was (one
     # group wanted, no record), the scale-out's groups not created yet and the load gone.
     h.metrics.groups = {"g0": IDLE}
-    stale = copy.deepcopy(before)
-    stale["metadata"]["resourceVersion"] = h.api.body["metadata"]["resourceVersion"]
-    h.tick(at=10, watched=stale)
+    h.tick(at=10, watched=copy.deepcopy(before))
     assert h.status["decisions"] == recorded, "the history is the one written, not the stale copy's"
     assert h.status["groups"] == before["status"]["groups"], "the group controller's fields stay"
+    # Minutes behind (the watch of a busy operator): still never an older record.
+    h.tick(at=300, watched=copy.deepcopy(before))
+    assert h.status["decisions"] == recorded
+    assert h.status["lastDecision"]["time"] > recorded[0]["time"]
 
 
 def test_the_same_decision_again_is_not_rewritten_until_its_record_is_due_for_a_refresh() -> None:
