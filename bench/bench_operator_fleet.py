@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from fleet import (
     fleet_operator,
     interval_decisions,
     namespace_names,
+    profiled,
     report_decisions,
     report_window,
     set_load,
@@ -66,6 +68,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--load-seconds", type=float, default=90.0)
     parser.add_argument("--calm-seconds", type=float, default=90.0)
     parser.add_argument(
+        "--profile",
+        type=Path,
+        help="folder for py-spy's samples of the operator in each phase (py-spy on PATH)",
+    )
+    parser.add_argument(
         "--cluster", type=Path, help="state dir of a running `goodput cluster up` (else a new one)"
     )
     return parser.parse_args()
@@ -83,8 +90,10 @@ def phase(
     cluster: LocalCluster, operator: FleetOperator, args: argparse.Namespace, name: str, seconds: float
 ) -> None:
     """Measure one phase of `seconds` and print its figures."""
+    output = args.profile / f"{name.split(maxsplit=1)[0]}.txt" if args.profile is not None else None
     since, before = time.time(), Sample.take(operator)
-    time.sleep(seconds)
+    with profiled(operator, output, seconds):
+        time.sleep(seconds)
     after = Sample.take(operator)
     _, wanted, ready = model_group_counts(cluster)
     print(f"\n{name}: at its end {wanted} groups wanted, {ready} ready")
@@ -128,6 +137,8 @@ def main() -> None:
             )
             set_load(load, waiting=0, running=0, kv_usage=0.0)
             phase(cluster, operator, args, "load gone (every engine idle)", args.calm_seconds)
+            if args.profile is not None:
+                shutil.copy(operator.log_path, args.profile / "operator.log")
             if args.cluster is not None:
                 delete_fleet(cluster, namespaces, seconds_per_model_group=1.0, model_groups=count)
     print(

@@ -71,8 +71,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def topology_for(groups: int) -> Topology:
-    """Two zones of two NVLink domains, with enough 8-GPU nodes for `groups` single-GPU groups."""
-    return Topology(zones=2, domains_per_zone=2, nodes_per_domain=max(4, math.ceil(groups / 8 / 4)))
+    """Two zones of two NVLink domains, with 8-GPU nodes for `groups` single-GPU groups and a quarter
+    more: a group the controller replaces (its warm-up timed out on a busy machine) needs a GPU for
+    the new group before the old one is gone, and with none spare the ModelGroup never gets ready."""
+    return Topology(zones=2, domains_per_zone=2, nodes_per_domain=max(4, math.ceil(groups * 1.25 / 8 / 4)))
 
 
 def ready_model_groups(cluster: LocalCluster) -> int:

@@ -252,6 +252,36 @@ def fleet_operator(cluster: LocalCluster, log_path: Path, *, batch_seconds: floa
         stop_child(process, grace_seconds=30)
 
 
+@contextlib.contextmanager
+def profiled(operator: FleetOperator, output: Path | None, seconds: float) -> Iterator[None]:
+    """With `output`, py-spy samples every thread of the operator for `seconds` (idle ones too, so a
+    wait shows where it waits) into `output`, as collapsed stacks; without, nothing. py-spy is a
+    measurement tool, installed by hand (`pip install py-spy`), never a dependency."""
+    if output is None:
+        yield
+        return
+    argv = ["py-spy", "record", "--pid", str(operator.process.pid), "--duration", str(max(1, int(seconds)))]
+    argv += [
+        "--rate",
+        "20",
+        "--idle",
+        "--threads",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--output",
+        str(output),
+    ]
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as spy:
+        try:
+            yield
+        finally:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(timeout=30)
+            if spy.poll() is None:
+                spy.kill()
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -276,20 +306,32 @@ class Sample:
     at: float
     cpu_seconds: float
     kube_requests: float
+    kube_conflicts: float
+    """Of which answered 409 Conflict (a write on an out-of-date resourceVersion)."""
     fleet_queries: float
     model_group_queries: float
+    tick_seconds: float
+    """Seconds the autoscaler's ticks took, summed (`goodput_autoscaler_decision_duration_seconds`)."""
+    ticks: float
+    metrics_wait_seconds: float
+    """Of which waiting for the metrics (the batched query and the wait for it)."""
 
     @classmethod
     def take(cls, operator: FleetOperator) -> Sample:
         with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10) as reply:
             page = reply.read().decode()
         queries = "goodput_autoscaler_prometheus_queries_total"
+        duration = "goodput_autoscaler_decision_duration_seconds"
         return cls(
             at=time.monotonic(),
             cpu_seconds=cpu_seconds(operator.process.pid),
             kube_requests=_metric_sum(page, "goodput_kube_requests_total"),
+            kube_conflicts=_metric_sum(page, "goodput_kube_requests_total", 'code="409"'),
             fleet_queries=_metric_sum(page, queries, 'scope="fleet"'),
             model_group_queries=_metric_sum(page, queries, 'scope="model_group"'),
+            tick_seconds=_metric_sum(page, f"{duration}_sum", 'stage="total"'),
+            ticks=_metric_sum(page, f"{duration}_count", 'stage="total"'),
+            metrics_wait_seconds=_metric_sum(page, f"{duration}_sum", 'stage="metrics"'),
         )
 
 
@@ -304,14 +346,20 @@ def report_window(before: Sample, after: Sample, operator: FleetOperator, interv
     rss = rss_mib(operator.process.pid)
     print(f"  operator CPU {cpu / elapsed:.3f} cores ({cpu:.1f} CPU-s), RSS {rss:.0f} MiB")
     requests = (after.kube_requests - before.kube_requests) / elapsed
+    conflicts = (after.kube_conflicts - before.kube_conflicts) / elapsed
     print(
-        f"  Kubernetes API requests through the operator's client: {requests:.1f}/s"
-        " (kopf's own watches and finalizer patches not counted)"
+        f"  Kubernetes API requests through the operator's client: {requests:.1f}/s ({conflicts:.1f}/s"
+        " answered 409 Conflict; kopf's own watches and finalizer patches not counted)"
     )
     print(
         f"  Prometheus queries per interval: {(fleet + alone) / intervals:.1f} "
         f"({fleet / intervals:.1f} fleet, {alone / intervals:.1f} single-ModelGroup)"
     )
+    ticks = after.ticks - before.ticks
+    if ticks > 0:
+        tick = (after.tick_seconds - before.tick_seconds) / ticks
+        wait = (after.metrics_wait_seconds - before.metrics_wait_seconds) / ticks
+        print(f"  autoscaler ticks: {ticks:.0f}, mean {tick:.2f} s each, {wait:.2f} s of it reading metrics")
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 A kopf daemon runs one loop per ModelGroup whose `policyRef` or `shadowPolicyRef` is set, at the
 active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 
-1. reads the ModelGroup fresh from the API server (the count, the groups and the last records), and
-   the SLOPolicies from an index; compiles them (`controllers.policy_compile`; the capacity profile
-   is rebuilt only when its inputs change);
+1. takes the ModelGroup as the watch last delivered it (kopf's body: the count, the groups and the
+   last records; with the autoscaler's own last status write laid over it until the watch shows
+   it, `with_own_status`), and the SLOPolicies from an index; compiles them
+   (`controllers.policy_compile`; the capacity profile is rebuilt only when its inputs change);
 2. reads the engine metrics of the ready groups from Prometheus (`metrics_source`), in one query
    shared with every ModelGroup ticking at the same moment (`metrics_batch`: ticks are aligned to
    the interval, so an interval costs one query per query shape, not one per ModelGroup). A
@@ -14,15 +15,29 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 3. decides with `controllers.autoscale.decide`, for the active policy and, beside it, the shadow one;
 4. acts through the scale subresource (`PATCH .../modelgroups/NAME/scale`, conditional on the
    resourceVersion it decided on: a `kubectl scale` in between wins, and the next tick decides
-   again). Only Active decisions act; Advisory ones and the shadow policy's are recorded; Frozen
-   makes no decision at all;
-5. records: `status.lastDecision`, the bounded history `status.decisions`, `status.shadowDecision`,
+   again; when only a status or metadata write came in between, the same generation, the tick
+   reads the object once and decides again at once on it). Only Active decisions act; Advisory
+   ones and the shadow policy's are recorded; Frozen makes no decision at all;
+5. records: one JSON log line per decision in the design note's §38 shape and the operator's
+   Prometheus metrics, as soon as it is decided and applied; then `status.lastDecision`, the
+   bounded history `status.decisions`, `status.shadowDecision`,
    `status.feasibility` (per class: the prompt length past which its TTFT is unreachable, the share
    of prompts past it, attainment against offered and attainable requests) and the conditions
    ScalingActive, MetricsAvailable, DecisionLimited and SLOAttainable: one server-side apply of the
    autoscaler's own part of the status (`ownership.AUTOSCALER_STATUS`, field manager
-   `goodput-autoscaler`), only when it changed; Events on transitions; one JSON log line per
-   decision in the design note's §38 shape; the operator's Prometheus metrics.
+   `goodput-autoscaler`), only when it changed (the same decision made again is rewritten only
+   when its record is old, `repeats_recent_decision`, at a point between half and all of
+   `state_refresh_seconds` fixed per ModelGroup, `staggered_refresh_seconds`); Events on
+   transitions.
+
+At fleet size (hundreds of ModelGroups on one interval) a tick costs no read of the API server and,
+at rest, no write; its Kubernetes calls run on executors of its own, bounded (`ACT_CONCURRENCY`
+threads for the scale writes and reads, which decide when a decision is applied,
+`RECORD_CONCURRENCY` for the status applies, which only record it, so a scale never waits behind
+the fleet's records), and its Prometheus query on another, so none waits behind the group
+controller's writes on asyncio's default executor; and the next tick is due at the boundary
+after the last one began (`TickOutcome.started`), so a slow tick is not followed by a skipped
+interval. Measured with `bench/bench_operator_fleet.py` and `bench/bench_operator_idle.py`.
 
 The decision state (recent recommendations and scale events) is kept in memory and in
 `status.autoscalerState`, so an operator restart keeps its stabilisation windows and step limits
@@ -40,12 +55,14 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -101,6 +118,18 @@ SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
 # A tick that lost a race with another writer runs again this soon.
 CONFLICT_RETRY_SECONDS = 1.0
+# The autoscaler's Kubernetes calls run on threads of its own: the scale writes and the reads on two,
+# the status applies (the record, which can wait) on two more. asyncio's
+# default executor (min(32, cores + 4) threads: 6 on two cores) is the group controller's; sharing it,
+# the autoscaler's writes queued behind pod creations and gate patches, and at fleet size most
+# ModelGroups were not decided within their interval. Beside the default executor this stays within
+# the Kubernetes client's connection pool (5 per core), so no request opens a connection of its own.
+ACT_CONCURRENCY = 2
+RECORD_CONCURRENCY = 2
+# How long a status this autoscaler applied may go unseen on the watched object before the watched
+# one is trusted again (someone else rewrote those fields, or the write was lost).
+STATUS_ECHO_TIMEOUT_SECONDS = 30.0
+_T = TypeVar("_T")
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -378,6 +407,11 @@ class Memory:
     state_text: str | None = None
     state_written_at: float | None = None
     profiles: dict[str, CapacityProfile] = field(default_factory=dict)
+    written_status: dict[str, Any] | None = None
+    """The autoscaler's part of the status it last applied (wire form), until the watch shows it."""
+    written_at: float = 0.0
+    written_version: int | None = None
+    """The resourceVersion the API server gave that write, when it is a number."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,11 +432,15 @@ class TickOutcome:
     active: Decision | None = None
     shadow: Decision | None = None
     aligned: bool = True
+    started: float | None = None
+    """When the tick began: the next one is due at the boundary after it, however long it took."""
+    conflict: bool = False
+    """The scale write lost to another writer of the ModelGroup: nothing was written."""
 
     def delay_seconds(self, now: float) -> float:
         if not self.aligned:
             return self.interval_seconds
-        return next_tick_delay_seconds(self.interval_seconds, now)
+        return next_tick_delay_seconds(self.interval_seconds, now, started=self.started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,43 +483,123 @@ class Autoscaler:
         source: MetricsSource,
         metrics: AutoscalerMetrics,
         settings: AutoscalerSettings,
+        *,
         clock: Callable[[], float] = time.time,
+        executor: Executor | None = None,
+        record_executor: Executor | None = None,
     ) -> None:
+        """`executor` runs the blocking Kubernetes calls that act (the scale writes) and read;
+        `record_executor` the status applies (None: `executor`; both None: asyncio's default)."""
         self.kube = kube
         self.source = source
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
+        self.executor = executor
+        self.record_executor = record_executor or executor
         self.memories: dict[tuple[str, str], Memory] = {}
+
+    async def _call(
+        self, function: Callable[..., _T], *args: Any, executor: Executor | None = None, **kwargs: Any
+    ) -> _T:
+        """A blocking Kubernetes call on `executor` (default: the autoscaler's acting one)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            executor or self.executor, functools.partial(function, *args, **kwargs)
+        )
 
     def forget(self, namespace: str, name: str) -> None:
         self.memories.pop((namespace, name), None)
         self.metrics.forget(namespace, name)
 
     async def tick(
-        self, namespace: str, name: str, policies: PolicyIndex, post_events: PostEvents
+        self,
+        namespace: str,
+        name: str,
+        policies: PolicyIndex,
+        post_events: PostEvents,
+        watched: Mapping[str, Any] | None = None,
     ) -> TickOutcome:
         """One decision for one ModelGroup; see the module docstring. Raises kopf.TemporaryError
-        when Prometheus or the scale write fails."""
+        when Prometheus or the scale write fails.
+
+        `watched`: the ModelGroup as the watch last delivered it (kopf's body), read instead of a
+        GET; None reads it from the API server."""
         started = time.perf_counter()
         now = self.clock()
-        obj = await self._get(namespace, name)
+        obj = await self._current(namespace, name, watched, now)
         if obj is None:
             return TickOutcome(self.settings.unbound_interval_seconds)
+        readings: dict[Windows, MetricsReading] = {}
+        outcome = await self._tick(obj, policies, post_events, now=now, started=started, readings=readings)
+        if outcome.conflict and watched is not None:
+            # The watched copy was behind. Only if the spec is still the one decided on (someone
+            # else's status or metadata write, not a count of theirs) decide again at once on a
+            # fresh read, with this tick's metrics.
+            fresh = await self._get(namespace, name)
+            if fresh is not None and _generation(fresh) == _generation(obj):
+                outcome = await self._tick(
+                    fresh, policies, post_events, now=now, started=started, readings=readings
+                )
+        return outcome
+
+    async def _current(
+        self, namespace: str, name: str, watched: Mapping[str, Any] | None, now: float
+    ) -> dict[str, Any] | None:
+        """The ModelGroup to decide on: the watched one, with the status this autoscaler applied and
+        the watch has not shown yet (`with_own_status`), or else a fresh read.
+
+        Whether the watch shows the last write is told by resourceVersion when both are numbers (the
+        API server's are: etcd revisions), so a watch running minutes behind under load never
+        brings back an older record; otherwise by the written part appearing, for at most
+        `STATUS_ECHO_TIMEOUT_SECONDS`."""
+        if watched is None:
+            return await self._get(namespace, name)
+        obj = {key: watched.get(key) for key in ("apiVersion", "kind", "metadata", "spec", "status")}
+        memory = self.memories.get((namespace, name))
+        if memory is None or memory.written_status is None:
+            return obj
+        watched_version = _version(obj)
+        if watched_version is not None and memory.written_version is not None:
+            if watched_version >= memory.written_version:
+                memory.written_status = None
+                return obj
+            return {**obj, "status": with_own_status(obj.get("status") or {}, memory.written_status)[0]}
+        if now - memory.written_at > STATUS_ECHO_TIMEOUT_SECONDS:
+            memory.written_status = None
+            return obj
+        status, echoed = with_own_status(obj.get("status") or {}, memory.written_status)
+        if echoed:
+            memory.written_status = None
+        return {**obj, "status": status}
+
+    async def _tick(
+        self,
+        obj: dict[str, Any],
+        policies: PolicyIndex,
+        post_events: PostEvents,
+        *,
+        now: float,
+        started: float,
+        readings: dict[Windows, MetricsReading],
+    ) -> TickOutcome:
+        """The tick on `obj`; `readings` holds the metrics read so far this tick (filled here)."""
+        metadata = obj.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
         memory = self._memory(namespace, name, obj, now)
         status = ModelGroupStatus.model_validate(obj.get("status") or {})
         parsed = parse_model_group({key: obj.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
         if isinstance(parsed, str):
             await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events, memory)
-            return TickOutcome(self.settings.unbound_interval_seconds)
+            return TickOutcome(self.settings.unbound_interval_seconds, started=now)
         plan = self._plan(parsed, policies, memory)
         if plan.active is None and plan.shadow is None:
             if plan.stopped is not None:
                 await self._fail(obj, status, plan.stopped, post_events, memory)
             else:
                 await self._write_status(obj, lambda previous: previous, memory=memory)
-            return TickOutcome(plan.interval_seconds)
-        readings = await self._observe(obj, status, plan, post_events, memory)
+            return TickOutcome(plan.interval_seconds, started=now)
+        await self._observe(obj, status, plan, post_events, memory, readings=readings)
         decided = self._decide(parsed, status, plan, readings, memory=memory, now=now)
         active = decided.active
         if (
@@ -490,14 +608,14 @@ class Autoscaler:
             and not await self._scale(obj, active, post_events, plan.interval_seconds)
         ):
             # Someone else wrote the ModelGroup after it was read: decide again soon, on what they wrote.
-            return TickOutcome(CONFLICT_RETRY_SECONDS, aligned=False)
+            return TickOutcome(CONFLICT_RETRY_SECONDS, aligned=False, conflict=True)
         if decided.active is not None:
             memory.active = decided.active.next_state
         if decided.shadow is not None:
             memory.shadow = decided.shadow.next_state
         await self._record(obj, status, plan, decided, post_events=post_events, memory=memory, now=now)
         self.metrics.duration.labels("total").observe(time.perf_counter() - started)
-        return TickOutcome(plan.interval_seconds, decided.active, decided.shadow)
+        return TickOutcome(plan.interval_seconds, decided.active, decided.shadow, started=now)
 
     def _plan(self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory) -> Plan:
         """Which policies decide this tick, at which interval, and why the active one does not."""
@@ -535,14 +653,16 @@ class Autoscaler:
         plan: Plan,
         post_events: PostEvents,
         memory: Memory,
-    ) -> dict[Windows, MetricsReading]:
-        """The metrics of every policy that decides; without them, no decision (and the windows of
-        stabilisation start again)."""
+        *,
+        readings: dict[Windows, MetricsReading],
+    ) -> None:
+        """The metrics of every policy that decides, into `readings` (those already there are not
+        read again); without them, no decision (and the windows of stabilisation start again)."""
         metadata = obj.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
         started = time.perf_counter()
         try:
-            readings = await self._read_metrics(namespace, name, plan.deciding)
+            await self._read_metrics(namespace, name, plan.deciding, readings)
         except MetricsUnavailableError as error:
             self.metrics.metrics_failures.labels(namespace, name).inc()
             replicas = (obj.get("spec") or {}).get("replicas")
@@ -556,7 +676,6 @@ class Autoscaler:
             await self._fail(obj, status, unusable, post_events, memory)
             raise kopf.TemporaryError(message, delay=plan.interval_seconds) from error
         self.metrics.duration.labels("metrics").observe(time.perf_counter() - started)
-        return readings
 
     def _decide(
         self,
@@ -609,9 +728,18 @@ class Autoscaler:
         memory: Memory,
         now: float,
     ) -> None:
-        """Status, Events, the §38 log lines and the operator's metrics of this tick's decisions."""
+        """The §38 log lines and the operator's metrics of this tick's decisions, then its status and
+        Events. The log line comes first: it says when the decision was made (and applied), while the
+        status write may wait its turn behind the rest of the fleet's."""
         metadata = obj.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
+        for decision, policy, role in (
+            (decided.active, plan.active, "active"),
+            (decided.shadow, plan.shadow, "shadow"),
+        ):
+            if decision is not None and policy is not None:
+                self._log(namespace, decision, shadow=role == "shadow")
+                self.metrics.record(namespace, name, decision, policy=role, slo_policy=policy.policy_name)
         recorded = functools.partial(
             _recorded_status,
             decided=decided,
@@ -621,13 +749,6 @@ class Autoscaler:
         )
         await self._write_status(obj, recorded, memory=memory, clear_shadow=not plan.shadow_bound)
         post_events(_tick_events(status, plan, decided))
-        for decision, policy, role in (
-            (decided.active, plan.active, "active"),
-            (decided.shadow, plan.shadow, "shadow"),
-        ):
-            if decision is not None and policy is not None:
-                self._log(namespace, decision, shadow=role == "shadow")
-                self.metrics.record(namespace, name, decision, policy=role, slo_policy=policy.policy_name)
 
     def _memory(self, namespace: str, name: str, obj: Mapping[str, Any], now: float) -> Memory:
         """This ModelGroup's memory; on first sight, the decision states its status saved (or, for an
@@ -657,7 +778,7 @@ class Autoscaler:
             "spec": {"replicas": decision.desired_groups},
         }
         try:
-            await asyncio.to_thread(
+            await self._call(
                 self.kube.patch_custom,
                 "modelgroups",
                 str(metadata.get("namespace") or ""),
@@ -714,23 +835,23 @@ class Autoscaler:
     # --- reading and writing --------------------------------------------------------------------
 
     async def _read_metrics(
-        self, namespace: str, name: str, compiled: Sequence[CompiledPolicy]
-    ) -> dict[Windows, MetricsReading]:
-        readings: dict[Windows, MetricsReading] = {}
+        self,
+        namespace: str,
+        name: str,
+        compiled: Sequence[CompiledPolicy],
+        readings: dict[Windows, MetricsReading],
+    ) -> None:
         for policy in compiled:
             windows = self._windows(policy)
             if windows not in readings:
                 readings[windows] = await self.source.read(namespace, name, windows)
-        return readings
 
     def _path(self, namespace: str, name: str) -> str:
         return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/modelgroups/{name}"
 
     async def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            found = await asyncio.to_thread(
-                self.kube.request, "GET", "modelgroups", self._path(namespace, name)
-            )
+            found = await self._call(self.kube.request, "GET", "modelgroups", self._path(namespace, name))
         except KubeError as error:
             if error.status == 404:
                 return None
@@ -758,26 +879,34 @@ class Autoscaler:
         if clear_shadow:
             new = new.model_copy(update={"shadow_decision": None})
         now = self.clock()
-        state = self._due_state(memory, now) if memory is not None else None
+        refresh_seconds = staggered_refresh_seconds(namespace, name, self.settings.state_refresh_seconds)
+        state = self._due_state(memory, now, refresh_seconds) if memory is not None else None
         if state is not None:
             new = new.model_copy(update={"autoscaler_state": state})
-        if new == previous:
+        if new == previous or repeats_recent_decision(
+            previous, new, now=now, refresh_seconds=refresh_seconds
+        ):
             return
+        body = AUTOSCALER_STATUS.apply_body(namespace, name, new)
         try:
-            await asyncio.to_thread(
+            answer = await self._call(
                 self.kube.apply_custom_status,
                 "modelgroups",
                 namespace,
                 name,
-                AUTOSCALER_STATUS.apply_body(namespace, name, new),
+                body,
                 field_manager=AUTOSCALER_STATUS.field_manager,
+                executor=self.record_executor,
             )
         except KubeError as error:
             raise kopf.TemporaryError(f"status write failed: {error}", delay=5) from error
-        if memory is not None and state is not None:
-            memory.state_text, memory.state_written_at = state, now
+        if memory is not None:
+            memory.written_status, memory.written_at = body["status"], now
+            memory.written_version = _version(answer) if isinstance(answer, Mapping) else None
+            if state is not None:
+                memory.state_text, memory.state_written_at = state, now
 
-    def _due_state(self, memory: Memory, now: float) -> str | None:
+    def _due_state(self, memory: Memory, now: float, refresh_seconds: float) -> str | None:
         """The decision state to save with this write, or None when the saved one still holds."""
         text = encode_states(memory.active, memory.shadow if memory.shadow_policy else None, now=now)
         due = persist_due(
@@ -785,7 +914,7 @@ class Autoscaler:
             text,
             written_at=memory.state_written_at,
             now=now,
-            refresh_seconds=self.settings.state_refresh_seconds,
+            refresh_seconds=refresh_seconds,
         )
         return text if due else None
 
@@ -845,6 +974,68 @@ class Autoscaler:
             return previous.model_copy(update={"conditions": conditions})
 
         await self._write_status(obj, recorded, memory=None, clear_shadow=True)
+
+
+def with_own_status(watched: Mapping[str, Any], written: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The watched status with the autoscaler's part as it last applied it (`written`, wire form),
+    and whether the watch shows that part already (then the watched status is returned as it is).
+
+    The watch may deliver the object a moment after the apply landed; deciding on the older copy
+    would record the decision history from before the last decision. Only the autoscaler's own
+    fields and conditions are taken from `written`: the group controller's are the watched ones."""
+    if AUTOSCALER_STATUS.owned(watched) == dict(written):
+        return dict(watched), True
+    status = {
+        key: value
+        for key, value in watched.items()
+        if key not in AUTOSCALER_STATUS.fields and key != "conditions"
+    }
+    status.update({key: value for key, value in written.items() if key != "conditions"})
+    conditions = [
+        c for c in watched.get("conditions") or () if not AUTOSCALER_STATUS.owns(str(c.get("type")))
+    ]
+    conditions += list(written.get("conditions") or ())
+    if conditions:
+        status["conditions"] = conditions
+    return status, False
+
+
+def repeats_recent_decision(
+    previous: ModelGroupStatus, new: ModelGroupStatus, *, now: float, refresh_seconds: float
+) -> bool:
+    """Whether `new` differs from `previous` only in the time of the same decisions, recorded less
+    than `refresh_seconds` ago: such a write would say only "decided again, the same", and at fleet
+    size one per ModelGroup per interval is most of the operator's API traffic at rest. The record
+    (and the decision state beside it, `persist_due`) is refreshed at least every `refresh_seconds`."""
+    stamps: list[float] = []
+    same_times: dict[str, Any] = {}
+    for name in ("last_decision", "shadow_decision"):
+        old, fresh = getattr(previous, name), getattr(new, name)
+        if old is not None and fresh is not None:
+            same_times[name] = fresh.model_copy(update={"time": old.time})
+            stamps.append(old.time.timestamp())
+    if not stamps or new.model_copy(update=same_times) != previous:
+        return False
+    return all(now - stamp < refresh_seconds for stamp in stamps)
+
+
+def staggered_refresh_seconds(namespace: str, name: str, refresh_seconds: float) -> float:
+    """How often one ModelGroup's unchanged record and state are rewritten: between half and all of
+    `refresh_seconds`, fixed per ModelGroup. ModelGroups created together would otherwise all come
+    due in the same interval and queue a thousand writes behind one another."""
+    digest = hashlib.blake2b(f"{namespace}/{name}".encode(), digest_size=8).digest()
+    spread = int.from_bytes(digest) / 2**64
+    return refresh_seconds * (0.5 + 0.5 * spread)
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
+    """An object's resourceVersion as a number; None when it is not one (it is opaque by contract)."""
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else None
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int((obj.get("metadata") or {}).get("generation") or 0)
 
 
 def _blind(state: DecisionState) -> DecisionState:
@@ -933,10 +1124,19 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             timeout_seconds=settings.prometheus_timeout_seconds,
             connection=settings.prometheus_connection,
         )
+        acts = ThreadPoolExecutor(ACT_CONCURRENCY, thread_name_prefix="autoscaler-act")
+        records = ThreadPoolExecutor(RECORD_CONCURRENCY, thread_name_prefix="autoscaler-record")
+        queries = ThreadPoolExecutor(1, thread_name_prefix="autoscaler-prometheus")
         source = BatchedMetricsSource(
-            reader, gather_seconds=settings.prometheus_batch_seconds, on_query=metrics.count_query
+            reader,
+            gather_seconds=settings.prometheus_batch_seconds,
+            on_query=metrics.count_query,
+            executor=queries,
         )
-        memo.autoscaler = Autoscaler(runtime.kube, source, metrics, settings)
+        memo.autoscaler = Autoscaler(
+            runtime.kube, source, metrics, settings, executor=acts, record_executor=records
+        )
+        memo.autoscaler_executors = (acts, records, queries)
         log.info("autoscaler reading Prometheus at %s", settings.prometheus_url)
 
     @kopf.on.cleanup(id="autoscaler_stop", registry=registry)
@@ -946,6 +1146,8 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             reader = autoscaler.source.reader
             if isinstance(reader, PrometheusMetricsSource):
                 reader.close()
+        for executor in getattr(memo, "autoscaler_executors", ()):
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _register_policy_index(registry: kopf.OperatorRegistry) -> None:
@@ -989,7 +1191,7 @@ def _register_daemon(registry: kopf.OperatorRegistry) -> None:
 
         try:
             while not stopped:
-                outcome = await autoscaler.tick(where, name, policies, post)
+                outcome = await autoscaler.tick(where, name, policies, post, watched=body)
                 await stopped.wait(outcome.delay_seconds(autoscaler.clock()))
         finally:
             await _stop_daemon(autoscaler, where, name, stopped.reason)

@@ -15,18 +15,25 @@ Prometheus or times out, the rest of the batch fails with that error rather than
 A Prometheus that refuses connections fails the whole batch at once.
 
 `gather_seconds` 0 turns batching off: every read is its own query, as before.
+
+The blocking queries run on an executor of their own (`executor`, one thread in the operator), never
+on asyncio's default one: there they queued behind every Kubernetes write of the operator, and at
+fleet size a tick waited longer for its turn to query than the query took.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from goodput.operator.metrics_source import MetricsReading, MetricsUnavailableError, ModelGroupKey
 from goodput.operator.promql import Windows
 
+_T = TypeVar("_T")
 QueryCounter = Callable[[str, bool], None]
 """Told of each query sent: its scope ('fleet' or 'model_group') and whether it was answered."""
 
@@ -41,15 +48,22 @@ class FleetReader(Protocol):
     ) -> dict[ModelGroupKey, MetricsReading]: ...
 
 
-def next_tick_delay_seconds(interval_seconds: float, now: float) -> float:
+def next_tick_delay_seconds(interval_seconds: float, now: float, started: float | None = None) -> float:
     """Seconds to the next multiple of the interval (wall clock), so that every ModelGroup with this
     interval ticks at the same moments and their reads share a batch. A boundary closer than a
     quarter interval is skipped, so a first tick (started at any moment) is not followed at once by
-    a second."""
+    a second.
+
+    `started`: when the tick that just ended began. The next tick is due at the boundary after that
+    moment, however long the tick took: a slow tick makes the next one come sooner (at once if that
+    boundary has passed), never a whole interval later. Counted from the end instead, every tick
+    slower than three quarters of the interval skipped one, and at fleet size most did."""
     if interval_seconds <= 0:
         raise ValueError(f"interval_seconds must be positive, got {interval_seconds}")
-    delay = interval_seconds - (now % interval_seconds)
-    return delay + interval_seconds if delay < interval_seconds / 4 else delay
+    begun = now if started is None else min(started, now)
+    gap = interval_seconds - (begun % interval_seconds)
+    due = begun + (gap + interval_seconds if gap < interval_seconds / 4 else gap)
+    return max(0.0, due - now)
 
 
 @dataclass
@@ -71,19 +85,26 @@ class BatchedMetricsSource:
     """Reads for the autoscaler's ticks, batched per query shape (see the module docstring)."""
 
     def __init__(
-        self, reader: FleetReader, *, gather_seconds: float, on_query: QueryCounter | None = None
+        self,
+        reader: FleetReader,
+        *,
+        gather_seconds: float,
+        on_query: QueryCounter | None = None,
+        executor: Executor | None = None,
     ) -> None:
+        """`executor` runs the blocking queries (None: asyncio's default executor)."""
         if gather_seconds < 0:
             raise ValueError(f"gather_seconds must not be negative, got {gather_seconds}")
         self.reader = reader
         self.gather_seconds = gather_seconds
+        self.executor = executor
         self._on_query = on_query or (lambda scope, answered: None)
         self._open: dict[Windows, _Batch] = {}
 
     async def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
         """This ModelGroup's reading; raises MetricsUnavailableError when Prometheus cannot tell."""
         if self.gather_seconds == 0:
-            return await asyncio.to_thread(self._read_alone, (namespace, model_group), windows)
+            return await self._blocking(self._read_alone, (namespace, model_group), windows)
         batch = self._open.get(windows)
         if batch is None:
             batch = self._open[windows] = _Batch(windows)
@@ -96,6 +117,10 @@ class BatchedMetricsSource:
         # Shielded: a tick cancelled while waiting (its daemon stopped) leaves the batch to the others.
         return await asyncio.shield(future)
 
+    async def _blocking(self, function: Callable[..., _T], *args: object) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(function, *args))
+
     async def _answer(self, batch: _Batch) -> None:
         """Gather, close the batch to newcomers, ask once, hand each waiter its reading."""
         outcomes: dict[ModelGroupKey, Outcome] = {}
@@ -104,7 +129,7 @@ class BatchedMetricsSource:
             if self._open.get(batch.windows) is batch:
                 del self._open[batch.windows]
             keys = list(batch.waiters)
-            outcomes = await asyncio.to_thread(self._read_batch, keys, batch.windows)
+            outcomes = await self._blocking(self._read_batch, keys, batch.windows)
         finally:
             if self._open.get(batch.windows) is batch:
                 del self._open[batch.windows]

@@ -12,12 +12,17 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from server_side_apply import AppliedStatus
 
@@ -31,6 +36,8 @@ from goodput.operator.autoscaler import (
     AutoscalerMetrics,
     AutoscalerSettings,
     is_bound,
+    staggered_refresh_seconds,
+    with_own_status,
 )
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics_source import MetricsReading, MetricsUnavailableError
@@ -109,6 +116,7 @@ class MemoryApi:
     """Subresources ('scale', '') whose next write answers 409 whatever its precondition."""
     failure: KubeError | None = None
     applied: AppliedStatus = field(default_factory=AppliedStatus)
+    gets: int = 0
 
     def __post_init__(self) -> None:
         # The status the test starts from is the group controller's, at the version the test gave.
@@ -142,6 +150,7 @@ class MemoryApi:
             "GET",
             f"/apis/goodput.dev/v1alpha1/namespaces/{NAMESPACE}/modelgroups/{NAME}",
         )
+        self.gets += 1
         return copy.deepcopy(self.body)
 
     def patch_custom(
@@ -236,11 +245,16 @@ class Harness:
             self.api, self.metrics, AutoscalerMetrics(self.registry), settings, clock=self.clock
         )
 
-    def tick(self, at: float | None = None) -> Any:
+    def tick(self, at: float | None = None, watched: Mapping[str, Any] | None = None) -> Any:
+        """One tick; with `watched`, on that copy of the ModelGroup (as kopf's watch delivered it)."""
         if at is not None:
             self.clock.now = START + at
         assert self.autoscaler is not None
-        return asyncio.run(self.autoscaler.tick(NAMESPACE, NAME, self.policies, self.post))
+        return asyncio.run(self.autoscaler.tick(NAMESPACE, NAME, self.policies, self.post, watched=watched))
+
+    def watched(self) -> dict[str, Any]:
+        """The ModelGroup as a watch that has caught up delivers it."""
+        return copy.deepcopy(self.api.body)
 
     def post(self, events: Sequence[EventRecord]) -> None:
         self.events.extend(events)
@@ -715,3 +729,190 @@ def test_attainment_is_reported_against_offered_and_against_the_attainable_ceili
             "goodput_autoscaler_attainment_ratio", namespace=NAMESPACE, model_group=NAME, basis=basis
         )
         assert sample == pytest.approx(value)
+
+
+# --- at fleet size: the watched object, and writes only when something changed --------------------
+
+
+def test_a_tick_on_the_watched_model_group_reads_nothing_from_the_api_server() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    outcome = h.tick(watched=h.watched())
+    assert h.api.gets == 0
+    assert outcome.active is not None and h.api.body["spec"]["replicas"] == outcome.active.desired_groups
+    (scale,) = h.api.of("scale")
+    assert scale["metadata"] == {"resourceVersion": "100"}, "conditional on the version the watch showed"
+
+
+def test_a_watch_behind_the_last_status_write_does_not_lose_the_decision_it_recorded() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    before = h.watched()
+    h.tick(at=0, watched=before)
+    recorded = h.status["decisions"]
+    assert len(recorded) == 1 and recorded[0]["toReplicas"] > 1
+    # The next tick comes before the watch delivered the write: it sees the object as it was (one
+    # group wanted, no record), the scale-out's groups not created yet and the load gone.
+    h.metrics.groups = {"g0": IDLE}
+    h.tick(at=10, watched=copy.deepcopy(before))
+    assert h.status["decisions"] == recorded, "the history is the one written, not the stale copy's"
+    assert h.status["groups"] == before["status"]["groups"], "the group controller's fields stay"
+    # Minutes behind (the watch of a busy operator): still never an older record.
+    h.tick(at=300, watched=copy.deepcopy(before))
+    assert h.status["decisions"] == recorded
+    assert h.status["lastDecision"]["time"] > recorded[0]["time"]
+
+
+def test_the_same_decision_again_is_not_rewritten_until_its_record_is_due_for_a_refresh() -> None:
+    h = harness()
+    h.tick(at=0, watched=h.watched())
+    h.tick(at=10, watched=h.watched())
+    h.tick(at=20, watched=h.watched())
+    assert len(h.api.of("status")) == 1, "held at one group, nothing new to record"
+    first = h.status["lastDecision"]["time"]
+    h.tick(at=30, watched=h.watched())
+    assert len(h.api.of("status")) == 2 and h.status["lastDecision"]["time"] != first, "refreshed"
+    h.metrics.groups = {"g0": OVERLOADED}
+    h.tick(at=35, watched=h.watched())
+    assert len(h.api.of("status")) == 3 and h.status["lastDecision"]["toReplicas"] > 1, "a new decision"
+
+
+OWN = {
+    "lastDecision": {"toReplicas": 3},
+    "conditions": [{"type": "ScalingActive", "status": "True"}],
+}
+ECHO_CASES = {
+    "the watch shows the write: taken as it is": (
+        {"readyGroups": 1, **OWN, "conditions": [{"type": "Ready", "status": "True"}, *OWN["conditions"]]},
+        OWN,
+        (
+            {
+                "readyGroups": 1,
+                **OWN,
+                "conditions": [{"type": "Ready", "status": "True"}, *OWN["conditions"]],
+            },
+            True,
+        ),
+    ),
+    "the watch lags: the autoscaler's part as written, the group controller's as watched": (
+        {
+            "readyGroups": 2,
+            "lastDecision": {"toReplicas": 1},
+            "conditions": [
+                {"type": "Ready", "status": "False"},
+                {"type": "ScalingActive", "status": "False"},
+            ],
+        },
+        OWN,
+        (
+            {
+                "readyGroups": 2,
+                "lastDecision": {"toReplicas": 3},
+                "conditions": [{"type": "Ready", "status": "False"}, *OWN["conditions"]],
+            },
+            False,
+        ),
+    ),
+    "a field the write removed stays removed": (
+        {"readyGroups": 1, "shadowDecision": {"toReplicas": 2}, **OWN},
+        OWN,
+        ({"readyGroups": 1, **OWN}, False),
+    ),
+}
+
+
+@pytest.mark.parametrize(("watched", "written", "expected"), ECHO_CASES.values(), ids=ECHO_CASES.keys())
+def test_the_status_decided_on_carries_the_autoscalers_last_write(
+    watched: dict[str, Any], written: dict[str, Any], expected: tuple[dict[str, Any], bool]
+) -> None:
+    assert with_own_status(watched, written) == expected
+
+
+def test_a_status_written_after_the_watched_copy_costs_no_decision() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    watched = h.watched()
+    h.api.group_controller_applies({"readyGroups": 1, "groups": watched["status"]["groups"]})
+    outcome = h.tick(watched=watched)
+    assert not outcome.conflict and outcome.active is not None
+    (scale,) = h.api.of("scale")
+    assert scale["metadata"] == {"resourceVersion": "101"}, "decided again on a fresh read"
+    assert h.api.body["spec"]["replicas"] == outcome.active.desired_groups > 1
+    assert h.api.gets == 1 and len(h.metrics.reads) == 1, "one read of the object, the metrics read once"
+
+
+def test_a_count_changed_by_someone_else_after_the_watched_copy_wins() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    watched = h.watched()
+    # `kubectl scale --replicas=2` lands between the watch's copy and the decision's write.
+    h.api.body["spec"]["replicas"] = 2
+    h.api.body["metadata"]["generation"] += 1
+    h.api.body["metadata"]["resourceVersion"] = "101"
+    outcome = h.tick(watched=watched)
+    assert outcome.conflict and outcome.delay_seconds(START + 7.3) == 1.0
+    assert h.api.writes == [] and h.events == [] and h.api.body["spec"]["replicas"] == 2
+
+
+@given(namespace=st.text(min_size=1, max_size=63), name=st.text(min_size=1, max_size=63))
+def test_an_unchanged_record_is_refreshed_within_the_setting_and_at_least_half_of_it(
+    namespace: str, name: str
+) -> None:
+    refresh = staggered_refresh_seconds(namespace, name, 60.0)
+    assert 30.0 <= refresh <= 60.0
+    assert refresh == staggered_refresh_seconds(namespace, name, 60.0), "fixed per ModelGroup"
+
+
+def test_the_refreshes_of_a_fleet_are_spread_over_the_setting() -> None:
+    refreshes = [
+        staggered_refresh_seconds(f"ns-{i % 100:03d}", f"llama-8b-{i:04d}", 60.0) for i in range(1000)
+    ]
+    # Ten 3 s bins over [30, 60]: none holds more than a fifth of the fleet.
+    bins = Counter(min(9, int((refresh - 30.0) // 3)) for refresh in refreshes)
+    assert len(bins) == 10 and max(bins.values()) < 200
+
+
+def test_a_decision_is_logged_when_made_and_applied_before_its_status_write_waits_its_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    logged_before_status: list[int] = []
+    apply = h.api.apply_custom_status
+
+    def watching_apply(*args: Any, **kwargs: Any) -> Any:
+        logged_before_status.append(
+            sum(1 for record in caplog.records if record.name == "goodput.autoscaler.decisions")
+        )
+        return apply(*args, **kwargs)
+
+    h.api.apply_custom_status = watching_apply  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="goodput.autoscaler.decisions"):
+        h.tick(watched=h.watched())
+    assert h.api.of("scale") and logged_before_status == [1]
+
+
+def test_the_scale_write_and_the_status_apply_run_on_executors_of_their_own() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    threads: dict[str, str] = {}
+    patch, apply = h.api.patch_custom, h.api.apply_custom_status
+
+    def named(kind: str, call: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            threads[kind] = threading.current_thread().name
+            return call(*args, **kwargs)
+
+        return run
+
+    h.api.patch_custom = named("scale", patch)  # type: ignore[method-assign]
+    h.api.apply_custom_status = named("status", apply)  # type: ignore[method-assign]
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="acting") as acting,
+        ThreadPoolExecutor(1, thread_name_prefix="recording") as recording,
+    ):
+        h.autoscaler = Autoscaler(
+            h.api,
+            h.metrics,
+            AutoscalerMetrics(CollectorRegistry()),
+            AutoscalerSettings(),
+            clock=h.clock,
+            executor=acting,
+            record_executor=recording,
+        )
+        h.tick(watched=h.watched())
+    assert threads["scale"].startswith("acting") and threads["status"].startswith("recording")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,3 +357,65 @@ def test_ticks_stay_on_the_interval_grid_at_least_a_quarter_interval_apart(inter
 def test_an_interval_of_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_seconds"):
         next_tick_delay_seconds(0, 10.0)
+
+
+# --- the next tick counts from the start of the last one ------------------------------------------
+
+BOUNDARY = 1_000_005.0  # a multiple of 15
+FROM_START = {
+    "a quick tick waits for the next boundary": (15.0, BOUNDARY, BOUNDARY + 0.5, 14.5),
+    "a tick slower than three quarters of the interval is followed at the next boundary, not one later": (
+        15.0,
+        BOUNDARY,
+        BOUNDARY + 12.0,
+        3.0,
+    ),
+    "a tick that ran past the next boundary is followed at once": (15.0, BOUNDARY, BOUNDARY + 16.0, 0.0),
+    "a first tick started just before a boundary keeps the quarter rule": (
+        15.0,
+        BOUNDARY - 1.0,
+        BOUNDARY - 0.5,
+        15.5,
+    ),
+}
+
+
+@pytest.mark.parametrize(("interval", "started", "now", "delay"), FROM_START.values(), ids=FROM_START.keys())
+def test_the_next_tick_is_due_at_the_boundary_after_the_last_ones_start(
+    interval: float, started: float, now: float, delay: float
+) -> None:
+    assert next_tick_delay_seconds(interval, now, started=started) == pytest.approx(delay)
+
+
+@given(
+    interval=st.integers(min_value=1, max_value=600),
+    started=st.floats(min_value=1.6e9, max_value=2.0e9, allow_nan=False),
+    took=st.floats(min_value=0.0, max_value=1000.0, allow_nan=False),
+)
+def test_a_slow_tick_never_skips_a_boundary(interval: int, started: float, took: float) -> None:
+    now = started + took
+    delay = next_tick_delay_seconds(interval, now, started=started)
+    assert delay >= 0.0
+    # The next tick lands on the grid (or at once, when its boundary has passed), never later than
+    # one and a quarter intervals after the last one started, however long that one took.
+    assert now + delay <= max(now, started + 1.25 * interval) + 1e-3
+    if delay > 0:
+        landing = (now + delay) % interval
+        assert min(landing, interval - landing) < 1e-3 * interval
+
+
+def test_the_queries_run_on_the_executor_given_not_on_asyncios_default() -> None:
+    threads: list[str] = []
+
+    class Recording(Reader):
+        def read_fleet(
+            self, keys: Sequence[ModelGroupKey], windows: Windows
+        ) -> dict[ModelGroupKey, MetricsReading]:
+            threads.append(threading.current_thread().name)
+            return super().read_fleet(keys, windows)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="prometheus-queries") as executor:
+        source = BatchedMetricsSource(Recording(answer=ANSWER), gather_seconds=0.01, executor=executor)
+        results = asyncio.run(read_all(source, KEYS))
+    assert all(isinstance(result, MetricsReading) for result in results)
+    assert len(threads) == 1 and threads[0].startswith("prometheus-queries")
