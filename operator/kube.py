@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from kubernetes import client, config
+from urllib3.exceptions import HTTPError
 
 from goodput.api.base import GROUP, VERSION
 from goodput.controllers.ownership import status_owner, upgrade_patch
@@ -32,6 +33,17 @@ class KubeError(RuntimeError):
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
+
+
+class KubeUnreachableError(KubeError):
+    """No answer from the API server: refused, reset or timed out (during a restart of the API server
+    or of etcd, a partition). Transient, and a KubeError, so every caller's handling of a refused
+    request applies: the autoscaler retries after a short delay instead of its loop dying and kopf
+    restarting it only after a daemon's backoff of a minute. A write that timed out may still have
+    been applied; callers re-read before acting again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "NoAnswer", message)
 
 
 class RequestRecorder(Protocol):
@@ -80,7 +92,8 @@ class KubeApi:
         content_type: str = "application/json",
         query: Mapping[str, str] | None = None,
     ) -> Any:
-        """One API request; the decoded JSON response, or KubeError for any non-2xx answer."""
+        """One API request; the decoded JSON response, KubeError for any non-2xx answer, or
+        KubeUnreachableError (a KubeError) when there was no answer."""
         if verb != "GET" and self._before_write is not None:
             self._before_write()
         method, url, headers, payload, _ = self._client.param_serialize(
@@ -91,10 +104,13 @@ class KubeApi:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self._client.call_api(
-            method, url, header_params=headers, body=payload, _request_timeout=self._timeout
-        )
-        data = response.read()  # type: ignore[no-untyped-call]
+        try:
+            response = self._client.call_api(
+                method, url, header_params=headers, body=payload, _request_timeout=self._timeout
+            )
+            data = response.read()  # type: ignore[no-untyped-call]
+        except (HTTPError, OSError) as error:
+            raise KubeUnreachableError(f"{verb} {path}: {type(error).__name__}: {error}") from error
         if self._recorder is not None:
             self._recorder.kube_request(verb, resource, response.status)
         if not 200 <= response.status < 300:

@@ -39,7 +39,7 @@ from goodput.operator.autoscaler import (
     staggered_refresh_seconds,
     with_own_status,
 )
-from goodput.operator.kube import KubeError
+from goodput.operator.kube import KubeError, KubeUnreachableError
 from goodput.operator.metrics_source import MetricsReading, MetricsUnavailableError
 from goodput.operator.promql import SeriesLabels, Windows
 from goodput.operator.settings import Settings
@@ -521,11 +521,20 @@ def test_conditions_of_both_controllers_coexist_over_many_decisions() -> None:
     assert h.condition("ScalingLimited") == ("True", "InsufficientGPUs")
 
 
-def test_a_failed_scale_write_is_announced_and_retried() -> None:
+@pytest.mark.parametrize(
+    "failure",
+    [
+        KubeError(403, "Forbidden", "cannot patch modelgroups/scale"),
+        KubeUnreachableError("PATCH .../scale: MaxRetryError: connection refused"),
+    ],
+    ids=["refused", "no answer"],
+)
+def test_a_failed_scale_write_is_announced_and_retried_at_the_interval(failure: KubeError) -> None:
     h = harness(groups={"g0": OVERLOADED})
-    h.api.failure = KubeError(403, "Forbidden", "cannot patch modelgroups/scale")
-    with pytest.raises(kopf.TemporaryError):
+    h.api.failure = failure
+    with pytest.raises(kopf.TemporaryError) as raised:
         h.tick()
+    assert raised.value.delay == 10
     assert [e.reason for e in h.events] == ["FailedRescale"]
     assert "lastDecision" not in h.status
 
