@@ -2,13 +2,17 @@
 
 Run: .venv/bin/python bench/bench_gateway_latency.py [--requests 2000] [--stream-requests 5000]
      [--queue-requests 20000] [--queue-tenants 2,100,1000]
+     [--soak-requests 50000]
 
 Three processes on this machine: a vLLM-like upstream that answers at once (tests/gateway_upstream.py,
 16 tokens, no delay), one `goodput gateway` process in front of it (standalone mode, the sample
 ModelGroup and SLOPolicy), and this client. Added latency: the same small non-streamed completion
 sent one at a time straight to the upstream and through the gateway; the figures are each path's
 p50/p99 and their difference. Throughput: streamed completions through the gateway from
-`--concurrency` concurrent clients. All three share the machine's cores, so the throughput is a
+`--concurrency` concurrent clients. Memory: `--soak-requests` requests from as many distinct
+tenants, sessions and idempotency keys, the gateway's RSS read as they pass; it grows until the
+gateway's bounded tables are full (100,000 sessions, 100,000 idempotency keys, 10,000 kept answers
+and retry budgets), then holds. All three share the machine's cores, so the throughput is a
 floor for the gateway alone. In-process, before the live part: the deadline gate's prediction of a
 newcomer's place in the fair order (`FairQueue.expected_work_ahead_seconds`) against a queue of
 `--queue-requests` waiting requests spread over each of `--queue-tenants` tenant counts, the cost a
@@ -116,7 +120,48 @@ async def stream_throughput(session: aiohttp.ClientSession, url: str, total: int
     return total / elapsed
 
 
-async def measure(args: argparse.Namespace, upstream_url: str, gateway_url: str) -> None:
+def rss_mib(pid: int) -> float:
+    """A process's resident memory, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+async def soak(session: aiohttp.ClientSession, url: str, total: int, concurrency: int, pid: int) -> None:
+    """Requests that each leave something behind (a new tenant, session and idempotency key, the
+    answer kept for replay), with the gateway's memory read at every fifth of the run: what the
+    gateway keeps per client must stay bounded however many distinct clients pass."""
+    sent = 0
+    checkpoints = {total * step // 5 for step in range(1, 6)}
+    readings = [f"{rss_mib(pid):.1f}"]
+    statuses: dict[int, int] = {}
+
+    async def worker() -> None:
+        nonlocal sent
+        while sent < total:
+            sent += 1
+            index = sent
+            headers = {
+                "X-Goodput-Tenant": f"tenant-{index}",
+                "X-Goodput-Session": f"session-{index}",
+                "Idempotency-Key": f"key-{index}",
+            }
+            async with session.post(url, json=BODY, headers=headers) as response:
+                await response.read()
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+            if index in checkpoints:
+                readings.append(f"{rss_mib(pid):.1f}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    print(f"{total} requests, each from a new tenant, session and idempotency key ({elapsed:.0f} s):")
+    print(f"  gateway RSS MiB at start and after each fifth: {' -> '.join(readings)}")
+    print(f"  answers by status: {dict(sorted(statuses.items()))}")
+
+
+async def measure(args: argparse.Namespace, upstream_url: str, gateway_url: str, gateway_pid: int) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await wait_ready(session, upstream_url + "/v1/completions")
@@ -141,6 +186,10 @@ async def measure(args: argparse.Namespace, upstream_url: str, gateway_url: str)
             f"streamed, {args.concurrency} concurrent clients, {args.stream_requests} requests of 16 tokens:"
         )
         print(f"  {rate:.0f} requests/s through one gateway process")
+        if args.soak_requests:
+            await soak(
+                session, gateway_url + "/v1/completions", args.soak_requests, args.concurrency, gateway_pid
+            )
 
 
 def main() -> None:
@@ -150,6 +199,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--queue-requests", type=int, default=20_000)
     parser.add_argument("--queue-tenants", default="2,100,1000")
+    parser.add_argument("--soak-requests", type=int, default=50_000, help="0: no memory soak")
     args = parser.parse_args()
     print("the deadline gate's place-in-the-fair-order prediction, in process:")
     for tenants in (int(count) for count in args.queue_tenants.split(",")):
@@ -166,7 +216,12 @@ def main() -> None:
     with process(upstream), process(gateway) as gateway_process:
         try:
             asyncio.run(
-                measure(args, f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}")
+                measure(
+                    args,
+                    f"http://127.0.0.1:{upstream_port}",
+                    f"http://127.0.0.1:{gateway_port}",
+                    gateway_process.pid,
+                )
             )
         except RuntimeError:
             gateway_process.terminate()

@@ -44,9 +44,13 @@ PRUNE_EVERY_PUSHES = 1024
 # The gateway and the simulated gateway both queue by it.
 LOWER_PRECEDENCE_LEVELS = 100
 # A tenant's arrival rate is forgotten after this many arrival windows without a request (it has
-# decayed below e^-20 of itself), and at most this many tenants' rates are kept.
+# decayed below e^-20 of itself).
 QUIET_WINDOWS = 20
-MAX_TRACKED_ARRIVALS = 4096
+# The senders whose arrival rates the deadline gate weighs one by one: the fastest this many, kept
+# between this many and twice as many (`FairQueue._compact_arrivals`); the slower rest are one
+# pooled rate. Each prediction walks these lanes, so their number, not how many distinct tenant
+# names clients send, is what the prediction costs a request.
+MAX_TRACKED_ARRIVALS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +166,27 @@ class ArrivalRate:
 
 
 @dataclass(slots=True)
+class PooledArrivals:
+    """Senders no longer tracked one by one: their summed arrival rates, and how many of them are
+    recent (each counted by how fresh its last request is, decaying like the rates), which sizes the
+    room the pool may put ahead of a newcomer."""
+
+    rate: ArrivalRate = field(default_factory=ArrivalRate)
+    senders: float = 0.0
+
+    def pool(self, arrivals: ArrivalRate, now: float, window_seconds: float) -> None:
+        work_rate, cost_rate = arrivals.rates_at(now, window_seconds)
+        freshness = math.exp(-max(0.0, now - arrivals.at) / window_seconds)
+        self.senders = self.senders_at(now, window_seconds) + freshness
+        self.rate.add(now, work_rate * window_seconds, cost_rate * window_seconds, window_seconds)
+
+    def senders_at(self, now: float, window_seconds: float) -> float:
+        if not math.isfinite(self.rate.at):
+            return 0.0
+        return self.senders * math.exp(-max(0.0, now - self.rate.at) / window_seconds)
+
+
+@dataclass(slots=True)
 class BacklogSums:
     """The waiting requests of one tenant at one priority level: how many, their cost (as the counters
     price it) and their predicted work."""
@@ -191,6 +216,8 @@ class FairQueue(Generic[PayloadT]):
         # tenant -> priority -> the waiting requests' count, cost and work, kept on every push and exit
         self._sums: dict[str, dict[int, BacklogSums]] = {}
         self._arrivals: dict[str, ArrivalRate] = {}
+        # The pooled arrivals of senders no longer tracked one by one (see MAX_TRACKED_ARRIVALS).
+        self._pooled_arrivals = PooledArrivals()
         self._sequence = itertools.count()
         self._last_served: str | None = None
         self._pushes = 0
@@ -239,6 +266,8 @@ class FairQueue(Generic[PayloadT]):
         self._add(item, 1)
         arrivals = self._arrivals.setdefault(tenant, ArrivalRate())
         arrivals.add(item.arrival_time, item.work_seconds, item.cost, self.policy.arrival_window_seconds)
+        if len(self._arrivals) > 2 * MAX_TRACKED_ARRIVALS:
+            self._compact_arrivals(item.arrival_time)
         self._pushes += 1
         if self._pushes % PRUNE_EVERY_PUSHES == 0:
             self.prune()
@@ -272,16 +301,33 @@ class FairQueue(Generic[PayloadT]):
         return len(idle)
 
     def _forget_quiet_arrivals(self) -> None:
-        """Drop arrival rates decayed to nothing, and past MAX_TRACKED_ARRIVALS the stalest ones."""
+        """Drop arrival rates decayed to nothing."""
         if not self._arrivals:
             return
         latest = max(arrivals.at for arrivals in self._arrivals.values())
         horizon = latest - QUIET_WINDOWS * self.policy.arrival_window_seconds
-        kept = sorted(
-            ((tenant, arrivals) for tenant, arrivals in self._arrivals.items() if arrivals.at >= horizon),
-            key=lambda entry: entry[1].at,
+        self._arrivals = {
+            tenant: arrivals for tenant, arrivals in self._arrivals.items() if arrivals.at >= horizon
+        }
+
+    def _compact_arrivals(self, now: float) -> None:
+        """Keep the MAX_TRACKED_ARRIVALS fastest senders one by one and pool the rest's rates.
+
+        Amortised: it runs once per MAX_TRACKED_ARRIVALS new senders. Pooled senders still count in
+        the deadline gate's arrivals, as one lane (`expected_work_ahead_seconds`) whose room is what
+        each recent one of them could put ahead at the lift floor with weight 1, a sender counted as
+        far as its last request is recent. Measured against the walk over every sender one by one
+        (tests/test_fair_order.py): the same wherever the wait is seconds; where the senders send
+        faster than the queue drains, both predict thousands of seconds. A pooled sender that sends
+        again is tracked again from its new arrival.
+        """
+        window = self.policy.arrival_window_seconds
+        ranked = sorted(
+            self._arrivals.items(), key=lambda entry: entry[1].rates_at(now, window)[0], reverse=True
         )
-        self._arrivals = dict(kept[-MAX_TRACKED_ARRIVALS:])
+        self._arrivals = dict(ranked[:MAX_TRACKED_ARRIVALS])
+        for _, arrivals in ranked[MAX_TRACKED_ARRIVALS:]:
+            self._pooled_arrivals.pool(arrivals, now, window)
 
     def _lift(self, tenant: str) -> None:
         """Called before a tenant with nothing waiting queues a request (see the module's lift rule)."""
@@ -405,7 +451,8 @@ class FairQueue(Generic[PayloadT]):
         light tenant's arrivals during its wait as well as behind today's queue. With the queue
         draining at C and tenant u sending work at r_u (its recent arrivals) with room R_u left
         under the tag, the wait W solves C*W = ahead + sum_u min(R_u, r_u*W); the figure returned is
-        C*W, the work the gate prices the wait by.
+        C*W, the work the gate prices the wait by. Senders pooled past MAX_TRACKED_ARRIVALS are one
+        lane (`_compact_arrivals`).
         """
         floor = self._lift_floor()
         order = self._order_ahead(tenant, priority, floor)
@@ -426,6 +473,11 @@ class FairQueue(Generic[PayloadT]):
             work_rate, cost_rate = arrivals.rates_at(now, window)
             if work_rate > 0 and cost_rate > 0:
                 lanes.append((room_cost * work_rate / cost_rate, work_rate))
+        pooled = self._pooled_arrivals
+        work_rate, cost_rate = pooled.rate.rates_at(now, window)
+        if work_rate > 0 and cost_rate > 0:
+            room_cost = pooled.senders_at(now, window) * max(0.0, order.start_tag - floor)
+            lanes.append((room_cost * work_rate / cost_rate, work_rate))
         return order.work_seconds + work_arriving_during_wait(
             order.work_seconds, lanes, drain_work_seconds_per_second
         )

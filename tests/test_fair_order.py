@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.controllers import fairness
 from goodput.controllers.fairness import (
     CostWeights,
     FairnessPolicy,
@@ -165,6 +167,63 @@ def test_a_light_request_does_not_wait_for_the_heavy_tenants_arrivals() -> None:
     for _ in range(10):
         queue.push(request("heavy"))
     assert queue.expected_work_ahead_seconds("light", 0, 0.0, 1.0) == pytest.approx(1.0)
+
+
+def served_one_off_senders(queue: FairQueue[str], names: int, spacing_seconds: float) -> None:
+    """`names` tenants that each send one light request (work 0.1) and are served at once."""
+    for index in range(names):
+        queue.push(request(f"once-{index}", cost=20, arrival=index * spacing_seconds))
+        queue.pop(index * spacing_seconds)
+
+
+def heavy_backlog_prediction(
+    queue: FairQueue[str], now: float, drain_work_seconds_per_second: float
+) -> float:
+    for _ in range(4):
+        queue.push(request("heavy", arrival=now))
+    return queue.expected_work_ahead_seconds("heavy", 0, now, drain_work_seconds_per_second)
+
+
+def test_many_one_off_senders_are_pooled_and_still_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5,000 distinct tenant names: the gate weighs at most twice MAX_TRACKED_ARRIVALS of them one by
+    one and the rest as one pooled rate, and predicts the heavy request's wait as the exact walk over
+    every sender does (their rooms under the tag are never what limits them)."""
+    pooled: FairQueue[str] = FairQueue(FairnessPolicy())
+    served_one_off_senders(pooled, 5_000, 0.002)
+    assert len(pooled._arrivals) <= 2 * fairness.MAX_TRACKED_ARRIVALS < 200, "lanes, not one per name"
+    monkeypatch.setattr(fairness, "MAX_TRACKED_ARRIVALS", 1_000_000)
+    exact: FairQueue[str] = FairQueue(FairnessPolicy())
+    served_one_off_senders(exact, 5_000, 0.002)
+    assert len(exact._arrivals) == 5_000
+    expected = heavy_backlog_prediction(exact, 10.0, 50.0)
+    assert expected > 4.0 * 1.5, "the one-off senders' arrivals are a real part of the wait"
+    assert heavy_backlog_prediction(pooled, 10.0, 50.0) == pytest.approx(expected, rel=0.01)
+
+
+def test_pooled_senders_sending_faster_than_the_drain_put_a_bounded_wait_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same senders, now sending faster than the queue drains: each may still put only its room
+    under the tag ahead, so the wait is finite, thousands of seconds by the exact walk and by the
+    pool alike (the pool counts a sender's room only as far as its last request is recent)."""
+    pooled: FairQueue[str] = FairQueue(FairnessPolicy())
+    served_one_off_senders(pooled, 5_000, 0.002)
+    monkeypatch.setattr(fairness, "MAX_TRACKED_ARRIVALS", 1_000_000)
+    exact: FairQueue[str] = FairQueue(FairnessPolicy())
+    served_one_off_senders(exact, 5_000, 0.002)
+    expected = heavy_backlog_prediction(exact, 10.0, 1.0)
+    predicted = heavy_backlog_prediction(pooled, 10.0, 1.0)
+    assert math.isfinite(predicted) and expected > 10_000
+    assert expected / 2 <= predicted <= expected
+
+
+def test_a_fast_sender_keeps_its_own_lane_among_many_slow_ones() -> None:
+    queue: FairQueue[str] = FairQueue(FairnessPolicy())
+    for index in range(200):
+        queue.push(request("fast", arrival=index * 0.01))
+        queue.pop(index * 0.01)
+    served_one_off_senders(queue, 1_000, 0.001)
+    assert "fast" in queue._arrivals
 
 
 # --- properties --------------------------------------------------------------------------------------
