@@ -3,6 +3,14 @@ from the ModelGroup (prices, capacity, KV, batch limits) and its SLOPolicy (clas
 
 The gateway compiles it when either object changes; the simulator compiles the same thing, so the
 request path evaluated offline is the one deployed.
+
+Nothing here or in the decisions it configures (`admission.admit`, `fairness.FairQueue`,
+`routing.choose_group`) knows about HTTP or an event loop (the layer contracts forbid aiohttp in
+`controllers/`), so other shells can serve them. An endpoint picker of the Kubernetes Gateway API
+Inference Extension would be one: for each request the proxy streams over Envoy ext_proc, read its
+body and headers as the gateway does (`gateway.requests`), `admit` it against the InferencePool's
+groups' loads, answer a refusal at once with the same status and Retry-After, hold an admitted one
+in the fair queue until a group has a slot, and reply with the endpoint `choose_group` picks.
 """
 
 from __future__ import annotations
