@@ -51,6 +51,23 @@ def process(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
         stop_child(child, grace_seconds=10)
 
 
+@contextmanager
+def upstream_and_gateway() -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """The upstream stand-in and one standalone `goodput gateway` in front of it (the sample
+    ModelGroup and SLOPolicy), on free loopback ports: their base URLs and the gateway's process."""
+    upstream_port, gateway_port = free_port(), free_port()
+    upstream = [sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(upstream_port)]
+    gateway = [
+        sys.executable, "-m", "goodput.operator.cli", "gateway",
+        "--modelgroup", str(SAMPLES / "modelgroup-llama-8b-tp1.yaml"),
+        "--policy", str(SAMPLES / "slopolicy-interactive.yaml"),
+        "--upstream", f"g1=http://127.0.0.1:{upstream_port}",
+        "--listen-host", "127.0.0.1", "--listen-port", str(gateway_port), "--metrics-port", "0",
+    ]  # fmt: skip
+    with process(upstream), process(gateway) as gateway_process:
+        yield f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}", gateway_process
+
+
 def prediction_cost(queue_requests: int, tenants: int, calls: int = 2000) -> None:
     """p50 and p99 of one prediction against a long queue, with a hot tenant holding half of it."""
     rng = np.random.default_rng(1)
@@ -204,25 +221,9 @@ def main() -> None:
     print("the deadline gate's place-in-the-fair-order prediction, in process:")
     for tenants in (int(count) for count in args.queue_tenants.split(",")):
         prediction_cost(args.queue_requests, tenants)
-    upstream_port, gateway_port = free_port(), free_port()
-    upstream = [sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(upstream_port)]
-    gateway = [
-        sys.executable, "-m", "goodput.operator.cli", "gateway",
-        "--modelgroup", str(SAMPLES / "modelgroup-llama-8b-tp1.yaml"),
-        "--policy", str(SAMPLES / "slopolicy-interactive.yaml"),
-        "--upstream", f"g1=http://127.0.0.1:{upstream_port}",
-        "--listen-host", "127.0.0.1", "--listen-port", str(gateway_port), "--metrics-port", "0",
-    ]  # fmt: skip
-    with process(upstream), process(gateway) as gateway_process:
+    with upstream_and_gateway() as (upstream_url, gateway_url, gateway_process):
         try:
-            asyncio.run(
-                measure(
-                    args,
-                    f"http://127.0.0.1:{upstream_port}",
-                    f"http://127.0.0.1:{gateway_port}",
-                    gateway_process.pid,
-                )
-            )
+            asyncio.run(measure(args, upstream_url, gateway_url, gateway_process.pid))
         except RuntimeError:
             gateway_process.terminate()
             print(gateway_process.communicate(timeout=10)[1].decode()[-2000:])

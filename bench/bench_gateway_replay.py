@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
-from bench_gateway_latency import process, rss_mib, wait_ready
+from bench_gateway_latency import rss_mib, upstream_and_gateway, wait_ready
 
 from goodput.simulator.workload import Workload, compress_time, load_trace
-from goodput.testbed.cluster.controlplane import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT / "manifests" / "samples"
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
@@ -95,18 +92,8 @@ def main() -> None:
         workload = compress_time(workload, args.speed)
     span = workload.arrival_seconds[-1] - workload.arrival_seconds[0]
     print(f"{args.trace.name}: {len(workload.arrival_seconds)} requests over {span:.0f} s of replay")
-    upstream_port, gateway_port = free_port(), free_port()
-    upstream = [sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(upstream_port)]
-    gateway = [
-        sys.executable, "-m", "goodput.operator.cli", "gateway",
-        "--modelgroup", str(SAMPLES / "modelgroup-llama-8b-tp1.yaml"),
-        "--policy", str(SAMPLES / "slopolicy-interactive.yaml"),
-        "--upstream", f"g1=http://127.0.0.1:{upstream_port}",
-        "--listen-host", "127.0.0.1", "--listen-port", str(gateway_port), "--metrics-port", "0",
-    ]  # fmt: skip
-    with process(upstream), process(gateway) as gateway_process:
-        url = f"http://127.0.0.1:{gateway_port}/v1/completions"
-        asyncio.run(replay(args, workload, url, gateway_process.pid))
+    with upstream_and_gateway() as (_, gateway_url, gateway_process):
+        asyncio.run(replay(args, workload, gateway_url + "/v1/completions", gateway_process.pid))
 
 
 if __name__ == "__main__":
