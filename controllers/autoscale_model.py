@@ -277,6 +277,10 @@ class GroupMetrics:
     missed scrape leaves a short window without the two samples a delta needs).
     finished_requests: finished with stop or length; aborted_requests: abort or error;
     rejected_requests: admission rejections (HTTP 503s).
+    unfinished_prompts / unfinished_prompt_tokens: over the rate window, the requests whose first
+    token came (vLLM counts their prompt tokens then) less those whose prompt length reached the
+    histogram (at their finish), and the same for their tokens, floored at 0: prompts begun and not
+    finished, whose lengths `prompt_tokens` cannot hold yet (a long prompt's decode can last minutes).
     """
 
     age_seconds: float
@@ -297,6 +301,8 @@ class GroupMetrics:
     finished_requests: float = 0.0
     aborted_requests: float = 0.0
     rejected_requests: float = 0.0
+    unfinished_prompts: float = 0.0
+    unfinished_prompt_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

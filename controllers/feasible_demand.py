@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from goodput.controllers.autoscale_model import (
     Attainability,
     ClassFeasibility,
+    GroupMetrics,
     GroupObservation,
     GroupState,
     ModelGroupSnapshot,
@@ -231,9 +232,33 @@ def prompt_evidence(groups: Sequence[GroupObservation], max_age_seconds: float) 
         [metrics.prompt_tokens_lookback for metrics in fresh]
     )
     return PromptEvidence(
-        prompt_tokens=pooled,
+        prompt_tokens=with_unfinished_prompts(pooled, fresh),
         cached_fraction=hit_rate / prompt_rate if prompt_rate > 0 else 0.0,
     )
+
+
+def with_unfinished_prompts(pooled: Histogram | None, fresh: Sequence[GroupMetrics]) -> Histogram | None:
+    """The finished prompts' histogram with the prompts begun and not finished added in.
+
+    vLLM counts a prompt's tokens at its first token but observes its length at its finish, so while
+    a long prompt decodes, its tokens are demand the histogram cannot explain: judged by the short
+    prompts finished so far, they would be feasible demand to scale for. Each group's unexplained
+    tokens go in as `unfinished_prompts` prompts of equal length, at least one (the count nets
+    prompts that finished in the window after beginning before it, and a short one that finished
+    must not split a long one that began). Without a histogram the bounds are unknown and nothing is
+    added: feasibility stays unknown, as before any prompt finished.
+    """
+    if pooled is None:
+        return None
+    lengths: list[float] = []
+    for metrics in fresh:
+        tokens = metrics.unfinished_prompt_tokens
+        if tokens >= 1.0:
+            prompts = max(1, round(metrics.unfinished_prompts))
+            lengths.extend([tokens / prompts] * prompts)
+    if not lengths:
+        return pooled
+    return merge_histograms([pooled, Histogram.from_observations(pooled.upper_bounds, lengths)])
 
 
 def _pooled(histograms: Sequence[Histogram | None]) -> Histogram | None:

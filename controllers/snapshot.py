@@ -101,6 +101,8 @@ class EngineFigures:
     generation_tokens_per_second: float = 0.0
     prompt_tokens_sum: float = 0.0
     prompt_tokens_count: float = 0.0
+    prompts_started: float = 0.0
+    prompt_tokens_started: float = 0.0
     generation_tokens_sum: float = 0.0
     generation_tokens_count: float = 0.0
     prefix_hits: float = 0.0
@@ -135,7 +137,7 @@ def engine_metrics(figures: EngineFigures) -> GroupMetrics:
         kv_usage_fraction=min(1.0, max(0.0, figures.kv_usage_fraction)),
         prompt_tokens_per_second=max(0.0, figures.prompt_tokens_per_second),
         generation_tokens_per_second=max(0.0, figures.generation_tokens_per_second),
-        mean_input_tokens=_per(figures.prompt_tokens_sum, figures.prompt_tokens_count),
+        mean_input_tokens=_mean_prompt_tokens(figures),
         mean_output_tokens=_per(figures.generation_tokens_sum, figures.generation_tokens_count),
         prefix_hit_fraction=min(1.0, max(0.0, _per(figures.prefix_hits, figures.prefix_queries) or 0.0)),
         ttft=figures.ttft,
@@ -147,7 +149,19 @@ def engine_metrics(figures: EngineFigures) -> GroupMetrics:
         finished_requests=max(0.0, figures.finished_requests),
         aborted_requests=max(0.0, figures.aborted_requests),
         rejected_requests=max(0.0, figures.rejected_requests),
+        unfinished_prompts=max(0.0, figures.prompts_started - figures.prompt_tokens_count),
+        unfinished_prompt_tokens=max(0.0, figures.prompt_tokens_started - figures.prompt_tokens_sum),
     )
+
+
+def _mean_prompt_tokens(figures: EngineFigures) -> float | None:
+    """The mean prompt of the requests the prompt rate counts: those whose first token fell in the
+    window (vLLM counts a prompt's tokens then). The finished requests' mean stands in where the
+    engine exported no first-token count; it lags a change of prompt lengths by a request's lifetime.
+    """
+    if figures.prompts_started > 0 and figures.prompt_tokens_started > 0:
+        return figures.prompt_tokens_started / figures.prompts_started
+    return _per(figures.prompt_tokens_sum, figures.prompt_tokens_count)
 
 
 def _common_bounds(histograms: Sequence[Histogram | None]) -> tuple[float, ...] | None:

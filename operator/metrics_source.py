@@ -171,6 +171,8 @@ def group_metrics(series: GroupSeries) -> GroupMetrics | None:
             generation_tokens_per_second=values.get(Quantity.GENERATION_TOKENS_RATE, 0.0),
             prompt_tokens_sum=values.get(Quantity.PROMPT_TOKENS_SUM, 0.0),
             prompt_tokens_count=values.get(Quantity.PROMPT_TOKENS_COUNT, 0.0),
+            prompts_started=values.get(Quantity.PROMPTS_STARTED, 0.0),
+            prompt_tokens_started=values.get(Quantity.PROMPT_TOKENS_STARTED, 0.0),
             generation_tokens_sum=values.get(Quantity.GENERATION_TOKENS_SUM, 0.0),
             generation_tokens_count=values.get(Quantity.GENERATION_TOKENS_COUNT, 0.0),
             prefix_hits=values.get(Quantity.PREFIX_HITS, 0.0),

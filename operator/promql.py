@@ -45,6 +45,8 @@ class Quantity(StrEnum):
     GENERATION_TOKENS_RATE = "generation_tokens_rate"
     PROMPT_TOKENS_SUM = "prompt_tokens_sum"
     PROMPT_TOKENS_COUNT = "prompt_tokens_count"
+    PROMPTS_STARTED = "prompts_started"
+    PROMPT_TOKENS_STARTED = "prompt_tokens_started"
     GENERATION_TOKENS_SUM = "generation_tokens_sum"
     GENERATION_TOKENS_COUNT = "generation_tokens_count"
     PREFIX_HITS = "prefix_hits"
@@ -217,6 +219,10 @@ def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> 
         Quantity.GENERATION_TOKENS_RATE: rate_of("vllm:generation_tokens_total"),
         Quantity.PROMPT_TOKENS_SUM: increase("vllm:request_prompt_tokens_sum", rate),
         Quantity.PROMPT_TOKENS_COUNT: increase("vllm:request_prompt_tokens_count", rate),
+        # The requests whose first token fell in the rate window, and their prompt tokens: the same
+        # moment the prompt-token counter counts them, long before their length reaches the histogram.
+        Quantity.PROMPTS_STARTED: increase("vllm:time_to_first_token_seconds_count", rate),
+        Quantity.PROMPT_TOKENS_STARTED: increase("vllm:prompt_tokens_total", rate),
         Quantity.GENERATION_TOKENS_SUM: increase("vllm:request_generation_tokens_sum", rate),
         Quantity.GENERATION_TOKENS_COUNT: increase("vllm:request_generation_tokens_count", rate),
         Quantity.PREFIX_HITS: increase("vllm:prefix_cache_hits_total", rate),

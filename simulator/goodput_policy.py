@@ -130,9 +130,13 @@ def _group_figures(
     span = latest.time - since
     finished = metrics.request_success_total - earlier.request_success_total
     tpot = metrics.request_time_per_output_token_seconds
+    ttft = histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds)
+    prompt_tokens_started = metrics.prompt_tokens_total - earlier.prompt_tokens_total
     return replace(
         gauges,
-        prompt_tokens_per_second=(metrics.prompt_tokens_total - earlier.prompt_tokens_total) / span,
+        prompt_tokens_per_second=prompt_tokens_started / span,
+        prompts_started=ttft.total,
+        prompt_tokens_started=prompt_tokens_started,
         generation_tokens_per_second=(metrics.generation_tokens_total - earlier.generation_tokens_total)
         / span,
         prompt_tokens_sum=metrics.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
@@ -142,7 +146,7 @@ def _group_figures(
         prefix_hits=metrics.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
         prefix_queries=metrics.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
         finished_requests=finished,
-        ttft=histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
+        ttft=ttft,
         itl=histogram_delta(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
         queue_time=histogram_delta(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
         tpot=None if tpot is None else histogram_delta(tpot, earlier.request_time_per_output_token_seconds),

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_autoscale_properties import groups as generated_groups
 from test_autoscale_world import (
     PERMISSIVE,
+    PROFILE,
     TTFT_BUCKETS,
     group,
     load,
@@ -35,7 +36,10 @@ from goodput.controllers.autoscale_model import (
     ScalingPolicy,
     SloTargets,
 )
+from goodput.controllers.feasible_demand import floor_model
+from goodput.controllers.snapshot import EngineFigures, GroupCounts, engine_metrics, model_group_snapshot
 from goodput.estimators.attainment import Histogram
+from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.queueing import QueuedRequest
 
 NOW = 1000.0
@@ -122,6 +126,51 @@ def test_without_the_feasibility_the_same_infeasible_load_scales_out() -> None:
     feasible = world(*ready_groups(2, 0.9))
     mixed = plus_infeasible(feasible, 0.5, 0.8)
     assert _decide(dataclasses.replace(mixed, feasibility=())).desired_groups > _decide(mixed).desired_groups
+
+
+LONG_PROMPT_TOKENS = 80_000
+PROMPT_BUCKETS = (10.0, 1_000.0, 10_000.0, 50_000.0, 100_000.0)
+
+
+def long_prompts_decoding(count: int, *, first_tokens_exported: bool = True) -> ModelGroupSnapshot:
+    """One ready group after its readiness warm-up (two 4-token prompts, finished), as `count`
+    80,000-token prompts have had their first token in the window: the prompt-token counter holds
+    their tokens, the prompt-length histogram (observed at a request's finish) does not yet."""
+    begun_tokens = count * LONG_PROMPT_TOKENS + 4.0
+    figures = EngineFigures(
+        age_seconds=1.0,
+        waiting_requests=0.0,
+        running_requests=float(count),
+        kv_usage_fraction=0.3,
+        prompt_tokens_per_second=begun_tokens / 30.0,
+        prompt_tokens_sum=8.0,
+        prompt_tokens_count=2.0,
+        prompts_started=count + 1.0 if first_tokens_exported else 0.0,
+        prompt_tokens_started=begun_tokens if first_tokens_exported else 0.0,
+        prompt_tokens=Histogram.from_observations(PROMPT_BUCKETS, [4, 4]),
+    )
+    return model_group_snapshot(
+        [group(engine_metrics(figures), name="g0")],
+        GroupCounts(spec_replicas=1, min_replicas=1, max_replicas=8),
+        profile=PROFILE,
+        policy=PERMISSIVE,
+        name="default/chat",
+        metrics_window_seconds=30.0,
+        now=NOW,
+    )
+
+
+def test_long_prompts_still_decoding_are_judged_infeasible_before_any_of_them_finishes() -> None:
+    (interactive,) = PERMISSIVE.classes
+    assert ttft_floor_seconds(floor_model(PROFILE), LONG_PROMPT_TOKENS) > interactive.ttft_seconds
+    snapshot = long_prompts_decoding(16)
+    (entry,) = snapshot.feasibility
+    assert entry.infeasible_token_share is not None and entry.infeasible_token_share > 0.99
+    decision = _decide(snapshot)
+    assert decision.desired_groups == 1
+    # The counterfactual: judged by the finished warm-up prompts alone, their tokens are feasible
+    # demand at four tokens a request, and ask for another group.
+    assert _decide(long_prompts_decoding(16, first_tokens_exported=False)).desired_groups > 1
 
 
 def test_a_fleet_whose_only_waiting_work_is_infeasible_scales_in() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from test_autoscale_world import PROFILE
 
-from goodput.controllers.autoscale_model import Attainability, ClassFeasibility, SloTargets
+from goodput.controllers.autoscale_model import Attainability, ClassFeasibility, GroupMetrics, SloTargets
 from goodput.controllers.feasible_demand import (
     TOLERATED_INFEASIBLE_SHARE,
     assess,
     attainability,
     floor_model,
+    with_unfinished_prompts,
 )
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.feasibility import longest_feasible_prompt_tokens, ttft_floor_seconds
@@ -108,3 +109,54 @@ def test_a_tensor_parallel_degree_out_of_reach_is_not_offered() -> None:
     verdict = attainability(assess(PROFILE, (target,), None), (target,), MODEL, tensor_parallel=1)
     assert "tensor parallelism" not in verdict.message
     assert "a longer ttftSeconds, or another class" in verdict.message
+
+
+def begun(prompts: float, tokens: float) -> GroupMetrics:
+    """A group whose window counted `tokens` prompt tokens of `prompts` requests not finished yet."""
+    return GroupMetrics(age_seconds=1.0, unfinished_prompts=prompts, unfinished_prompt_tokens=tokens)
+
+
+@pytest.mark.parametrize(
+    ("groups", "added"),
+    [
+        ([begun(0.0, 0.0)], []),
+        ([begun(1.0, 150_000.0)], [150_000]),
+        # A short prompt finished in the window as the long one began: the net count is 0, the
+        # tokens are still one long prompt's.
+        ([begun(0.0, 150_000.0)], [150_000]),
+        ([begun(3.0, 1_500.0)], [500, 500, 500]),
+        ([begun(1.0, 150_000.0), begun(2.0, 1_000.0)], [150_000, 500, 500]),
+        # Prometheus' extrapolation leaves a fraction of a token where nothing began.
+        ([begun(0.2, 0.4)], []),
+    ],
+    ids=[
+        "nothing begun",
+        "one long prompt decoding",
+        "a short one finished as a long one began",
+        "three begun share their tokens",
+        "each group's own",
+        "extrapolation noise",
+    ],
+)
+def test_prompts_begun_and_not_finished_join_the_finished_ones(
+    groups: list[GroupMetrics], added: list[int]
+) -> None:
+    finished = prompts(9, 0)
+    joined = with_unfinished_prompts(finished, groups)
+    expected = Histogram.from_observations(PROMPT_BUCKETS, [500] * 9 + added)
+    assert joined is not None
+    assert joined.cumulative_counts == expected.cumulative_counts
+
+
+def test_a_long_prompt_decoding_makes_the_share_infeasible_before_it_finishes() -> None:
+    finished_only = prompts(3, 0)
+    (before,) = assess(PROFILE, (INTERACTIVE,), finished_only)
+    (now,) = assess(PROFILE, (INTERACTIVE,), with_unfinished_prompts(finished_only, [begun(1.0, 150_000.0)]))
+    assert before.infeasible_token_share == 0.0
+    assert now.infeasible_request_share == pytest.approx(0.25)
+    assert now.infeasible_token_share is not None
+    assert now.infeasible_token_share > 0.95
+
+
+def test_without_finished_prompts_the_bounds_are_unknown_and_nothing_is_added() -> None:
+    assert with_unfinished_prompts(None, [begun(1.0, 150_000.0)]) is None

@@ -122,6 +122,9 @@ def _window_series(
         / span,
         Quantity.PROMPT_TOKENS_SUM: latest.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
         Quantity.PROMPT_TOKENS_COUNT: finished,
+        Quantity.PROMPTS_STARTED: latest.time_to_first_token_seconds.total
+        - earlier.time_to_first_token_seconds.total,
+        Quantity.PROMPT_TOKENS_STARTED: latest.prompt_tokens_total - earlier.prompt_tokens_total,
         Quantity.GENERATION_TOKENS_SUM: latest.request_generation_tokens_sum
         - earlier.request_generation_tokens_sum,
         Quantity.GENERATION_TOKENS_COUNT: finished,

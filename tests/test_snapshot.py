@@ -170,12 +170,40 @@ def test_a_rollouts_new_groups_are_not_counted_as_extra_capacity(
             EngineFigures(2.0, 4.0, 1.0, 0.5, prompt_tokens_sum=3000.0, prompt_tokens_count=3.0),
             {"mean_input_tokens": 1000.0, "waiting_requests": 4.0},
         ),
+        (
+            EngineFigures(
+                1.0,
+                0.0,
+                1.0,
+                0.5,
+                prompt_tokens_sum=8.0,
+                prompt_tokens_count=2.0,
+                prompts_started=2.0,
+                prompt_tokens_started=80_004.0,
+            ),
+            {"mean_input_tokens": 40_002.0, "unfinished_prompts": 0.0, "unfinished_prompt_tokens": 79_996.0},
+        ),
+        (
+            EngineFigures(
+                1.0,
+                0.0,
+                1.0,
+                0.5,
+                prompt_tokens_sum=3000.0,
+                prompt_tokens_count=3.0,
+                prompts_started=1.0,
+                prompt_tokens_started=500.0,
+            ),
+            {"mean_input_tokens": 500.0, "unfinished_prompts": 0.0, "unfinished_prompt_tokens": 0.0},
+        ),
     ],
     ids=[
         "extrapolated below zero and usage above one",
         "more hits than queries and a negative increase",
         "nothing finished: unknown means, no hits",
         "a window of three prompts",
+        "a long prompt begun and not finished",
+        "more finished than begun",
     ],
 )
 def test_engine_figures_become_metrics_within_their_meaningful_range(
@@ -202,6 +230,8 @@ def test_engine_metrics_never_read_a_negative_count_or_a_fraction_outside_zero_t
         "running_requests",
         "finished_requests",
         "aborted_requests",
+        "unfinished_prompts",
+        "unfinished_prompt_tokens",
     ):
         assert getattr(metrics, name) >= 0.0, name
     assert 0.0 <= metrics.kv_usage_fraction <= 1.0
