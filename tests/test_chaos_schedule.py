@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from goodput.testbed.chaos.schedule import (
@@ -68,6 +68,7 @@ def test_too_short_a_run_is_refused_naming_the_fields() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(duration=st.floats(min_value=120, max_value=1800), seed=st.integers(0, 2**32))
+@example(duration=1133.619140625, seed=2537953)  # a kill's rounded moment once fell on the end
 def test_plans_stay_in_the_chaos_window_and_never_overlap_infrastructure_faults(
     duration: float, seed: int
 ) -> None:

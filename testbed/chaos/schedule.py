@@ -149,7 +149,8 @@ def plan_kills(settings: ChaosSettings, rng: random.Random) -> tuple[PlannedFaul
     kills: list[PlannedFault] = []
     moments: list[Moment] = []
     at = settings.warmup_seconds + rng.uniform(*settings.kill_gap_seconds)
-    while at < settings.chaos_ends_at_seconds:
+    # Judged on the moment as planned (rounded to 10 ms), so none lands on the window's end.
+    while round(at, 2) < settings.chaos_ends_at_seconds:
         if not moments:
             moments = list(MOMENTS)
             rng.shuffle(moments)
