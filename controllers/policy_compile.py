@@ -239,6 +239,18 @@ def compile_policy(
     )
 
 
+DEFAULT_RATE_WINDOW_SECONDS = 60.0
+"""The window of token rates and the request mix unless the operator is told otherwise
+(GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS); the simulator reads its rates over it too."""
+
+
+def rate_window_seconds(metrics_window_seconds: float, rate_setting_seconds: float) -> float:
+    """The window of token rates and the request mix: the setting, never longer than the goodput
+    window (a burst must show in the arrival rate within an interval or two, not be averaged over
+    the goodput window), in the operator and in the simulator alike."""
+    return max(1.0, min(metrics_window_seconds, rate_setting_seconds))
+
+
 def metrics_window_seconds(slo: SloPolicySpec) -> float:
     """The window over which a decision reads attainment, goodput and the engine histograms: the
     SLOPolicy's goodput window, in the operator and in the simulator alike."""

@@ -93,7 +93,13 @@ from goodput.controllers.feasible_demand import AttainabilityVerdict, snapshot_a
 from goodput.controllers.groups import EventRecord
 from goodput.controllers.ownership import AUTOSCALER_STATUS
 from goodput.controllers.policy import parse_slo_policy
-from goodput.controllers.policy_compile import CompiledPolicy, capacity_profile, compile_policy, profile_key
+from goodput.controllers.policy_compile import (
+    DEFAULT_RATE_WINDOW_SECONDS,
+    CompiledPolicy,
+    capacity_profile,
+    compile_policy,
+    profile_key,
+)
 from goodput.controllers.template import parse_model_group
 from goodput.estimators.capacity import CapacityProfile
 from goodput.operator.kube import KubeError
@@ -142,7 +148,7 @@ class AutoscalerSettings:
     """A query slower than this counts as Prometheus being down."""
     prometheus_connection: PrometheusConnection = field(default_factory=PrometheusConnection)
     """Bearer token file, CA bundle and extra headers of every query."""
-    rate_window_seconds: float = 60.0
+    rate_window_seconds: float = DEFAULT_RATE_WINDOW_SECONDS
     """Window of token rates and the request mix; at least two scrape intervals."""
     prometheus_batch_seconds: float = 0.5
     """How long the reads of ModelGroups ticking together are gathered into one query; 0: none."""

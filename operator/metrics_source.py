@@ -43,6 +43,7 @@ from goodput.controllers.autoscale_model import (
     ModelGroupSnapshot,
 )
 from goodput.controllers.policy_compile import CompiledPolicy
+from goodput.controllers.policy_compile import rate_window_seconds as rate_window
 from goodput.controllers.snapshot import (
     EngineFigures,
     GroupCounts,
@@ -366,7 +367,7 @@ def query_windows(compiled: CompiledPolicy, rate_window_seconds: float) -> Windo
     """The rate window, never longer than the policy's goodput window."""
     histogram = max(1, round(compiled.metrics_window_seconds))
     return Windows(
-        rate_seconds=max(1, min(histogram, round(rate_window_seconds))), histogram_seconds=histogram
+        rate_seconds=max(1, round(rate_window(histogram, rate_window_seconds))), histogram_seconds=histogram
     )
 
 

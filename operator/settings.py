@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from goodput.controllers.leader_election import ElectionTiming
+from goodput.controllers.policy_compile import DEFAULT_RATE_WINDOW_SECONDS
 
 LogFormat = Literal["json", "plain", "full"]
 # GOODPUT_PRIORITY / --priority value asking for a priority derived from the pod's name.
@@ -86,7 +87,7 @@ class Settings:
     (Cortex, Mimir and Thanos tenants)."""
     prometheus_timeout_seconds: float = 5.0
     """A query slower than this counts as Prometheus being down (no scale-in, retried)."""
-    prometheus_rate_window_seconds: float = 60.0
+    prometheus_rate_window_seconds: float = DEFAULT_RATE_WINDOW_SECONDS
     """Window of token rates and the request mix; at least two scrape intervals."""
     prometheus_batch_seconds: float = 0.5
     """How long the autoscaler gathers the reads of ModelGroups ticking at the same moment (ticks

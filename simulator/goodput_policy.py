@@ -25,7 +25,13 @@ from goodput.controllers.autoscale_model import (
     ScalingPolicy,
     SloTargets,
 )
-from goodput.controllers.policy_compile import GroupBounds, bounded_scaling_policy, metrics_window_seconds
+from goodput.controllers.policy_compile import (
+    DEFAULT_RATE_WINDOW_SECONDS,
+    GroupBounds,
+    bounded_scaling_policy,
+    metrics_window_seconds,
+    rate_window_seconds,
+)
 from goodput.controllers.snapshot import (
     EngineFigures,
     GroupCounts,
@@ -113,10 +119,15 @@ def capacity_profile(
 
 
 def _group_figures(
-    now: float, latest: FleetSample, metrics: GroupScrape, start: tuple[float, GroupScrape] | None
+    now: float,
+    latest: FleetSample,
+    metrics: GroupScrape,
+    rate_start: tuple[float, GroupScrape] | None,
+    histogram_start: tuple[float, GroupScrape] | None,
 ) -> EngineFigures:
-    """One group's figures, as Prometheus would answer them: gauges from the latest scrape, rates,
-    sums, counts and histogram deltas over the window (gauges only before a second scrape)."""
+    """One group's figures, as Prometheus would answer the operator's query: gauges from the latest
+    scrape; token rates, sums, counts and the request mix over the rate window; outcomes and
+    histogram deltas over the goodput window (gauges only before a second scrape)."""
     age = now - latest.time
     gauges = EngineFigures(
         age_seconds=age,
@@ -124,18 +135,37 @@ def _group_figures(
         running_requests=float(metrics.num_requests_running),
         kv_usage_fraction=metrics.kv_cache_usage_perc,
     )
+    with_rates = _rate_figures(gauges, latest, metrics, rate_start)
+    if histogram_start is None or latest.time <= histogram_start[0]:
+        return with_rates
+    earlier = histogram_start[1]
+    tpot = metrics.request_time_per_output_token_seconds
+    return replace(
+        with_rates,
+        finished_requests=metrics.request_success_total - earlier.request_success_total,
+        ttft=histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
+        itl=histogram_delta(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
+        queue_time=histogram_delta(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
+        tpot=None if tpot is None else histogram_delta(tpot, earlier.request_time_per_output_token_seconds),
+    )
+
+
+def _rate_figures(
+    gauges: EngineFigures, latest: FleetSample, metrics: GroupScrape, start: tuple[float, GroupScrape] | None
+) -> EngineFigures:
+    """The rate window's part: token rates, the prompts begun and finished and their lengths, the
+    prefix hits."""
     if start is None or latest.time <= start[0]:
         return gauges
     since, earlier = start
     span = latest.time - since
     finished = metrics.request_success_total - earlier.request_success_total
-    tpot = metrics.request_time_per_output_token_seconds
-    ttft = histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds)
+    begun = histogram_delta(metrics.time_to_first_token_seconds, earlier.time_to_first_token_seconds)
     prompt_tokens_started = metrics.prompt_tokens_total - earlier.prompt_tokens_total
     return replace(
         gauges,
         prompt_tokens_per_second=prompt_tokens_started / span,
-        prompts_started=ttft.total,
+        prompts_started=begun.total,
         prompt_tokens_started=prompt_tokens_started,
         generation_tokens_per_second=(metrics.generation_tokens_total - earlier.generation_tokens_total)
         / span,
@@ -145,26 +175,34 @@ def _group_figures(
         generation_tokens_count=finished,
         prefix_hits=metrics.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
         prefix_queries=metrics.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
-        finished_requests=finished,
-        ttft=ttft,
-        itl=histogram_delta(metrics.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
-        queue_time=histogram_delta(metrics.request_queue_time_seconds, earlier.request_queue_time_seconds),
-        tpot=None if tpot is None else histogram_delta(tpot, earlier.request_time_per_output_token_seconds),
     )
 
 
-def window_figures(observation: FleetObservation, window_seconds: float) -> dict[str, EngineFigures]:
-    """Every scraped group's figures as of the latest scrape, over the window before it."""
+def _first_scrapes(view: MetricsView, since: float) -> dict[str, tuple[float, GroupScrape]]:
+    """Each group's earliest scrape at or after `since`: where a window's increase starts."""
+    first_seen: dict[str, tuple[float, GroupScrape]] = {}
+    for sample in view.within(since - 1e-9):
+        for scraped in sample.groups:
+            first_seen.setdefault(scraped.group, (sample.time, scraped))
+    return first_seen
+
+
+def window_figures(
+    observation: FleetObservation, window_seconds: float, rate_window_seconds: float | None = None
+) -> dict[str, EngineFigures]:
+    """Every scraped group's figures as of the latest scrape: rates over `rate_window_seconds`
+    (default: the whole window), outcomes and histograms over `window_seconds`."""
     view: MetricsView = observation.metrics
     latest = view.latest
     if latest is None:
         return {}
-    first_seen: dict[str, tuple[float, GroupScrape]] = {}
-    for sample in view.within(latest.time - window_seconds - 1e-9):
-        for scraped in sample.groups:
-            first_seen.setdefault(scraped.group, (sample.time, scraped))
+    rate_window = window_seconds if rate_window_seconds is None else min(rate_window_seconds, window_seconds)
+    rate_starts = _first_scrapes(view, latest.time - rate_window)
+    histogram_starts = _first_scrapes(view, latest.time - window_seconds)
     return {
-        name: _group_figures(observation.now, latest, scraped, first_seen.get(name))
+        name: _group_figures(
+            observation.now, latest, scraped, rate_starts.get(name), histogram_starts.get(name)
+        )
         for name, scraped in latest.by_group().items()
     }
 
@@ -192,6 +230,7 @@ def snapshot_from(
     name: str,
     *,
     policy: ScalingPolicy,
+    rate_window_seconds: float | None = None,
 ) -> ModelGroupSnapshot:
     """The `ModelGroupSnapshot` the operator would build at `observation.now`, by the same assembly.
 
@@ -206,7 +245,7 @@ def snapshot_from(
         (sample.time, sample.gateway) for sample in observation.metrics.samples if sample.gateway is not None
     ]
     return model_group_snapshot(
-        group_observations(observation, window_figures(observation, window_seconds)),
+        group_observations(observation, window_figures(observation, window_seconds, rate_window_seconds)),
         counts,
         profile=profile,
         policy=policy,
@@ -225,6 +264,9 @@ class GoodputPolicy:
     profile: CapacityProfile
     model_group: str = "simulated"
     metrics_window_seconds: float = 60.0
+    rate_window_seconds: float = DEFAULT_RATE_WINDOW_SECONDS
+    """The operator's default (GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS), capped by the goodput window
+    as the operator caps it."""
     name: str = "goodput"
     state: DecisionState = field(default_factory=DecisionState.initial)
     last_decision: Decision | None = None
@@ -267,11 +309,17 @@ class GoodputPolicy:
             f"max_fruitless_steps={signals.goodput.max_fruitless_steps}",
             "scale_down_window_seconds": policy.scale_down.stabilization_window_seconds,
             "metrics_window_seconds": self.metrics_window_seconds,
+            "rate_window_seconds": rate_window_seconds(self.metrics_window_seconds, self.rate_window_seconds),
         }
 
     def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         snapshot = snapshot_from(
-            observation, self.profile, self.metrics_window_seconds, self.model_group, policy=self.policy
+            observation,
+            self.profile,
+            self.metrics_window_seconds,
+            self.model_group,
+            policy=self.policy,
+            rate_window_seconds=rate_window_seconds(self.metrics_window_seconds, self.rate_window_seconds),
         )
         decision = decide(snapshot, self.policy, self.state, observation.now)
         self.state = decision.next_state

@@ -31,10 +31,10 @@ import numpy as np
 from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import Decision, DecisionState
-from goodput.controllers.policy_compile import CompiledPolicy, compile_policy
+from goodput.controllers.policy_compile import DEFAULT_RATE_WINDOW_SECONDS, CompiledPolicy, compile_policy
 from goodput.estimators.attainment import Histogram
-from goodput.operator.metrics_source import build_snapshot, metrics_by_group
-from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels
+from goodput.operator.metrics_source import build_snapshot, metrics_by_group, query_windows
+from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels, Windows
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy
@@ -111,10 +111,10 @@ def _increase(later: Histogram, earlier: Histogram) -> Histogram:
     return Histogram(later.upper_bounds, counts)
 
 
-def _window_series(
+def _rate_series(
     name: str, latest: GroupScrape, earlier: GroupScrape, *, span: float, now: float
 ) -> list[dict[str, Any]]:
-    """What `rate()`, `increase()` and the bucket increases answer over the window for one group."""
+    """What `rate()` and `increase()` answer over the rate window for one group."""
     finished = latest.request_success_total - earlier.request_success_total
     figures = {
         Quantity.PROMPT_TOKENS_RATE: (latest.prompt_tokens_total - earlier.prompt_tokens_total) / span,
@@ -130,9 +130,17 @@ def _window_series(
         Quantity.GENERATION_TOKENS_COUNT: finished,
         Quantity.PREFIX_HITS: latest.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
         Quantity.PREFIX_QUERIES: latest.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
-        Quantity.FINISHED: finished,
     }
-    series = [_sample(name, quantity, value, now) for quantity, value in figures.items()]
+    return [_sample(name, quantity, value, now) for quantity, value in figures.items()]
+
+
+def _histogram_series(
+    name: str, latest: GroupScrape, earlier: GroupScrape, *, now: float
+) -> list[dict[str, Any]]:
+    """What `increase()` answers over the goodput window: the outcomes and the bucket increases."""
+    series = [
+        _sample(name, Quantity.FINISHED, latest.request_success_total - earlier.request_success_total, now)
+    ]
     histograms = {
         Quantity.TTFT_BUCKETS: (latest.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
         Quantity.ITL_BUCKETS: (latest.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
@@ -148,17 +156,27 @@ def _window_series(
     return series
 
 
-def prometheus_answer(observation: FleetObservation, window_seconds: float) -> list[dict[str, Any]]:
-    """The snapshot query's answer for the scrapes a tick sees: every group's latest gauges and their
-    age, and its window figures once the window holds two of its scrapes (as `rate()` needs)."""
+def _first_scrapes(
+    observation: FleetObservation, span_seconds: float
+) -> dict[str, tuple[float, GroupScrape]]:
     view = observation.metrics
-    latest = view.latest
-    if latest is None:
-        return []
+    assert view.latest is not None
     first: dict[str, tuple[float, GroupScrape]] = {}
-    for sample in view.within(latest.time - window_seconds - 1e-9):
+    for sample in view.within(view.latest.time - span_seconds - 1e-9):
         for scraped in sample.groups:
             first.setdefault(scraped.group, (sample.time, scraped))
+    return first
+
+
+def prometheus_answer(observation: FleetObservation, windows: Windows) -> list[dict[str, Any]]:
+    """The snapshot query's answer for the scrapes a tick sees: every group's latest gauges and their
+    age, its rate figures once the rate window holds two of its scrapes (as `rate()` needs), and its
+    outcomes and histograms once the goodput window does."""
+    latest = observation.metrics.latest
+    if latest is None:
+        return []
+    rate_starts = _first_scrapes(observation, windows.rate_seconds)
+    histogram_starts = _first_scrapes(observation, windows.histogram_seconds)
     now = observation.now
     series: list[dict[str, Any]] = []
     for scraped in latest.groups:
@@ -169,9 +187,12 @@ def prometheus_answer(observation: FleetObservation, window_seconds: float) -> l
             _sample(name, Quantity.KV_USAGE, scraped.kv_cache_usage_perc, now),
             _sample(name, Quantity.SAMPLE_AGE, now - latest.time, now),
         ]
-        since, earlier = first.get(name, (latest.time, scraped))
+        since, earlier = rate_starts.get(name, (latest.time, scraped))
         if latest.time > since:
-            series += _window_series(name, scraped, earlier, span=latest.time - since, now=now)
+            series += _rate_series(name, scraped, earlier, span=latest.time - since, now=now)
+        since, earlier = histogram_starts.get(name, (latest.time, scraped))
+        if latest.time > since:
+            series += _histogram_series(name, scraped, earlier, now=now)
     return series
 
 
@@ -213,7 +234,7 @@ class ThroughTheOperator:
         return {}
 
     def decide(self, observation: FleetObservation) -> Decision:
-        answer = prometheus_answer(observation, self.compiled.metrics_window_seconds)
+        answer = prometheus_answer(observation, query_windows(self.compiled, DEFAULT_RATE_WINDOW_SECONDS))
         model_group, status = observed_model_group(observation)
         metrics = metrics_by_group(answer, LABELS)
         snapshot = build_snapshot(model_group, status, self.compiled, metrics, now=observation.now)
@@ -299,6 +320,9 @@ def test_both_worlds_compile_the_same_policy_and_read_the_same_window() -> None:
     compiled = the_operators_policy(simulated)
     assert simulated.policy == compiled.policy
     assert simulated.metrics_window_seconds == compiled.metrics_window_seconds
+    windows = query_windows(compiled, DEFAULT_RATE_WINDOW_SECONDS)
+    assert windows.rate_seconds < windows.histogram_seconds
+    assert simulated.describe()["rate_window_seconds"] == windows.rate_seconds
 
 
 def test_the_same_observations_give_the_same_decisions_at_every_interval() -> None:
