@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from goodput.controllers.admission import GroupLoad
+from goodput.controllers.admission import GroupLoad, slot_wait_seconds
 
 
 class RouteReason(StrEnum):
@@ -153,3 +153,68 @@ def free_dispatch_slots(
     if free_seats <= 0 or unstarted_prompt_tokens >= steps_ahead * chunk_tokens:
         return 0
     return free_seats
+
+
+@dataclass(slots=True)
+class GroupBook:
+    """What a gateway keeps per group between dispatch and answer: the requests it sent there and
+    has not seen answered, their work and KV reservations, and the prompts not started yet.
+
+    The live gateway and the simulated one keep it alike, so routing and the dispatch limit see the
+    same loads offline and deployed.
+    """
+
+    in_flight: int = 0
+    running_work_seconds: float = 0.0
+    kv_used_tokens: int = 0
+    unstarted_prompt_tokens: int = 0
+
+    def dispatched(self, work_seconds: float, kv_tokens: int, prompt_tokens: int) -> None:
+        self.in_flight += 1
+        self.running_work_seconds += work_seconds
+        self.kv_used_tokens += kv_tokens
+        self.unstarted_prompt_tokens += prompt_tokens
+
+    def started(self, prompt_tokens: int) -> None:
+        """The request's prefill began: its prompt leaves the group's prefill pipeline."""
+        self.unstarted_prompt_tokens = max(0, self.unstarted_prompt_tokens - prompt_tokens)
+
+    def released(self, work_seconds: float, kv_tokens: int, prompt_tokens: int, *, started: bool) -> None:
+        """The request left the group (answered, failed or aborted); one that never started takes
+        its prompt out of the prefill pipeline too."""
+        if not started:
+            self.started(prompt_tokens)
+        self.in_flight = max(0, self.in_flight - 1)
+        self.running_work_seconds = max(0.0, self.running_work_seconds - work_seconds)
+        self.kv_used_tokens = max(0, self.kv_used_tokens - kv_tokens)
+
+    def free_slots(self, max_in_flight: int, chunk_tokens: int) -> int:
+        """How many more requests the group may be sent now (`free_dispatch_slots`)."""
+        return free_dispatch_slots(max_in_flight - self.in_flight, self.unstarted_prompt_tokens, chunk_tokens)
+
+    def load(
+        self,
+        name: str,
+        *,
+        serving: tuple[bool, bool],
+        waiting_work_seconds: float,
+        kv_capacity_tokens: int,
+        capacity_work_seconds_per_second: float,
+        max_in_flight: int,
+    ) -> GroupLoad:
+        """The group as routing sees it; `serving` is (ready, draining) from the group's endpoints."""
+        ready, draining = serving
+        rate = capacity_work_seconds_per_second
+        return GroupLoad(
+            name=name,
+            ready=ready,
+            draining=draining,
+            waiting_work_seconds=waiting_work_seconds,
+            running_work_seconds=self.running_work_seconds,
+            kv_capacity_tokens=kv_capacity_tokens,
+            kv_free_tokens=kv_capacity_tokens - self.kv_used_tokens,
+            capacity_work_seconds_per_second=rate,
+            slot_wait_seconds=slot_wait_seconds(
+                self.in_flight, max_in_flight, self.running_work_seconds, rate
+            ),
+        )

@@ -43,11 +43,10 @@ from goodput.controllers.admission import (
     RetryBudget,
     TokenBucket,
     admit,
-    slot_wait_seconds,
 )
 from goodput.controllers.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.request_path import RequestPathPolicy
-from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots, prefix_key
+from goodput.controllers.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.groups import GroupEndpoint, GroupSource
@@ -89,11 +88,10 @@ class Pending:
 
 @dataclass(slots=True)
 class GroupState:
+    """One group: where its endpoints are, and what the gateway sent there (`GroupBook`)."""
+
     endpoint: GroupEndpoint
-    in_flight: int = 0
-    running_work_seconds: float = 0.0
-    kv_used_tokens: int = 0
-    unstarted_prompt_tokens: int = 0
+    book: GroupBook = field(default_factory=GroupBook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,19 +235,14 @@ class Gateway:
                 tenant, priority, self.clock(), rate * len(serving)
             )
         share = ahead / len(serving) if serving else ahead
-        capacity = self.policy.kv_capacity_tokens
-        limit = self.policy.max_in_flight_per_group
         return [
-            GroupLoad(
-                name=name,
-                ready=state.endpoint.ready,
-                draining=state.endpoint.draining,
+            state.book.load(
+                name,
+                serving=(state.endpoint.ready, state.endpoint.draining),
                 waiting_work_seconds=share,
-                running_work_seconds=state.running_work_seconds,
-                kv_capacity_tokens=capacity,
-                kv_free_tokens=capacity - state.kv_used_tokens,
+                kv_capacity_tokens=self.policy.kv_capacity_tokens,
                 capacity_work_seconds_per_second=rate,
-                slot_wait_seconds=slot_wait_seconds(state.in_flight, limit, state.running_work_seconds, rate),
+                max_in_flight=self.policy.max_in_flight_per_group,
             )
             for name, state in self.groups.items()
         ]
@@ -259,11 +252,7 @@ class Gateway:
         chunk = self.policy.admission.floor_model.chunk_tokens
         loads = {load.name: load for load in self.loads()}
         return [
-            Candidate(
-                loads[name],
-                free_dispatch_slots(limit - state.in_flight, state.unstarted_prompt_tokens, chunk),
-            )
-            for name, state in self.groups.items()
+            Candidate(loads[name], state.book.free_slots(limit, chunk)) for name, state in self.groups.items()
         ]
 
     # --- dispatch ------------------------------------------------------------------------------
@@ -298,11 +287,9 @@ class Gateway:
                 self.queue.push(item)
                 self._queue_work(pending.work_seconds)
                 return
-            state = self.groups[route.group]
-            state.in_flight += 1
-            state.running_work_seconds += pending.work_seconds
-            state.kv_used_tokens += pending.kv_tokens
-            state.unstarted_prompt_tokens += pending.prompt_tokens
+            self.groups[route.group].book.dispatched(
+                pending.work_seconds, pending.kv_tokens, pending.prompt_tokens
+            )
             # A non-streamed answer shows no first token: its prefill is taken as started after its
             # zero-load TTFT floor; a stream's first chunk marks it sooner.
             floor = ttft_floor_seconds(self.policy.admission.floor_model, pending.prompt_tokens)
@@ -332,20 +319,16 @@ class Gateway:
         pending.started = True
         state = self.groups.get(group)
         if state is not None:
-            state.unstarted_prompt_tokens = max(0, state.unstarted_prompt_tokens - pending.prompt_tokens)
+            state.book.started(pending.prompt_tokens)
         self._pump()
 
     def _release(self, group: str, pending: Pending) -> None:
-        if not pending.started:
-            pending.started = True
-            state = self.groups.get(group)
-            if state is not None:
-                state.unstarted_prompt_tokens = max(0, state.unstarted_prompt_tokens - pending.prompt_tokens)
+        started, pending.started = pending.started, True
         state = self.groups.get(group)
         if state is not None:
-            state.in_flight = max(0, state.in_flight - 1)
-            state.running_work_seconds = max(0.0, state.running_work_seconds - pending.work_seconds)
-            state.kv_used_tokens = max(0, state.kv_used_tokens - pending.kv_tokens)
+            state.book.released(
+                pending.work_seconds, pending.kv_tokens, pending.prompt_tokens, started=started
+            )
         self._pump()
 
     async def _publish_gauges(self) -> None:
@@ -372,8 +355,10 @@ class Gateway:
             self.metrics.earliest_slack.labels(name, cls).set(
                 earliest - wait if math.isfinite(earliest) else math.inf
             )
-        self.metrics.running_work.labels(name).set(sum(s.running_work_seconds for s in self.groups.values()))
-        self.metrics.running_requests.labels(name).set(sum(s.in_flight for s in self.groups.values()))
+        self.metrics.running_work.labels(name).set(
+            sum(s.book.running_work_seconds for s in self.groups.values())
+        )
+        self.metrics.running_requests.labels(name).set(sum(s.book.in_flight for s in self.groups.values()))
 
     # --- handlers ------------------------------------------------------------------------------
 

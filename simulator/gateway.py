@@ -35,12 +35,11 @@ from goodput.controllers.admission import (
     RequestShape,
     TokenBucket,
     admit,
-    slot_wait_seconds,
 )
 from goodput.controllers.autoscale_model import GatewayClassFigures, GatewayObservation
 from goodput.controllers.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.request_path import RequestPathPolicy
-from goodput.controllers.routing import Candidate, RouteRequest, choose_group, free_dispatch_slots
+from goodput.controllers.routing import Candidate, GroupBook, RouteRequest, choose_group
 from goodput.estimators.attainment import Histogram, histogram_delta
 from goodput.simulator.metrics import TTFT_BUCKETS_SECONDS, HistogramAccumulator
 from goodput.simulator.workload import Workload
@@ -73,16 +72,6 @@ _OUTCOME_CODES = {
     Outcome.DEFER: Admission.DEFERRED,
     Outcome.DEGRADE: Admission.DEGRADED,
 }
-
-
-@dataclass(slots=True)
-class _GroupBook:
-    """What the gateway keeps per group: requests it sent there and has not seen answered."""
-
-    in_flight: int = 0
-    running_work_seconds: float = 0.0
-    kv_used_tokens: int = 0
-    unstarted_prompt_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -162,8 +151,9 @@ class SimGateway:
         self.queue: FairQueue[_Held] = FairQueue(policy.fairness)
         self._items: dict[int, QueuedItem[_Held]] = {}
         self._queued_work_by_tenant: dict[str, float] = {}
-        self._groups: dict[int, _GroupBook] = {}
+        self._groups: dict[int, GroupBook] = {}
         self._dispatched: dict[int, tuple[int, _Held]] = {}
+        self._unstarted: set[int] = set()
         self._budgets: dict[str, TokenBucket] = {}
         self.meter = DrainRateMeter()
         self._counters = {name: _ClassCounters() for name in policy.admission.classes}
@@ -193,27 +183,17 @@ class SimGateway:
         if tenant is not None:
             ahead = self.queue.expected_work_ahead_seconds(tenant, priority, now, rate * len(serving))
         share = ahead / len(serving) if serving else ahead
-        capacity = self.policy.kv_capacity_tokens
-        limit = self.policy.max_in_flight_per_group
-        loads = []
-        for group in serving:
-            book = self._groups.setdefault(group, _GroupBook())
-            loads.append(
-                GroupLoad(
-                    name=str(group),
-                    ready=True,
-                    draining=False,
-                    waiting_work_seconds=share,
-                    running_work_seconds=book.running_work_seconds,
-                    kv_capacity_tokens=capacity,
-                    kv_free_tokens=capacity - book.kv_used_tokens,
-                    capacity_work_seconds_per_second=rate,
-                    slot_wait_seconds=slot_wait_seconds(
-                        book.in_flight, limit, book.running_work_seconds, rate
-                    ),
-                )
+        return [
+            self._groups.setdefault(group, GroupBook()).load(
+                str(group),
+                serving=(True, False),
+                waiting_work_seconds=share,
+                kv_capacity_tokens=self.policy.kv_capacity_tokens,
+                capacity_work_seconds_per_second=rate,
+                max_in_flight=self.policy.max_in_flight_per_group,
             )
-        return loads
+            for group in serving
+        ]
 
     def _work_seconds(self, prompt_tokens: int, output_tokens: int) -> float:
         pricing = self.policy.admission.pricing
@@ -322,14 +302,7 @@ class SimGateway:
         chunk = self.policy.admission.floor_model.chunk_tokens
         while len(self.queue) and serving:
             candidates = [
-                Candidate(
-                    load,
-                    free_dispatch_slots(
-                        limit - self._groups[int(load.name)].in_flight,
-                        self._groups[int(load.name)].unstarted_prompt_tokens,
-                        chunk,
-                    ),
-                )
+                Candidate(load, self._groups[int(load.name)].free_slots(limit, chunk))
                 for load in self.loads(serving, now)
             ]
             if not any(candidate.free_slots > 0 for candidate in candidates):
@@ -359,12 +332,9 @@ class SimGateway:
                 )
                 break
             group = int(route.group)
-            book = self._groups[group]
-            book.in_flight += 1
-            book.running_work_seconds += held.work_seconds
-            book.kv_used_tokens += held.kv_tokens
-            book.unstarted_prompt_tokens += self._prompt[held.index]
+            self._groups[group].dispatched(held.work_seconds, held.kv_tokens, int(self._prompt[held.index]))
             self._dispatched[held.index] = (group, held)
+            self._unstarted.add(held.index)
             dispatches.append(Dispatch(held.index, group, self.served_output_tokens[held.index]))
         return dispatches
 
@@ -372,9 +342,9 @@ class SimGateway:
     def started(self, index: int) -> None:
         """The request's first token streamed back: its prompt left the group's prefill pipeline."""
         entry = self._dispatched.get(index)
-        if entry is not None:
-            book = self._groups[entry[0]]
-            book.unstarted_prompt_tokens = max(0, book.unstarted_prompt_tokens - self._prompt[index])
+        if entry is not None and index in self._unstarted:
+            self._unstarted.discard(index)
+            self._groups[entry[0]].started(int(self._prompt[index]))
 
     def release(self, index: int) -> tuple[str, bool] | None:
         """The request left its group (answered, failed or aborted): free its slot and reservation.
@@ -383,10 +353,11 @@ class SimGateway:
         if entry is None:
             return None
         group, held = entry
-        book = self._groups[group]
-        book.in_flight = max(0, book.in_flight - 1)
-        book.running_work_seconds = max(0.0, book.running_work_seconds - held.work_seconds)
-        book.kv_used_tokens = max(0, book.kv_used_tokens - held.kv_tokens)
+        started = index not in self._unstarted
+        self._unstarted.discard(index)
+        self._groups[group].released(
+            held.work_seconds, held.kv_tokens, int(self._prompt[index]), started=started
+        )
         return held.class_name, held.best_effort
 
     def finished(self, index: int, arrival: float, first_token_at: float, finished_at: float) -> None:

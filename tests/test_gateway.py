@@ -135,7 +135,7 @@ def test_a_completion_is_proxied_with_its_outcome_marked() -> None:
             assert r.upstreams["g1"].received[0].body["max_tokens"] == 3
             labels = {"model_group": MODEL, "slo_class": "chat", "tenant": "a"}
             assert sample(r.gateway, "goodput_gateway_requests_offered_total", **labels) == 1
-            assert r.gateway.groups["g1"].in_flight == 0
+            assert r.gateway.groups["g1"].book.in_flight == 0
 
     run(main)
 
@@ -305,10 +305,11 @@ def test_a_client_disconnect_frees_its_slot_and_counters() -> None:
             response = await asyncio.wait_for(queued, timeout=10)
             assert response.status == 200
             for _ in range(100):
-                if r.gateway.groups["g1"].in_flight == 0:
+                if r.gateway.groups["g1"].book.in_flight == 0:
                     break
                 await asyncio.sleep(0.02)
-            assert r.gateway.groups["g1"].in_flight == 0 and r.gateway.groups["g1"].kv_used_tokens == 0
+            book = r.gateway.groups["g1"].book
+            assert book.in_flight == 0 and book.kv_used_tokens == 0
             assert r.upstreams["g1"].aborted == 1
 
     run(main)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from goodput.controllers.admission import GroupLoad
 from goodput.controllers.routing import (
     Candidate,
+    GroupBook,
     RouteReason,
     RouteRequest,
     RoutingPolicy,
@@ -205,3 +206,56 @@ def test_free_dispatch_slots(seats: int, unstarted: int, expected: int) -> None:
     from goodput.controllers.routing import free_dispatch_slots
 
     assert free_dispatch_slots(seats, unstarted, chunk_tokens=2048) == expected
+
+
+# --- The gateway's book of what each group holds -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ([("dispatch", 1)], (1, 2.0, 300, 100)),
+        ([("dispatch", 1), ("start", 1)], (1, 2.0, 300, 0)),
+        ([("dispatch", 1), ("start", 1), ("release", 1)], (0, 0.0, 0, 0)),
+        # Failed or aborted before its first token: its prompt leaves the prefill pipeline too.
+        ([("dispatch", 1), ("dispatch", 2), ("release", 1)], (1, 2.0, 300, 100)),
+        ([("release", 1)], (0, 0.0, 0, 0)),
+    ],
+    ids=["sent", "started", "answered", "released before it started", "a release never goes negative"],
+)
+def test_the_book_counts_what_a_group_holds_until_it_is_released(
+    steps: list[tuple[str, int]], expected: tuple[int, float, int, int]
+) -> None:
+    book = GroupBook()
+    started: set[int] = set()
+    for action, request in steps:
+        if action == "dispatch":
+            book.dispatched(work_seconds=2.0, kv_tokens=300, prompt_tokens=100)
+        elif action == "start":
+            book.started(100)
+            started.add(request)
+        else:
+            book.released(2.0, 300, 100, started=request in started)
+    assert (
+        book.in_flight,
+        book.running_work_seconds,
+        book.kv_used_tokens,
+        book.unstarted_prompt_tokens,
+    ) == expected
+
+
+def test_a_full_book_has_no_free_slot_and_routing_sees_its_wait() -> None:
+    book = GroupBook()
+    for _ in range(4):
+        book.dispatched(work_seconds=1.0, kv_tokens=100, prompt_tokens=10)
+    load = book.load(
+        "g0",
+        serving=(True, False),
+        waiting_work_seconds=0.0,
+        kv_capacity_tokens=1000,
+        capacity_work_seconds_per_second=2.0,
+        max_in_flight=4,
+    )
+    assert book.free_slots(4, chunk_tokens=2048) == 0
+    assert book.free_slots(5, chunk_tokens=2048) == 1
+    assert load.kv_free_tokens == 600 and load.slot_wait_seconds > 0
