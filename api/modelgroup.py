@@ -724,7 +724,8 @@ class Profile(SpecModel):
     """vLLM --max-num-batched-tokens for every group; absent: vLLM's default for `gpu`."""
     ready_time_seconds: int | None = Field(default=None, ge=1, le=86400)
     """Expected time from creating a group to it serving (placement, image, weights, rank
-    initialisation, compilation, warm-up); absent: learnt from the groups' measured ready times."""
+    initialisation, compilation, warm-up); absent: learnt from the groups' measured ready times.
+    Queued work the ready groups drain before then asks for no new group."""
 
 
 class Warmup(SpecModel):

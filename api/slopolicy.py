@@ -109,7 +109,8 @@ class QueueWorkSignal(SpecModel):
     enabled: bool = True
     """Use this signal."""
     drain_target_seconds: float = Field(default=10.0, gt=0, le=3600)
-    """T_d: time within which the current backlog of work should drain."""
+    """T_d: time within which the backlog of work should drain; only the part the ready groups
+    cannot drain before a new group is ready (`profile.readyTimeSeconds`) asks for groups."""
     safety_factor: float = Field(default=1.2, ge=1, le=10)
     """s: headroom multiplied onto the arrival work rate."""
 

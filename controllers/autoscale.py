@@ -79,6 +79,7 @@ from goodput.estimators.proposals import (
     kv_demand_groups,
     queue_budget_demand_groups,
     work_demand_groups,
+    work_left_when_ready,
 )
 from goodput.estimators.queueing import (
     QueuedRequest,
@@ -695,10 +696,9 @@ def _estimate(
     )
     queue_work, waiting_requests, running_requests, serving_groups = _queue_view(observation, snapshot)
     budget = _queue_budget(profile, policy)
-    predicted_wait = (
-        None
-        if queue_work is None
-        else predicted_queue_wait_seconds(queue_work.waiting_seconds, serving_groups, capacity)
+    ready_seconds = snapshot.group_ready_seconds
+    predicted_wait, left_when_ready = _queue_outlook(
+        queue_work, serving_groups, capacity, arrival, ready_seconds
     )
     slack_summary = _request_slack(observation, snapshot, policy, capacity, now)
     earliest_slack = _earliest_slack(observation, slack_summary, budget, predicted_wait)
@@ -717,6 +717,8 @@ def _estimate(
         waiting_work_seconds=None if queue_work is None else queue_work.waiting_seconds,
         running_work_seconds=None if queue_work is None else queue_work.running_seconds,
         waiting_work_seconds_p90=None if queue_work is None else queue_work.waiting_seconds_p90,
+        waiting_work_at_ready_seconds=left_when_ready,
+        group_ready_seconds=ready_seconds,
         predicted_queue_wait_seconds=predicted_wait,
         queue_budget_seconds=budget,
         earliest_slack_seconds=earliest_slack,
@@ -737,6 +739,24 @@ def _estimate(
         feasibility=snapshot.feasibility,
     )
     return estimates, slack_summary
+
+
+def _queue_outlook(
+    queue_work: QueueWork | None,
+    serving_groups: int,
+    capacity: float,
+    arrival: float | None,
+    ready_seconds: float | None,
+) -> tuple[float | None, float | None]:
+    """A new arrival's wait behind the queued work, and the part of that work still waiting when a
+    group asked for now is ready (None, None without a queue view)."""
+    if queue_work is None:
+        return None, None
+    waiting = queue_work.waiting_seconds
+    return (
+        predicted_queue_wait_seconds(waiting, serving_groups, capacity),
+        work_left_when_ready(waiting, serving_groups, capacity, arrival, ready_seconds),
+    )
 
 
 def _worst(checks: tuple[SloCheck, ...]) -> SloCheck | None:
@@ -765,23 +785,35 @@ def _load_driven(attainment: _Attainment, running_per_group: float | None, slo_b
 
 
 def _queue_work_proposal(signal: QueueWorkSignal | None, estimates: Estimates) -> Proposal | None:
-    """§26: the groups that serve the arrival work rate and drain the waiting work in T_d."""
+    """§26: the groups that serve the arrival work rate and drain in T_d the waiting work a new
+    group can still serve (what waits when it is ready)."""
     waiting_work = estimates.waiting_work_seconds
     if signal is None or waiting_work is None:
         return None
     capacity = estimates.capacity_per_group
     arrival = estimates.arrival_work_rate or 0.0
-    demand = work_demand_groups(
-        arrival, waiting_work, capacity, signal.drain_target_seconds, signal.safety_factor
-    )
+    backlog = _backlog_to_serve(estimates)
+    demand = work_demand_groups(arrival, backlog, capacity, signal.drain_target_seconds, signal.safety_factor)
     return Proposal(
         Signal.QUEUE_WORK,
         ceil_groups(demand),
         demand,
         f"lambda_w={arrival:.4g}/s Q_wait={waiting_work:.4g}s C={capacity:.3g}/s "
-        f"T_d={signal.drain_target_seconds:g}s s={signal.safety_factor:g}",
+        f"T_d={signal.drain_target_seconds:g}s s={signal.safety_factor:g}{_at_ready(estimates)}",
         demand,
     )
+
+
+def _backlog_to_serve(estimates: Estimates) -> float:
+    """The waiting work new groups can serve: what still waits when one is ready, when known."""
+    left = estimates.waiting_work_at_ready_seconds
+    return left if left is not None else estimates.waiting_work_seconds or 0.0
+
+
+def _at_ready(estimates: Estimates) -> str:
+    ready = estimates.group_ready_seconds
+    left = estimates.waiting_work_at_ready_seconds
+    return "" if ready is None or left is None else f" Q_at_ready={left:.4g}s R={ready:g}s"
 
 
 def _slack_proposal(
@@ -797,7 +829,9 @@ def _slack_proposal(
         return None
     arrival_slack = estimates.queue_budget_seconds - (estimates.predicted_queue_wait_seconds or 0.0)
     affordable = estimates.queue_budget_seconds - signal.min_slack_seconds
-    demands = [queue_budget_demand_groups(waiting_work, estimates.capacity_per_group, affordable)]
+    demands = [
+        queue_budget_demand_groups(_backlog_to_serve(estimates), estimates.capacity_per_group, affordable)
+    ]
     at_risk = arrival_slack < signal.min_slack_seconds
     if slack_summary is not None and slack_summary.waiting_requests > 0:
         demands.append(slack_summary.demand_groups)
@@ -809,6 +843,7 @@ def _slack_proposal(
     detail = (
         f"earliest_slack={_seconds(estimates.earliest_slack_seconds)} "
         f"arrival_slack={_seconds(arrival_slack)} B_queue={estimates.queue_budget_seconds:.4g}s"
+        f"{_at_ready(estimates)}"
     )
     if estimates.low_slack_fraction is not None:
         detail += f" low_slack={estimates.low_slack_fraction:.3g}"

@@ -469,6 +469,8 @@ class ModelGroupSnapshot:
     (`controllers.feasible_demand.assess`); a class without an entry has all its demand counted.
     gateway: the gateway's figures when one fronts the ModelGroup; they replace what is inferred
     from engine metrics (queue, slack, attainment against offered requests).
+    group_ready_seconds: how long a group asked for now takes to become capacity
+    (`controllers.snapshot.expected_ready_seconds`); None while unknown.
     """
 
     spec_replicas: int
@@ -479,6 +481,7 @@ class ModelGroupSnapshot:
     queue: RequestQueue | None = None
     feasibility: tuple[ClassFeasibility, ...] = ()
     gateway: GatewayObservation | None = None
+    group_ready_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.spec_replicas < 0:
@@ -633,6 +636,10 @@ class Estimates:
     slo_checks: tuple[SloCheck, ...] = ()
     load_driven: bool | None = None
     feasibility: tuple[ClassFeasibility, ...] = ()
+    waiting_work_at_ready_seconds: float | None = None
+    """Of the waiting work, what will still wait when a group asked for now is ready (the serving
+    groups drain the rest first): the backlog more groups can serve. None: unknown."""
+    group_ready_seconds: float | None = None
 
 
 def _json_number(value: float | None) -> float | None:
@@ -738,6 +745,8 @@ def _estimates_record(estimates: Estimates) -> dict[str, object]:
         "waiting_work_seconds": estimates.waiting_work_seconds,
         "running_work_seconds": estimates.running_work_seconds,
         "waiting_work_seconds_p90": estimates.waiting_work_seconds_p90,
+        "waiting_work_at_ready_seconds": estimates.waiting_work_at_ready_seconds,
+        "group_ready_seconds": estimates.group_ready_seconds,
         "predicted_queue_wait_seconds": estimates.predicted_queue_wait_seconds,
         "queue_budget_seconds": estimates.queue_budget_seconds,
         "earliest_slack_seconds": estimates.earliest_slack_seconds,

@@ -33,6 +33,25 @@ def work_demand_groups(
     ) / capacity_per_group
 
 
+def work_left_when_ready(
+    waiting_work_seconds: float,
+    serving_groups: int,
+    capacity_per_group: float,
+    arrival_work_rate: float | None,
+    ready_seconds: float | None,
+) -> float:
+    """The waiting work still waiting when a group asked for now becomes capacity.
+
+    Until then the serving groups drain the backlog at their spare rate (their capacity above the
+    arrival rate); what they drain sooner is demand no new group can serve, so only the rest may ask
+    for groups. Unknown ready time or arrival rate: all of it, as if capacity came at once.
+    """
+    if ready_seconds is None or ready_seconds <= 0 or arrival_work_rate is None:
+        return waiting_work_seconds
+    spare_rate = max(0.0, serving_groups * capacity_per_group - arrival_work_rate)
+    return max(0.0, waiting_work_seconds - spare_rate * ready_seconds)
+
+
 def arrival_demand_groups(arrival_work_rate: float, capacity_per_group: float, safety_factor: float) -> float:
     """s·λ_w / C: the groups the arrival rate alone needs, whatever the backlog."""
     _require_positive(capacity_per_group)

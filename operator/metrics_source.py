@@ -50,6 +50,7 @@ from goodput.controllers.snapshot import (
     aligned,
     capacity_view,
     engine_metrics,
+    expected_ready_seconds,
     model_group_snapshot,
     unplaceable,
 )
@@ -360,6 +361,10 @@ def build_snapshot(
         metrics_window_seconds=compiled.metrics_window_seconds,
         now=now,
         gateway=gateway,
+        group_ready_seconds=expected_ready_seconds(
+            model_group.spec.profile.ready_time_seconds if model_group.spec.profile is not None else None,
+            [group.ready_time.total_seconds for group in status.groups if group.ready_time is not None],
+        ),
     )
 
 

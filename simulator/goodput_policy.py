@@ -37,6 +37,7 @@ from goodput.controllers.snapshot import (
     GroupCounts,
     aligned,
     engine_metrics,
+    expected_ready_seconds,
     model_group_snapshot,
 )
 from goodput.estimators.attainment import histogram_delta
@@ -231,6 +232,7 @@ def snapshot_from(
     *,
     policy: ScalingPolicy,
     rate_window_seconds: float | None = None,
+    declared_ready_seconds: float | None = None,
 ) -> ModelGroupSnapshot:
     """The `ModelGroupSnapshot` the operator would build at `observation.now`, by the same assembly.
 
@@ -253,6 +255,10 @@ def snapshot_from(
         metrics_window_seconds=window_seconds,
         now=observation.now,
         gateway=gateway_observation(scraped, observation.now, window_seconds),
+        group_ready_seconds=expected_ready_seconds(
+            declared_ready_seconds,
+            [info.ready_at - info.created_at for info in observation.groups if info.ready_at is not None],
+        ),
     )
 
 
@@ -267,6 +273,8 @@ class GoodputPolicy:
     rate_window_seconds: float = DEFAULT_RATE_WINDOW_SECONDS
     """The operator's default (GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS), capped by the goodput window
     as the operator caps it."""
+    declared_ready_seconds: float | None = None
+    """The ModelGroup's `profile.readyTimeSeconds`; absent: learnt from the simulated groups."""
     name: str = "goodput"
     state: DecisionState = field(default_factory=DecisionState.initial)
     last_decision: Decision | None = None
@@ -283,10 +291,14 @@ class GoodputPolicy:
         group: ModelGroup | None = setup.model_group
         name = (group.metadata.name if group is not None else None) or "simulated"
         profile = capacity_profile(setup, policy, workload, envelope)
+        declared = group.spec.profile.ready_time_seconds if group and group.spec.profile else None
+        ready = None if declared is None else float(declared)
         if setup.slo_policy is None:
-            return cls(policy, profile, model_group=name)
+            return cls(policy, profile, model_group=name, declared_ready_seconds=ready)
         window = metrics_window_seconds(setup.slo_policy.spec)
-        return cls(policy, profile, model_group=name, metrics_window_seconds=window)
+        return cls(
+            policy, profile, model_group=name, metrics_window_seconds=window, declared_ready_seconds=ready
+        )
 
     def describe(self) -> dict[str, float | str]:
         policy = self.policy
@@ -320,6 +332,7 @@ class GoodputPolicy:
             self.model_group,
             policy=self.policy,
             rate_window_seconds=rate_window_seconds(self.metrics_window_seconds, self.rate_window_seconds),
+            declared_ready_seconds=self.declared_ready_seconds,
         )
         decision = decide(snapshot, self.policy, self.state, observation.now)
         self.state = decision.next_state

@@ -401,3 +401,62 @@ def test_non_finite_mean_lengths_fall_back_to_the_profile_mix() -> None:
 def test_a_negative_count_is_rejected() -> None:
     with pytest.raises(ValueError, match="spec_replicas"):
         world(spec=-1)
+
+
+# --- Backlog a new group can still serve ------------------------------------------------------------
+
+
+def backlogged(utilisation: float, wait_seconds: float, ready_seconds: float | None) -> ModelGroupSnapshot:
+    """Three ready groups at `utilisation` x C each, with a backlog that makes an arrival wait
+    `wait_seconds`; a group asked for now is ready after `ready_seconds` (None: unknown)."""
+    per_group = waiting_requests_for(wait_seconds, 3) / 3
+    snapshot = world(*ready_groups(3, utilisation, waiting=per_group))
+    return dataclasses.replace(snapshot, group_ready_seconds=ready_seconds)
+
+
+@dataclass(frozen=True)
+class BacklogCase:
+    name: str
+    utilisation: float
+    ready_seconds: float | None
+    scales_out: bool
+
+
+BACKLOG_CASES = [
+    # Spare capacity drains 8 s of backlog in about 20 s: gone long before a group ready in 120 s.
+    BacklogCase("a burst's backlog the groups drain before a new one is ready", 0.6, 120.0, False),
+    BacklogCase("the same backlog, ready time unknown", 0.6, None, True),
+    BacklogCase("the same backlog, groups ready in seconds", 0.6, 2.0, True),
+    # Arrivals above capacity: the backlog grows until new groups come, so it asks for them.
+    BacklogCase("a backlog that grows", 1.3, 120.0, True),
+]
+
+
+@pytest.mark.parametrize("case", BACKLOG_CASES, ids=[case.name for case in BACKLOG_CASES])
+def test_only_the_backlog_left_when_a_new_group_is_ready_asks_for_groups(case: BacklogCase) -> None:
+    decision = decide(
+        backlogged(case.utilisation, 8.0, case.ready_seconds), PERMISSIVE, DecisionState.initial(), 0.0
+    )
+    assert (decision.desired_groups > 3) is case.scales_out, decision.reason
+    left = decision.estimates.waiting_work_at_ready_seconds
+    waiting = decision.estimates.waiting_work_seconds
+    assert left is not None and waiting is not None
+    if case.scales_out:
+        assert left > 0
+    else:
+        assert left == 0.0 < waiting
+        queue_work = next(p for p in decision.proposals if p.signal is Signal.QUEUE_WORK)
+        assert f"R={case.ready_seconds:g}s" in queue_work.detail
+
+
+def test_the_backlog_left_when_ready_never_exceeds_the_backlog_and_shrinks_with_spare_capacity() -> None:
+    lefts = [
+        decide(backlogged(u, 8.0, 60.0), PERMISSIVE, DecisionState.initial(), 0.0).estimates
+        for u in (0.2, 0.5, 0.8, 1.0, 1.2)
+    ]
+    for estimates in lefts:
+        assert estimates.waiting_work_at_ready_seconds is not None
+        assert estimates.waiting_work_seconds is not None
+        assert 0.0 <= estimates.waiting_work_at_ready_seconds <= estimates.waiting_work_seconds
+    left = [estimates.waiting_work_at_ready_seconds for estimates in lefts]
+    assert left == sorted(left)

@@ -14,6 +14,7 @@ from goodput.estimators.proposals import (
     kv_demand_groups,
     queue_budget_demand_groups,
     work_demand_groups,
+    work_left_when_ready,
 )
 
 
@@ -99,3 +100,30 @@ def test_more_work_never_lowers_the_work_demand(
 ) -> None:
     base = work_demand_groups(arrival, backlog, capacity, 10.0, 1.2)
     assert work_demand_groups(arrival + more_arrival, backlog + more_backlog, capacity, 10.0, 1.2) >= base
+
+
+@pytest.mark.parametrize(
+    ("waiting", "serving", "arrival", "ready", "left"),
+    [
+        (100.0, 4, 3.0, 60.0, 40.0),
+        (100.0, 4, 3.0, 200.0, 0.0),
+        (100.0, 4, 4.0, 60.0, 100.0),
+        (100.0, 4, 5.0, 60.0, 100.0),
+        (100.0, 4, None, 60.0, 100.0),
+        (100.0, 4, 3.0, None, 100.0),
+        (100.0, 0, 0.0, 60.0, 100.0),
+    ],
+    ids=[
+        "spare capacity drains part before ready",
+        "drained before ready",
+        "no spare capacity",
+        "arrivals above capacity",
+        "arrival rate unknown",
+        "ready time unknown",
+        "nothing serving",
+    ],
+)
+def test_work_left_when_ready(
+    waiting: float, serving: int, arrival: float | None, ready: float | None, left: float
+) -> None:
+    assert work_left_when_ready(waiting, serving, 1.0, arrival, ready) == pytest.approx(left)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from goodput.api.conditions import Condition
-from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus
+from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus, Profile, ReadyTime
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale_model import DecisionState, GroupState
@@ -347,6 +347,41 @@ def test_the_snapshot_carries_the_spec_count_profile_and_window() -> None:
     snapshot = build_snapshot(MODEL_GROUP, status_with(("g0", "Ready")), policy, {}, now=1.0)
     assert (snapshot.spec_replicas, snapshot.name, snapshot.metrics_window_seconds) == (2, "llama", 30.0)
     assert snapshot.profile is policy.profile
+
+
+def test_the_ready_time_a_decision_expects_is_the_declared_one_else_the_groups_measured_ones() -> None:
+    measured = ModelGroupStatus(
+        groups=tuple(
+            GroupStatus(
+                name=f"g{index}",
+                state="Ready",
+                created_at=NOW,
+                ready_time=ReadyTime(
+                    placing_seconds=1.0,
+                    provisioning_seconds=seconds - 2.0,
+                    warming_seconds=1.0,
+                    total_seconds=seconds,
+                ),
+            )
+            for index, seconds in enumerate((40.0, 90.0, 50.0))
+        )
+    )
+    learnt = build_snapshot(MODEL_GROUP, measured, compiled(), {}, now=1.0)
+    assert learnt.group_ready_seconds == 50.0
+    profile = {
+        **MODEL_GROUP.spec.profile.model_dump(by_alias=True, exclude_none=True),
+        "readyTimeSeconds": 300,
+    }
+    declared = MODEL_GROUP.model_copy(
+        update={"spec": MODEL_GROUP.spec.model_copy(update={"profile": Profile.model_validate(profile)})}
+    )
+    assert build_snapshot(declared, measured, compiled(), {}, now=1.0).group_ready_seconds == 300.0
+    assert (
+        build_snapshot(
+            MODEL_GROUP, status_with(("g0", "Placing")), compiled(), {}, now=1.0
+        ).group_ready_seconds
+        is None
+    )
 
 
 def test_the_rate_window_never_exceeds_the_policy_window() -> None:
