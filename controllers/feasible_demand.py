@@ -250,15 +250,15 @@ def with_unfinished_prompts(pooled: Histogram | None, fresh: Sequence[GroupMetri
     """
     if pooled is None:
         return None
-    lengths: list[float] = []
+    unfinished: list[tuple[float, float]] = []
     for metrics in fresh:
         tokens = metrics.unfinished_prompt_tokens
         if tokens >= 1.0:
             prompts = max(1, round(metrics.unfinished_prompts))
-            lengths.extend([tokens / prompts] * prompts)
-    if not lengths:
+            unfinished.append((tokens / prompts, float(prompts)))
+    if not unfinished:
         return pooled
-    return merge_histograms([pooled, Histogram.from_observations(pooled.upper_bounds, lengths)])
+    return merge_histograms([pooled, Histogram.from_weighted_observations(pooled.upper_bounds, unfinished)])
 
 
 def _pooled(histograms: Sequence[Histogram | None]) -> Histogram | None:

@@ -50,12 +50,19 @@ class Histogram:
     @classmethod
     def from_observations(cls, upper_bounds: Sequence[float], observations: Iterable[float]) -> Histogram:
         """Bucket raw observations as prometheus_client does (value <= bound)."""
+        return cls.from_weighted_observations(upper_bounds, ((value, 1.0) for value in observations))
+
+    @classmethod
+    def from_weighted_observations(
+        cls, upper_bounds: Sequence[float], observations: Iterable[tuple[float, float]]
+    ) -> Histogram:
+        """Bucket (value, how many times it was observed) pairs as `from_observations` buckets each."""
         bounds = tuple(upper_bounds)
         counts = [0.0] * (len(bounds) + 1)
         observed_sum = 0.0
-        for value in observations:
-            counts[bisect_left(bounds, value)] += 1
-            observed_sum += value
+        for value, times in observations:
+            counts[bisect_left(bounds, value)] += times
+            observed_sum += value * times
         cumulative = []
         running = 0.0
         for count in counts:

@@ -235,3 +235,19 @@ def test_a_rise_counts_only_beyond_one_standard_error(
 @given(share=st.floats(0.0, 1.0), count=st.floats(1.0, 1e6))
 def test_an_unchanged_share_never_rose(share: float, count: float) -> None:
     assert not rose_beyond_noise(share, count, share, count)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=1e6, allow_nan=False), st.integers(min_value=0, max_value=50)
+        ),
+        max_size=20,
+    )
+)
+def test_a_value_observed_n_times_buckets_as_n_observations_of_it(pairs: list[tuple[float, int]]) -> None:
+    bounds = (1.0, 10.0, 1_000.0, 100_000.0)
+    weighted = Histogram.from_weighted_observations(bounds, [(value, float(times)) for value, times in pairs])
+    repeated = Histogram.from_observations(bounds, [value for value, times in pairs for _ in range(times)])
+    assert weighted.cumulative_counts == repeated.cumulative_counts
+    assert weighted.sum == pytest.approx(repeated.sum)
