@@ -751,7 +751,7 @@ class FleetEmulator:
         spec = await self._model_group(pod.namespace, pod.model_group)
         profile = serving_profile(spec, pod.vllm, self._settings.profile)
         identity = ServerIdentity(pod.vllm.model, pod.vllm.served_name, pod.vllm.revision)
-        return VllmServer(profile, identity, name=f"{pod.namespace}/{pod.name}")
+        return VllmServer(profile, identity, name=f"{pod.namespace}/{pod.name}", gpus=pod.gpus)
 
     async def _model_group(self, namespace: str, name: str) -> ModelGroupSpec | None:
         """The ModelGroup's spec as it is now; None when absent or unreadable (pods made by hand)."""

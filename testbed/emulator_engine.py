@@ -569,13 +569,22 @@ class RealtimeEngine:
         return self._loop.time() if math.isnan(engine_time) else self._to_loop(engine_time)
 
     # ------------------------------------------------------------------ metrics
-    def snapshot(self) -> EngineSnapshot:
-        """The engine's vLLM metrics now (steps that have ended are committed first)."""
+    def gpu_busy(self) -> tuple[float, float]:
+        """(loop time, seconds the GPUs have computed so far): what DCGM's utilisation samples. Steps
+        that have ended count; a hung engine adds nothing."""
+        self._commit_ended_steps()
+        return self._loop.time(), self.engine.gpu_busy_seconds_total
+
+    def _commit_ended_steps(self) -> None:
         if not self.hung and not self._closed:
             self._catch_up(self.now())
             self._dispatch()
             self._publish_progress()
             self._reschedule()
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's vLLM metrics now (steps that have ended are committed first)."""
+        self._commit_ended_steps()
         engine = self.engine
         histograms = {name: accumulator.snapshot() for name, accumulator in self._histograms.items()}
         histograms["vllm:inter_token_latency_seconds"] = _itl_snapshot(engine.itl)

@@ -38,6 +38,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from goodput.simulator.vllm_metrics import VLLM_VERSION, SnapshotCollector, engine_registry
+from goodput.testbed.emulator_dcgm import GpuUtilisationCollector
 from goodput.testbed.emulator_engine import (
     AdmissionRejectedError,
     InvalidRequestError,
@@ -136,8 +137,12 @@ class VllmServer:
         *,
         name: str = "",
         default_chat_max_tokens: int = DEFAULT_CHAT_MAX_TOKENS,
+        gpus: int = 1,
+        gpu_product: str = "NVIDIA H100 80GB HBM3",
     ) -> None:
         self.profile = profile
+        self.gpus = gpus
+        self.gpu_product = gpu_product
         self.identity = identity
         self.name = name or identity.served_model_name
         self.state = ServerState.LOADING
@@ -168,6 +173,12 @@ class VllmServer:
         self._engine = RealtimeEngine(self.profile)
         collector = SnapshotCollector(self._engine.snapshot, self._engine.specs)
         registry = engine_registry(collector)
+        engine = self._engine
+        registry.register(
+            GpuUtilisationCollector(
+                engine.gpu_busy, gpus=self.gpus, product=self.gpu_product, rank_name=self.name
+            )
+        )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app[_REGISTRY] = registry
         routes = [

@@ -347,3 +347,16 @@ def test_host_processes_are_scraped_from_the_files_they_write(layout: ClusterLay
     assert written.parent == paths.scrape_targets and written.suffix == ".json"
     assert json.loads(written.read_text()) == [{"targets": ["127.0.0.1:9100"], "labels": {"namespace": "ml"}}]
     assert list(paths.scrape_targets.iterdir()) == [written]  # no partial file left for Prometheus
+
+
+def test_the_aggregator_vouches_for_users_only_with_its_own_client_certificate(layout: ClusterLayout) -> None:
+    """Extension API servers (KEDA's metrics adapter) trust the user headers of a client presenting the
+    front-proxy certificate; the API server reaches them at their endpoint, as there is no kube-proxy."""
+    argv = component_commands(layout)["kube-apiserver"]
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in argv[1:])
+    assert flags["requestheader-allowed-names"] == "front-proxy-client"
+    assert flags["proxy-client-cert-file"] == str(layout.paths.cert("front-proxy-client"))
+    assert flags["proxy-client-key-file"] == str(layout.paths.key("front-proxy-client"))
+    assert flags["requestheader-client-ca-file"] == str(layout.paths.cert("ca"))
+    assert flags["requestheader-username-headers"] == "X-Remote-User"
+    assert flags["enable-aggregator-routing"] == "true"

@@ -201,3 +201,16 @@ def test_link_network_is_a_slash_30_outside_the_pod_range() -> None:
     assert link.prefixlen == 30
     assert ipaddress.IPv4Address(network.gateway) in link
     assert not link.overlaps(ipaddress.IPv4Network(network.pod_range))
+
+
+@given(octet=st.integers(1, 254))
+def test_the_extension_server_address_is_a_pod_address_no_node_or_pod_can_take(octet: int) -> None:
+    network = PodNetwork(octet)
+    address = ipaddress.ip_address(network.extension_server_address)
+    pod_range = ipaddress.ip_network(network.pod_range)
+    assert address in pod_range and address not in (pod_range.network_address, pod_range.broadcast_address)
+    assert not address.is_loopback and not address.is_link_local  # the API server refuses such endpoints
+    assert str(address) not in {network.node_address(index) for index in range(MAX_NODES)}
+    assert address not in ipaddress.ip_network(network.fallback_pod_cidr)
+    node_pod_blocks = [ipaddress.ip_network(network.node_pod_cidr(index)) for index in range(MAX_NODES)]
+    assert not any(address in block for block in node_pod_blocks)

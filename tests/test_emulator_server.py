@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import EngineConfig
@@ -44,9 +45,9 @@ def profile(*, max_queued: int | None = None, max_model_len: int = 131072) -> Se
 
 @contextlib.asynccontextmanager
 async def serving(
-    serving_profile: ServingProfile | None = None,
+    serving_profile: ServingProfile | None = None, *, gpus: int = 1
 ) -> AsyncIterator[tuple[VllmServer, str, aiohttp.ClientSession]]:
-    server = VllmServer(serving_profile or profile(), ServerIdentity(MODEL, SERVED))
+    server = VllmServer(serving_profile or profile(), ServerIdentity(MODEL, SERVED), gpus=gpus)
     await server.listen(bind_listener("127.0.0.1", 0))
     assert server.address is not None
     host, port = server.address
@@ -85,6 +86,30 @@ def test_health_version_and_models_answer_as_vllm_does() -> None:
             async with session.get(f"{url}/v1/models") as response:
                 (model,) = (await response.json())["data"]
                 assert (model["id"], model["root"], model["max_model_len"]) == (SERVED, MODEL, 131072)
+
+    asyncio.run(main())
+
+
+def test_metrics_carry_dcgm_gpu_utilisation_for_each_gpu_of_the_rank_busy_while_it_computes() -> None:
+    """What a GPU-utilisation autoscaler reads from the DCGM exporter: 0 while idle, most of the
+    sample period while a long completion runs, on every GPU of the rank."""
+
+    async def utilisation(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+        async with session.get(f"{url}/metrics") as response:
+            text = await response.text()
+        (family,) = [f for f in text_string_to_metric_families(text) if f.name == "DCGM_FI_DEV_GPU_UTIL"]
+        return {sample.labels["gpu"]: sample.value for sample in family.samples}
+
+    async def main() -> None:
+        async with serving(gpus=2) as (_, url, session):
+            await asyncio.sleep(1.1)
+            assert await utilisation(session, url) == {"0": 0.0, "1": 0.0}
+            body = completion_body(100, 400)
+            answer = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
+            await asyncio.sleep(1.2)
+            busy = await utilisation(session, url)
+            assert set(busy) == {"0", "1"} and busy["0"] == busy["1"] >= 50.0, busy
+            (await answer).close()
 
     asyncio.run(main())
 

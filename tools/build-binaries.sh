@@ -10,9 +10,10 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 PROMETHEUS_VERSION=v0.316.0   # the Go module's v0.316.0 is Prometheus 3.16.0
 HELM_VERSION=v3.22.0
+KEDA_VERSION=v2.21.0      # the live A/B run's peer autoscaler: its operator and metrics API server
 
 CACHE=${GOODPUT_CACHE:-$HOME/.cache/goodput}
-BIN="$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-prom-$PROMETHEUS_VERSION-helm-$HELM_VERSION"
+BIN="$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-prom-$PROMETHEUS_VERSION-helm-$HELM_VERSION-keda-$KEDA_VERSION"
 case "${1:-}" in
   --print-bin-dir) echo "$BIN"; exit 0 ;;
   "") ;;
@@ -64,10 +65,18 @@ build helm helm helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/vers
   -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=36 \
   -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=36"
 
+build keda-operator keda github.com/kedacore/keda/v2/cmd/operator
+build keda-adapter keda github.com/kedacore/keda/v2/cmd/adapter
+
 # kwok's stock stage files ship inside its module; keep the ones of the same version beside the binary.
 if [[ ! -d "$BIN/kwok-stages" ]]; then
   cp -r "$GOMODCACHE/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage" "$BIN/kwok-stages.partial"
   chmod -R u+w "$BIN/kwok-stages.partial" && mv "$BIN/kwok-stages.partial" "$BIN/kwok-stages"
+fi
+# KEDA's CRDs (ScaledObject and the rest) ship inside its module, like kwok's stages.
+if [[ ! -d "$BIN/keda-crds" ]]; then
+  cp -r "$GOMODCACHE/github.com/kedacore/keda/v2@$KEDA_VERSION/config/crd/bases" "$BIN/keda-crds.partial"
+  chmod -R u+w "$BIN/keda-crds.partial" && mv "$BIN/keda-crds.partial" "$BIN/keda-crds"
 fi
 step "all binaries in $BIN"
 echo "$BIN"

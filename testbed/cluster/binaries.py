@@ -19,6 +19,8 @@ REQUIRED = (
     "kubectl",
     "kwok",
     "prometheus",
+    "keda-operator",
+    "keda-adapter",
 )
 BIN_DIR_ENV = "GOODPUT_BIN_DIR"
 

@@ -1,6 +1,6 @@
 """`goodput cluster up | down | status | env`: a local control plane with fake GPU nodes.
 
-goodput cluster up [--name dev] [--topology zones=2,domains=2,nodes=2,gpus=8]
+goodput cluster up [--name dev] [--topology zones=2,domains=2,nodes=2,gpus=8] [--keda]
 eval "$(goodput cluster env)"      # KUBECONFIG, Prometheus URL, pod network namespace
 goodput cluster status
 goodput cluster down [--keep-logs]
@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from goodput.testbed.cluster import controlplane
+from goodput.testbed.cluster import controlplane, keda
 from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries
 from goodput.testbed.cluster.netns import NetnsError
 from goodput.testbed.cluster.pki import PkiError
@@ -57,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help="do not route pod IPs into a network namespace (no root needed; pods not reachable)",
             )
             sub.add_argument(
+                "--keda",
+                action="store_true",
+                help="also start KEDA (operator and external-metrics API server), the live A/B run's peer",
+            )
+            sub.add_argument(
                 "--timeout",
                 type=float,
                 default=180.0,
@@ -95,6 +100,13 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         ready_timeout_seconds=args.timeout,
     )
     cluster = controlplane.up(spec, bin_dir=bin_dir)
+    if args.keda:
+        try:
+            keda.start(cluster)
+        except BaseException:
+            controlplane.down(state_dir, keep_logs=True)
+            raise
+        print("KEDA is up: ScaledObjects scale through the cluster's HorizontalPodAutoscaler")
     print(
         f'cluster {cluster.name} is up; to use it:\n  eval "$(goodput cluster env --name {cluster.name}',
         end="",

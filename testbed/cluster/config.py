@@ -35,6 +35,7 @@ SERIES_LABELS_FROM_POD_LABELS = {
     "goodput.dev/rank": "rank",
 }
 HEALTH_PATHS = "/healthz,/readyz,/livez,/metrics"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 # Start order; stopped in reverse.
 COMPONENTS = (
@@ -204,6 +205,17 @@ def apiserver_command(layout: ClusterLayout) -> list[str]:
         f"--service-account-signing-key-file={paths.key('service-account')}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=RBAC",
+        # The aggregation layer, for extension API servers such as KEDA's external-metrics adapter.
+        # It reaches them at their Service's endpoint (a pod IP in the harness's namespace), since
+        # no kube-proxy routes ClusterIPs here.
+        f"--requestheader-client-ca-file={paths.cert('ca')}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={paths.cert(FRONT_PROXY_CLIENT)}",
+        f"--proxy-client-key-file={paths.key(FRONT_PROXY_CLIENT)}",
+        "--enable-aggregator-routing=true",
         "--allow-privileged=true",
         # Two cores shared with tests: no request throttling, no profiling endpoints.
         "--enable-priority-and-fairness=false",

@@ -474,7 +474,8 @@ def down(state_dir: Path, *, keep_logs: bool = False) -> DownReport:
     records = processes.read_records(paths.pids)
     stopped: list[str] = []
     not_running: list[str] = []
-    for name in reversed(COMPONENTS):
+    add_ons = sorted(name for name in records if name not in COMPONENTS)  # KEDA: it needs the control plane
+    for name in [*add_ons, *reversed(COMPONENTS)]:
         record = records.get(name)
         if record is None:
             continue

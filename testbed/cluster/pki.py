@@ -10,10 +10,11 @@ import ipaddress
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.testbed.cluster.config import LOOPBACK, SERVICE_CIDR
+from goodput.testbed.cluster.config import FRONT_PROXY_CLIENT, LOOPBACK, SERVICE_CIDR
 
 VALID_DAYS = 3650
 APISERVER_DNS_NAMES = (
@@ -51,8 +52,9 @@ def apiserver_subject_alt_names() -> str:
 
 
 def create_cluster_pki(pki_dir: Path) -> None:
-    """CA, apiserver serving certificate, admin client certificate (system:masters), service-account
-    key pair. File names follow `StatePaths.cert/key`: ca, apiserver, admin, service-account (+ .pub).
+    """CA, apiserver serving certificate, admin client certificate (system:masters), the aggregator's
+    front-proxy client certificate, service-account key pair. File names follow `StatePaths.cert/key`:
+    ca, apiserver, admin, front-proxy-client, service-account (+ .pub).
     """
     openssl = shutil.which("openssl")
     if openssl is None:
@@ -72,6 +74,12 @@ def create_cluster_pki(pki_dir: Path) -> None:
     )  # fmt: skip
     admin = Subject("goodput-admin", organization="system:masters")
     _issue(openssl, pki_dir, "admin", admin, ca=(ca_cert, ca_key), extensions="extendedKeyUsage=clientAuth\n")
+    # The aggregator presents this client certificate to extension API servers (KEDA's metrics
+    # adapter) and vouches for the user in request headers they trust only from this name.
+    _issue(
+        openssl, pki_dir, FRONT_PROXY_CLIENT, Subject(FRONT_PROXY_CLIENT), ca=(ca_cert, ca_key),
+        extensions="extendedKeyUsage=clientAuth\n",
+    )  # fmt: skip
     _run(
         openssl, "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
         "-out", str(pki_dir / "service-account.key"),
@@ -91,6 +99,20 @@ def issue_client_certificate(pki_dir: Path, name: str, subject: Subject) -> None
         raise PkiError("openssl is not installed (Debian: apt-get install openssl)")
     ca = (pki_dir / "ca.crt", pki_dir / "ca.key")
     _issue(openssl, pki_dir, name, subject, ca=ca, extensions="extendedKeyUsage=clientAuth\n")
+    (pki_dir / f"{name}.key").chmod(0o600)
+
+
+def issue_service_certificate(pki_dir: Path, name: str, dns_names: Sequence[str]) -> None:
+    """A certificate `name`.crt/.key signed by the cluster's CA that serves TLS for `dns_names` and
+    authenticates as a client too (KEDA's operator and metrics adapter use one pair for both ends of
+    their gRPC link and for the adapter's HTTPS)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise PkiError("openssl is not installed (Debian: apt-get install openssl)")
+    ca = (pki_dir / "ca.crt", pki_dir / "ca.key")
+    alt_names = ",".join([*(f"DNS:{dns}" for dns in dns_names), f"IP:{LOOPBACK}"])
+    extensions = f"subjectAltName={alt_names}\nextendedKeyUsage=serverAuth,clientAuth\n"
+    _issue(openssl, pki_dir, name, Subject(dns_names[0]), ca=ca, extensions=extensions)
     (pki_dir / f"{name}.key").chmod(0o600)
 
 

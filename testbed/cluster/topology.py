@@ -71,6 +71,12 @@ class PodNetwork:
     def gateway(self) -> str:
         return self.namespace_link_address.split("/")[0]
 
+    @property
+    def extension_server_address(self) -> str:
+        """The one address of the node-address block no node takes (nodes start at .1): where an
+        extension API server of the harness (KEDA's metrics adapter) is reached, as if a pod."""
+        return f"10.{self.octet}.{_NODE_ADDRESS_BLOCK}.0"
+
     def node_pod_cidr(self, index: int) -> str:
         _check_node_index(index)
         return f"10.{self.octet}.{index}.0/24"
