@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 LAYERS := api estimators controllers operator simulator gateway testbed agent
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo demo-sim bench venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean chaos
+.PHONY: test demo demo-sim ab bench venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean chaos
 
 # Every set-up step is a prerequisite of the step that needs it, so `make test` on a fresh machine
 # installs the OS tools, creates the virtual environment and builds the cluster's binaries (the chart
@@ -70,6 +70,11 @@ TRACES ?= ../shared/traces
 # The whole loop: local cluster, operator from the chart, emulated vLLM fleet, a replayed trace.
 demo: venv binaries
 	$(VENV)/bin/goodput demo --out out/demo
+
+# goodput, the real KEDA and the real HPA, one after another on one local cluster and the demo's replay
+# (issue #19): one table and one plot in out/ab.
+ab: venv binaries
+	$(VENV)/bin/goodput ab --out out/ab
 
 # Scaling policies side by side in the fleet simulator: minutes 20-40 of the conversation trace at 8x.
 demo-sim: venv

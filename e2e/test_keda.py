@@ -2,12 +2,12 @@
 
 KEDA (operator and external-metrics API server, built from its Go module) runs beside the local
 control plane, registered as `external.metrics.k8s.io`; each story applies one of the two
-ScaledObjects in `manifests/baselines/` unchanged but for the Prometheus address, the namespace and
-the bounds, to a ModelGroup without a `policyRef`, and offers more load than one group serves. KEDA
-creates a HorizontalPodAutoscaler; the kube-controller-manager's HPA controller reads the external
-metric through the aggregation layer and scales the ModelGroup through its scale subresource; the
-operator then builds the new group. The evidence is theirs: the HPA's status and its
-SuccessfulRescale Event, the ScaledObject's conditions, and the ModelGroup's ready groups.
+ScaledObjects in `manifests/baselines/` unchanged but for the Prometheus address, the namespace, the
+names and the bounds (`keda.render_baseline`), to a ModelGroup without a `policyRef`, and offers more
+load than one group serves. KEDA creates a HorizontalPodAutoscaler; the kube-controller-manager's HPA
+controller reads the external metric through the aggregation layer and scales the ModelGroup through
+its scale subresource; the operator then builds the new group. The evidence is theirs: the HPA's
+status and its SuccessfulRescale Event, the ScaledObject's conditions, the ModelGroup's ready groups.
 
 The model: Llama 3.1 8B on one H100 per group, `maxNumSeqs: 2`: one group serves about four
 256-in/64-out requests a second, so eight a second keep requests waiting and its GPU busy.
@@ -24,7 +24,6 @@ import pytest
 import yaml
 
 from goodput.testbed.cluster import keda
-from goodput.testbed.cluster.binaries import repository_root
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.operator_process import EmulatorProcess, LoadProcess, OperatorProcess
@@ -35,7 +34,6 @@ POOL_LABEL = "e2e.goodput.dev/pool"
 SERVED = "llama-8b"
 PORT = 8000
 MAX_GROUPS = 3
-BASELINES = repository_root() / "manifests" / "baselines"
 OVERLOAD_TRACE = (
     "synthetic:rate=8,duration=75,burst_multiplier=1,input_median=256,input_sigma=0.05,"
     "output_median=64,output_sigma=0.05"
@@ -110,18 +108,6 @@ def model_group(namespace: str) -> list[dict[str, Any]]:
     return [body, service]
 
 
-def baseline(file_name: str, cluster: LocalCluster, namespace: str) -> dict[str, Any]:
-    """A ScaledObject of manifests/baselines as a platform team would apply it here: its Prometheus
-    address, namespace and the story's bounds; the query's shape and the threshold unchanged."""
-    scaled_object: dict[str, Any] = yaml.safe_load((BASELINES / file_name).read_text())
-    spec = scaled_object["spec"]
-    spec["maxReplicaCount"] = MAX_GROUPS
-    trigger = spec["triggers"][0]["metadata"]
-    trigger["serverAddress"] = cluster.prometheus_url
-    trigger["query"] = trigger["query"].replace('namespace="serving"', f'namespace="{namespace}"')
-    return scaled_object
-
-
 def model_group_status(cluster: LocalCluster, namespace: str) -> dict[str, Any]:
     found = cluster.api.get(f"/apis/goodput.dev/v1alpha1/namespaces/{namespace}/modelgroups/{SERVED}") or {}
     return dict(found.get("status") or {})
@@ -147,11 +133,14 @@ def conditions(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def scales_out_under_overload(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, file_name: str, tmp_path: Path
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, scaler: str, tmp_path: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Apply the ScaledObject, overload one group, and wait for the HPA to scale the ModelGroup out and
     the operator to make the new groups ready; returns the HPA and the load's report."""
-    scaled_object = baseline(file_name, cluster, namespace)
+    scaled_object = keda.render_baseline(
+        scaler, namespace=namespace, model_group=SERVED, served_name=SERVED,
+        prometheus_url=cluster.prometheus_url, min_groups=1, max_groups=MAX_GROUPS,
+    )  # fmt: skip
     name = scaled_object["metadata"]["name"]
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(scaled_object))
     wait_for(
@@ -187,9 +176,7 @@ def scales_out_under_overload(
 def test_keda_on_waiting_requests_scales_the_model_group_through_the_hpa(
     cluster: LocalCluster, namespace: str, serving_stack: OperatorProcess, tmp_path: Path
 ) -> None:
-    found, report = scales_out_under_overload(
-        cluster, namespace, serving_stack, "keda-num-requests-waiting.yaml", tmp_path
-    )
+    found, report = scales_out_under_overload(cluster, namespace, serving_stack, "keda", tmp_path)
     assert found["spec"]["scaleTargetRef"] == {
         "apiVersion": "goodput.dev/v1alpha1", "kind": "ModelGroup", "name": SERVED
     }  # fmt: skip
@@ -210,9 +197,7 @@ def test_keda_on_waiting_requests_scales_the_model_group_through_the_hpa(
 def test_hpa_on_dcgm_gpu_utilisation_scales_the_model_group_through_keda(
     cluster: LocalCluster, namespace: str, serving_stack: OperatorProcess, tmp_path: Path
 ) -> None:
-    found, report = scales_out_under_overload(
-        cluster, namespace, serving_stack, "hpa-gpu-utilisation.yaml", tmp_path
-    )
+    found, report = scales_out_under_overload(cluster, namespace, serving_stack, "hpa", tmp_path)
     assert found["spec"]["metrics"][0]["external"]["target"]["averageValue"] == "60"
     rescales = [
         e

@@ -2,6 +2,7 @@
 points when the test bed is installed (development machines and CI; never the operator's image)."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "ab": ("goodput.testbed.ab", "goodput, the real KEDA and the real HPA on one cluster and replay"),
     "cluster": (
         "goodput.testbed.cluster.cli",
         "a local control plane with fake GPU nodes (up|down|status|env)",

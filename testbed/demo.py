@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.simulator.workload import Workload, compress_time, load_trace, multiply_rate, truncate, window
-from goodput.testbed.cluster import controlplane
+from goodput.testbed.cluster import controlplane, keda
 from goodput.testbed.cluster.binaries import BinariesUnavailableError, ensure_binaries, repository_root
 from goodput.testbed.cluster.controlplane import free_ports
 from goodput.testbed.cluster.kube import ApiError
@@ -101,6 +101,9 @@ API = "/apis/goodput.dev/v1alpha1"
 GROUP_LABEL = "goodput.dev/group"
 SAMPLE_INTERVAL_SECONDS = 1.0
 PROCESS_STOP_SECONDS = 20.0
+
+
+SCALERS = ("goodput", "keda", "hpa")
 
 
 class DemoError(RuntimeError):
@@ -313,6 +316,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=repository_root() / "manifests" / "demo",
         help="the SLOPolicy, ModelGroup and Service to apply",
     )
+    scaling = parser.add_argument_group("scaling")
+    scaling.add_argument(
+        "--scaler",
+        choices=SCALERS,
+        default="goodput",
+        help="who sets spec.replicas: goodput's autoscaler (default), or the real KEDA on vLLM's waiting "
+        "requests (keda) or the real HPA on DCGM GPU utilisation through KEDA (hpa), each with its "
+        "ScaledObject from manifests/baselines and goodput's policy in Advisory mode",
+    )
+    scaling.add_argument(
+        "--no-gateway",
+        action="store_true",
+        help="send the load straight to the Service's ready leaders, as a router following its "
+        "EndpointSlices would (the A/B run does, so no policy gets goodput's admission control)",
+    )
     load = parser.add_argument_group("load")
     load.add_argument("--before-seconds", type=float, default=60.0, help="steady load before the burst")
     load.add_argument("--burst-seconds", type=float, default=75.0)
@@ -508,6 +526,8 @@ class DemoObjects:
     policy: str
     gpus_per_group: int
     min_groups: int
+    max_groups: int
+    served_name: str
     targets: SloTargets
     model_name: str
     tenants: tuple[str, str]
@@ -545,6 +565,8 @@ def read_manifests(directory: Path) -> DemoObjects:
         policy=str(policy.metadata.name),
         gpus_per_group=spec.parallelism.tensor * spec.parallelism.pipeline,
         min_groups=spec.min_replicas,
+        max_groups=spec.max_replicas,
+        served_name=spec.model.served_name or spec.model.name,
         targets=SloTargets(chat.name, chat.ttft_seconds, chat.itl_seconds, chat.e2e_seconds, chat.attainment),
         model_name=spec.model.name,
         tenants=(tenants[0], tenants[1]),
@@ -580,7 +602,7 @@ class Demo:
         operator = self.start_operator(cluster)
         self.start_emulator(cluster)
         self.apply(cluster, operator)
-        gateway = self.start_gateway(cluster)
+        gateway = None if args.no_gateway else self.start_gateway(cluster)
         duration = sum(phase.seconds for phase in phases)
         sampler, load, started_wall = self.replay(cluster, gateway, workload, plan, duration)
         report = load.report
@@ -590,7 +612,8 @@ class Demo:
         sampler.stop()
         self.write_report(
             cluster, sampler=sampler, load=load, report=report, phases=phases, workload=workload,
-            end_seconds=end_seconds, started_wall=started_wall, gateway=gateway_counts(gateway),
+            end_seconds=end_seconds, started_wall=started_wall,
+            gateway=gateway_counts(gateway) if gateway is not None else {},
         )  # fmt: skip
         return 0
 
@@ -816,13 +839,15 @@ class Demo:
             timeout_seconds=120,
         )  # fmt: skip
         self.applied_at = datetime.now(UTC)
-        cluster.kubectl("apply", "-n", self.namespace, *files)
+        cluster.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump_all(self.documents()))
         if not self.owns_cluster and not self.args.keep:
             self.cleanup.callback(self.delete_objects, cluster, files)
         self.say(
             f"apply: SLOPolicy {self.objects.policy}, ModelGroup {self.objects.model_group}, "
             f"Service {self.objects.service} in {self.namespace}"
         )
+        if self.args.scaler != "goodput":
+            self.apply_baseline(cluster)
 
         def first_group_ready() -> bool:
             if not operator.running():
@@ -839,6 +864,44 @@ class Demo:
             ),
         )
         self.say(f"ready: {self.objects.model_group} serves through Service {self.objects.service}")
+
+    def documents(self) -> list[dict[str, Any]]:
+        """The manifests as applied: with another scaler, goodput's policy only advises (its decisions
+        are recorded, `spec.replicas` is left to the HPA)."""
+        documents = [
+            doc for path in self.objects.files for doc in yaml.safe_load_all(path.read_text()) if doc
+        ]
+        if self.args.scaler != "goodput":
+            for doc in documents:
+                if doc.get("kind") == "SLOPolicy":
+                    doc["spec"].setdefault("autoscaling", {})["mode"] = "Advisory"
+        return documents
+
+    def apply_baseline(self, cluster: controlplane.LocalCluster) -> None:
+        """KEDA (started on the cluster unless it already serves external metrics) and the scaler's
+        ScaledObject from manifests/baselines."""
+        if not keda.serving(cluster):
+            self.say("keda: starting KEDA's operator and metrics API server")
+            keda.start(cluster)
+            self.cleanup.callback(keda.stop, cluster)
+        objects = self.objects
+        scaled_object = keda.render_baseline(
+            self.args.scaler, namespace=self.namespace, model_group=objects.model_group,
+            served_name=objects.served_name, prometheus_url=cluster.prometheus_url,
+            min_groups=objects.min_groups, max_groups=objects.max_groups,
+        )  # fmt: skip
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(scaled_object))
+        if not self.args.keep:
+            name = scaled_object["metadata"]["name"]
+            self.cleanup.callback(
+                cluster.kubectl, "delete", "scaledobject", name, "-n", self.namespace, "--ignore-not-found",
+                check=False,
+            )  # fmt: skip
+        trigger = scaled_object["spec"]["triggers"][0]["metadata"]
+        self.say(
+            f"keda: ScaledObject {scaled_object['metadata']['name']} sizes {objects.model_group} on "
+            f"{trigger['query']} (threshold {trigger['threshold']})"
+        )
 
     def start_gateway(self, cluster: controlplane.LocalCluster) -> GatewayProcess:
         """`goodput gateway` for the ModelGroup, here as a process (as the operator is); the cluster's
@@ -899,21 +962,38 @@ class Demo:
     def replay(
         self,
         cluster: controlplane.LocalCluster,
-        gateway: GatewayProcess,
+        gateway: GatewayProcess | None,
         workload: Workload,
         plan: list[PlannedRequest],
         duration: float,
     ) -> tuple[Sampler, LoadRun, datetime]:
-        """Send the plan through the gateway while sampling the ModelGroup; returns when the load
-        generator is done (bounded: its duration plus one request timeout)."""
+        """Send the plan through the gateway (or to the Service's ready leaders) while sampling the
+        ModelGroup; returns when the load generator is done (bounded: its duration plus one request
+        timeout)."""
         args = self.args
-        settings = LoadSettings(
-            model=served_model(gateway),
-            duration_seconds=duration,
-            request_timeout_seconds=args.request_timeout_seconds,
-            run_id=f"demo{args.seed}",
-        )
-        generator = LoadGenerator(TargetPool([gateway.url], TargetPolicy()), settings)
+        if gateway is not None:
+            settings = LoadSettings(
+                model=served_model(gateway),
+                duration_seconds=duration,
+                request_timeout_seconds=args.request_timeout_seconds,
+                run_id=f"demo{args.seed}",
+            )
+            targets = [gateway.url]
+        else:
+
+            async def refresh() -> list[str]:
+                return await asyncio.to_thread(self.endpoints, cluster)
+
+            settings = LoadSettings(
+                model=self.objects.served_name,
+                duration_seconds=duration,
+                request_timeout_seconds=args.request_timeout_seconds,
+                run_id=f"demo{args.seed}",
+                refresh_targets=refresh,
+                refresh_interval_seconds=1.0,
+            )
+            targets = self.endpoints(cluster)
+        generator = LoadGenerator(TargetPool(targets, TargetPolicy()), settings)
         started_wall = datetime.now(UTC)
         started = time.monotonic()
         limit = duration + args.request_timeout_seconds + args.settle_seconds + 120

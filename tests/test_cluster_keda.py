@@ -89,3 +89,33 @@ def test_keda_knows_its_namespace_without_a_pod(monkeypatch: pytest.MonkeyPatch)
     env = keda.process_env()
     assert env["POD_NAMESPACE"] == env["KEDA_CLUSTER_OBJECT_NAMESPACE"] == "keda"
     assert env["WATCH_NAMESPACE"] == "" and env["PATH"] == "/usr/bin"
+
+
+@pytest.mark.parametrize(
+    ("scaler", "query", "threshold"),
+    [
+        ("keda", 'sum(vllm:num_requests_waiting{namespace="ab-keda", model_name="chat-8b"})', "0.5"),
+        ("hpa", 'sum(DCGM_FI_DEV_GPU_UTIL{namespace="ab-keda", pod=~"mg-a-g[0-9]+-[0-9]+"}) / 1', "60"),
+    ],
+)
+def test_a_baseline_is_applied_to_another_model_group_with_its_query_and_threshold_kept(
+    scaler: str, query: str, threshold: str
+) -> None:
+    rendered = keda.render_baseline(
+        scaler, namespace="ab-keda", model_group="mg-a", served_name="chat-8b",
+        prometheus_url="http://127.0.0.1:9", min_groups=2, max_groups=5,
+    )  # fmt: skip
+    assert rendered["metadata"]["name"].startswith("mg-a-")
+    assert rendered["metadata"]["namespace"] == "ab-keda"
+    spec = rendered["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "goodput.dev/v1alpha1",
+        "kind": "ModelGroup",
+        "name": "mg-a",
+    }
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 5)
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["query"] == query
+    assert trigger["metadata"]["threshold"] == threshold
+    assert trigger["metadata"]["serverAddress"] == "http://127.0.0.1:9"

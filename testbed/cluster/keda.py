@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from goodput.testbed.cluster import pki, processes
+from goodput.testbed.cluster.binaries import repository_root
 from goodput.testbed.cluster.config import LOOPBACK
 from goodput.testbed.cluster.controlplane import ClusterError, LocalCluster, free_ports, log_tail
 from goodput.testbed.cluster.kube import ApiError, probe
@@ -32,6 +35,10 @@ RELAY_PORT = 6443
 # Started in this order, stopped in reverse; `controlplane.down` stops them before the control plane.
 PROCESSES = ("keda-operator", "keda-adapter", "keda-relay")
 CERT_NAME = "keda"
+BASELINES_DIR = repository_root() / "manifests" / "baselines"
+BASELINE_FILES = {"keda": "keda-num-requests-waiting.yaml", "hpa": "hpa-gpu-utilisation.yaml"}
+"""The two configurations platform teams run, by the name the A/B run gives each."""
+SAMPLE_MODEL_GROUP, SAMPLE_SERVED_NAME, SAMPLE_NAMESPACE = "llama-8b", "llama-8b", "serving"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +160,35 @@ def registration_objects(layout: KedaLayout, ca_bundle: bytes) -> list[tuple[str
     ]
 
 
+def render_baseline(
+    scaler: str,
+    *,
+    namespace: str,
+    model_group: str,
+    served_name: str,
+    prometheus_url: str,
+    min_groups: int,
+    max_groups: int,
+) -> dict[str, Any]:
+    """A ScaledObject of manifests/baselines as a platform team would apply it to its own ModelGroup:
+    its Prometheus, namespace, names and bounds; the query's shape and the threshold unchanged."""
+    scaled_object: dict[str, Any] = yaml.safe_load((BASELINES_DIR / BASELINE_FILES[scaler]).read_text())
+    meta, spec = scaled_object["metadata"], scaled_object["spec"]
+    meta["name"] = model_group + meta["name"].removeprefix(SAMPLE_MODEL_GROUP)
+    meta["namespace"] = namespace
+    spec["scaleTargetRef"]["name"] = model_group
+    spec["minReplicaCount"], spec["maxReplicaCount"] = min_groups, max_groups
+    trigger = spec["triggers"][0]["metadata"]
+    trigger["serverAddress"] = prometheus_url
+    trigger["query"] = (
+        trigger["query"]
+        .replace(f'namespace="{SAMPLE_NAMESPACE}"', f'namespace="{namespace}"')
+        .replace(f'model_name="{SAMPLE_SERVED_NAME}"', f'model_name="{served_name}"')
+        .replace(f'pod=~"{SAMPLE_MODEL_GROUP}-', f'pod=~"{model_group}-')
+    )
+    return scaled_object
+
+
 def layout_for(cluster: LocalCluster) -> KedaLayout:
     if cluster.netns is None:
         raise ClusterError("KEDA needs the cluster's network namespace (started without --no-netns)")
@@ -221,6 +257,11 @@ def _write_certificates(cluster: LocalCluster, cert_dir: Path) -> None:
     (cert_dir / "tls.key").chmod(0o600)
 
 
+def serving(cluster: LocalCluster) -> bool:
+    """Whether the cluster's API server reports the external-metrics API Available."""
+    return _apiservice_available(cluster)[0]
+
+
 def _apiservice_available(cluster: LocalCluster) -> tuple[bool, str]:
     try:
         apiservice = cluster.api.get(
@@ -228,6 +269,8 @@ def _apiservice_available(cluster: LocalCluster) -> tuple[bool, str]:
         )
     except ApiError as error:
         return False, str(error)
+    if apiservice is None:
+        return False, f"APIService {EXTERNAL_METRICS_APISERVICE} is not registered"
     for condition in apiservice.get("status", {}).get("conditions", []):
         if condition.get("type") == "Available":
             return condition.get("status") == "True", f"{condition.get('reason')}: {condition.get('message')}"

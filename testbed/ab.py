@@ -1,0 +1,379 @@
+"""`goodput ab`: goodput, the real KEDA and the real HPA, one after another, on the same cluster and replay.
+
+Each policy gets the demo's whole loop (`goodput demo`) in a fresh namespace: the same ModelGroup and
+SLOPolicy from `manifests/demo/`, the same emulated fleet, the same slice of a trace with its burst,
+replayed open loop straight to the Service's ready leaders (no gateway, so no policy gets goodput's
+admission control). Only who sets `spec.replicas` differs:
+
+- goodput: its autoscaler, under the SLOPolicy;
+- keda: a KEDA ScaledObject on vLLM's waiting requests (`manifests/baselines/keda-num-requests-waiting.yaml`);
+- hpa: the HPA on DCGM GPU utilisation through KEDA (`manifests/baselines/hpa-gpu-utilisation.yaml`);
+
+for the last two goodput's policy only advises. Then one table: SLO-meeting requests per GPU-hour,
+attainment against offered requests, GPU-hours, scale events, time from the burst to more ready groups,
+requests lost in scale-in; and one page plotting groups and TTFT p99 over time for every policy. Each
+run's own report stays under `--out/<policy>/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests
+from goodput.simulator.config import SimulationSetup, build_setup
+from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.goodput_policy import GoodputPolicy
+from goodput.simulator.group_world import GroupRules
+from goodput.simulator.policy import Autoscaler
+from goodput.simulator.records import Outcome
+from goodput.simulator.report import RequestVerdicts, judge
+from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
+from goodput.simulator.workload import ClassRule, Workload, class_weights_from, prepare
+from goodput.testbed import demo
+from goodput.testbed.cluster import controlplane, keda
+from goodput.testbed.cluster.binaries import ensure_binaries
+
+POLICIES = demo.SCALERS
+
+
+@dataclass(frozen=True, slots=True)
+class AbRow:
+    """One policy's figures, each counted from its run's report."""
+
+    policy: str
+    offered: int
+    slo_met: int
+    gpu_hours: float
+    attainment_offered: float | None
+    scale_outs: int
+    scale_ins: int
+    burst_to_capacity_seconds: float | None
+    """From the burst's start to the first moment more groups were ready than at its start."""
+    lost_in_scale_in: int
+    failed: int
+
+    @property
+    def slo_met_per_gpu_hour(self) -> float | None:
+        return self.slo_met / self.gpu_hours if self.gpu_hours > 0 else None
+
+
+def replica_changes(samples: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """(scale-outs, scale-ins): changes of the wanted group count between consecutive samples."""
+    wanted = [int(sample["desired_groups"]) for sample in samples]
+    ups = sum(1 for before, after in itertools.pairwise(wanted) if after > before)
+    downs = sum(1 for before, after in itertools.pairwise(wanted) if after < before)
+    return ups, downs
+
+
+def burst_to_capacity(samples: Sequence[Mapping[str, Any]], burst_start_seconds: float) -> float | None:
+    """Seconds from the burst's start until more groups are ready than were at its start; None if never."""
+    before = [s for s in samples if float(s["offset_seconds"]) <= burst_start_seconds]
+    if not before:
+        return None
+    ready_at_start = int(before[-1]["ready_groups"])
+    for sample in samples:
+        offset = float(sample["offset_seconds"])
+        if offset > burst_start_seconds and int(sample["ready_groups"]) > ready_at_start:
+            return offset - burst_start_seconds
+    return None
+
+
+def burst_start(phases: Sequence[Mapping[str, Any]]) -> float | None:
+    start = 0.0
+    for phase in phases:
+        if phase["name"] == "burst":
+            return start
+        start += float(phase["seconds"])
+    return None
+
+
+def held_gpu_hours(samples: Sequence[Mapping[str, Any]], gpus_per_group: int, end_seconds: float) -> float:
+    """GPU-hours of the groups held (starting, ready or draining) from the first sample to `end_seconds`,
+    each sample's count holding until the next."""
+    total = 0.0
+    for sample, following in itertools.pairwise([*samples, {"offset_seconds": end_seconds}]):
+        start, end = float(sample["offset_seconds"]), min(float(following["offset_seconds"]), end_seconds)
+        if end > start:
+            total += int(sample["held_groups"]) * (end - start)
+    return total * gpus_per_group / 3600.0
+
+
+def offered_seconds(phases: Sequence[Mapping[str, Any]]) -> float:
+    return sum(float(phase["seconds"]) for phase in phases)
+
+
+def ab_row(policy: str, report: Mapping[str, Any]) -> AbRow:
+    """The figures of one `goodput demo` report (its demo.json); GPU-hours over the offered window, as
+    the simulator counts them."""
+    summary, samples, phases = report["summary"], report["samples"], report["scenario"]["phases"]
+    ups, downs = replica_changes(samples)
+    start = burst_start(phases)
+    return AbRow(
+        policy=policy,
+        offered=int(summary["offered"]),
+        slo_met=int(summary["attained"]),
+        gpu_hours=held_gpu_hours(samples, int(summary["gpus_per_group"]), offered_seconds(phases)),
+        attainment_offered=summary["attainment_offered"],
+        scale_outs=ups,
+        scale_ins=downs,
+        burst_to_capacity_seconds=None if start is None else burst_to_capacity(samples, start),
+        lost_in_scale_in=int(summary["lost_on_drained_groups"]),
+        failed=int(summary["failed"]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedRun:
+    """What the fleet simulator needs to replay one A/B window: the demo's manifests, the workload the
+    live run offered, and each baseline's threshold as its ScaledObject states it."""
+
+    model_group_path: Path
+    policy_path: Path
+    workload: Workload
+    offered_seconds: float
+    burst_start_seconds: float | None
+    thresholds: Mapping[str, float]
+    seed: int = 0
+    polling_interval_seconds: float = 15.0
+
+
+def simulated_autoscaler(
+    policy: str, run: SimulatedRun, setup: SimulationSetup, workload: Workload
+) -> Autoscaler:
+    if policy == "keda":
+        return KedaWaitingRequests(
+            target_waiting_per_group=run.thresholds["keda"],
+            polling_interval_seconds=run.polling_interval_seconds,
+        )
+    if policy == "hpa":
+        return HpaGpuUtilization(target_utilization=run.thresholds["hpa"] / 100.0)
+    return GoodputPolicy.for_setup(setup, workload, None)
+
+
+def simulated_rows(run: SimulatedRun, policies: Sequence[str]) -> list[AbRow]:
+    """Each policy in the simulator on the live run's workload, fleet and targets, counted alike."""
+    setup = build_setup(run.model_group_path, run.policy_path)
+    names = tuple(c.name for c in setup.classes)
+    workload = prepare(run.workload, ClassRule(names, class_weights_from(names, None), 2), run.seed)
+    fleet = FleetConfig(
+        engine=setup.engine, gpus_per_group=setup.gpus_per_group, min_groups=setup.min_groups,
+        max_groups=setup.max_groups, ready_time_median_seconds=setup.ready_time_seconds,
+        prefix_block_tokens=workload.prefix_block_tokens,
+        itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
+        group_rules=GroupRules.for_model_group(setup.model_group) if setup.model_group is not None else None,
+    )  # fmt: skip
+    rows = []
+    for policy in policies:
+        config = SimulationConfig(
+            fleet=fleet, seed=run.seed, initial_groups=setup.min_groups, horizon_seconds=run.offered_seconds,
+            control_start_seconds=0.0,
+        )  # fmt: skip
+        result = simulate(workload, config, simulated_autoscaler(policy, run, setup, workload))
+        rows.append(simulated_row(policy, result, judge(result, setup.classes), run.burst_start_seconds))
+    return rows
+
+
+def simulated_row(
+    policy: str, result: SimulationResult, verdicts: RequestVerdicts, burst_start_seconds: float | None
+) -> AbRow:
+    samples = [
+        {"offset_seconds": c.time, "desired_groups": c.desired, "ready_groups": c.ready}
+        for c in result.timeline
+    ]
+    ups, downs = replica_changes(samples)
+    offered = len(result.workload)
+    slo_met = int(verdicts.met.sum())
+    burst = None if burst_start_seconds is None else burst_to_capacity(samples, burst_start_seconds)
+    # No group fails in these runs, so every request lost in flight was lost by a drain that ran out.
+    lost = int((result.requests["outcome"] == Outcome.FAILED).sum())
+    return AbRow(
+        policy=policy, offered=offered, slo_met=slo_met, gpu_hours=result.gpu_seconds / 3600.0,
+        attainment_offered=slo_met / offered if offered else None, scale_outs=ups, scale_ins=downs,
+        burst_to_capacity_seconds=burst, lost_in_scale_in=lost, failed=int(offered - verdicts.finished.sum()),
+    )  # fmt: skip
+
+
+def render_table(rows: Sequence[AbRow]) -> str:
+    header = (
+        "| policy | SLO-met req / GPU-h | attainment (offered) | SLO-met / offered | GPU-hours | "
+        "scale-outs / -ins | burst to capacity | lost in scale-in | failed |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    for row in rows:
+        per_hour, attainment = _rate(row.slo_met_per_gpu_hour), _share(row.attainment_offered)
+        burst = "never" if row.burst_to_capacity_seconds is None else f"{row.burst_to_capacity_seconds:.0f} s"
+        lines.append(
+            f"| {row.policy} | {per_hour} | {attainment} | {row.slo_met} / {row.offered} | "
+            f"{row.gpu_hours:.3f} | {row.scale_outs} / {row.scale_ins} | {burst} | "
+            f"{row.lost_in_scale_in} | {row.failed} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(reports: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
+    """Groups (wanted, ready) and TTFT p99 per interval over time, one row per policy, on one page."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(len(reports), 1, figsize=(10, 3 * len(reports)), sharex=True, squeeze=False)
+    for row_axes, (policy, report) in zip(axes[:, 0], reports.items(), strict=True):
+        samples = report["samples"]
+        offsets = [s["offset_seconds"] for s in samples]
+        row_axes.step(offsets, [s["desired_groups"] for s in samples], where="post", label="wanted groups")
+        row_axes.step(offsets, [s["ready_groups"] for s in samples], where="post", label="ready groups")
+        row_axes.set_ylabel(f"{policy}\ngroups")
+        ttft = row_axes.twinx()
+        rows = [r for r in report["timeline"] if r["ttft_p99_seconds"] is not None]
+        ttft.plot(
+            [r["start_seconds"] for r in rows], [r["ttft_p99_seconds"] for r in rows], "r.-", label="TTFT p99"
+        )
+        ttft.axhline(report["scenario"]["targets"]["ttft_seconds"], color="r", linestyle=":", linewidth=0.8)
+        ttft.set_ylabel("TTFT p99 (s)")
+        row_axes.legend(loc="upper left", fontsize="small")
+    axes[-1, 0].set_xlabel("seconds since the load started")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    demo.add_arguments(parser)
+    parser.set_defaults(out=Path("out/ab"), name="ab")
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, run in this order (default {','.join(POLICIES)})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = [name.strip() for name in args.policies.split(",") if name.strip()]
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown or not policies:
+        print(f"goodput ab: --policies must name some of {', '.join(POLICIES)}; got {args.policies!r}")
+        return 2
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as cleanup:
+        cluster = _cluster(args, cleanup)
+        reports: dict[str, dict[str, Any]] = {}
+        for policy in policies:
+            print(f"\n=== {policy} ===", flush=True)
+            run_args = argparse.Namespace(**vars(args))
+            run_args.scaler, run_args.no_gateway = policy, True
+            run_args.namespace, run_args.out = f"ab-{policy}", out / policy
+            run_args.cluster_state_dir = cluster.state_dir
+            if demo.run(run_args) != 0:
+                print(
+                    f"goodput ab: the {policy} run failed; its log is above, its files under {out / policy}"
+                )
+                continue
+            reports[policy] = json.loads((out / policy / "demo.json").read_text())
+        rows = [ab_row(policy, report) for policy, report in reports.items()]
+        simulated = simulated_rows(simulated_run(args, cleanup), list(reports))
+        table = render_table(rows) + "\n\n" + render_comparison(rows, simulated)
+        page = plot(reports, out / "ab.png") if reports else None
+        document = {"live": [asdict(row) for row in rows], "simulated": [asdict(row) for row in simulated]}
+        (out / "ab.json").write_text(json.dumps(document, indent=2) + "\n")
+        (out / "ab.md").write_text(table + "\n")
+        print(f"\n{table}\n\nwritten: {out / 'ab.md'}, {out / 'ab.json'}" + (f", {page}" if page else ""))
+        return 0 if len(reports) == len(policies) else 1
+
+
+def simulated_run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> SimulatedRun:
+    """The window every live run replayed, as the simulator takes it."""
+    phases = demo.burst_phases(
+        args.before_seconds, args.burst_seconds, args.after_seconds, args.rate_multiplier,
+        args.burst_rate_multiplier,
+    )  # fmt: skip
+    planner = demo.Demo(args, cleanup, demo.Progress())
+    workload, _ = planner.plan(phases)
+    documents = {path.name: path for path in planner.objects.files}
+    start = burst_start([{"name": p.name, "seconds": p.seconds} for p in phases])
+    return SimulatedRun(
+        model_group_path=next(path for name, path in documents.items() if name.startswith("modelgroup")),
+        policy_path=next(path for name, path in documents.items() if name.startswith("slopolicy")),
+        workload=workload,
+        offered_seconds=sum(p.seconds for p in phases),
+        burst_start_seconds=start,
+        thresholds={scaler: baseline_threshold(scaler) for scaler in ("keda", "hpa")},
+        seed=args.seed,
+    )
+
+
+def baseline_threshold(scaler: str) -> float:
+    rendered = keda.render_baseline(
+        scaler, namespace="x", model_group="x", served_name="x", prometheus_url="", min_groups=1, max_groups=1
+    )
+    return float(rendered["spec"]["triggers"][0]["metadata"]["threshold"])
+
+
+def render_comparison(live: Sequence[AbRow], simulated: Sequence[AbRow]) -> str:
+    """Live and simulated figures side by side, and the simulator's error on each policy's headline."""
+    by_policy = {row.policy: row for row in simulated}
+    lines = [
+        "| policy | SLO-met / GPU-h live | simulated | error | attainment live | simulated | "
+        "GPU-hours live | simulated |",
+        "|" + "---|" * 8,
+    ]
+    for row in live:
+        sim = by_policy.get(row.policy)
+        if sim is None:
+            continue
+        live_rate, sim_rate = row.slo_met_per_gpu_hour, sim.slo_met_per_gpu_hour
+        error = "-" if not live_rate or sim_rate is None else f"{(sim_rate - live_rate) / live_rate:+.0%}"
+        lines.append(
+            f"| {row.policy} | {_rate(live_rate)} | {_rate(sim_rate)} | {error} | "
+            f"{_share(row.attainment_offered)} | {_share(sim.attainment_offered)} | "
+            f"{row.gpu_hours:.3f} | {sim.gpu_hours:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _cluster(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> controlplane.LocalCluster:
+    """The cluster every run shares, with KEDA: the one in --cluster-state-dir, else a fresh one that is
+    stopped at the end unless --keep."""
+    if args.cluster_state_dir is not None:
+        cluster = controlplane.load(args.cluster_state_dir)
+    else:
+        state_dir = controlplane.default_state_dir(args.name)
+        spec = controlplane.ClusterSpec(name=args.name, state_dir=state_dir)
+        cluster = controlplane.up(spec, bin_dir=ensure_binaries())
+        if not args.keep:
+            cleanup.callback(controlplane.down, state_dir)
+    if not keda.serving(cluster):
+        keda.start(cluster)
+        cleanup.callback(keda.stop, cluster)
+    # One release namespace for every run: a run then only uninstalls its release, and the next one
+    # never meets the namespace still terminating.
+    release_namespace = args.release_namespace
+    if cluster.api.get(f"/api/v1/namespaces/{release_namespace}") is None:
+        cluster.kubectl("create", "namespace", release_namespace)
+        delete = ("delete", "namespace", release_namespace, "--wait=false")
+        cleanup.callback(cluster.kubectl, *delete, check=False)
+    return cluster
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="goodput ab", description=__doc__)
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

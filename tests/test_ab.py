@@ -1,0 +1,136 @@
+"""The A/B table: each figure counted from a run's report, the same way for every policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from goodput.simulator.workload import Workload
+from goodput.testbed.ab import (
+    AbRow,
+    SimulatedRun,
+    ab_row,
+    burst_start,
+    burst_to_capacity,
+    held_gpu_hours,
+    render_comparison,
+    render_table,
+    replica_changes,
+    simulated_rows,
+)
+from goodput.testbed.cluster.binaries import repository_root
+
+
+def sample(offset: float, wanted: int, ready: int, held: int | None = None) -> dict[str, Any]:
+    return {
+        "offset_seconds": offset, "desired_groups": wanted, "ready_groups": ready,
+        "held_groups": ready if held is None else held,
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BurstCase:
+    name: str
+    samples: list[dict[str, Any]]
+    start: float
+    expected: float | None
+
+
+BURST_CASES = [
+    BurstCase("a second group ready 25 s into the burst",
+              [sample(0, 1, 1), sample(60, 1, 1), sample(70, 2, 1), sample(85, 2, 2)], 60, 25),
+    BurstCase("groups ready before the burst do not count",
+              [sample(0, 2, 2), sample(60, 2, 2), sample(90, 2, 2)], 60, None),
+    BurstCase("counted from the ready groups at the burst's start, not at the run's",
+              [sample(0, 1, 1), sample(50, 2, 2), sample(61, 3, 2), sample(80, 3, 3)], 60, 20),
+    BurstCase("no sample before the burst: unknown", [sample(61, 1, 1), sample(70, 2, 2)], 60, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BURST_CASES, ids=[c.name for c in BURST_CASES])
+def test_burst_to_capacity(case: BurstCase) -> None:
+    assert burst_to_capacity(case.samples, case.start) == case.expected
+
+
+def test_scale_events_are_changes_of_the_wanted_count_whoever_made_them() -> None:
+    samples = [sample(t, wanted, 1) for t, wanted in enumerate([1, 1, 2, 3, 3, 2, 2, 1, 2])]
+    assert replica_changes(samples) == (3, 2)
+    assert replica_changes([]) == (0, 0)
+
+
+def test_the_burst_starts_after_the_phases_before_it() -> None:
+    phases = [
+        {"name": "before", "seconds": 60},
+        {"name": "burst", "seconds": 75},
+        {"name": "after", "seconds": 9},
+    ]
+    assert burst_start(phases) == 60
+    assert burst_start([{"name": "steady", "seconds": 60}]) is None
+
+
+def report(*, attained: int, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "scenario": {"phases": [{"name": "before", "seconds": 10}, {"name": "burst", "seconds": 20}]},
+        "summary": {
+            "offered": 100, "attained": attained, "gpu_hours": 99.0, "gpus_per_group": 2,
+            "attainment_offered": attained / 100, "lost_on_drained_groups": 1, "failed": 2,
+        },
+        "samples": samples,
+    }  # fmt: skip
+
+
+def test_a_row_reads_the_report_of_its_run_and_counts_gpu_hours_over_the_offered_window() -> None:
+    # One group held 15 s, then two until the 30 s window ends (the settling after it is not counted):
+    # 45 group-seconds of 2 GPUs.
+    samples = [sample(0, 1, 1), sample(15, 2, 2), sample(40, 1, 1)]
+    row = ab_row("keda", report(attained=90, samples=samples))
+    assert row == AbRow(
+        policy="keda", offered=100, slo_met=90, gpu_hours=pytest.approx(90 / 3600), attainment_offered=0.9,
+        scale_outs=1, scale_ins=1, burst_to_capacity_seconds=5, lost_in_scale_in=1, failed=2,
+    )  # fmt: skip
+    assert row.slo_met_per_gpu_hour == pytest.approx(3600)
+
+
+def test_groups_starting_count_as_held() -> None:
+    assert held_gpu_hours([sample(0, 2, 1, held=2), sample(1800, 2, 2)], 1, 3600) == pytest.approx(2.0)
+    assert held_gpu_hours([], 1, 3600) == 0.0
+
+
+def test_the_table_has_a_row_per_policy_and_says_never_and_dash_plainly() -> None:
+    rows = [
+        ab_row("goodput", report(attained=95, samples=[sample(0, 1, 1), sample(15, 2, 2)])),
+        ab_row("hpa", report(attained=0, samples=[])),
+    ]
+    table = render_table(rows).splitlines()
+    assert len(table) == 4
+    assert table[2].startswith("| goodput | 3,800 | 95.0% | 95 / 100 | 0.025 | 1 / 0 | 5 s | 1 | 2 |")
+    assert table[3].startswith("| hpa | - | 0.0% | 0 / 100 | 0.000 | 0 / 0 | never |")
+
+
+def test_the_comparison_states_the_simulators_error_against_the_live_run() -> None:
+    live = [ab_row("keda", report(attained=90, samples=[sample(0, 1, 1), sample(15, 2, 2)]))]
+    simulated = [replace(live[0], slo_met=99)]
+    (line,) = render_comparison(live, simulated).splitlines()[2:]
+    assert line == "| keda | 3,600 | 3,960 | +10% | 90.0% | 90.0% | 0.025 | 0.025 |"
+
+
+def test_the_simulator_replays_the_window_for_every_policy_on_the_demos_manifests() -> None:
+    manifests = repository_root() / "manifests" / "demo"
+    rng = np.random.default_rng(3)
+    count = 300
+    workload = Workload(
+        "steady", np.sort(rng.uniform(0, 120, count)), np.full(count, 500, dtype=np.int64),
+        np.full(count, 100, dtype=np.int64),
+    )  # fmt: skip
+    run = SimulatedRun(
+        model_group_path=manifests / "modelgroup-demo.yaml", policy_path=manifests / "slopolicy-demo.yaml",
+        workload=workload, offered_seconds=120, burst_start_seconds=60, thresholds={"keda": 0.5, "hpa": 60},
+    )  # fmt: skip
+    rows = simulated_rows(run, ["goodput", "keda", "hpa"])
+    assert [row.policy for row in rows] == ["goodput", "keda", "hpa"]
+    for row in rows:
+        assert row.offered == count and 0 <= row.slo_met <= count
+        assert row.gpu_hours >= 120 / 3600  # at least the minimum of one group for the whole window
