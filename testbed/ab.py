@@ -1,6 +1,7 @@
 """`goodput ab`: goodput, the real KEDA and the real HPA, one after another, on the same cluster and replay.
 
-Each policy gets the demo's whole loop (`goodput demo`) in a fresh namespace: the same ModelGroup and
+Each policy gets the demo's whole loop (`goodput demo`) in a namespace of its own (`--namespace`
+and the policy's name): the same ModelGroup and
 SLOPolicy from `manifests/demo/`, the same emulated fleet, the same slice of a trace with its burst,
 replayed open loop straight to the Service's ready leaders (no gateway, so no policy gets goodput's
 admission control). Only who sets `spec.replicas` differs:
@@ -21,14 +22,17 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests
 from goodput.simulator.config import SimulationSetup, build_setup
+from goodput.simulator.fair_bench import SWEEPS, cheapest_meeting_target
+from goodput.simulator.fair_bench import Outcome as FairOutcome
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy
 from goodput.simulator.group_world import GroupRules
@@ -42,6 +46,8 @@ from goodput.testbed.cluster import controlplane, keda
 from goodput.testbed.cluster.binaries import ensure_binaries
 
 POLICIES = demo.SCALERS
+INTERRUPTED = 130
+"""What `goodput demo` returns when interrupted (Ctrl-C, SIGTERM): the A/B run stops there too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +71,12 @@ class AbRow:
         return self.slo_met / self.gpu_hours if self.gpu_hours > 0 else None
 
 
-def replica_changes(samples: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """(scale-outs, scale-ins): changes of the wanted group count between consecutive samples."""
-    wanted = [int(sample["desired_groups"]) for sample in samples]
+def replica_changes(samples: Sequence[Mapping[str, Any]], end_seconds: float = math.inf) -> tuple[int, int]:
+    """(scale-outs, scale-ins): changes of the wanted group count between consecutive samples, up to
+    `end_seconds` (the offered window: live and simulated runs are counted over the same span)."""
+    wanted = [
+        int(sample["desired_groups"]) for sample in samples if float(sample["offset_seconds"]) <= end_seconds
+    ]
     ups = sum(1 for before, after in itertools.pairwise(wanted) if after > before)
     downs = sum(1 for before, after in itertools.pairwise(wanted) if after < before)
     return ups, downs
@@ -114,7 +123,7 @@ def ab_row(policy: str, report: Mapping[str, Any]) -> AbRow:
     """The figures of one `goodput demo` report (its demo.json); GPU-hours over the offered window, as
     the simulator counts them."""
     summary, samples, phases = report["summary"], report["samples"], report["scenario"]["phases"]
-    ups, downs = replica_changes(samples)
+    ups, downs = replica_changes(samples, offered_seconds(phases))
     start = burst_start(phases)
     return AbRow(
         policy=policy,
@@ -177,21 +186,22 @@ def simulated_rows(run: SimulatedRun, policies: Sequence[str]) -> list[AbRow]:
             control_start_seconds=0.0,
         )  # fmt: skip
         result = simulate(workload, config, simulated_autoscaler(policy, run, setup, workload))
-        rows.append(simulated_row(policy, result, judge(result, setup.classes), run.burst_start_seconds))
+        rows.append(simulated_row(policy, result, judge(result, setup.classes), run))
     return rows
 
 
 def simulated_row(
-    policy: str, result: SimulationResult, verdicts: RequestVerdicts, burst_start_seconds: float | None
+    policy: str, result: SimulationResult, verdicts: RequestVerdicts, run: SimulatedRun
 ) -> AbRow:
     samples = [
         {"offset_seconds": c.time, "desired_groups": c.desired, "ready_groups": c.ready}
         for c in result.timeline
     ]
-    ups, downs = replica_changes(samples)
+    ups, downs = replica_changes(samples, run.offered_seconds)
     offered = len(result.workload)
     slo_met = int(verdicts.met.sum())
-    burst = None if burst_start_seconds is None else burst_to_capacity(samples, burst_start_seconds)
+    start = run.burst_start_seconds
+    burst = None if start is None else burst_to_capacity(samples, start)
     # No group fails in these runs, so every request lost in flight was lost by a drain that ran out.
     lost = int((result.requests["outcome"] == Outcome.FAILED).sum())
     return AbRow(
@@ -199,6 +209,62 @@ def simulated_row(
         attainment_offered=slo_met / offered if offered else None, scale_outs=ups, scale_ins=downs,
         burst_to_capacity_seconds=burst, lost_in_scale_in=lost, failed=int(offered - verdicts.finished.sum()),
     )  # fmt: skip
+
+
+TUNING_SWEEPS: dict[str, tuple[float, ...]] = {
+    "keda": SWEEPS["keda"],
+    "hpa": tuple(round(100 * value) for value in SWEEPS["hpa"]),
+}
+"""The fair benchmark's sweep of each baseline's knob, in its ScaledObject's unit (waiting requests per
+group; GPU utilisation in percent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """One baseline's threshold, chosen on the training window by the fair benchmark's rule."""
+
+    policy: str
+    sweep: tuple[AbRow, ...]
+    settings: tuple[float, ...]
+    chosen: float
+    met_target: bool
+
+
+def tune_baselines(training: SimulatedRun, target_attainment: float) -> dict[str, Tuning]:
+    """Each baseline's threshold: the cheapest setting that met the attainment target on the training
+    window in the simulator, else the best attainment (`cheapest_meeting_target`)."""
+    tunings = {}
+    for policy, settings in TUNING_SWEEPS.items():
+        rows = [_simulated_with(training, policy, setting) for setting in settings]
+        outcomes = [
+            _fair_outcome(setting, row, target_attainment)
+            for setting, row in zip(settings, rows, strict=True)
+        ]
+        chosen, met = cheapest_meeting_target(outcomes)
+        tunings[policy] = Tuning(policy, tuple(rows), tuple(settings), chosen.setting, met)
+    return tunings
+
+
+def _simulated_with(run: SimulatedRun, policy: str, setting: float) -> AbRow:
+    (row,) = simulated_rows(replace(run, thresholds={**run.thresholds, policy: setting}), [policy])
+    return row
+
+
+def _fair_outcome(setting: float, row: AbRow, target_attainment: float) -> FairOutcome:
+    met_target = row.offered > 0 and row.slo_met / row.offered >= target_attainment
+    return FairOutcome(setting, row.gpu_hours, row.offered, row.offered, row.slo_met, met_target)
+
+
+def render_tuning(tunings: Mapping[str, Tuning]) -> str:
+    lines = ["thresholds chosen on the training window (simulated; the cheapest meeting the target):"]
+    for tuning in tunings.values():
+        tried = ", ".join(
+            f"{setting:g}: {_share(row.attainment_offered)} on {row.gpu_hours:.3f} GPU-h"
+            for setting, row in zip(tuning.settings, tuning.sweep, strict=True)
+        )
+        verdict = "met the target" if tuning.met_target else "none met the target: best attainment"
+        lines.append(f"  {tuning.policy}: {tuning.chosen:g} ({verdict}); tried {tried}")
+    return "\n".join(lines)
 
 
 def render_table(rows: Sequence[AbRow]) -> str:
@@ -249,7 +315,15 @@ def plot(reports: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     demo.add_arguments(parser)
-    parser.set_defaults(out=Path("out/ab"), name="ab")
+    # Counted over the offered window, so the settling after it only lets the last drains end.
+    parser.set_defaults(out=Path("out/ab"), name="ab", namespace="ab", settle_seconds=30.0)
+    parser.add_argument(
+        "--training-start-seconds",
+        type=float,
+        default=600.0,
+        help="where in the trace the training window starts (default 600: the window just before the "
+        "demo's default test window at 840, shaped alike); the baselines' thresholds are chosen there",
+    )
     parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
@@ -266,25 +340,41 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as cleanup:
+        test_window = simulated_run(args, cleanup)
+        training_args = argparse.Namespace(**vars(args))
+        training_args.trace_start_seconds = args.training_start_seconds
+        training = simulated_run(training_args, cleanup)
+        tunings = tune_baselines(training, target_attainment(test_window))
+        print(render_tuning(tunings), flush=True)
+        test_window = replace(test_window, thresholds={name: t.chosen for name, t in tunings.items()})
         cluster = _cluster(args, cleanup)
         reports: dict[str, dict[str, Any]] = {}
         for policy in policies:
             print(f"\n=== {policy} ===", flush=True)
             run_args = argparse.Namespace(**vars(args))
             run_args.scaler, run_args.no_gateway = policy, True
-            run_args.namespace, run_args.out = f"ab-{policy}", out / policy
+            run_args.scaler_threshold = test_window.thresholds.get(policy)
+            run_args.namespace, run_args.out = f"{args.namespace}-{policy}", out / policy
             run_args.cluster_state_dir = cluster.state_dir
-            if demo.run(run_args) != 0:
+            code = demo.run(run_args)
+            if code == INTERRUPTED:
+                print("goodput ab: interrupted; the runs not yet made are left out")
+                return code
+            if code != 0:
                 print(
                     f"goodput ab: the {policy} run failed; its log is above, its files under {out / policy}"
                 )
                 continue
             reports[policy] = json.loads((out / policy / "demo.json").read_text())
         rows = [ab_row(policy, report) for policy, report in reports.items()]
-        simulated = simulated_rows(simulated_run(args, cleanup), list(reports))
-        table = render_table(rows) + "\n\n" + render_comparison(rows, simulated)
+        simulated = simulated_rows(test_window, list(reports))
+        table = "\n\n".join([render_tuning(tunings), render_table(rows), render_comparison(rows, simulated)])
         page = plot(reports, out / "ab.png") if reports else None
-        document = {"live": [asdict(row) for row in rows], "simulated": [asdict(row) for row in simulated]}
+        document = {
+            "live": [asdict(row) for row in rows],
+            "simulated": [asdict(row) for row in simulated],
+            "tuning": [asdict(tuning) for tuning in tunings.values()],
+        }
         (out / "ab.json").write_text(json.dumps(document, indent=2) + "\n")
         (out / "ab.md").write_text(table + "\n")
         print(f"\n{table}\n\nwritten: {out / 'ab.md'}, {out / 'ab.json'}" + (f", {page}" if page else ""))
@@ -307,9 +397,14 @@ def simulated_run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Si
         workload=workload,
         offered_seconds=sum(p.seconds for p in phases),
         burst_start_seconds=start,
-        thresholds={scaler: baseline_threshold(scaler) for scaler in ("keda", "hpa")},
+        thresholds={scaler: baseline_threshold(scaler) for scaler in TUNING_SWEEPS},
         seed=args.seed,
     )
+
+
+def target_attainment(run: SimulatedRun) -> float:
+    """The SLOPolicy's attainment target of its first class (the demo's one class)."""
+    return build_setup(run.model_group_path, run.policy_path).classes[0].attainment
 
 
 def baseline_threshold(scaler: str) -> float:

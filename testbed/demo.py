@@ -326,6 +326,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ScaledObject from manifests/baselines and goodput's policy in Advisory mode",
     )
     scaling.add_argument(
+        "--scaler-threshold",
+        type=float,
+        default=None,
+        help="the ScaledObject's threshold (waiting requests per group for keda, GPU utilisation in "
+        "percent for hpa; default: the one in manifests/baselines)",
+    )
+    scaling.add_argument(
         "--no-gateway",
         action="store_true",
         help="send the load straight to the Service's ready leaders, as a router following its "
@@ -889,6 +896,7 @@ class Demo:
             self.args.scaler, namespace=self.namespace, model_group=objects.model_group,
             served_name=objects.served_name, prometheus_url=cluster.prometheus_url,
             min_groups=objects.min_groups, max_groups=objects.max_groups,
+            threshold=self.args.scaler_threshold,
         )  # fmt: skip
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(scaled_object))
         if not self.args.keep:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from goodput.simulator.workload import Workload
+from goodput.testbed import ab
 from goodput.testbed.ab import (
     AbRow,
     SimulatedRun,
@@ -58,6 +59,7 @@ def test_burst_to_capacity(case: BurstCase) -> None:
 def test_scale_events_are_changes_of_the_wanted_count_whoever_made_them() -> None:
     samples = [sample(t, wanted, 1) for t, wanted in enumerate([1, 1, 2, 3, 3, 2, 2, 1, 2])]
     assert replica_changes(samples) == (3, 2)
+    assert replica_changes(samples, end_seconds=5) == (2, 1)  # what settles after the window is left out
     assert replica_changes([]) == (0, 0)
 
 
@@ -83,13 +85,13 @@ def report(*, attained: int, samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_a_row_reads_the_report_of_its_run_and_counts_gpu_hours_over_the_offered_window() -> None:
-    # One group held 15 s, then two until the 30 s window ends (the settling after it is not counted):
-    # 45 group-seconds of 2 GPUs.
+    # One group held 15 s, then two until the 30 s window ends (the settling after it, and its scale-in,
+    # are not counted): 45 group-seconds of 2 GPUs.
     samples = [sample(0, 1, 1), sample(15, 2, 2), sample(40, 1, 1)]
     row = ab_row("keda", report(attained=90, samples=samples))
     assert row == AbRow(
         policy="keda", offered=100, slo_met=90, gpu_hours=pytest.approx(90 / 3600), attainment_offered=0.9,
-        scale_outs=1, scale_ins=1, burst_to_capacity_seconds=5, lost_in_scale_in=1, failed=2,
+        scale_outs=1, scale_ins=0, burst_to_capacity_seconds=5, lost_in_scale_in=1, failed=2,
     )  # fmt: skip
     assert row.slo_met_per_gpu_hour == pytest.approx(3600)
 
@@ -134,3 +136,27 @@ def test_the_simulator_replays_the_window_for_every_policy_on_the_demos_manifest
     for row in rows:
         assert row.offered == count and 0 <= row.slo_met <= count
         assert row.gpu_hours >= 120 / 3600  # at least the minimum of one group for the whole window
+
+
+def test_each_baseline_gets_the_cheapest_threshold_that_met_the_target_on_the_training_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (attainment, GPU-hours) the simulator gives each setting on the training window.
+    figures = {
+        ("keda", 0.5): (1.0, 0.30), ("keda", 1.0): (0.995, 0.20), ("keda", 3.0): (0.90, 0.10),
+        ("hpa", 60): (0.97, 0.30), ("hpa", 80): (0.98, 0.25), ("hpa", 95): (0.50, 0.05),
+    }  # fmt: skip
+
+    def simulated(run: SimulatedRun, policy: str, setting: float) -> AbRow:
+        attainment, gpu_hours = figures[(policy, setting)]
+        return AbRow(policy, 1000, round(1000 * attainment), gpu_hours, attainment, 1, 0, None, 0, 0)
+
+    monkeypatch.setattr(ab, "_simulated_with", simulated)
+    tunings = ab.tune_baselines(cast(SimulatedRun, None), target_attainment=0.99)
+    assert (tunings["keda"].chosen, tunings["keda"].met_target) == (1.0, True)
+    # None met 0.99: the best attainment, and the report says so.
+    assert (tunings["hpa"].chosen, tunings["hpa"].met_target) == (80, False)
+    text = ab.render_tuning(tunings)
+    assert "keda: 1 (met the target)" in text
+    assert "hpa: 80 (none met the target: best attainment)" in text
+    assert "95: 50.0% on 0.050 GPU-h" in text

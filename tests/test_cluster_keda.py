@@ -119,3 +119,11 @@ def test_a_baseline_is_applied_to_another_model_group_with_its_query_and_thresho
     assert trigger["metadata"]["query"] == query
     assert trigger["metadata"]["threshold"] == threshold
     assert trigger["metadata"]["serverAddress"] == "http://127.0.0.1:9"
+
+
+def test_a_threshold_tuned_for_the_traffic_replaces_the_manifests() -> None:
+    rendered = keda.render_baseline(
+        "hpa", namespace="n", model_group="m", served_name="s", prometheus_url="http://p",
+        min_groups=1, max_groups=4, threshold=80.0,
+    )  # fmt: skip
+    assert rendered["spec"]["triggers"][0]["metadata"]["threshold"] == "80"

@@ -169,9 +169,11 @@ def render_baseline(
     prometheus_url: str,
     min_groups: int,
     max_groups: int,
+    threshold: float | None = None,
 ) -> dict[str, Any]:
     """A ScaledObject of manifests/baselines as a platform team would apply it to its own ModelGroup:
-    its Prometheus, namespace, names and bounds; the query's shape and the threshold unchanged."""
+    its Prometheus, namespace, names and bounds; the query's shape unchanged, and the threshold too
+    unless one tuned for this traffic is given."""
     scaled_object: dict[str, Any] = yaml.safe_load((BASELINES_DIR / BASELINE_FILES[scaler]).read_text())
     meta, spec = scaled_object["metadata"], scaled_object["spec"]
     meta["name"] = model_group + meta["name"].removeprefix(SAMPLE_MODEL_GROUP)
@@ -180,6 +182,8 @@ def render_baseline(
     spec["minReplicaCount"], spec["maxReplicaCount"] = min_groups, max_groups
     trigger = spec["triggers"][0]["metadata"]
     trigger["serverAddress"] = prometheus_url
+    if threshold is not None:
+        trigger["threshold"] = f"{threshold:g}"
     trigger["query"] = (
         trigger["query"]
         .replace(f'namespace="{SAMPLE_NAMESPACE}"', f'namespace="{namespace}"')
