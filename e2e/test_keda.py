@@ -16,6 +16,9 @@ The model: Llama 3.1 8B on one H100 per group, `maxNumSeqs: 2`: one group serves
 from __future__ import annotations
 
 import json
+import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -208,3 +211,70 @@ def test_hpa_on_dcgm_gpu_utilisation_scales_the_model_group_through_keda(
     # The reason the HPA gives: GPU utilisation (summed over groups) above one group's 60 % target.
     assert "external metric" in rescales[0]["message"] and "above target" in rescales[0]["message"], rescales
     assert report["outcomes"]["ok"] > 0, report
+
+
+def misconfigured(cluster: LocalCluster, namespace: str, scaler: str, **trigger: str) -> dict[str, Any]:
+    scaled_object = keda.render_baseline(
+        scaler, namespace=namespace, model_group=SERVED, served_name=SERVED,
+        prometheus_url=cluster.prometheus_url, min_groups=1, max_groups=MAX_GROUPS,
+    )  # fmt: skip
+    scaled_object["spec"]["triggers"][0]["metadata"].update(trigger)
+    return scaled_object
+
+
+def reported_problem(cluster: LocalCluster, namespace: str, name: str, expected: str) -> str:
+    """What `keda.scaling_problem` says once it names `expected` (bounded: 90 s)."""
+    seen: list[str | None] = [None]
+
+    def named() -> bool:
+        seen[0] = keda.scaling_problem(cluster, namespace, name)
+        return seen[0] is not None and expected in seen[0]
+
+    wait_for(
+        named, timeout_seconds=90, describe=lambda: f"KEDA or the HPA saying why ({expected}): {seen[0]!r}"
+    )
+    return str(seen[0])
+
+
+def test_a_scaled_object_that_cannot_scale_is_named_with_keda_and_the_hpas_reason(
+    cluster: LocalCluster, namespace: str, serving_stack: OperatorProcess
+) -> None:
+    """A query that returns nothing and a target of zero: what KEDA and the HPA say, as the A/B run
+    reports it."""
+    for trigger, expected in (
+        ({"query": 'sum(vllm:no_such_metric{namespace="nowhere"})'}, "the result is empty"),
+        ({"threshold": "0"}, "must be positive"),
+    ):
+        scaled_object = misconfigured(cluster, namespace, "keda", **trigger)
+        name = scaled_object["metadata"]["name"]
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(scaled_object))
+        problem = reported_problem(cluster, namespace, name, expected)
+        assert problem.startswith(f"ScaledObject {name} is not Ready: "), problem
+        assert "ScaledObjectDeleted" not in problem, problem  # the first one's Events are not the second's
+        assert model_group_status(cluster, namespace).get("desiredGroups") == 1
+        cluster.kubectl("delete", "scaledobject", name, "-n", namespace, "--wait=true")
+
+
+def test_a_demo_run_whose_scaled_object_cannot_scale_fails_naming_the_scaler_and_the_reason(
+    cluster: LocalCluster, goodput_crds: list[str], keda_running: keda.KedaLayout, tmp_path: Path
+) -> None:
+    """What `goodput ab` reports for a misconfigured baseline (and then goes on with the others)."""
+    baselines = tmp_path / "baselines"
+    baselines.mkdir()
+    broken = yaml.safe_load((keda.BASELINES_DIR / keda.BASELINE_FILES["keda"]).read_text())
+    broken["spec"]["triggers"][0]["metadata"]["query"] = "sum(vllm:no_such_metric)"
+    (baselines / keda.BASELINE_FILES["keda"]).write_text(yaml.safe_dump(broken))
+    suffix = secrets.token_hex(3)
+    argv = [
+        sys.executable, "-m", "goodput.operator.cli", "demo", "--cluster-state-dir", str(cluster.state_dir),
+        "--out", str(tmp_path / "out"), "--namespace", f"e2e-kb-{suffix}", "--release", f"gp-kb-{suffix}",
+        "--release-namespace", f"e2e-kb-{suffix}-op", "--scaler", "keda", "--baselines", str(baselines),
+        "--no-gateway", "--before-seconds", "10", "--burst-seconds", "10", "--after-seconds", "10",
+        "--engine-load-seconds", "3",
+    ]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=400, check=False)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    failure = next(line for line in result.stderr.splitlines() if "failed:" in line)
+    assert "keda: ScaledObject llama-8b-waiting is not Ready" in failure, failure
+    assert "the result is empty" in failure, failure
+    assert "load: started" not in result.stderr  # nothing was replayed against a scaler that cannot scale

@@ -25,7 +25,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,8 @@ from goodput.testbed.cluster import controlplane, keda
 from goodput.testbed.cluster.binaries import ensure_binaries
 
 POLICIES = demo.SCALERS
-INTERRUPTED = 130
-"""What `goodput demo` returns when interrupted (Ctrl-C, SIGTERM): the A/B run stops there too."""
+INTERRUPTED = demo.INTERRUPTED
+"""What a run returns when interrupted (Ctrl-C, SIGTERM): the A/B run stops there too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         print(render_tuning(tunings), flush=True)
         test_window = replace(test_window, thresholds={name: t.chosen for name, t in tunings.items()})
         cluster = _cluster(args, cleanup)
-        reports: dict[str, dict[str, Any]] = {}
+        live = LiveRuns()
         for policy in policies:
             print(f"\n=== {policy} ===", flush=True)
             run_args = argparse.Namespace(**vars(args))
@@ -356,29 +356,61 @@ def run(args: argparse.Namespace) -> int:
             run_args.scaler_threshold = test_window.thresholds.get(policy)
             run_args.namespace, run_args.out = f"{args.namespace}-{policy}", out / policy
             run_args.cluster_state_dir = cluster.state_dir
-            code = demo.run(run_args)
-            if code == INTERRUPTED:
+            if not live.record(policy, RUN_POLICY(run_args), out / policy):
                 print("goodput ab: interrupted; the runs not yet made are left out")
-                return code
-            if code != 0:
-                print(
-                    f"goodput ab: the {policy} run failed; its log is above, its files under {out / policy}"
-                )
-                continue
-            reports[policy] = json.loads((out / policy / "demo.json").read_text())
-        rows = [ab_row(policy, report) for policy, report in reports.items()]
-        simulated = simulated_rows(test_window, list(reports))
-        table = "\n\n".join([render_tuning(tunings), render_table(rows), render_comparison(rows, simulated)])
-        page = plot(reports, out / "ab.png") if reports else None
-        document = {
-            "live": [asdict(row) for row in rows],
-            "simulated": [asdict(row) for row in simulated],
-            "tuning": [asdict(tuning) for tuning in tunings.values()],
-        }
-        (out / "ab.json").write_text(json.dumps(document, indent=2) + "\n")
-        (out / "ab.md").write_text(table + "\n")
-        print(f"\n{table}\n\nwritten: {out / 'ab.md'}, {out / 'ab.json'}" + (f", {page}" if page else ""))
-        return 0 if len(reports) == len(policies) else 1
+                return INTERRUPTED
+        write_results(out, live, simulated_rows(test_window, list(live.reports)), tunings)
+        return 0 if not live.failures else 1
+
+
+RUN_POLICY = demo.run_reporting
+"""One policy's run: (exit code, why it failed)."""
+
+
+@dataclass
+class LiveRuns:
+    """Each policy's report, or why its run gave none."""
+
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def record(self, policy: str, outcome: tuple[int, str | None], out: Path) -> bool:
+        """Keep one run's outcome; False when it was interrupted (the A/B run stops there)."""
+        code, reason = outcome
+        if code == INTERRUPTED:
+            return False
+        if code == 0:
+            self.reports[policy] = json.loads((out / "demo.json").read_text())
+        else:
+            self.failures[policy] = reason or f"exit code {code}"
+            print(f"goodput ab: the {policy} run failed ({self.failures[policy]}); its files: {out}")
+        return True
+
+
+def write_results(
+    out: Path, live: LiveRuns, simulated: Sequence[AbRow], tunings: Mapping[str, Tuning]
+) -> None:
+    rows = [ab_row(policy, report) for policy, report in live.reports.items()]
+    sections = [render_tuning(tunings), render_table(rows), render_comparison(rows, simulated)]
+    if live.failures:
+        sections.append(render_failures(live.failures))
+    table = "\n\n".join(sections)
+    page = plot(live.reports, out / "ab.png") if live.reports else None
+    document = {
+        "live": [asdict(row) for row in rows],
+        "simulated": [asdict(row) for row in simulated],
+        "tuning": [asdict(tuning) for tuning in tunings.values()],
+        "failed": live.failures,
+    }
+    (out / "ab.json").write_text(json.dumps(document, indent=2) + "\n")
+    (out / "ab.md").write_text(table + "\n")
+    print(f"\n{table}\n\nwritten: {out / 'ab.md'}, {out / 'ab.json'}" + (f", {page}" if page else ""))
+
+
+def render_failures(failures: Mapping[str, str]) -> str:
+    lines = ["not in the table (each run's log says more):"]
+    lines += [f"  {policy}: {reason}" for policy, reason in failures.items()]
+    return "\n".join(lines)
 
 
 def simulated_run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> SimulatedRun:

@@ -104,6 +104,8 @@ PROCESS_STOP_SECONDS = 20.0
 
 
 SCALERS = ("goodput", "keda", "hpa")
+BASELINE_READY_SECONDS = 90.0
+"""How long KEDA and the HPA controller get to read a ScaledObject's metric (the HPA syncs every 15 s)."""
 
 
 class DemoError(RuntimeError):
@@ -326,6 +328,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ScaledObject from manifests/baselines and goodput's policy in Advisory mode",
     )
     scaling.add_argument(
+        "--baselines",
+        type=Path,
+        default=None,
+        help="where the keda and hpa ScaledObjects come from (default manifests/baselines)",
+    )
+    scaling.add_argument(
         "--scaler-threshold",
         type=float,
         default=None,
@@ -368,28 +376,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+RUN_ERRORS = (
+    DemoError,
+    controlplane.ClusterError,
+    BinariesUnavailableError,
+    NetnsError,
+    PkiError,
+    ApiError,
+    ValueError,
+    OSError,
+    subprocess.SubprocessError,
+)
+"""What ends a run with a message rather than a traceback."""
+INTERRUPTED = 130
+
+
 def run(args: argparse.Namespace) -> int:
+    code, _ = run_reporting(args)
+    return code
+
+
+def run_reporting(args: argparse.Namespace) -> tuple[int, str | None]:
+    """One run: its exit code and, when it failed, why (the A/B run reports it beside the others)."""
     say = Progress()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with contextlib.ExitStack() as cleanup:
-            return Demo(args, cleanup, say).run()
+            return Demo(args, cleanup, say).run(), None
     except KeyboardInterrupt:
         say("interrupted: everything the demo started is stopped")
-        return 130
-    except (
-        DemoError,
-        controlplane.ClusterError,
-        BinariesUnavailableError,
-        NetnsError,
-        PkiError,
-        ApiError,
-        ValueError,
-        OSError,
-        subprocess.SubprocessError,
-    ) as error:
+        return INTERRUPTED, "interrupted"
+    except RUN_ERRORS as error:
         say(f"failed: {error}")
-        return 1
+        return 1, str(error)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -896,20 +915,34 @@ class Demo:
             self.args.scaler, namespace=self.namespace, model_group=objects.model_group,
             served_name=objects.served_name, prometheus_url=cluster.prometheus_url,
             min_groups=objects.min_groups, max_groups=objects.max_groups,
-            threshold=self.args.scaler_threshold,
+            threshold=self.args.scaler_threshold, directory=self.args.baselines,
         )  # fmt: skip
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(scaled_object))
+        name = scaled_object["metadata"]["name"]
         if not self.args.keep:
-            name = scaled_object["metadata"]["name"]
             self.cleanup.callback(
                 cluster.kubectl, "delete", "scaledobject", name, "-n", self.namespace, "--ignore-not-found",
                 check=False,
             )  # fmt: skip
         trigger = scaled_object["spec"]["triggers"][0]["metadata"]
         self.say(
-            f"keda: ScaledObject {scaled_object['metadata']['name']} sizes {objects.model_group} on "
-            f"{trigger['query']} (threshold {trigger['threshold']})"
+            f"keda: ScaledObject {name} sizes {objects.model_group} on {trigger['query']} "
+            f"(threshold {trigger['threshold']})"
         )
+        # A ScaledObject KEDA refuses, or whose metric the HPA cannot read, would scale nothing: say so
+        # now, with KEDA's or the HPA's own words, rather than report a run that never scaled.
+        problem: str | None = "KEDA has not answered yet"
+
+        def scaling() -> bool:
+            nonlocal problem
+            problem = keda.scaling_problem(cluster, self.namespace, name)
+            return problem is None
+
+        with contextlib.suppress(DemoError):
+            _wait_until(scaling, timeout_seconds=BASELINE_READY_SECONDS, what="KEDA's HPA reading its metric")
+        if problem is not None:
+            raise DemoError(f"{self.args.scaler}: {problem}")
+        self.say(f"keda: the HPA reads its metric ({keda.hpa_name(name)})")
 
     def start_gateway(self, cluster: controlplane.LocalCluster) -> GatewayProcess:
         """`goodput gateway` for the ModelGroup, here as a process (as the operator is); the cluster's

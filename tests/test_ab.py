@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -75,7 +77,14 @@ def test_the_burst_starts_after_the_phases_before_it() -> None:
 
 def report(*, attained: int, samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "scenario": {"phases": [{"name": "before", "seconds": 10}, {"name": "burst", "seconds": 20}]},
+        "scenario": {
+            "phases": [{"name": "before", "seconds": 10}, {"name": "burst", "seconds": 20}],
+            "targets": {"ttft_seconds": 1.0},
+        },
+        "timeline": [
+            {"start_seconds": 0, "ttft_p99_seconds": 0.2},
+            {"start_seconds": 10, "ttft_p99_seconds": None},
+        ],
         "summary": {
             "offered": 100, "attained": attained, "gpu_hours": 99.0, "gpus_per_group": 2,
             "attainment_offered": attained / 100, "lost_on_drained_groups": 1, "failed": 2,
@@ -160,3 +169,23 @@ def test_each_baseline_gets_the_cheapest_threshold_that_met_the_target_on_the_tr
     assert "keda: 1 (met the target)" in text
     assert "hpa: 80 (none met the target: best attainment)" in text
     assert "95: 50.0% on 0.050 GPU-h" in text
+
+
+def test_a_policy_whose_run_failed_is_reported_with_its_reason_beside_the_others(tmp_path: Path) -> None:
+    live = ab.LiveRuns()
+    (tmp_path / "goodput").mkdir()
+    samples = [sample(0, 1, 1), sample(15, 2, 2)]
+    (tmp_path / "goodput" / "demo.json").write_text(json.dumps(report(attained=95, samples=samples)))
+    assert live.record("goodput", (0, None), tmp_path / "goodput")
+    reason = "keda: HPA keda-hpa-llama-8b-waiting cannot scale: FailedGetExternalMetric: no metric"
+    assert live.record("keda", (1, reason), tmp_path / "keda")
+    assert live.record("hpa", (1, None), tmp_path / "hpa")
+    assert not live.record("kpa", (ab.INTERRUPTED, "interrupted"), tmp_path / "kpa")
+    assert list(live.reports) == ["goodput"]
+    assert live.failures == {"keda": reason, "hpa": "exit code 1"}
+    ab.write_results(tmp_path, live, [], {})
+    table = (tmp_path / "ab.md").read_text()
+    assert "| goodput | 3,800 |" in table
+    assert f"  keda: {reason}" in table and "  hpa: exit code 1" in table
+    assert json.loads((tmp_path / "ab.json").read_text())["failed"] == live.failures
+    assert (tmp_path / "ab.png").read_bytes().startswith(b"\x89PNG")  # the runs that gave a report

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,3 +128,57 @@ def test_a_threshold_tuned_for_the_traffic_replaces_the_manifests() -> None:
         min_groups=1, max_groups=4, threshold=80.0,
     )  # fmt: skip
     assert rendered["spec"]["triggers"][0]["metadata"]["threshold"] == "80"
+
+
+def named(name: str, *conditions: tuple[str, str, str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "status": {
+            "conditions": [{"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions]
+        },
+    }
+
+
+PROBLEM_CASES = [
+    pytest.param(None, None, "the ScaledObject is gone", None, id="deleted"),
+    pytest.param(
+        named("so", ("Ready", "False", "ScaledObjectCheckFailed", "threshold must be > 0")), None,
+        "ScaledObject so is not Ready: ScaledObjectCheckFailed: threshold must be > 0", None,
+        id="refused by KEDA",
+    ),
+    pytest.param(
+        named("so"), None, "KEDA has made no HorizontalPodAutoscaler for ScaledObject so yet", None,
+        id="no HPA",
+    ),
+    pytest.param(
+        named("so"), named("keda-hpa-so"), "HPA keda-hpa-so has not computed a replica count yet", None,
+        id="HPA not synced",
+    ),
+    pytest.param(
+        named("so", ("Ready", "True", "ScaledObjectReady", "")),
+        named("keda-hpa-so", ("ScalingActive", "False", "FailedGetExternalMetric", "no data")),
+        "HPA keda-hpa-so cannot scale: FailedGetExternalMetric: no data", None, id="metric unreadable",
+    ),
+    pytest.param(
+        named("so", ("Ready", "True", "ScaledObjectReady", "")),
+        named("keda-hpa-so", ("ScalingActive", "True", "ValidMetricFound", "")), None, None, id="scaling",
+    ),
+    pytest.param(
+        named("so", ("Ready", "False", "TriggerError", "Triggers defined in ScaledObject are not working")),
+        None,
+        "ScaledObject so is not Ready: TriggerError: Triggers defined in ScaledObject are not working "
+        "(KEDAScalerFailed: the result is empty)",
+        {"reason": "KEDAScalerFailed", "message": "the result is empty"},
+        id="the scaler's own error from its Event",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("scaled_object", "hpa", "problem", "warning"), PROBLEM_CASES)
+def test_why_a_scaled_object_does_not_scale_is_said_in_keda_and_the_hpas_words(
+    scaled_object: dict[str, Any] | None,
+    hpa: dict[str, Any] | None,
+    problem: str | None,
+    warning: dict[str, Any] | None,
+) -> None:
+    assert keda.scaling_problem_of(scaled_object, hpa, warning) == problem

@@ -170,11 +170,13 @@ def render_baseline(
     min_groups: int,
     max_groups: int,
     threshold: float | None = None,
+    directory: Path | None = None,
 ) -> dict[str, Any]:
     """A ScaledObject of manifests/baselines as a platform team would apply it to its own ModelGroup:
     its Prometheus, namespace, names and bounds; the query's shape unchanged, and the threshold too
     unless one tuned for this traffic is given."""
-    scaled_object: dict[str, Any] = yaml.safe_load((BASELINES_DIR / BASELINE_FILES[scaler]).read_text())
+    path = (directory or BASELINES_DIR) / BASELINE_FILES[scaler]
+    scaled_object: dict[str, Any] = yaml.safe_load(path.read_text())
     meta, spec = scaled_object["metadata"], scaled_object["spec"]
     meta["name"] = model_group + meta["name"].removeprefix(SAMPLE_MODEL_GROUP)
     meta["namespace"] = namespace
@@ -259,6 +261,56 @@ def _write_certificates(cluster: LocalCluster, cert_dir: Path) -> None:
     (cert_dir / "tls.crt").write_bytes((pki_dir / f"{CERT_NAME}.crt").read_bytes())
     (cert_dir / "tls.key").write_bytes((pki_dir / f"{CERT_NAME}.key").read_bytes())
     (cert_dir / "tls.key").chmod(0o600)
+
+
+def hpa_name(scaled_object: str) -> str:
+    """The HorizontalPodAutoscaler KEDA creates for a ScaledObject (unless the ScaledObject names one in
+    `advanced.horizontalPodAutoscalerConfig.name`)."""
+    return f"keda-hpa-{scaled_object}"
+
+
+def scaling_problem_of(
+    scaled_object: dict[str, Any] | None, hpa: dict[str, Any] | None, warning: dict[str, Any] | None = None
+) -> str | None:
+    """Why a ScaledObject does not scale its target yet, in KEDA's and the HPA's own words (with KEDA's
+    latest Warning Event on it, which names the scaler's error); None once KEDA has it Ready and the
+    HPA computes a replica count from its metric."""
+    if scaled_object is None:
+        return "the ScaledObject is gone"
+    name = scaled_object["metadata"]["name"]
+    ready = _condition(scaled_object, "Ready")
+    if ready is not None and ready.get("status") == "False":
+        detail = f" ({warning.get('reason')}: {warning.get('message')})" if warning else ""
+        return f"ScaledObject {name} is not Ready: {ready.get('reason')}: {ready.get('message')}{detail}"
+    if hpa is None:
+        return f"KEDA has made no HorizontalPodAutoscaler for ScaledObject {name} yet"
+    active = _condition(hpa, "ScalingActive")
+    if active is None:
+        return f"HPA {hpa['metadata']['name']} has not computed a replica count yet"
+    if active.get("status") != "True":
+        return f"HPA {hpa['metadata']['name']} cannot scale: {active.get('reason')}: {active.get('message')}"
+    return None
+
+
+def scaling_problem(cluster: LocalCluster, namespace: str, scaled_object: str) -> str | None:
+    found = cluster.api.get(f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects/{scaled_object}")
+    hpa = cluster.api.get(
+        f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/{hpa_name(scaled_object)}"
+    )
+    if found is None:
+        return scaling_problem_of(None, hpa)
+    # This ScaledObject's own Events (by uid: an earlier one of the same name left its own).
+    uid = found["metadata"]["uid"]
+    events = cluster.api.get(
+        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.uid%3D{uid},type%3DWarning"
+    )
+    warnings = sorted((events or {}).get("items", []), key=lambda e: e.get("lastTimestamp") or "")
+    return scaling_problem_of(found, hpa, warnings[-1] if warnings else None)
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), None)
 
 
 def serving(cluster: LocalCluster) -> bool:
