@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 
@@ -43,6 +45,13 @@ def test_a_short_ab_run_gives_every_policy_a_live_and_a_simulated_row(
         assert row["offered"] > 0 and row["offered"] == simulated[policy]["offered"], (policy, row)
         assert row["gpu_hours"] > 0 and 0 <= row["slo_met"] <= row["offered"], (policy, row)
         assert row["failed"] == 0 and row["lost_in_scale_in"] == 0, (policy, row)
+    # Every knob was chosen on the training window; goodput's capacity is the ModelGroup's as applied.
+    assert [tuning["policy"] for tuning in document["tuning"]] == ["goodput", "keda", "hpa"]
+    capacity = document["goodput_capacity_work_seconds_per_second"]
+    applied = yaml.safe_load((out / "manifests" / "modelgroup-demo.yaml").read_text())
+    assert capacity > 0 and applied["spec"]["profile"]["capacityWorkSecondsPerSecond"] == float(
+        f"{capacity:.4g}"
+    )
     # Each scaler really moved the ModelGroup during the burst.
     assert all(live[policy]["scale_outs"] >= 1 for policy in live), live
     table = (out / "ab.md").read_text()

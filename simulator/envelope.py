@@ -64,6 +64,17 @@ class CapacityEnvelope:
     def groups_for(self, work_rate: float) -> int:
         return max(1, math.ceil(work_rate / self.work_seconds_per_second - 1e-9))
 
+    def scaled(self, factor: float) -> CapacityEnvelope:
+        """The envelope with its capacity times `factor`: the fair benchmark's knob for goodput (below
+        1, headroom a reactive fleet keeps for what arrives while groups start)."""
+        if factor <= 0:
+            raise ValueError(f"an envelope factor must be positive, got {factor}")
+        return replace(
+            self,
+            work_seconds_per_second=self.work_seconds_per_second * factor,
+            requests_per_second=self.requests_per_second * factor,
+        )
+
 
 def trial_workload(workload: Workload, rate_per_second: float, trial_seconds: float, seed: int) -> Workload:
     """`trial_seconds` of the workload at `rate_per_second`, from a seeded offset: thinned (seeded), or

@@ -196,13 +196,7 @@ class FairBench:
         if name == "goodput":
             from goodput.simulator.goodput_policy import GoodputPolicy
 
-            envelope = self.envelope
-            scaled = replace(
-                envelope,
-                work_seconds_per_second=envelope.work_seconds_per_second * setting,
-                requests_per_second=envelope.requests_per_second * setting,
-            )
-            return GoodputPolicy.for_setup(self.setup, self.train, scaled)
+            return GoodputPolicy.for_setup(self.setup, self.train, self.envelope.scaled(setting))
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(SWEEPS)}")
 
     # ------------------------------------------------------------------ runs

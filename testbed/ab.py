@@ -10,10 +10,14 @@ admission control). Only who sets `spec.replicas` differs:
 - keda: a KEDA ScaledObject on vLLM's waiting requests (`manifests/baselines/keda-num-requests-waiting.yaml`);
 - hpa: the HPA on DCGM GPU utilisation through KEDA (`manifests/baselines/hpa-gpu-utilisation.yaml`);
 
-for the last two goodput's policy only advises. Then one table: SLO-meeting requests per GPU-hour,
-attainment against offered requests, GPU-hours, scale events, time from the burst to more ready groups,
-requests lost in scale-in; and one page plotting groups and TTFT p99 over time for every policy. Each
-run's own report stays under `--out/<policy>/`.
+for the last two goodput's policy only advises. Every policy's one knob is chosen first, in the fleet
+simulator on a training window earlier in the trace, by the fair benchmark's rule (DESIGN §10): the
+baselines' thresholds, and goodput's capacity (its envelope measured on the training window's feasible
+requests, times a headroom factor), which goes into the ModelGroup's
+`profile.capacityWorkSecondsPerSecond` as `goodput envelope` prints it. Then one table: SLO-meeting
+requests per GPU-hour, attainment against offered requests, GPU-hours, scale events, time from the
+burst to more ready groups, requests lost in scale-in; and one page plotting groups and TTFT p99 over
+time for every policy. Each run's own report stays under `--out/<policy>/`.
 """
 
 from __future__ import annotations
@@ -29,16 +33,23 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import yaml
+
+from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests
 from goodput.simulator.config import SimulationSetup, build_setup
+from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, measure_envelope
 from goodput.simulator.fair_bench import SWEEPS, cheapest_meeting_target
 from goodput.simulator.fair_bench import Outcome as FairOutcome
+from goodput.simulator.feasible import NoFeasibleRequestsError, assess
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy
 from goodput.simulator.group_world import GroupRules
 from goodput.simulator.policy import Autoscaler
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import RequestVerdicts, judge
+from goodput.simulator.runner import analytic_rate_per_group
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, class_weights_from, prepare
 from goodput.testbed import demo
@@ -142,7 +153,8 @@ def ab_row(policy: str, report: Mapping[str, Any]) -> AbRow:
 @dataclass(frozen=True, slots=True)
 class SimulatedRun:
     """What the fleet simulator needs to replay one A/B window: the demo's manifests, the workload the
-    live run offered, and each baseline's threshold as its ScaledObject states it."""
+    live run offered, each baseline's threshold as its ScaledObject states it, and goodput's envelope
+    with its factor (`thresholds["goodput"]`, 1 when absent)."""
 
     model_group_path: Path
     policy_path: Path
@@ -152,6 +164,14 @@ class SimulatedRun:
     thresholds: Mapping[str, float]
     seed: int = 0
     polling_interval_seconds: float = 15.0
+    goodput_envelope: CapacityEnvelope | None = None
+    """Measured on the training window; None: goodput runs on the ModelGroup's profile as written."""
+
+    def goodput_capacity(self) -> float | None:
+        """C (work-seconds per second of one group) goodput runs on: the envelope times its factor."""
+        if self.goodput_envelope is None:
+            return None
+        return self.goodput_envelope.scaled(self.thresholds.get("goodput", 1.0)).work_seconds_per_second
 
 
 def simulated_autoscaler(
@@ -164,11 +184,15 @@ def simulated_autoscaler(
         )
     if policy == "hpa":
         return HpaGpuUtilization(target_utilization=run.thresholds["hpa"] / 100.0)
-    return GoodputPolicy.for_setup(setup, workload, None)
+    envelope = run.goodput_envelope
+    if envelope is not None:
+        envelope = envelope.scaled(run.thresholds.get("goodput", 1.0))
+    return GoodputPolicy.for_setup(setup, workload, envelope)
 
 
-def simulated_rows(run: SimulatedRun, policies: Sequence[str]) -> list[AbRow]:
-    """Each policy in the simulator on the live run's workload, fleet and targets, counted alike."""
+def simulation_inputs(run: SimulatedRun) -> tuple[SimulationSetup, Workload, FleetConfig]:
+    """The window as the simulator takes it: the manifests' setup, the workload with its classes, the
+    fleet of the ModelGroup."""
     setup = build_setup(run.model_group_path, run.policy_path)
     names = tuple(c.name for c in setup.classes)
     workload = prepare(run.workload, ClassRule(names, class_weights_from(names, None), 2), run.seed)
@@ -179,6 +203,26 @@ def simulated_rows(run: SimulatedRun, policies: Sequence[str]) -> list[AbRow]:
         itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
         group_rules=GroupRules.for_model_group(setup.model_group) if setup.model_group is not None else None,
     )  # fmt: skip
+    return setup, workload, fleet
+
+
+def measure_training_envelope(training: SimulatedRun) -> CapacityEnvelope:
+    """goodput's envelope on the training window, as the fair benchmark measures it: the highest rate
+    per group at which a fleet behind the router meets the SLO on the window's feasible requests."""
+    setup, workload, fleet = simulation_inputs(training)
+    feasible = workload.take(
+        np.flatnonzero(assess(workload, setup.engine, setup.classes).feasible), "feasible requests"
+    )
+    pricing = WorkPricing.from_step_model(setup.engine.cost)
+    return measure_envelope(
+        fleet, feasible, setup.classes, pricing=pricing,
+        first_guess_rate_per_group=analytic_rate_per_group(setup, feasible, pricing), seed=training.seed,
+    )  # fmt: skip
+
+
+def simulated_rows(run: SimulatedRun, policies: Sequence[str]) -> list[AbRow]:
+    """Each policy in the simulator on the live run's workload, fleet and targets, counted alike."""
+    setup, workload, fleet = simulation_inputs(run)
     rows = []
     for policy in policies:
         config = SimulationConfig(
@@ -211,12 +255,16 @@ def simulated_row(
     )  # fmt: skip
 
 
+BASELINES = ("keda", "hpa")
+"""The policies a ScaledObject from manifests/baselines drives."""
+
 TUNING_SWEEPS: dict[str, tuple[float, ...]] = {
+    "goodput": SWEEPS["goodput"],
     "keda": SWEEPS["keda"],
     "hpa": tuple(round(100 * value) for value in SWEEPS["hpa"]),
 }
-"""The fair benchmark's sweep of each baseline's knob, in its ScaledObject's unit (waiting requests per
-group; GPU utilisation in percent)."""
+"""The fair benchmark's sweep of each policy's knob, in the unit its manifest states it: goodput's factor
+on its measured envelope, waiting requests per group, GPU utilisation in percent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,11 +278,14 @@ class Tuning:
     met_target: bool
 
 
-def tune_baselines(training: SimulatedRun, target_attainment: float) -> dict[str, Tuning]:
-    """Each baseline's threshold: the cheapest setting that met the attainment target on the training
-    window in the simulator, else the best attainment (`cheapest_meeting_target`)."""
+def tune_policies(training: SimulatedRun, target_attainment: float) -> dict[str, Tuning]:
+    """Each policy's knob: the cheapest setting that met the attainment target on the training window
+    in the simulator, else the best attainment (`cheapest_meeting_target`). goodput is tuned only on
+    a measured envelope (`training.goodput_envelope`); without one it runs on its profile as written."""
     tunings = {}
     for policy, settings in TUNING_SWEEPS.items():
+        if policy == "goodput" and training.goodput_envelope is None:
+            continue
         rows = [_simulated_with(training, policy, setting) for setting in settings]
         outcomes = [
             _fair_outcome(setting, row, target_attainment)
@@ -255,8 +306,17 @@ def _fair_outcome(setting: float, row: AbRow, target_attainment: float) -> FairO
     return FairOutcome(setting, row.gpu_hours, row.offered, row.offered, row.slo_met, met_target)
 
 
-def render_tuning(tunings: Mapping[str, Tuning]) -> str:
-    lines = ["thresholds chosen on the training window (simulated; the cheapest meeting the target):"]
+def render_tuning(tunings: Mapping[str, Tuning], envelope: CapacityEnvelope | str | None = None) -> str:
+    """Each policy's sweep and choice; `envelope`: goodput's measured one, or why none was measured."""
+    lines = ["settings chosen on the training window (simulated; the cheapest meeting the target):"]
+    if isinstance(envelope, CapacityEnvelope):
+        lines.append(
+            f"  goodput's envelope there: {envelope.work_seconds_per_second:.4g} work-s/s per group "
+            f"({envelope.requests_per_second:.3g} req/s; {envelope.groups} groups, {envelope.repeats} "
+            "repeats); its setting is the factor on it"
+        )
+    elif envelope is not None:
+        lines.append(f"  goodput: no envelope measured ({envelope}); it runs on the ModelGroup's profile")
     for tuning in tunings.values():
         tried = ", ".join(
             f"{setting:g}: {_share(row.attainment_offered)} on {row.gpu_hours:.3f} GPU-h"
@@ -265,6 +325,22 @@ def render_tuning(tunings: Mapping[str, Tuning]) -> str:
         verdict = "met the target" if tuning.met_target else "none met the target: best attainment"
         lines.append(f"  {tuning.policy}: {tuning.chosen:g} ({verdict}); tried {tried}")
     return "\n".join(lines)
+
+
+def capacity_manifests(source: Path, destination: Path, capacity_work_seconds_per_second: float) -> Path:
+    """The demo's manifests with goodput's tuned capacity in the ModelGroup's
+    `profile.capacityWorkSecondsPerSecond` (four significant digits, as `goodput envelope` prints it):
+    every policy's run applies this one ModelGroup."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.glob("*.yaml")):
+        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        for doc in documents:
+            if doc.get("kind") == "ModelGroup":
+                profile = doc.setdefault("spec", {}).setdefault("profile", {})
+                profile["capacityWorkSecondsPerSecond"] = float(f"{capacity_work_seconds_per_second:.4g}")
+        header = f"# {source / path.name} as goodput ab applies it (goodput's capacity tuned on training)\n"
+        (destination / path.name).write_text(header + yaml.safe_dump_all(documents, sort_keys=False))
+    return destination
 
 
 def render_table(rows: Sequence[AbRow]) -> str:
@@ -340,27 +416,48 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as cleanup:
-        test_window = simulated_run(args, cleanup)
-        training_args = argparse.Namespace(**vars(args))
-        training_args.trace_start_seconds = args.training_start_seconds
-        training = simulated_run(training_args, cleanup)
-        tunings = tune_baselines(training, target_attainment(test_window))
-        print(render_tuning(tunings), flush=True)
-        test_window = replace(test_window, thresholds={name: t.chosen for name, t in tunings.items()})
+        test_window, tunings, tuning_text = tuned_test_window(args, cleanup)
+        capacity = test_window.goodput_capacity()
+        manifests = args.manifests
+        if capacity is not None:
+            manifests = capacity_manifests(args.manifests, out / "manifests", capacity)
         cluster = _cluster(args, cleanup)
         live = LiveRuns()
         for policy in policies:
             print(f"\n=== {policy} ===", flush=True)
             run_args = argparse.Namespace(**vars(args))
-            run_args.scaler, run_args.no_gateway = policy, True
-            run_args.scaler_threshold = test_window.thresholds.get(policy)
+            run_args.scaler, run_args.no_gateway, run_args.manifests = policy, True, manifests
+            run_args.scaler_threshold = None if policy == "goodput" else test_window.thresholds.get(policy)
             run_args.namespace, run_args.out = f"{args.namespace}-{policy}", out / policy
             run_args.cluster_state_dir = cluster.state_dir
             if not live.record(policy, RUN_POLICY(run_args), out / policy):
                 print("goodput ab: interrupted; the runs not yet made are left out")
                 return INTERRUPTED
-        write_results(out, live, simulated_rows(test_window, list(live.reports)), tunings)
+        simulated = simulated_rows(test_window, list(live.reports))
+        write_results(out, live, simulated, tunings, tuning_text, capacity_work_seconds_per_second=capacity)
         return 0 if not live.failures else 1
+
+
+def tuned_test_window(
+    args: argparse.Namespace, cleanup: contextlib.ExitStack
+) -> tuple[SimulatedRun, dict[str, Tuning], str]:
+    """The test window with every policy's setting chosen on the training window, the sweeps, and
+    their account as printed."""
+    test_window = simulated_run(args, cleanup)
+    training_args = argparse.Namespace(**vars(args))
+    training_args.trace_start_seconds = args.training_start_seconds
+    training = simulated_run(training_args, cleanup)
+    envelope: CapacityEnvelope | str
+    try:
+        envelope = measure_training_envelope(training)
+        training = replace(training, goodput_envelope=envelope)
+    except (EnvelopeNotFoundError, NoFeasibleRequestsError) as error:
+        envelope = str(error)
+    tunings = tune_policies(training, target_attainment(test_window))
+    text = render_tuning(tunings, envelope)
+    print(text, flush=True)
+    chosen = {name: tuning.chosen for name, tuning in tunings.items()}
+    return replace(test_window, thresholds=chosen, goodput_envelope=training.goodput_envelope), tunings, text
 
 
 RUN_POLICY = demo.run_reporting
@@ -388,10 +485,18 @@ class LiveRuns:
 
 
 def write_results(
-    out: Path, live: LiveRuns, simulated: Sequence[AbRow], tunings: Mapping[str, Tuning]
+    out: Path,
+    live: LiveRuns,
+    simulated: Sequence[AbRow],
+    tunings: Mapping[str, Tuning],
+    tuning_text: str,
+    *,
+    capacity_work_seconds_per_second: float | None = None,
 ) -> None:
+    """The table, the comparison, the failures and the page; `ab.json` also holds goodput's capacity
+    as the ModelGroup stated it (None: the profile as written)."""
     rows = [ab_row(policy, report) for policy, report in live.reports.items()]
-    sections = [render_tuning(tunings), render_table(rows), render_comparison(rows, simulated)]
+    sections = [tuning_text, render_table(rows), render_comparison(rows, simulated)]
     if live.failures:
         sections.append(render_failures(live.failures))
     table = "\n\n".join(sections)
@@ -400,6 +505,7 @@ def write_results(
         "live": [asdict(row) for row in rows],
         "simulated": [asdict(row) for row in simulated],
         "tuning": [asdict(tuning) for tuning in tunings.values()],
+        "goodput_capacity_work_seconds_per_second": capacity_work_seconds_per_second,
         "failed": live.failures,
     }
     (out / "ab.json").write_text(json.dumps(document, indent=2) + "\n")
@@ -429,7 +535,7 @@ def simulated_run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Si
         workload=workload,
         offered_seconds=sum(p.seconds for p in phases),
         burst_start_seconds=start,
-        thresholds={scaler: baseline_threshold(scaler) for scaler in TUNING_SWEEPS},
+        thresholds={scaler: baseline_threshold(scaler) for scaler in BASELINES},
         seed=args.seed,
     )
 

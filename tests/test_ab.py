@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
+from goodput.simulator.envelope import CapacityEnvelope
+from goodput.simulator.goodput_policy import GoodputPolicy
 from goodput.simulator.workload import Workload
-from goodput.testbed import ab
+from goodput.testbed import ab, demo
 from goodput.testbed.ab import (
     AbRow,
     SimulatedRun,
@@ -129,17 +132,10 @@ def test_the_comparison_states_the_simulators_error_against_the_live_run() -> No
 
 
 def test_the_simulator_replays_the_window_for_every_policy_on_the_demos_manifests() -> None:
-    manifests = repository_root() / "manifests" / "demo"
-    rng = np.random.default_rng(3)
     count = 300
-    workload = Workload(
-        "steady", np.sort(rng.uniform(0, 120, count)), np.full(count, 500, dtype=np.int64),
-        np.full(count, 100, dtype=np.int64),
-    )  # fmt: skip
-    run = SimulatedRun(
-        model_group_path=manifests / "modelgroup-demo.yaml", policy_path=manifests / "slopolicy-demo.yaml",
-        workload=workload, offered_seconds=120, burst_start_seconds=60, thresholds={"keda": 0.5, "hpa": 60},
-    )  # fmt: skip
+    run = demo_run(
+        steady_workload(count), goodput_envelope=ENVELOPE, thresholds={"goodput": 0.8, "keda": 0.5, "hpa": 60}
+    )
     rows = simulated_rows(run, ["goodput", "keda", "hpa"])
     assert [row.policy for row in rows] == ["goodput", "keda", "hpa"]
     for row in rows:
@@ -147,11 +143,24 @@ def test_the_simulator_replays_the_window_for_every_policy_on_the_demos_manifest
         assert row.gpu_hours >= 120 / 3600  # at least the minimum of one group for the whole window
 
 
-def test_each_baseline_gets_the_cheapest_threshold_that_met_the_target_on_the_training_window(
+def demo_run(workload: Workload, **changes: Any) -> SimulatedRun:
+    manifests = repository_root() / "manifests" / "demo"
+    run = SimulatedRun(
+        model_group_path=manifests / "modelgroup-demo.yaml", policy_path=manifests / "slopolicy-demo.yaml",
+        workload=workload, offered_seconds=120, burst_start_seconds=60, thresholds={"keda": 0.5, "hpa": 60},
+    )  # fmt: skip
+    return replace(run, **changes)
+
+
+ENVELOPE = CapacityEnvelope(0.1, 1.5, 0.99, 14, groups=4, repeats=2)
+
+
+def test_every_policy_gets_the_cheapest_setting_that_met_the_target_on_the_training_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # (attainment, GPU-hours) the simulator gives each setting on the training window.
     figures = {
+        ("goodput", 0.8): (1.0, 0.19), ("goodput", 1.0): (0.83, 0.17), ("goodput", 1.25): (0.83, 0.16),
         ("keda", 0.5): (1.0, 0.30), ("keda", 1.0): (0.995, 0.20), ("keda", 3.0): (0.90, 0.10),
         ("hpa", 60): (0.97, 0.30), ("hpa", 80): (0.98, 0.25), ("hpa", 95): (0.50, 0.05),
     }  # fmt: skip
@@ -161,14 +170,64 @@ def test_each_baseline_gets_the_cheapest_threshold_that_met_the_target_on_the_tr
         return AbRow(policy, 1000, round(1000 * attainment), gpu_hours, attainment, 1, 0, None, 0, 0)
 
     monkeypatch.setattr(ab, "_simulated_with", simulated)
-    tunings = ab.tune_baselines(cast(SimulatedRun, None), target_attainment=0.99)
+    training = demo_run(steady_workload(), goodput_envelope=ENVELOPE)
+    tunings = ab.tune_policies(training, target_attainment=0.99)
+    assert (tunings["goodput"].chosen, tunings["goodput"].met_target) == (0.8, True)
     assert (tunings["keda"].chosen, tunings["keda"].met_target) == (1.0, True)
     # None met 0.99: the best attainment, and the report says so.
     assert (tunings["hpa"].chosen, tunings["hpa"].met_target) == (80, False)
-    text = ab.render_tuning(tunings)
+    text = ab.render_tuning(tunings, ENVELOPE)
+    assert "goodput's envelope there: 0.1 work-s/s per group (1.5 req/s; 4 groups, 2 repeats)" in text
+    assert "goodput: 0.8 (met the target)" in text
     assert "keda: 1 (met the target)" in text
     assert "hpa: 80 (none met the target: best attainment)" in text
     assert "95: 50.0% on 0.050 GPU-h" in text
+    # Without an envelope goodput is not swept, and the account says why.
+    untuned = ab.tune_policies(replace(training, goodput_envelope=None), target_attainment=0.99)
+    assert list(untuned) == ["keda", "hpa"]
+    assert "goodput: no envelope measured (no feasible request)" in ab.render_tuning(
+        untuned, "no feasible request"
+    )
+
+
+def steady_workload(count: int = 300, seconds: float = 120.0) -> Workload:
+    rng = np.random.default_rng(3)
+    return Workload(
+        "steady", np.sort(rng.uniform(0, seconds, count)), np.full(count, 500, dtype=np.int64),
+        np.full(count, 100, dtype=np.int64),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("factor", [0.8, 1.0, 1.25])
+def test_the_simulated_goodput_runs_on_its_envelope_times_the_chosen_factor(factor: float) -> None:
+    run = demo_run(steady_workload(), goodput_envelope=ENVELOPE, thresholds={"goodput": factor})
+    setup, workload, _ = ab.simulation_inputs(run)
+    policy = ab.simulated_autoscaler("goodput", run, setup, workload)
+    assert isinstance(policy, GoodputPolicy)
+    assert policy.profile.reference.work_per_second == pytest.approx(0.1 * factor)
+    assert run.goodput_capacity() == pytest.approx(0.1 * factor)
+
+
+def test_without_an_envelope_goodput_runs_on_the_manifests_profile() -> None:
+    run = demo_run(steady_workload())
+    setup, workload, _ = ab.simulation_inputs(run)
+    policy = ab.simulated_autoscaler("goodput", run, setup, workload)
+    assert isinstance(policy, GoodputPolicy)
+    assert run.goodput_capacity() is None
+    assert policy.profile.reference.work_per_second != pytest.approx(0.1)
+
+
+def test_the_tuned_capacity_goes_into_the_modelgroup_every_run_applies(tmp_path: Path) -> None:
+    source = repository_root() / "manifests" / "demo"
+    written = ab.capacity_manifests(source, tmp_path / "manifests", 0.0751970680886419)
+    objects = demo.read_manifests(written)  # still one valid ModelGroup, SLOPolicy and Service
+    assert [path.name for path in objects.files] == sorted(path.name for path in source.glob("*.yaml"))
+    (group,) = [doc for doc in yaml.safe_load_all((written / "modelgroup-demo.yaml").read_text()) if doc]
+    original = yaml.safe_load((source / "modelgroup-demo.yaml").read_text())
+    assert group["spec"]["profile"] == {**original["spec"]["profile"], "capacityWorkSecondsPerSecond": 0.0752}
+    assert {**group, "spec": {**group["spec"], "profile": original["spec"]["profile"]}} == original
+    policy = yaml.safe_load((written / "slopolicy-demo.yaml").read_text())
+    assert policy == yaml.safe_load((source / "slopolicy-demo.yaml").read_text())
 
 
 def test_a_policy_whose_run_failed_is_reported_with_its_reason_beside_the_others(tmp_path: Path) -> None:
@@ -183,7 +242,7 @@ def test_a_policy_whose_run_failed_is_reported_with_its_reason_beside_the_others
     assert not live.record("kpa", (ab.INTERRUPTED, "interrupted"), tmp_path / "kpa")
     assert list(live.reports) == ["goodput"]
     assert live.failures == {"keda": reason, "hpa": "exit code 1"}
-    ab.write_results(tmp_path, live, [], {})
+    ab.write_results(tmp_path, live, [], {}, "settings chosen on the training window: none")
     table = (tmp_path / "ab.md").read_text()
     assert "| goodput | 3,800 |" in table
     assert f"  keda: {reason}" in table and "  hpa: exit code 1" in table

@@ -15,6 +15,7 @@ from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.envelope import (
+    CapacityEnvelope,
     EnvelopeNotFoundError,
     EnvelopeSearch,
     measure_envelope,
@@ -108,3 +109,18 @@ def test_the_wilson_bound_lies_below_the_share(successes: int, extra: int) -> No
 
 def test_the_wilson_bound_of_nothing_is_nan() -> None:
     assert math.isnan(wilson_lower_bound(0, 0))
+
+
+@given(st.floats(0.01, 100.0), st.floats(0.05, 4.0))
+def test_a_scaled_envelope_scales_both_rates_and_keeps_the_rest(capacity: float, factor: float) -> None:
+    envelope = CapacityEnvelope(capacity, capacity * 3.0, 0.99, 7, groups=4, repeats=2)
+    scaled = envelope.scaled(factor)
+    assert scaled.work_seconds_per_second == pytest.approx(capacity * factor)
+    assert scaled.requests_per_second == pytest.approx(capacity * 3.0 * factor)
+    assert (scaled.attainment_goal, scaled.trials, scaled.groups, scaled.repeats) == (0.99, 7, 4, 2)
+
+
+@pytest.mark.parametrize("factor", [0.0, -0.5])
+def test_an_envelope_factor_that_is_not_positive_is_refused(factor: float) -> None:
+    with pytest.raises(ValueError, match="envelope factor must be positive"):
+        CapacityEnvelope(0.1, 1.0, 0.99, 1).scaled(factor)
