@@ -60,6 +60,10 @@ def test_a_short_ab_run_gives_every_policy_a_live_and_a_simulated_row(
     assert (out / "ab.png").read_bytes().startswith(PNG_MAGIC)
     for policy in live:
         assert (out / policy / "demo.json").exists()
+    # A baseline's own report names its scaler's changes of the count; goodput's records are advice.
+    for policy in ("keda", "hpa"):
+        summary = json.loads((out / policy / "demo.json").read_text())["summary"]
+        assert summary["scale_outs"] and {d["signal"] for d in summary["scale_outs"]} == {policy}, summary
 
     def leftovers() -> list[str]:
         names = cluster.kubectl("get", "namespaces", "-o", "name").stdout.split()

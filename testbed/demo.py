@@ -66,6 +66,8 @@ from goodput.testbed.demo_report import (
     ModelGroupSample,
     RequestRecord,
     SloTargets,
+    advice_changes,
+    count_changes,
     decision_records,
     drain_records,
     fleet_sample,
@@ -1101,6 +1103,9 @@ class Demo:
         requests = request_records(load.plan, load.generator.results)
         samples = sorted(sampler.samples, key=lambda sample: sample.offset_seconds)
         decisions = merge_decisions(sampler.decisions)
+        advice: tuple[DecisionRecord, ...] = ()
+        if self.args.scaler != "goodput":  # the HPA set the count; goodput's records are advice
+            advice, decisions = advice_changes(decisions), count_changes(samples, self.args.scaler)
         histories = group_histories(samples)
         drains = drain_records(self.group_events(cluster, started_wall), histories, requests)
         rows = timeline(
@@ -1109,7 +1114,7 @@ class Demo:
         )  # fmt: skip
         summary = summarize(
             requests, samples, decisions, objects.targets, drains=drains, histories=histories,
-            gpus_per_group=objects.gpus_per_group, end_seconds=end_seconds,
+            gpus_per_group=objects.gpus_per_group, end_seconds=end_seconds, advice=advice,
         )  # fmt: skip
         plots = plot_timeline(
             rows, samples, decisions, objects.targets, title=objects.model_group, out_dir=self.out

@@ -14,6 +14,7 @@ simulator's report applies, so offline and live figures mean the same thing.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -199,6 +200,31 @@ def merge_decisions(records: Iterable[DecisionRecord]) -> tuple[DecisionRecord, 
     for record in records:
         unique.setdefault((record.offset_seconds, record.from_groups, record.to_groups), record)
     return tuple(unique[key] for key in sorted(unique))
+
+
+def count_changes(samples: Sequence[ModelGroupSample], scaler: str) -> tuple[DecisionRecord, ...]:
+    """The wanted count's changes between consecutive samples, named for `scaler`: a run's scaling
+    events when another autoscaler (KEDA's HPA) sets `spec.replicas`, which records no decision in the
+    ModelGroup's status."""
+    return tuple(
+        DecisionRecord(after.offset_seconds, before.desired_groups, after.desired_groups, "", scaler)
+        for before, after in itertools.pairwise(samples)
+        if after.desired_groups != before.desired_groups
+    )
+
+
+def advice_changes(decisions: Sequence[DecisionRecord]) -> tuple[DecisionRecord, ...]:
+    """goodput's recommendations to change the count while it only advises, each once: nothing applies
+    them, so the same from -> to is recorded tick after tick; only a recommendation that differs from
+    the decision before it (a hold included) says something new."""
+    pairs = itertools.pairwise([None, *decisions])
+    return tuple(
+        after
+        for before, after in pairs
+        if after is not None
+        and after.changes
+        and (before is None or (before.from_groups, before.to_groups) != (after.from_groups, after.to_groups))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,6 +534,8 @@ class DemoSummary:
     fixed_peak_gpu_hours: float
     """What a fleet held at the peak for the whole run would have cost."""
     tenants: tuple[TenantFigures, ...] = ()
+    advice: tuple[DecisionRecord, ...] = ()
+    """goodput's recommendations when another autoscaler set the count (Advisory: not applied)."""
 
     @property
     def drained_scale_ins(self) -> int:
@@ -545,7 +573,10 @@ def summarize(
     histories: Sequence[GroupHistory],
     gpus_per_group: int,
     end_seconds: float,
+    advice: Sequence[DecisionRecord] = (),
 ) -> DemoSummary:
+    """decisions: what changed the count (goodput's, or `count_changes` for another autoscaler);
+    advice: goodput's recommendations when it only advised."""
     sent = [r for r in requests if r.outcome != NOT_SENT]
     admitted = [r for r in sent if r.outcome != REJECTED]
     attained = sum(1 for r in requests if r.attained(targets))
@@ -578,6 +609,7 @@ def summarize(
         gpu_hours=gpu_hours(samples, gpus_per_group, end_seconds=end_seconds),
         fixed_peak_gpu_hours=peak * gpus_per_group * end_seconds / 3600.0,
         tenants=tenant_figures(requests, targets),
+        advice=tuple(advice),
     )
 
 
@@ -661,6 +693,9 @@ def render_summary(summary: DemoSummary, targets: SloTargets, *, title: str) -> 
         lines.append(f"  scale-ins: {len(s.scale_ins)}: {steps}")
     else:
         lines.append("  scale-ins: none")
+    if s.advice:
+        steps = ", ".join(f"{d.describe()} at {d.offset_seconds:.0f} s" for d in s.advice)
+        lines.append(f"  goodput's advice (Advisory: recorded, not applied): {steps}")
     if s.drains:
         each = ", ".join(
             f"{d.group} {d.ending.replace('_', ' ')}"

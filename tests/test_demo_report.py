@@ -25,6 +25,8 @@ from goodput.testbed.demo_report import (
     RequestRecord,
     SloTargets,
     StatusGroup,
+    advice_changes,
+    count_changes,
     decision_records,
     drain_records,
     fleet_sample,
@@ -420,6 +422,46 @@ def test_the_text_and_the_json_carry_the_same_claims() -> None:
     assert document["summary"]["lost_on_drained_groups"] == 1
     assert document["summary"]["drains"][0]["drain_seconds"] == pytest.approx(9.0)
     assert [row["offered"] for row in document["timeline"]] == [row.offered for row in rows]
+
+
+def test_another_autoscalers_changes_are_read_from_the_wanted_count_between_samples() -> None:
+    changes = count_changes(burst_samples(), "keda")
+    assert [(c.offset_seconds, c.from_groups, c.to_groups) for c in changes] == [
+        (10, 1, 3),
+        (40, 3, 2),
+        (50, 2, 1),
+    ]
+    assert changes[0].describe() == "1→3 (keda)"
+    assert count_changes(burst_samples()[:1], "hpa") == ()
+
+
+def test_advice_repeated_tick_after_tick_is_listed_once_per_change_of_recommendation() -> None:
+    advised = [decision(5, 1, 2), decision(10, 1, 2), decision(15, 1, 3), decision(20, 1, 1),
+               decision(25, 1, 3), decision(30, 4, 3), decision(35, 4, 3)]  # fmt: skip
+    kept = advice_changes(advised)
+    assert [(d.offset_seconds, d.from_groups, d.to_groups) for d in kept] == [
+        (5, 1, 2), (15, 1, 3), (25, 1, 3), (30, 4, 3),
+    ]  # fmt: skip
+
+
+def test_with_another_autoscaler_the_summary_counts_its_changes_and_lists_goodputs_advice_apart() -> None:
+    samples = burst_samples()
+    advised = advice_changes([decision(5, 1, 2), decision(10, 1, 2), decision(40, 3, 2, "queueWork")])
+    summary = summarize(
+        [ok(1)], samples, count_changes(samples, "hpa"), CHAT, drains=(), histories=group_histories(samples),
+        gpus_per_group=1, end_seconds=60, advice=advised,
+    )  # fmt: skip
+    assert [(d.from_groups, d.to_groups) for d in summary.scale_outs] == [(1, 3)]
+    assert [(d.from_groups, d.to_groups) for d in summary.scale_ins] == [(3, 2), (2, 1)]
+    text = render_summary(summary, CHAT, title="demo")
+    assert "scale-outs: 1: 1→3 (hpa) at 10 s" in text
+    assert (
+        "goodput's advice (Advisory: recorded, not applied): 1→2 (queueWork, DesiredWithinRange) at 5 s, "
+        "3→2 (queueWork, DesiredWithinRange) at 40 s"
+    ) in text
+    assert [d["to_groups"] for d in summary.as_dict()["advice"]] == [2, 2]
+    # goodput's own run has no advice line.
+    assert "advice" not in render_summary(run_summary()[0], CHAT, title="demo")
 
 
 def test_the_plots_are_written_as_non_empty_pngs(tmp_path: Path) -> None:
