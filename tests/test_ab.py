@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -248,3 +250,27 @@ def test_a_policy_whose_run_failed_is_reported_with_its_reason_beside_the_others
     assert f"  keda: {reason}" in table and "  hpa: exit code 1" in table
     assert json.loads((tmp_path / "ab.json").read_text())["failed"] == live.failures
     assert (tmp_path / "ab.png").read_bytes().startswith(b"\x89PNG")  # the runs that gave a report
+
+
+def test_an_interrupted_run_ends_the_ab_run_there_without_a_table(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ran: list[str] = []
+
+    def run_policy(args: argparse.Namespace) -> tuple[int, str | None]:
+        ran.append(args.scaler)
+        if args.scaler == "keda":
+            return ab.INTERRUPTED, "interrupted"
+        args.out.mkdir(parents=True)
+        (args.out / "demo.json").write_text(json.dumps(report(attained=95, samples=[sample(0, 1, 1)])))
+        return 0, None
+
+    window = demo_run(steady_workload())
+    monkeypatch.setattr(ab, "RUN_POLICY", run_policy)
+    monkeypatch.setattr(ab, "tuned_test_window", lambda args, cleanup: (window, {}, "settings: none"))
+    monkeypatch.setattr(ab, "_cluster", lambda args, cleanup: SimpleNamespace(state_dir=tmp_path))
+    parser = argparse.ArgumentParser()
+    ab.add_arguments(parser)
+    assert ab.run(parser.parse_args(["--out", str(tmp_path / "ab")])) == ab.INTERRUPTED
+    assert ran == ["goodput", "keda"]  # the HPA's run is not started
+    assert not (tmp_path / "ab" / "ab.md").exists()

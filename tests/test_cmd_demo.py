@@ -4,8 +4,12 @@ the demo's manifests (read and checked before any cluster is started)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import shutil
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,7 @@ from goodput.api.labels import LEADER_RANK, MODEL_GROUP_LABEL, RANK_LABEL
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.simulator.workload import Workload
+from goodput.testbed import demo
 from goodput.testbed.demo import (
     DemoError,
     Phase,
@@ -257,3 +262,44 @@ goodput_gateway_requests_total{slo_class="chat",tenant="b",outcome="rejected",re
         "a": {"offered": 9, "admitted": 9},
         "b": {"offered": 9, "admitted": 4, "rejected": 5},
     }
+
+
+def _interrupted() -> int:
+    raise KeyboardInterrupt
+
+
+def _terminated() -> int:
+    os.kill(os.getpid(), signal.SIGTERM)  # as `kill` or a CI runner would stop the demo
+    return 0
+
+
+def _failed() -> int:
+    raise DemoError("no ready group")
+
+
+OUTCOMES = [
+    pytest.param(_interrupted, (demo.INTERRUPTED, "interrupted"), id="ctrl-c"),
+    pytest.param(_terminated, (demo.INTERRUPTED, "interrupted"), id="sigterm"),
+    pytest.param(_failed, (1, "no ready group"), id="failure"),
+    pytest.param(lambda: 0, (0, None), id="success"),
+]
+
+
+@pytest.mark.parametrize(("run", "expected"), OUTCOMES)
+def test_a_run_reports_how_it_ended_and_undoes_what_it_started(
+    monkeypatch: pytest.MonkeyPatch, run: Callable[[], int], expected: tuple[int, str | None]
+) -> None:
+    undone: list[str] = []
+
+    class Started:
+        def __init__(self, args: argparse.Namespace, cleanup: contextlib.ExitStack, say: object) -> None:
+            cleanup.callback(undone.append, "cluster stopped")
+
+        def run(self) -> int:
+            return run()
+
+    monkeypatch.setattr(demo, "Demo", Started)
+    handler = signal.getsignal(signal.SIGTERM)
+    assert demo.run_reporting(argparse.Namespace()) == expected
+    assert undone == ["cluster stopped"]
+    assert signal.getsignal(signal.SIGTERM) is handler  # SIGTERM is ours only while a run lasts
