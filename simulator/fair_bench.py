@@ -35,7 +35,6 @@ from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import (
     CapacityEnvelope,
     EnvelopeSearch,
-    measure_envelope,
     request_work_seconds,
 )
 from goodput.simulator.feasible import Feasibility, assess, class_index_of, require_feasible_requests
@@ -163,15 +162,14 @@ class FairBench:
     @property
     def envelope(self) -> CapacityEnvelope:
         if self._envelope is None:
-            from goodput.simulator.runner import analytic_rate_per_group
+            from goodput.simulator.runner import measure_feasible_envelope
 
-            feasible = self.train.take(np.flatnonzero(self.train_feasibility.feasible), "feasible requests")
-            self._envelope = measure_envelope(
+            self._envelope = measure_feasible_envelope(
+                self.setup,
                 self.fleet,
-                feasible,
-                self.setup.classes,
+                self.train,
+                self.train_feasibility,
                 pricing=self.pricing,
-                first_guess_rate_per_group=analytic_rate_per_group(self.setup, feasible, self.pricing),
                 search=self.envelope_search,
                 seed=self.seed,
             )

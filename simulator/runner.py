@@ -157,18 +157,17 @@ class Bench:
         if self._envelope is None:
             measured = self.setup.measured_capacity_work_seconds_per_second
             goal = min(c.attainment for c in self.setup.classes)
-            feasible = self.workload.take(np.flatnonzero(self.feasibility.feasible), "feasible requests")
             if measured is not None:
+                feasible = self.workload.take(np.flatnonzero(self.feasibility.feasible), "feasible requests")
                 work = request_work_seconds(self.pricing, feasible if len(feasible) else self.workload)
                 self._envelope = CapacityEnvelope(measured, measured / float(work.mean()), goal, 0)
             else:
-                require_feasible_requests(self.feasibility, self.setup.classes)
-                self._envelope = measure_envelope(
+                self._envelope = measure_feasible_envelope(
+                    self.setup,
                     self.fleet,
-                    feasible,
-                    self.setup.classes,
+                    self.workload,
+                    self.feasibility,
                     pricing=self.pricing,
-                    first_guess_rate_per_group=analytic_rate_per_group(self.setup, feasible, self.pricing),
                     search=self.search or EnvelopeSearch(trial_seconds=self.options.capacity_trial_seconds),
                     seed=self.options.seed,
                 )
@@ -328,6 +327,32 @@ def analytic_rate_per_group(setup: SimulationSetup, workload: Workload, pricing:
 
     analytic = capacity_profile(setup, scaling_policy_for(setup), workload, None)
     return float(analytic.reference.work_per_second / request_work_seconds(pricing, workload).mean())
+
+
+def measure_feasible_envelope(
+    setup: SimulationSetup,
+    fleet: FleetConfig,
+    workload: Workload,
+    feasibility: Feasibility,
+    *,
+    pricing: WorkPricing,
+    search: EnvelopeSearch,
+    seed: int,
+) -> CapacityEnvelope:
+    """C of one group measured on the workload's feasible requests by a fleet behind the router, the
+    search starting at the service-time model's rate: one recipe for `goodput envelope`, the fair
+    benchmark's training window and `goodput ab`'s. No feasible request of a class is an error."""
+    require_feasible_requests(feasibility, setup.classes)
+    feasible = workload.take(np.flatnonzero(feasibility.feasible), "feasible requests")
+    return measure_envelope(
+        fleet,
+        feasible,
+        setup.classes,
+        pricing=pricing,
+        first_guess_rate_per_group=analytic_rate_per_group(setup, feasible, pricing),
+        search=search,
+        seed=seed,
+    )
 
 
 def optional_plots() -> ModuleType | None:

@@ -33,13 +33,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests
 from goodput.simulator.config import SimulationSetup, build_setup
-from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, measure_envelope
+from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
 from goodput.simulator.fair_bench import SWEEPS, cheapest_meeting_target
 from goodput.simulator.fair_bench import Outcome as FairOutcome
 from goodput.simulator.feasible import NoFeasibleRequestsError, assess
@@ -49,7 +48,7 @@ from goodput.simulator.group_world import GroupRules
 from goodput.simulator.policy import Autoscaler
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import RequestVerdicts, judge
-from goodput.simulator.runner import analytic_rate_per_group
+from goodput.simulator.runner import measure_feasible_envelope
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, class_weights_from, prepare
 from goodput.testbed import demo
@@ -167,11 +166,16 @@ class SimulatedRun:
     goodput_envelope: CapacityEnvelope | None = None
     """Measured on the training window; None: goodput runs on the ModelGroup's profile as written."""
 
-    def goodput_capacity(self) -> float | None:
-        """C (work-seconds per second of one group) goodput runs on: the envelope times its factor."""
+    def goodput_scaled_envelope(self) -> CapacityEnvelope | None:
+        """The envelope goodput runs on: the measured one times its factor (None: none measured)."""
         if self.goodput_envelope is None:
             return None
-        return self.goodput_envelope.scaled(self.thresholds.get("goodput", 1.0)).work_seconds_per_second
+        return self.goodput_envelope.scaled(self.thresholds.get("goodput", 1.0))
+
+    def goodput_capacity(self) -> float | None:
+        """C (work-seconds per second of one group) goodput runs on, as the ModelGroup states it."""
+        envelope = self.goodput_scaled_envelope()
+        return None if envelope is None else envelope.work_seconds_per_second
 
 
 def simulated_autoscaler(
@@ -184,10 +188,7 @@ def simulated_autoscaler(
         )
     if policy == "hpa":
         return HpaGpuUtilization(target_utilization=run.thresholds["hpa"] / 100.0)
-    envelope = run.goodput_envelope
-    if envelope is not None:
-        envelope = envelope.scaled(run.thresholds.get("goodput", 1.0))
-    return GoodputPolicy.for_setup(setup, workload, envelope)
+    return GoodputPolicy.for_setup(setup, workload, run.goodput_scaled_envelope())
 
 
 def simulation_inputs(run: SimulatedRun) -> tuple[SimulationSetup, Workload, FleetConfig]:
@@ -210,13 +211,9 @@ def measure_training_envelope(training: SimulatedRun) -> CapacityEnvelope:
     """goodput's envelope on the training window, as the fair benchmark measures it: the highest rate
     per group at which a fleet behind the router meets the SLO on the window's feasible requests."""
     setup, workload, fleet = simulation_inputs(training)
-    feasible = workload.take(
-        np.flatnonzero(assess(workload, setup.engine, setup.classes).feasible), "feasible requests"
-    )
-    pricing = WorkPricing.from_step_model(setup.engine.cost)
-    return measure_envelope(
-        fleet, feasible, setup.classes, pricing=pricing,
-        first_guess_rate_per_group=analytic_rate_per_group(setup, feasible, pricing), seed=training.seed,
+    return measure_feasible_envelope(
+        setup, fleet, workload, assess(workload, setup.engine, setup.classes),
+        pricing=WorkPricing.from_step_model(setup.engine.cost), search=EnvelopeSearch(), seed=training.seed,
     )  # fmt: skip
 
 
