@@ -2,8 +2,10 @@
 
 `StatelessProcessGroup` is a TCP-store rendezvous that needs no torch.distributed world, and
 `PyNcclCommunicator` is vLLM's ctypes binding of NCCL on top of it, so the check changes nothing
-about how vLLM itself starts. Imported only inside a check's rank process (torch and CUDA stay
-out of the agent); the process ends after the check, which returns its GPU memory to the driver.
+about how vLLM itself starts. A group of one GPU has nothing to all-reduce with: its rank still
+allocates, fills, synchronises and checks its buffer on the device, with torch alone. Imported only
+inside a check's rank process (torch and CUDA stay out of the agent); the process ends after the
+check, which returns its GPU memory to the driver.
 """
 
 from __future__ import annotations
@@ -18,20 +20,21 @@ from goodput.agent.nccl import CollectiveError, RankSpec
 class VllmCollective:
     def __init__(self, spec: RankSpec) -> None:
         import torch
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
 
         self._torch: Any = torch
         self._spec = spec
         self._device = torch.device(f"cuda:{spec.device}")
         torch.cuda.set_device(self._device)
+        self._communicator: Any = None
+        if spec.world_size == 1:
+            return  # one GPU: nothing to all-reduce with (vLLM disables its communicator too)
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
         create = StatelessProcessGroup.create
         options: dict[str, Any] = {}
         if "store_timeout" in inspect.signature(create).parameters:
             options["store_timeout"] = int(spec.rendezvous_timeout_seconds)
-        self._communicator: Any = None
-        if spec.world_size == 1:
-            return  # one GPU: nothing to all-reduce with (vLLM disables its communicator too)
         self._group = create(
             host=spec.leader_host, port=spec.port, rank=spec.rank, world_size=spec.world_size, **options
         )

@@ -115,11 +115,11 @@ VERDICTS = [
     ),
     VerdictCase("nothing reported", CheckOutcome(), False, Reason.ALL_REDUCE_FAILED, ("no rank",)),
     VerdictCase(
-        "a single GPU passes on latency alone",
+        "a single GPU passes on latency alone, with no link figure",
         CheckOutcome(measured(1e-9, world=1)),
         True,
         Reason.ALL_REDUCE_PASSED,
-        ("1 GPU",),
+        ("one GPU", "no link to measure", "20us"),
     ),
 ]
 

@@ -115,3 +115,16 @@ def test_a_single_gpu_needs_no_rendezvous_or_communicator() -> None:
     collective.close()
 
     assert [name for name, _ in CALLS] == ["set_device", "empty_cache"]
+
+
+def test_a_single_gpu_runs_on_torch_alone_without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-GPU check must run where only torch is installed (a GPU machine without vLLM)."""
+    from goodput.agent.vllm_collective import VllmCollective
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # importing vllm now raises ImportError
+    monkeypatch.delitem(sys.modules, "vllm.distributed.utils")
+    monkeypatch.delitem(sys.modules, "vllm.distributed.device_communicators.pynccl")
+
+    collective = VllmCollective(spec(rank=0, world=1))
+    assert collective.all_reduce(1024) >= 0
+    collective.close()

@@ -306,7 +306,7 @@ TP8_PP2 = replace(LEADER, vllm=VllmArgs(model="m", tensor_parallel=8, pipeline_p
 @pytest.mark.parametrize(
     ("pod", "status", "reason", "words"),
     [
-        pytest.param(LEADER, "True", Reason.ALL_REDUCE_PASSED, "NVLink within one node", id="one-gpu-passes"),
+        pytest.param(LEADER, "True", Reason.ALL_REDUCE_PASSED, "one GPU: no peer", id="one-gpu-passes"),
         pytest.param(
             TP8_PP2, "True", Reason.ALL_REDUCE_PASSED, "over 16 GPU(s)", id="two-pods-cross-the-fabric"
         ),
@@ -335,7 +335,7 @@ TP8_PP2 = replace(LEADER, vllm=VllmArgs(model="m", tensor_parallel=8, pipeline_p
             replace(LEADER, fault="nccl-slow"),
             "True",
             Reason.ALL_REDUCE_PASSED,
-            "1 GPU(s)",
+            "no link to measure",
             id="one-rank-has-no-link",
         ),
     ],
