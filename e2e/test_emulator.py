@@ -125,7 +125,7 @@ def health(ip: str) -> int | None:
 class Emulator:
     """`goodput emulate` in a child process; its `listening` lines are collected as they come."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+    def __init__(self, cluster: LocalCluster, namespace: str, *options: str) -> None:
         command = [
             sys.executable,
             "-m",
@@ -140,6 +140,7 @@ class Emulator:
             "0.5",
             "--log-level",
             "INFO",
+            *options,
         ]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.listening: dict[str, str] = {}
@@ -600,3 +601,105 @@ def test_a_hung_all_reduce_and_then_a_slow_link_each_fail_their_group_with_the_a
     assert any(slow in m and "AllReduceSlow" in m and "GB/s floor" in m for m in failure_messages()), (
         failure_messages()
     )
+
+
+AGENT_NCCL_TIMEOUT_SECONDS = 15
+
+
+def test_the_real_agent_beside_every_rank_gates_fails_and_replaces_groups(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    """`goodput emulate --agent-processes`: every rank runs the health agent's own process (emulated
+    GPUs, an all-reduce over TCP), which writes its pod's conditions and revision through the API
+    server. A group turns Ready on what the agents wrote; a critical XID on a serving rank takes its
+    group out and a replacement turns Ready; a new group whose all-reduce hangs stays Warming, then
+    fails with the agent's timeout while the old group serves; a new group on a slow link fails with
+    the agent's figures."""
+    timeout = str(AGENT_NCCL_TIMEOUT_SECONDS)
+    emulator = Emulator(cluster, namespace, "--agent-processes", "--agent-nccl-timeout-seconds", timeout)
+    try:
+        _agent_story(cluster, namespace, operator, emulator)
+    finally:
+        assert emulator.stop() == 0, "\n".join(emulator.log[-30:])
+
+
+def _agent_story(cluster: LocalCluster, namespace: str, operator: Operator, emulator: Emulator) -> None:
+    body = json.loads(json.dumps(MODEL_GROUP))
+    body["spec"]["replicas"] = 1
+    body["spec"]["parallelism"] = {"tensor": 2, "pipeline": 1, "gpusPerPod": 1}
+    body["spec"]["readiness"] = {"ncclCheck": "Required", "revisionCheck": True}
+    apply(cluster, namespace, body)
+    path = f"/apis/goodput.dev/v1alpha1/namespaces/{namespace}/modelgroups/{SERVED}"
+
+    def groups(state: str) -> list[str]:
+        current = cluster.api.get(path).get("status") or {}
+        return [g["name"] for g in current.get("groups") or () if g.get("state") == state]
+
+    def describe() -> str:
+        events = cluster.api.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+        return (
+            f"status {cluster.api.get(path).get('status')}\nevents:\n"
+            + "\n".join(f"{e['reason']}: {e['message']}" for e in events[-20:])
+            + "\nemulator log:\n"
+            + "\n".join(emulator.log[-20:])
+            + f"\noperator log:\n{operator.log_tail()}"
+        )
+
+    def failures() -> list[str]:
+        events = cluster.api.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector=reason%3DGroupFailed")
+        return [event["message"] for event in events["items"]]
+
+    def ranks_of(group: str) -> dict[str, dict[str, Any]]:
+        return {name: pod for name, pod in pods(cluster, namespace).items() if f"-{group}-" in name}
+
+    # Ready on the agents' own reports: every rank's all-reduce figures, GPUs and loaded revision.
+    wait_for(lambda: len(groups("Ready")) == 1, timeout_seconds=120, describe=describe)
+    (first,) = groups("Ready")
+    ranks = ranks_of(first)
+    assert len(ranks) == 2
+    for pod in ranks.values():
+        conditions = {c["type"]: c for c in pod["status"]["conditions"]}
+        assert conditions["goodput.dev/NCCLHealthy"]["reason"] == "AllReducePassed"
+        assert "all-reduce over 2 GPU(s)" in conditions["goodput.dev/NCCLHealthy"]["message"]
+        assert conditions["goodput.dev/GPUHealthy"]["status"] == "True"
+        assert pod["metadata"]["annotations"]["goodput.dev/model-revision"] == REVISION
+    assert sum("health agent started" in line for line in emulator.log) >= 2
+
+    # A critical XID on the follower: its agent's next round fails the group; a replacement serves.
+    follower = max(ranks)
+    cluster.kubectl(
+        "annotate", "pod", follower, "-n", namespace, 'sim.goodput.dev/gpu-faults={"xids": {"0": [79]}}'
+    )
+
+    def replaced() -> bool:
+        return len(groups("Ready")) == 1 and groups("Ready") != [first]
+
+    wait_for(replaced, timeout_seconds=120, describe=describe)
+    assert any(first in m and "critical XID 79" in m for m in failures()), failures()
+    ready = groups("Ready")
+    assert len(ready) == 1, describe()
+    (serving,) = ready
+
+    # A new template whose ranks' all-reduce hangs: the new group waits, then fails on the agents' bound.
+    hang = {"spec": {"pod": {"annotations": {"sim.goodput.dev/fault": "nccl-hang"}}}}
+    cluster.api.patch(path, hang)
+    seen_warming: list[str] = []
+
+    def a_new_group_warms() -> bool:
+        seen_warming.extend(groups("Warming"))
+        return bool(seen_warming)
+
+    wait_for(a_new_group_warms, timeout_seconds=60, describe=describe)
+    warming = seen_warming[0]
+    wait_for(lambda: any(warming in m for m in failures()), timeout_seconds=90, describe=describe)
+    message = next(m for m in failures() if warming in m)
+    assert "AllReduceTimeout" in message and f"within {AGENT_NCCL_TIMEOUT_SECONDS}s" in message, message
+    assert groups("Ready") == [serving], "the old group serves while the new one fails"
+
+    # Another template on a slow link: the agents measure it and fail the group with their figures.
+    slow = {"spec": {"pod": {"annotations": {"sim.goodput.dev/fault": "nccl-slow"}}}}
+    cluster.api.patch(path, slow)
+    wait_for(lambda: any("AllReduceSlow" in m for m in failures()), timeout_seconds=120, describe=describe)
+    message = next(m for m in failures() if "AllReduceSlow" in m)
+    assert "GB/s" in message and "floor" in message, message
+    assert groups("Ready") == [serving]

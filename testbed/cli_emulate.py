@@ -4,7 +4,9 @@ addresses), timed by the engine model.
 With a cluster (the default): watch goodput's vLLM pods through the kubeconfig and serve every
 leader at its pod IP:port, inside the network namespace named by `--netns` (or $GOODPUT_NETNS, as
 `goodput cluster env` exports it). Run it in the host namespace, where the API server's loopback
-address is reachable; only the listening sockets are created inside the pod namespace.
+address is reachable; only the listening sockets are created inside the pod namespace. With
+`--agent-processes` the real health agent (`goodput.agent`, emulated GPUs, TCP collective) runs
+beside every running pod and publishes the pods' health itself (`emulator_agents`).
 
 Standalone (`--serve HOST:PORT`, repeatable): one emulated vLLM per address, no cluster needed
 (port 0 picks a free port). Each listening address is printed as `listening NAME HOST:PORT`.
@@ -22,7 +24,9 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from goodput.testbed.emulator import (
     DEFAULT_LOAD_SECONDS,
@@ -33,6 +37,11 @@ from goodput.testbed.emulator import (
     VllmArgs,
     gpu_by_name,
     serving_profile,
+)
+from goodput.testbed.emulator_agents import (
+    DEFAULT_NCCL_TIMEOUT_SECONDS,
+    AgentProcesses,
+    AgentProcessSettings,
 )
 from goodput.testbed.emulator_engine import DEFAULT_MAX_MODEL_LEN, DEFAULT_STREAM_INTERVAL_SECONDS
 from goodput.testbed.emulator_kube import KubeClient
@@ -64,6 +73,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_NCCL_CHECK_SECONDS,
         help="delay after the load before NCCLHealthy is reported (annotation "
         "sim.goodput.dev/nccl-check-seconds overrides it per pod)",
+    )
+    cluster.add_argument(
+        "--agent-processes",
+        action="store_true",
+        help="run the real health agent beside every running pod (emulated GPUs, TCP collective) "
+        "instead of publishing its verdicts",
+    )
+    cluster.add_argument(
+        "--agent-nccl-timeout-seconds",
+        type=float,
+        default=DEFAULT_NCCL_TIMEOUT_SECONDS,
+        help="with --agent-processes: the agents' bound on their all-reduce",
+    )
+    cluster.add_argument(
+        "--agent-dir",
+        type=Path,
+        default=None,
+        help="with --agent-processes: the agents' files and logs (default: a temporary folder)",
     )
     standalone = parser.add_argument_group("standalone mode")
     standalone.add_argument(
@@ -169,9 +196,17 @@ async def _main(args: argparse.Namespace, defaults: ProfileDefaults, listeners: 
         default_nccl_check_seconds=args.nccl_check_seconds,
         profile=defaults,
     )
-    async with KubeClient.from_kubeconfig(args.kubeconfig, args.context) as kube:
-        emulator = FleetEmulator(kube, listeners, settings, on_listen=_announce)
-        await emulator.run(stop)
+    with contextlib.ExitStack() as stack:
+        agents = None
+        if args.agent_processes:
+            root = args.agent_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agents-")))
+            timeout = args.agent_nccl_timeout_seconds
+            agents = AgentProcesses(
+                AgentProcessSettings(kubeconfig=args.kubeconfig, root=root, nccl_timeout_seconds=timeout)
+            )
+        async with KubeClient.from_kubeconfig(args.kubeconfig, args.context) as kube:
+            emulator = FleetEmulator(kube, listeners, settings, on_listen=_announce, agents=agents)
+            await emulator.run(stop)
     return 0
 
 

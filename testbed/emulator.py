@@ -17,6 +17,8 @@ containers would do:
 - Every rank: the health agent's GPU check (goodput.agent's emulated backend and its verdict), as
   the pod condition `goodput.dev/GPUHealthy`, once loaded; faults are injected through the
   annotation `sim.goodput.dev/gpu-faults` (the agent's JSON faults, e.g. `{"xids": {"0": [79]}}`).
+- With `HealthAgents` (`goodput emulate --agent-processes`, `emulator_agents`), the real agent
+  process runs beside every running pod instead and publishes all of the above itself.
 - Faults (`sim.goodput.dev/fault`): `engine-death` (leader: /health 503, then the listener closes;
   removing the annotation restarts the engine, which loads again), `hang` (leader: health 200, no
   tokens until the annotation goes), `nccl-failure` (the rank's all-reduce errors), `nccl-hang` (it
@@ -39,7 +41,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from pydantic import ValidationError
@@ -459,6 +461,19 @@ class EmulatorSettings:
     profile: ProfileDefaults = field(default_factory=ProfileDefaults)
 
 
+class HealthAgents(Protocol):
+    """Real health agent processes beside the pods (`emulator_agents.AgentProcesses`): when given,
+    they publish the agent's conditions and annotation, and the emulator publishes none."""
+
+    def sync(self, pod: EmulatedPod) -> None: ...
+
+    def stop(self, key: tuple[str, str]) -> None: ...
+
+    def reap(self) -> None: ...
+
+    def stop_all(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Leader:
     """The emulated vLLM process of one leader pod (mutable, shell-private)."""
@@ -482,8 +497,10 @@ class FleetEmulator:
         *,
         clock: Callable[[], float] | None = None,
         on_listen: Callable[[str, str, int], None] | None = None,
+        agents: HealthAgents | None = None,
     ) -> None:
         self._kube = kube
+        self._agents = agents
         self._listeners = listeners
         self._settings = settings
         self._clock = clock or (lambda: datetime.now(UTC).timestamp())
@@ -534,6 +551,8 @@ class FleetEmulator:
             )
             await asyncio.wait(tasks, timeout=longest + 10)
         self._leaders.clear()
+        if self._agents is not None:
+            self._agents.stop_all()
 
     # ------------------------------------------------------------------ watching
     def _pods_path(self) -> str:
@@ -605,6 +624,8 @@ class FleetEmulator:
         self._changed.set()
         pod = self._pods.pop(key, None)
         self._reported.pop(key, None)
+        if self._agents is not None:
+            self._agents.stop(key)
         leader = self._leaders.pop(key, None)
         if leader is not None:
             timeout = pod.vllm.shutdown_timeout_seconds if pod is not None else 0.0
@@ -617,6 +638,8 @@ class FleetEmulator:
     # ------------------------------------------------------------------ reconciling
     async def _reconcile_all(self) -> float | None:
         """Reconcile every pod; return the earliest time a plan changes by itself (None: no such time)."""
+        if self._agents is not None:
+            self._agents.reap()
         wakes = [await self._reconcile(pod) for pod in list(self._pods.values())]
         return min((wake for wake in wakes if wake is not None), default=None)
 
@@ -626,9 +649,11 @@ class FleetEmulator:
         plan = plan_pod(
             pod,
             now,
-            health_agent=self._settings.health_agent,
+            health_agent=self._settings.health_agent and self._agents is None,
             restarted_at=leader.restarted_at if leader is not None else None,
         )
+        if self._agents is not None:
+            self._agents.sync(pod)
         await self._report(pod, plan)
         if pod.leader:
             await self._reconcile_leader(pod, plan, now)
