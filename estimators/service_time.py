@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+Floats = npt.NDArray[np.float64]
+Number = TypeVar("Number", float, Floats)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +162,42 @@ class StepCostModel:
         if sequences == 0:
             return 0.0
         linear = max(self.weight_read_seconds, self.compute_seconds_per_token * batch_tokens)
+        return self._step_sum(linear, batch_tokens, prefill_attention_units, decode_context_tokens, sequences)
+
+    def step_seconds_array(
+        self,
+        batch_tokens: Floats,
+        prefill_attention_units: Floats,
+        decode_context_tokens: Floats,
+        sequences: Floats,
+    ) -> Floats:
+        """`step_seconds` for many groups at once (the batched fleet engine); 0 where a step is empty.
+
+        The scalar form stays scalar because the event engine calls it on every step with plain
+        floats, where numpy's per-call overhead would dominate; both add the same terms, in one order.
+        """
+        linear = np.maximum(self.weight_read_seconds, self.compute_seconds_per_token * batch_tokens)
+        seconds = self._step_sum(
+            linear, batch_tokens, prefill_attention_units, decode_context_tokens, sequences
+        )
+        return np.where(sequences > 0, seconds, 0.0)
+
+    def _step_sum(
+        self,
+        linear: Number,
+        batch_tokens: Number,
+        attention_units: Number,
+        context: Number,
+        sequences: Number,
+    ) -> Number:
+        """The step's terms added up, the GEMMs' max(weight read, compute) given: plain sums and
+        products, in one order for floats and arrays alike."""
         communication = self.communication_fixed_seconds + self.communication_seconds_per_token * batch_tokens
         return (
             self.fixed_seconds
             + linear
-            + self.attention_seconds_per_unit * prefill_attention_units
-            + self.context_read_seconds_per_token * decode_context_tokens
+            + self.attention_seconds_per_unit * attention_units
+            + self.context_read_seconds_per_token * context
             + self.seconds_per_sequence * sequences
             + communication
         )

@@ -2,7 +2,8 @@
 
 Writes DIR/report.json (offered, admitted and SLO-attaining requests, attainment against both,
 goodput, GPU-hours, cost per SLO-attaining request, scale events and their reasons, per-class and
-latency figures, a time series) and DIR/timeline.png.
+latency figures, a time series) and DIR/timeline.png. `--engine batched` replays a fixed fleet of
+hundreds or thousands of groups, every group advanced together in ticks (`simulator.batched`).
 """
 
 from __future__ import annotations
@@ -139,6 +140,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--autoscaler", choices=POLICIES, default="goodput", help="scaling policy (default goodput)"
     )
+    parser.add_argument(
+        "--engine",
+        choices=("event", "batched"),
+        default="event",
+        help="event: every engine step timed (default); batched: the whole fleet advanced in ticks, "
+        "for fleets of hundreds or thousands of groups (fixed fleet only, no gateway or failures)",
+    )
+    parser.add_argument(
+        "--tick-seconds",
+        type=float,
+        default=0.1,
+        help="the batched engine's tick (default 0.1 s); requests are timed within it",
+    )
 
 
 def options_from(args: argparse.Namespace) -> RunOptions:
@@ -163,6 +177,8 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         trace_limit=args.trace_limit,
         capacity_trial_seconds=args.capacity_trial_seconds,
         gateway=args.gateway,
+        engine=getattr(args, "engine", "event"),
+        tick_seconds=getattr(args, "tick_seconds", 0.1),
     )
 
 
@@ -186,6 +202,8 @@ def gateway_outcomes(figures: dict[str, object]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         bench = bench_from(args)
+        if bench.options.engine == "batched":
+            bench.check_batched(args.autoscaler)
     except (OSError, ValueError) as error:
         print(f"goodput simulate: {error}", file=sys.stderr)
         return 2

@@ -53,8 +53,9 @@ class RequestVerdicts:
     met: np.ndarray
     gaps: np.ndarray
     """Token gaps of each request (output tokens − 1)."""
-    slow_gaps: np.ndarray
-    """Token gaps longer than the request's ITL target."""
+    slow_gaps: np.ndarray | None
+    """Token gaps longer than the request's ITL target; None from an engine that does not time each
+    token (the batched fleet engine)."""
 
 
 def judge(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> RequestVerdicts:
@@ -87,7 +88,7 @@ def judge(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> Reques
         met = finished & (ttft <= ttft_target) & tpot_ok & (e2e <= e2e_target)
     if "best_effort" in requests:  # served outside its class's SLO: never attaining (nor a miss)
         met &= ~requests["best_effort"]
-    return RequestVerdicts(ttft, tpot, e2e, finished, admitted, met, gaps, requests["slow_gaps"])
+    return RequestVerdicts(ttft, tpot, e2e, finished, admitted, met, gaps, requests.get("slow_gaps"))
 
 
 def meets_every_class(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> bool:
@@ -352,7 +353,8 @@ def _class_report(
     done = mask & verdicts.finished
     ttft_within = float((verdicts.ttft[done] <= targets.ttft_seconds).mean()) if done.any() else None
     gaps = float(verdicts.gaps[done].sum())
-    gaps_within = 1.0 - float(verdicts.slow_gaps[done].sum()) / gaps if gaps else None
+    slow_gaps = verdicts.slow_gaps
+    gaps_within = 1.0 - float(slow_gaps[done].sum()) / gaps if gaps and slow_gaps is not None else None
     return {
         "targets": {
             "ttft_seconds": targets.ttft_seconds,

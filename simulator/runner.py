@@ -27,6 +27,8 @@ from goodput.simulator.baselines import (
     KnativeKpa,
     KpaSpec,
 )
+from goodput.simulator.batched import ROUTERS as BATCHED_ROUTERS
+from goodput.simulator.batched import BatchedRunSettings, simulate_batched
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import (
     CapacityEnvelope,
@@ -74,6 +76,11 @@ class RunOptions:
     kpa_target_per_group: float = 16.0
     gateway: bool = False
     """Put the gateway's request path (admission, fair queue, routing) in front of the groups."""
+    engine: str = "event"
+    """`event`: every engine step an event (every policy, the gateway, failures); `batched`: the
+    whole fleet advanced in ticks of `tick_seconds`, for fleets of hundreds or thousands of groups
+    (the `fixed` policy only; `simulator.batched`)."""
+    tick_seconds: float = 0.1
 
 
 @dataclass
@@ -261,7 +268,7 @@ class Bench:
             horizon_seconds=self.horizon_seconds,
             request_path=self.request_path,
         )
-        result = simulate(self.workload, config, autoscaler, progress=self.options.progress)
+        result = self._replay(name, config, autoscaler)
         context = {
             "autoscaler": name,
             "autoscaler_parameters": autoscaler.describe(),
@@ -272,6 +279,8 @@ class Bench:
             "duration_seconds": self.options.duration_seconds,
             "start_seconds": self.options.start_seconds,
             "router": self.options.router,
+            "engine": self.options.engine,
+            "tick_seconds": self.options.tick_seconds if self.options.engine == "batched" else None,
             "gateway": self.request_path is not None,
             "scrape_interval_seconds": getattr(autoscaler, "scrape_interval_seconds", None)
             or self.options.scrape_interval_seconds,
@@ -288,6 +297,33 @@ class Bench:
             result, self.setup.classes, self.options.gpu_hour_price, self.options.bin_seconds, context
         )
         return result, report
+
+    def _replay(self, name: str, config: SimulationConfig, autoscaler: Autoscaler) -> SimulationResult:
+        if self.options.engine == "event":
+            return simulate(self.workload, config, autoscaler, progress=self.options.progress)
+        self.check_batched(name)
+        settings = BatchedRunSettings(
+            groups=config.initial_groups,
+            tick_seconds=self.options.tick_seconds,
+            horizon_seconds=config.horizon_seconds,
+            tail_seconds=config.tail_seconds,
+        )
+        return simulate_batched(self.workload, self.fleet, settings)
+
+    def check_batched(self, name: str) -> None:
+        """The batched engine runs a fixed fleet, without the gateway or failures: say so up front."""
+        options = self.options
+        unsupported = [
+            (name != "fixed", f"--autoscaler {name} (it runs the fixed fleet only: --autoscaler fixed)"),
+            (options.gateway, "--gateway"),
+            (options.failure_rate_per_group_hour > 0 or bool(options.scheduled_failures_seconds), "failures"),
+            (options.router not in BATCHED_ROUTERS, f"--router {options.router}"),
+        ]
+        refused = [what for condition, what in unsupported if condition]
+        if refused:
+            raise ValueError(f"--engine batched does not model {', '.join(refused)}")
+        if not 0.0 < options.tick_seconds <= 1.0:
+            raise ValueError(f"--tick-seconds: must be in (0, 1] s, got {options.tick_seconds:g}")
 
     def _envelope_summary(self) -> dict[str, Any] | None:
         if self._envelope is None:

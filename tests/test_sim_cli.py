@@ -190,3 +190,45 @@ def test_the_gateway_needs_both_manifests(tmp_path: Path, capsys: pytest.Capture
     code = main(["simulate", "--trace", TRACE, "--out", str(tmp_path), "--gateway", "--no-progress"])
     assert code == 2
     assert "--gateway needs --modelgroup and --policy" in capsys.readouterr().err
+
+
+def test_simulate_runs_a_fixed_fleet_on_the_batched_engine(
+    tmp_path: Path, manifests: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_group, policy = manifests
+    out = tmp_path / "batched"
+    common = ["simulate", "--trace", TRACE, "--modelgroup", str(model_group), "--policy", str(policy)]
+    code = main(
+        [*common, "--autoscaler", "fixed", "--fixed-groups", "3", "--engine", "batched", "--out", str(out)]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["engine"] == "batched"
+    assert report["config"]["initial_groups"] == 3
+    assert report["finished_requests"] == report["offered_requests"] > 1000
+    assert report["gpu_hours"] == pytest.approx(3 * report["offered_window_seconds"] / 3600)
+    assert "fixed:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--autoscaler", "goodput"], "--autoscaler goodput"),
+        (["--autoscaler", "fixed", "--fail-at", "30"], "failures"),
+        (["--autoscaler", "fixed", "--tick-seconds", "5"], "--tick-seconds"),
+    ],
+    ids=["a scaling policy", "failures", "a tick too long"],
+)
+def test_the_batched_engine_refuses_what_it_does_not_model(
+    tmp_path: Path,
+    manifests: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    named: str,
+) -> None:
+    model_group, policy = manifests
+    common = ["simulate", "--trace", TRACE, "--modelgroup", str(model_group), "--policy", str(policy)]
+    code = main([*common, *extra, "--engine", "batched", "--out", str(tmp_path / "refused")])
+    assert code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "refused" / "report.json").exists()
