@@ -21,7 +21,7 @@ share out), the `max_num_seqs` limit on prefilling sequences, failures, the gate
 fleet is the `fixed` policy's). Where the KV cache is full its TTFT comes out up to about a third
 lower than the event engine's, which spends steps recomputing preempted requests; attainment and
 TPOT still agree there.
-`tests/test_simulator_batched.py` holds it to the event engine's figures on a fleet both can run.
+`tests/test_sim_batched.py` holds it to the event engine's figures on a fleet both can run.
 """
 
 from __future__ import annotations
@@ -41,7 +41,14 @@ from goodput.simulator.workload import Workload
 Floats = npt.NDArray[np.float64]
 Indices = npt.NDArray[np.int64]
 
-ROUTERS = ("least-work", "least-requests", "round-robin")
+MAX_TICK_SECONDS = 1.0
+
+
+def check_tick_seconds(tick_seconds: float, name: str = "tick_seconds") -> None:
+    """A tick of at most a second: requests are timed within it, but a tick's arrivals share one
+    prefill chunk, so a longer one would blur TTFT by its own length."""
+    if not 0.0 < tick_seconds <= MAX_TICK_SECONDS:
+        raise ValueError(f"{name}: must be in (0, {MAX_TICK_SECONDS:g}] s, got {tick_seconds:g}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +65,14 @@ class BatchedRunSettings:
     def __post_init__(self) -> None:
         if self.groups < 1:
             raise ValueError(f"groups: a fixed fleet needs at least one group, got {self.groups}")
-        if not 0.0 < self.tick_seconds <= 1.0:
-            raise ValueError(f"tick_seconds: must be in (0, 1] s, got {self.tick_seconds}")
+        check_tick_seconds(self.tick_seconds)
 
 
 def simulate_batched(
     workload: Workload, fleet: FleetConfig, settings: BatchedRunSettings
 ) -> SimulationResult:
-    """Replay `workload` through `settings.groups` groups ready from t=0 and never scaled."""
-    if fleet.router not in ROUTERS:
-        raise ValueError(f"router: the batched engine routes by {', '.join(ROUTERS)}, not {fleet.router!r}")
+    """Replay `workload` through `settings.groups` groups ready from t=0 and never scaled, routed by
+    the fleet's router (each of `fleet.ROUTERS`)."""
     return _BatchedRun(workload, fleet, settings).run()
 
 
@@ -108,7 +113,6 @@ class _TickPlan:
     mixed_step_seconds: Floats
     mixed_steps: Floats
     mixed_seconds: Floats
-    chunk_tokens: Floats
     decode_step_seconds: Floats
     decode_steps: Floats
 
@@ -173,7 +177,6 @@ class _BatchedRun:
         self.routed_at, self.scheduled_at, self.first_token_at, self.finished_at = (
             np.full(count, np.nan) for _ in range(4)
         )
-        self.start_step = np.zeros(count, dtype=np.float64)
         self.state = _Groups(settings.groups)
         # The queues, each as parallel columns so a tick reads them without gathering from the
         # requests' columns: waiting for a first token, and decoding.
@@ -182,6 +185,7 @@ class _BatchedRun:
         self.pending_ends = np.zeros(0, dtype=np.float64)
         self.decoders = np.zeros(0, dtype=np.int64)
         self.decoder_groups = np.zeros(0, dtype=np.int64)
+        self.decoder_start_steps = np.zeros(0, dtype=np.float64)
         self.decoder_finish_steps = np.zeros(0, dtype=np.float64)
         self.next_arrival = 0
         self.round_robin = 0
@@ -276,7 +280,7 @@ class _BatchedRun:
         decode_step = cost.step_seconds_array(decoders, np.zeros_like(context), context, decoders)
         decode_steps = _divide(np.maximum(tick - mixed_seconds, 0.0), decode_step)
         plan = _TickPlan(
-            now, state.steps.copy(), mixed_step, mixed_steps, mixed_seconds, chunk, decode_step, decode_steps
+            now, state.steps.copy(), mixed_step, mixed_steps, mixed_seconds, decode_step, decode_steps
         )
         self._start_decoding(plan, joined, joined_groups, first)
         state.steps += mixed_steps + decode_steps
@@ -333,13 +337,13 @@ class _BatchedRun:
         """Requests with a first token decode from the step they got it at."""
         state, size = self.state, self.settings.groups
         start = plan.steps_at(joined_groups, first)
-        self.start_step[joined] = start
         finish = start + self.output[joined] - 1.0
         state.decoding += np.bincount(joined_groups, minlength=size)
         state.decoding_prompt_sum += np.bincount(joined_groups, self.prompt[joined], size)
         state.decoding_start_steps_sum += np.bincount(joined_groups, start, size)
         self.decoders = np.concatenate((self.decoders, joined))
         self.decoder_groups = np.concatenate((self.decoder_groups, joined_groups))
+        self.decoder_start_steps = np.concatenate((self.decoder_start_steps, start))
         self.decoder_finish_steps = np.concatenate((self.decoder_finish_steps, finish))
 
     def _finish(self, plan: _TickPlan) -> None:
@@ -349,14 +353,16 @@ class _BatchedRun:
         done = finish <= state.steps[groups] + 1e-9
         decoding = ~done
         finished, finished_groups, finish_steps = self.decoders[done], groups[done], finish[done]
+        start_steps = self.decoder_start_steps[done]
         self.decoders, self.decoder_groups = self.decoders[decoding], groups[decoding]
+        self.decoder_start_steps = self.decoder_start_steps[decoding]
         self.decoder_finish_steps = finish[decoding]
         at = plan.time_of_step(finished_groups, finish_steps)
         self.finished_at[finished] = np.maximum(at, self.first_token_at[finished])
         self.outcome[finished] = int(Outcome.FINISHED)
         state.decoding -= np.bincount(finished_groups, minlength=size)
         state.decoding_prompt_sum -= np.bincount(finished_groups, self.prompt[finished], size)
-        state.decoding_start_steps_sum -= np.bincount(finished_groups, self.start_step[finished], size)
+        state.decoding_start_steps_sum -= np.bincount(finished_groups, start_steps, size)
         state.in_flight -= np.bincount(finished_groups, minlength=size)
 
     # ------------------------------------------------------------------ the result

@@ -27,8 +27,7 @@ from goodput.simulator.baselines import (
     KnativeKpa,
     KpaSpec,
 )
-from goodput.simulator.batched import ROUTERS as BATCHED_ROUTERS
-from goodput.simulator.batched import BatchedRunSettings, simulate_batched
+from goodput.simulator.batched import BatchedRunSettings, check_tick_seconds, simulate_batched
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import (
     CapacityEnvelope,
@@ -317,13 +316,11 @@ class Bench:
             (name != "fixed", f"--autoscaler {name} (it runs the fixed fleet only: --autoscaler fixed)"),
             (options.gateway, "--gateway"),
             (options.failure_rate_per_group_hour > 0 or bool(options.scheduled_failures_seconds), "failures"),
-            (options.router not in BATCHED_ROUTERS, f"--router {options.router}"),
         ]
         refused = [what for condition, what in unsupported if condition]
         if refused:
             raise ValueError(f"--engine batched does not model {', '.join(refused)}")
-        if not 0.0 < options.tick_seconds <= 1.0:
-            raise ValueError(f"--tick-seconds: must be in (0, 1] s, got {options.tick_seconds:g}")
+        check_tick_seconds(options.tick_seconds, "--tick-seconds")
 
     def _envelope_summary(self) -> dict[str, Any] | None:
         if self._envelope is None:

@@ -211,6 +211,15 @@ class EmulatedPod:
     def leader(self) -> bool:
         return self.rank == 0
 
+    @property
+    def world_size(self) -> int:
+        """GPUs in the pod's group: vLLM's tensor × pipeline parallelism."""
+        return max(1, self.vllm.tensor_parallel * self.vllm.pipeline_parallel)
+
+    @property
+    def pods_per_group(self) -> int:
+        return max(1, -(-self.world_size // max(1, self.gpus)))
+
 
 def parse_pod(
     manifest: Mapping[str, Any],
@@ -264,9 +273,8 @@ def parse_pod(
 def agent_nccl_condition(pod: EmulatedPod) -> PodCondition:
     """What the health agent in this pod publishes after its all-reduce: an emulated outcome (what
     the group's topology should give, or the pod's NCCL fault) judged by the agent's own rule."""
-    world_size = max(1, pod.vllm.tensor_parallel * pod.vllm.pipeline_parallel)
-    pods_per_group = max(1, -(-world_size // max(1, pod.gpus)))
-    expectation = expectation_for(pods_per_group)
+    world_size = pod.world_size
+    expectation = expectation_for(pod.pods_per_group)
     first_rank = pod.rank * max(1, pod.gpus)
     if pod.fault == FAULT_NCCL_FAILURE:
         outcome = CheckOutcome(errors=(f"rank {first_rank}: NCCL error: unhandled system error (emulated)",))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -67,13 +66,6 @@ class AgentPorts:
     metrics: int
 
 
-def group_world(pod: EmulatedPod) -> tuple[int, int]:
-    """(pods in the group, GPUs per pod), from the pod's vLLM parallelism and its GPU request."""
-    gpus_per_pod = max(1, pod.gpus)
-    world = max(1, pod.vllm.tensor_parallel * pod.vllm.pipeline_parallel)
-    return max(1, math.ceil(world / gpus_per_pod)), gpus_per_pod
-
-
 def revision_commit(model: str, revision: str) -> str:
     """The snapshot commit the emulated download resolved `revision` to (stable per model and name)."""
     return hashlib.sha1(f"{model}@{revision}".encode()).hexdigest()
@@ -93,11 +85,10 @@ def agent_command(
 ) -> list[str]:
     """The agent's command line for this pod, as the operator's sidecar would start it, with the
     emulated backend, the TCP collective and the pod's NCCL fault."""
-    pods, gpus_per_pod = group_world(pod)
     command = [
         sys.executable, "-m", "goodput.agent",
         "--namespace", pod.namespace, "--pod-name", pod.name,
-        "--rank", str(pod.rank), "--pods", str(pods), "--gpus-per-pod", str(gpus_per_pod),
+        "--rank", str(pod.rank), "--pods", str(pod.pods_per_group), "--gpus-per-pod", str(max(1, pod.gpus)),
         "--leader-address", "127.0.0.1", "--rendezvous-port", str(ports.rendezvous),
         "--metrics-port", str(ports.metrics),
         "--model", pod.vllm.model, "--model-revision", pod.vllm.revision, "--hf-cache", str(folder / "hf"),
