@@ -50,9 +50,10 @@ DEFAULT_MAX_MODEL_LEN = 131072
 """Llama 3.1's context length; the emulator's default `--max-model-len`."""
 DEFAULT_STREAM_INTERVAL_SECONDS = 0.02
 DEFAULT_PREFIX_BLOCK_TOKENS = 256
-_DUE_SLACK_SECONDS = 1e-6
-"""A step ending this close after `now` is due: converting between the loop's clock and engine time
-rounds, and a timer must never wake just before the step it was set for and then sleep zero."""
+SAME_INSTANT_SECONDS = time.get_clock_info("monotonic").resolution
+"""Events closer than this are simultaneous: asyncio runs every timer due within its clock's
+resolution in one pass, so a step's end and an arrival that close come in either order. At such a
+tie the step has ended first, whichever callback runs first."""
 
 
 class AdmissionRejectedError(Exception):
@@ -189,6 +190,8 @@ class RealtimeEngine:
         self._origin = self._loop.time()
         self._hung_total = 0.0
         self._hung_since: float | None = None
+        self._model_now = 0.0
+        """Engine time the model has been brought to: `now()`, or a step's end just past it (`_catch_up`)."""
         self._closed = False
         self.started_unix_seconds = wall_clock()
 
@@ -218,6 +221,8 @@ class RealtimeEngine:
         self._held: list[tuple[LiveRequest, tuple[int, ...] | None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._timer_due: float | None = None
+        """The engine time the armed timer is for: a step's end or a streaming tick."""
 
         # Metrics the model does not keep per request in vLLM's shape.
         self._specs = histogram_specs(profile.effective_max_model_len)
@@ -286,8 +291,7 @@ class RealtimeEngine:
         if self.hung:
             self._held.append((request, prefix_blocks))
             return request
-        now = self.now()
-        self._catch_up(now)
+        now = self._catch_up(self.now())
         self._enqueue(request, prefix_blocks, now)
         self._dispatch()
         self._reschedule()
@@ -359,7 +363,7 @@ class RealtimeEngine:
             return
         self._hung_total += self._loop.time() - self._hung_since
         self._hung_since = None
-        now = self.now()
+        now = max(self.now(), self._model_now)
         held, self._held = self._held, []
         for request, blocks in held:
             if not request.finished:
@@ -369,9 +373,9 @@ class RealtimeEngine:
 
     def abort_all(self, reason: str) -> int:
         """End every request in flight with `reason` ('abort' at shutdown, 'error' at engine death)."""
-        now = self.now()
+        now = max(self.now(), self._model_now)
         if not self.hung:
-            self._catch_up(now)
+            now = self._catch_up(now)
             self._dispatch()
         lost = self.engine.abort_all(now)
         self._events.clear()
@@ -389,23 +393,32 @@ class RealtimeEngine:
         self._cancel_timer()
 
     # ------------------------------------------------------------------ driving the model
-    def _catch_up(self, now: float) -> None:
+    def _catch_up(self, now: float) -> float:
         """Complete every step that ended by `now`, each at its own end time, then commit the decode
-        steps of the macro-step in flight that have ended."""
+        steps of the macro-step in flight that have ended; return the model's time now.
+
+        Only what has ended by `now` (or at the same instant) is completed: a request arriving just
+        before a step ends is queued while it runs and joins the next one, as in the event engine.
+        The model's time never goes back (a step may end a hair past the clock), so nothing is
+        queued before a step that has already ended."""
         engine = self.engine
-        while engine.step_end is not None and engine.step_end <= now + _DUE_SLACK_SECONDS:
+        while engine.step_end is not None and engine.step_end <= now + SAME_INSTANT_SECONDS:
             engine.complete_step(engine.step_end)
             self._dispatch()
             self._observe_iterations()
         engine.advance_to(now)
+        self._model_now = max(self._model_now, now)
+        return self._model_now
 
     def _on_timer(self) -> None:
+        due = self._timer_due
         self._timer = None
-        self._timer_at = None
+        self._timer_at = self._timer_due = None
         if self._closed or self.hung:
             return
-        now = self.now()
-        self._catch_up(now)
+        # The loop fired the timer, so the time it was armed for has come, even where converting
+        # clocks (or the loop's own resolution) puts `now()` a hair before it.
+        self._catch_up(self.now() if due is None else max(self.now(), due))
         self._dispatch()
         self._publish_progress()
         self._reschedule()
@@ -427,12 +440,13 @@ class RealtimeEngine:
         self._cancel_timer()
         self._timer = self._loop.call_at(at, self._on_timer)
         self._timer_at = at
+        self._timer_due = wake
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None
-        self._timer_at = None
+        self._timer_at = self._timer_due = None
 
     def _dispatch(self) -> None:
         """Apply the model's per-request events, in the order it wrote them."""

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -31,6 +31,7 @@ from goodput.simulator.records import Outcome, RequestLog
 from goodput.simulator.vllm_metrics import SnapshotCollector, engine_registry
 from goodput.simulator.workload import Workload
 from goodput.testbed.emulator_engine import (
+    SAME_INSTANT_SECONDS,
     AdmissionRejectedError,
     InvalidRequestError,
     LiveRequest,
@@ -109,7 +110,8 @@ class Arrival:
 
 
 def offline_finish_times(config: EngineConfig, arrivals: list[Arrival]) -> list[float]:
-    """The discrete-event engine's finish time of each request, driven by its own event loop."""
+    """The discrete-event engine's finish time of each request, driven by its own event loop; a step
+    ending at the same instant as an arrival (within the adapter's clock resolution) ends first."""
     workload = Workload(
         "offline",
         np.array([a.at for a in arrivals]),
@@ -119,7 +121,7 @@ def offline_finish_times(config: EngineConfig, arrivals: list[Arrival]) -> list[
     log = RequestLog(workload)
     engine = Engine(config, log, random.Random(0), prefix_block_tokens=256)
     for index, arrival in enumerate(arrivals):
-        while engine.step_end is not None and engine.step_end <= arrival.at:
+        while engine.step_end is not None and engine.step_end <= arrival.at + SAME_INSTANT_SECONDS:
             engine.complete_step(engine.step_end)
         log.routed_at[index] = arrival.at
         engine.enqueue(index, arrival.prompt, arrival.output, None, arrival.at)
@@ -193,6 +195,36 @@ def test_non_streaming_requests_cost_one_wake_up_at_the_end() -> None:
         min_size=1,
         max_size=30,
     )
+)
+@example(  # arrives 0.7 us before a step ends, when the engine goes idle: queued after that step
+    [
+        (0.01994872101131329, 2929, 34),
+        (0.0625, 1171, 33),
+        (0.125, 514, 32),
+        (0.15625, 862, 31),
+        (0.3125, 2696, 14),
+        (0.4978164538593771, 1, 1),
+    ]
+)
+@example(  # arrives 0.4 us before a busy engine's step ends: joins the very next step
+    [(0.01994872101131329, 2929, 3), (0.0625, 1, 1), (0.0625, 113, 1), (0.0625, 840, 1), (0.125, 1, 1)]
+)
+@example(  # arrives 0.1 ns before a step ends, within the loop's clock resolution: the step ends first
+    [
+        (0.01994872101131329, 2929, 34),
+        (0.0625, 106, 33),
+        (0.0625, 844, 33),
+        (0.0625, 1154, 33),
+        (0.125, 123, 26),
+        (0.125, 543, 32),
+        (0.15625, 843, 31),
+        (0.25, 1, 4),
+        (0.25, 157, 18),
+        (0.3125, 2688, 15),
+        (0.375, 163, 13),
+        (0.4375, 417, 6),
+        (0.4978164538593771, 1, 1),
+    ]
 )
 def test_the_adapter_times_every_request_as_the_discrete_event_engine_does(
     raw: list[tuple[float, int, int]],
