@@ -27,6 +27,10 @@ class Faults:
     """GPUs still listed that no longer answer (NVML's GPU_IS_LOST)."""
     nvml_error: str | None = None
     """NVML itself cannot be loaded or read."""
+    node_gpus_shown: int = 0
+    """Not a fault of the GPUs: the runtime shows the container this many more GPUs of the node than
+    the pod was given (the NVIDIA toolkit honouring NVIDIA_VISIBLE_DEVICES=all in a container that
+    requested none)."""
 
 
 class EmulatedBackend:
@@ -55,10 +59,9 @@ class EmulatedBackend:
             faults = self._faults
         if faults.nvml_error is not None:
             return GpuReading(nvml_error=faults.nvml_error)
+        shown = range(self._gpus + faults.node_gpus_shown)
         return GpuReading(
-            devices=tuple(
-                self._device(index, faults) for index in range(self._gpus) if index not in faults.missing
-            )
+            devices=tuple(self._device(index, faults) for index in shown if index not in faults.missing)
         )
 
     def _device(self, index: int, faults: Faults) -> DeviceReading:
@@ -123,6 +126,11 @@ def faults_from_json(data: object) -> Faults:
     for name in ("remap_pending", "missing", "lost"):
         if name in data:
             fields[name] = frozenset(_int_tuple(data[name], name))
+    if "node_gpus_shown" in data:
+        shown = data["node_gpus_shown"]
+        if not isinstance(shown, int) or isinstance(shown, bool) or shown < 0:
+            raise ValueError("node_gpus_shown: expected a count of GPUs, 0 or more")
+        fields["node_gpus_shown"] = shown
     if "nvml_error" in data:
         if not isinstance(data["nvml_error"], str | None):
             raise ValueError("nvml_error: expected a string or null")

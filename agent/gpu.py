@@ -110,16 +110,50 @@ _RANK = {Severity.HEALTHY: 0, Severity.WARNING: 1, Severity.UNKNOWN: 2, Severity
 
 
 def evaluate(reading: GpuReading, allocation: Allocation) -> GpuVerdict:
-    """The verdict on one reading: critical faults first, then missing evidence, then warnings."""
-    if reading.nvml_error is not None:
-        finding = Finding(
-            Severity.UNKNOWN, Reason.NVML_UNAVAILABLE, f"NVML unavailable: {reading.nvml_error}"
-        )
-        return _verdict((finding,))
+    """The verdict on one reading: missing evidence first (no GPU of the pod's can be judged), then
+    critical faults, then warnings."""
+    unseen = unseen_allocation(reading, allocation)
+    if unseen is not None:
+        return _verdict((unseen,))
     findings = list(_allocation_findings(reading, allocation))
     for device in reading.devices:
         findings.extend(_device_findings(device))
     return _verdict(tuple(findings))
+
+
+def unseen_allocation(reading: GpuReading, allocation: Allocation) -> Finding | None:
+    """Why this container's GPUs cannot be taken for the pod's own, or None when they can.
+
+    The agent requests no GPU (one cannot be requested twice in a pod), so what it sees is what the
+    runtime shows a container that asked for none. Under the NVIDIA device plugin that is nothing
+    (NVML absent or listing no device), or every GPU of the node where the toolkit honours the
+    NVIDIA_VISIBLE_DEVICES=all that CUDA images (vLLM's among them) set: the pod's own GPUs exactly
+    when the rank takes the whole node. Seeing more than the pod was given, the agent cannot tell
+    which are the pod's: a neighbour's XID must not fail this group, and the NCCL check must not put
+    a buffer on a neighbour's GPU. None of these is a fault of the pod's GPUs, so none is critical;
+    the group waits, with the reason in its condition."""
+    wanted = allocation.gpus
+    if reading.nvml_error is not None:
+        return Finding(Severity.UNKNOWN, Reason.NVML_UNAVAILABLE, f"NVML unavailable: {reading.nvml_error}")
+    seen = len(reading.devices)
+    if seen == 0:
+        return Finding(
+            Severity.UNKNOWN,
+            Reason.GPUS_NOT_VISIBLE,
+            f"this container sees no GPU; the pod was allocated {wanted}: the agent requests none of "
+            "its own, and this node's runtime shows GPUs only to the container that requests them, so "
+            "the agent cannot check this pod here (spec.readiness.ncclCheck: Skip runs without it)",
+        )
+    if seen > wanted:
+        return Finding(
+            Severity.UNKNOWN,
+            Reason.GPUS_NOT_ISOLATED,
+            f"this container sees {seen} GPUs but the pod was allocated {wanted}: it cannot tell which "
+            "are the pod's (the runtime shows it the node's, as NVIDIA_VISIBLE_DEVICES=all in the "
+            f"image asks), so it judges and touches none; a rank that takes a whole node "
+            f"(spec.parallelism.gpusPerPod: {seen}) sees only its own",
+        )
+    return None
 
 
 def _verdict(findings: tuple[Finding, ...]) -> GpuVerdict:

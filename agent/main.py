@@ -109,6 +109,10 @@ class Agent:
 
     def check_nccl(self) -> None:
         c = self.config
+        unseen = gpu.unseen_allocation(self._read_gpus(), self._allocation())
+        if unseen is not None:
+            self._record_nccl(nccl.not_run(unseen.message))
+            return
         specs = nccl.local_ranks(
             kind=c.collective,
             leader_host=c.leader_address,
@@ -130,9 +134,12 @@ class Agent:
             c.rendezvous_port,
         )
         outcome = nccl.run_check(specs, c.nccl_timeout_seconds, size_bytes=c.nccl_bytes)
-        verdict = nccl.evaluate(outcome, expectation)
+        self._record_nccl(nccl.evaluate(outcome, expectation))
+
+    def _record_nccl(self, verdict: nccl.NcclVerdict) -> None:
+        level = logging.INFO if verdict.healthy else logging.ERROR if verdict.ran else logging.WARNING
         log.log(
-            logging.INFO if verdict.healthy else logging.ERROR,
+            level,
             "NCCL check: %s: %s",
             verdict.reason,
             verdict.message,
@@ -156,11 +163,17 @@ class Agent:
             self.check_nccl()
             self.publisher.publish([self.state.nccl] if self.state.nccl else [], {}, datetime.now(UTC))
 
-    def _gpu_condition(self) -> PodCondition:
+    def _allocation(self) -> gpu.Allocation:
+        return gpu.Allocation(self.config.gpus_per_pod, self.config.gpu_product)
+
+    def _read_gpus(self) -> gpu.GpuReading:
         if isinstance(self.backend, EmulatedBackend) and self.config.faults_file is not None:
             self._reload_faults(self.backend, self.config.faults_file)
-        reading = self.backend.read()
-        verdict = gpu.evaluate(reading, gpu.Allocation(self.config.gpus_per_pod, self.config.gpu_product))
+        return self.backend.read()
+
+    def _gpu_condition(self) -> PodCondition:
+        reading = self._read_gpus()
+        verdict = gpu.evaluate(reading, self._allocation())
         self.metrics.record_gpus(reading, verdict)
         if verdict.severity is not gpu.Severity.HEALTHY:
             log.warning("GPUs: %s: %s", verdict.reason, verdict.message)

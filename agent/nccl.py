@@ -100,6 +100,13 @@ class NcclVerdict:
     message: str
     latency_seconds: float | None = None
     busbw_gb_per_s: float | None = None
+    ran: bool = True
+    """False: the check was not run, so there is no evidence either way (the condition is Unknown)."""
+
+
+def not_run(why: str) -> NcclVerdict:
+    """No check: the pod's own GPUs cannot be told apart, so none is touched."""
+    return NcclVerdict(False, Reason.NCCL_CHECK_NOT_RUN, f"not run: {why}", ran=False)
 
 
 def evaluate(outcome: CheckOutcome, expectation: Expectation) -> NcclVerdict:

@@ -26,6 +26,8 @@ def gpu_condition(verdict: GpuVerdict) -> PodCondition:
 
 def nccl_condition(verdict: NcclVerdict) -> PodCondition:
     status: ConditionStatus = "True" if verdict.healthy else "False"
+    if not verdict.ran:
+        status = "Unknown"  # not run: neither healthy nor a failed group
     return PodCondition(labels.NCCL_HEALTHY_CONDITION, status, verdict.reason, verdict.message)
 
 

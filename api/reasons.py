@@ -90,6 +90,14 @@ class Reason:
     """The pod sees a GPU count or product other than it was allocated (a GPU fell off the bus)."""
     NVML_UNAVAILABLE: Final = "NvmlUnavailable"
     """No evidence: NVML could not be loaded or read; never taken for healthy."""
+    GPUS_NOT_VISIBLE: Final = "GpusNotVisible"
+    """No evidence: the agent's container sees no GPU although the pod was allocated some (under the
+    NVIDIA device plugin only the container that requests GPUs gets them)."""
+    GPUS_NOT_ISOLATED: Final = "GpusNotIsolated"
+    """No evidence: the agent's container sees more GPUs than the pod was allocated (the runtime shows
+    it every GPU of the node), so it cannot tell which are the pod's and judges and touches none."""
+    NCCL_CHECK_NOT_RUN: Final = "NcclCheckNotRun"
+    """No evidence: the NCCL check was not run because the pod's own GPUs could not be told apart."""
     ALL_REDUCE_PASSED: Final = "AllReducePassed"
     ALL_REDUCE_SLOW: Final = "AllReduceSlow"
     ALL_REDUCE_TIMEOUT: Final = "AllReduceTimeout"

@@ -119,6 +119,20 @@ CASES = [
         ("GPU 1", "A100"),
     ),
     Case(
+        "no GPU shown to the agent's container (the device plugin gives GPUs to the engine alone)",
+        (),
+        Severity.UNKNOWN,
+        Reason.GPUS_NOT_VISIBLE,
+        ("sees no GPU", "allocated 2", "ncclCheck: Skip"),
+    ),
+    Case(
+        "the node's GPUs shown: a neighbour's XID is not this pod's fault",
+        (healthy(0), healthy(1), healthy(2, xids=(79,)), healthy(3, product="NVIDIA A100-SXM4-80GB")),
+        Severity.UNKNOWN,
+        Reason.GPUS_NOT_ISOLATED,
+        ("sees 4 GPUs but the pod was allocated 2", "cannot tell which are the pod's", "gpusPerPod: 4"),
+    ),
+    Case(
         "a critical fault outranks a warning on another GPU",
         (healthy(0, throttle_reasons=("SwPowerCap",)), healthy(1, ecc_uncorrectable=1)),
         Severity.CRITICAL,
@@ -204,6 +218,15 @@ def test_the_emulated_backend_reports_injected_faults_until_cleared() -> None:
     assert evaluate(backend.read(), allocation).severity is Severity.HEALTHY
 
 
+def test_the_emulated_runtime_can_show_the_nodes_gpus_beside_the_pods() -> None:
+    backend = EmulatedBackend(2)
+    backend.set_faults(faults_from_json({"node_gpus_shown": 6}))
+
+    verdict = evaluate(backend.read(), Allocation(2))
+    assert len(backend.read().devices) == 8
+    assert (verdict.severity, verdict.reason) == (Severity.UNKNOWN, Reason.GPUS_NOT_ISOLATED)
+
+
 def test_faults_parse_from_json() -> None:
     faults = faults_from_json(
         {"xids": {"1": [79]}, "throttled": {"0": ["HwThermalSlowdown"]}, "missing": [3], "nvml_error": None}
@@ -220,6 +243,8 @@ def test_faults_parse_from_json() -> None:
         ({"xids": {"1": 79}}, "xids.1: expected a list of integers"),
         ({"ecc_uncorrectable": {"0": "many"}}, "ecc_uncorrectable"),
         ({"missing": "all"}, "missing: expected a list"),
+        ({"node_gpus_shown": -1}, "node_gpus_shown: expected a count"),
+        ({"node_gpus_shown": True}, "node_gpus_shown: expected a count"),
         ([], "faults: expected a JSON object"),
     ],
 )

@@ -145,6 +145,26 @@ def make_agent(tmp_path: Path, fake: FakePod) -> tuple[agent_main.Agent, Emulate
     return agent, backend
 
 
+def test_an_agent_shown_the_nodes_gpus_touches_none_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakePod()
+    agent, _ = make_agent(tmp_path, fake)
+    (tmp_path / "faults.json").write_text(json.dumps({"node_gpus_shown": 6, "xids": {"5": [79]}}))
+    joined: list[object] = []
+    monkeypatch.setattr(agent_main.nccl, "run_check", lambda *args, **kwargs: joined.append(args))
+
+    agent.check_nccl()
+    agent.round()
+
+    assert joined == [], "no rank joined the rendezvous: no buffer on a GPU that may be a neighbour's"
+    nccl_condition = fake.condition(labels.NCCL_HEALTHY_CONDITION)
+    assert (nccl_condition["status"], nccl_condition["reason"]) == ("Unknown", Reason.NCCL_CHECK_NOT_RUN)
+    assert "sees 8 GPUs but the pod was allocated 2" in nccl_condition["message"]
+    gpu = fake.condition(GPU)
+    assert (gpu["status"], gpu["reason"]) == ("Unknown", Reason.GPUS_NOT_ISOLATED)
+
+
 @pytest.mark.timeout(180)
 def test_the_agent_publishes_its_checks_and_re_runs_nccl_on_request(tmp_path: Path) -> None:
     fake = FakePod()

@@ -12,7 +12,7 @@ from test_groups import NOW, RULES, group, world
 from goodput.api.modelgroup import ModelGroupStatus
 from goodput.api.reasons import ConditionType, EventReason
 from goodput.controllers.groups import WarmupOutcome, plan_model_group
-from goodput.controllers.observation import ContainerWaiting, PodView
+from goodput.controllers.observation import ConditionView, ContainerWaiting, PodView
 from goodput.controllers.status import model_group_status
 
 
@@ -33,6 +33,22 @@ WAITS = [
             "rank 0 (llama-70b-g0-0), rank 1 (llama-70b-g0-1) wait for pod condition "
             "goodput.dev/NCCLHealthy=True",
             "spec.readiness.ncclCheck: Required",
+        ),
+    ),
+    WaitCase(
+        "the agent could not run the check",
+        "running",
+        {
+            "nccl_healthy": ConditionView(
+                "Unknown",
+                "NcclCheckNotRun",
+                "not run: this container sees 8 GPUs but the pod was allocated 2",
+                None,
+            )
+        },
+        (
+            "wait for pod condition goodput.dev/NCCLHealthy=True",
+            "llama-70b-g0-0: NcclCheckNotRun: not run: this container sees 8 GPUs",
         ),
     ),
     WaitCase(

@@ -236,7 +236,8 @@ def _readiness_blocker(pods: tuple[PodView, ...], world: World) -> tuple[str, st
             return (
                 Reason.GROUPS_WARMING,
                 f"{_ranks_of(waiting)} {_wait(waiting)} for pod condition "
-                f"{naming.CONDITION_NCCL_HEALTHY}=True (spec.readiness.ncclCheck: Required)",
+                f"{naming.CONDITION_NCCL_HEALTHY}=True (spec.readiness.ncclCheck: Required)"
+                + _agent_word(waiting),
             )
     if rules.revision_check:
         unreported = [pod for pod in pods if pod.reported_model_revision is None]
@@ -259,6 +260,16 @@ def _readiness_blocker(pods: tuple[PodView, ...], world: World) -> tuple[str, st
 
 def _ranks_of(pods: list[PodView]) -> str:
     return ", ".join(f"rank {pod.rank} ({pod.name})" for pod in pods)
+
+
+def _agent_word(pods: list[PodView]) -> str:
+    """What the first waiting rank's health agent said, when it said something (a check it could not
+    run says why, and what would fix it)."""
+    for pod in pods:
+        said = pod.nccl_healthy
+        if said is not None and said.message:
+            return f"; {pod.name}: {said.reason}: {said.message}"
+    return ""
 
 
 def _wait(pods: list[PodView]) -> str:
