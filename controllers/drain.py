@@ -344,13 +344,15 @@ def _timed_out(
             "; onTimeout is Requeue but no gateway is configured to re-dispatch requests, "
             "so they were aborted"
         )
+    # Still routed, requests may have arrived after the last reading: what it held is a floor.
+    aborted_words = f"at least {aborted}" if view.routed_pods and aborted is not None else _count(aborted)
     return RemoveGroup(
         outcome="TimedOut",
         duration_seconds=elapsed,
         requests_finished=finished,
         requests_aborted=aborted,
         message=f"group {view.group} reached drain.maxSeconds={policy.max_seconds:g}s with {why}: "
-        f"{action}; {_count(aborted)} request(s) aborted, {_count(finished)} finished during the drain",
+        f"{action}; {aborted_words} request(s) aborted, {_count(finished)} finished during the drain",
     )
 
 

@@ -351,11 +351,11 @@ STEP_CASES = [
     ),
     StepCase(
         "time is up while a Service still routes to it",
-        view(started_at=NOW - timedelta(seconds=61), routed_pods=("llama-g1-0",), reading=sample(0)),
+        view(started_at=NOW - timedelta(seconds=61), routed_pods=("llama-g1-0",), reading=sample(3)),
         "TimedOut",
-        aborted=0,
+        aborted=3,
         finished=0,
-        message="still listed as ready Service endpoints",
+        message="still listed as ready Service endpoints: deleted every rank; at least 3 request(s) aborted",
     ),
 ]
 
