@@ -26,7 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleet import (
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.cluster.topology import Topology
+from goodput.testbed.fleet_bench import (
     API,
     FleetOperator,
     Sample,
@@ -43,10 +46,6 @@ from fleet import (
     report_window,
     set_load,
 )
-
-from goodput.testbed.cluster.controlplane import LocalCluster
-from goodput.testbed.cluster.testing import wait_for
-from goodput.testbed.cluster.topology import Topology
 from goodput.testbed.operator_process import local_cluster
 
 ROOT = Path(__file__).resolve().parent.parent

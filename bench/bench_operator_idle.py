@@ -26,7 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleet import (
+from goodput.testbed.cluster.controlplane import LocalCluster
+from goodput.testbed.cluster.testing import wait_for
+from goodput.testbed.cluster.topology import Topology
+from goodput.testbed.fleet_bench import (
     API,
     Sample,
     apply_documents,
@@ -41,10 +44,6 @@ from fleet import (
     report_window,
     rss_mib,
 )
-
-from goodput.testbed.cluster.controlplane import LocalCluster
-from goodput.testbed.cluster.testing import wait_for
-from goodput.testbed.cluster.topology import Topology
 from goodput.testbed.operator_process import local_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
