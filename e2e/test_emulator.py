@@ -697,8 +697,39 @@ def _agent_story(cluster: LocalCluster, namespace: str, operator: Operator, emul
     assert "AllReduceTimeout" in message and f"within {AGENT_NCCL_TIMEOUT_SECONDS}s" in message, message
     assert groups("Ready") == [serving], "the old group serves while the new one fails"
 
+    # A new template whose agents are shown every GPU of the node (what a sidecar sees under the device
+    # plugin): they judge and touch none, and the new group waits with their reason, failing nothing.
+    node_gpus = '{"node_gpus_shown": 7}'
+    shown = {
+        "spec": {
+            "pod": {"annotations": {"sim.goodput.dev/fault": None, "sim.goodput.dev/gpu-faults": node_gpus}}
+        }
+    }
+    cluster.api.patch(path, shown)
+
+    def waiting_with_the_agents_reason() -> str | None:
+        current = cluster.api.get(path).get("status") or {}
+        return next(
+            (
+                g["message"]
+                for g in current.get("groups") or ()
+                if g.get("state") == "Warming" and "NcclCheckNotRun" in (g.get("message") or "")
+            ),
+            None,
+        )
+
+    wait_for(lambda: waiting_with_the_agents_reason() is not None, timeout_seconds=90, describe=describe)
+    message = waiting_with_the_agents_reason() or ""
+    assert "this container sees 8 GPUs but the pod was allocated 1" in message, message
+    assert not any("GpuAllocationMismatch" in m for m in failures()), "a view of the node is not a GPU fault"
+    assert groups("Ready") == [serving], "the old group serves while the new one waits"
+
     # Another template on a slow link: the agents measure it and fail the group with their figures.
-    slow = {"spec": {"pod": {"annotations": {"sim.goodput.dev/fault": "nccl-slow"}}}}
+    slow = {
+        "spec": {
+            "pod": {"annotations": {"sim.goodput.dev/fault": "nccl-slow", "sim.goodput.dev/gpu-faults": None}}
+        }
+    }
     cluster.api.patch(path, slow)
     wait_for(lambda: any("AllReduceSlow" in m for m in failures()), timeout_seconds=120, describe=describe)
     message = next(m for m in failures() if "AllReduceSlow" in m)

@@ -153,7 +153,9 @@ class AgentProcesses:
         folder = self._settings.root / pod.namespace / f"{pod.name}-{pod.uid[:8]}"
         folder.mkdir(parents=True, exist_ok=True)
         write_revision_evidence(folder / "hf", pod.vllm.model, pod.vllm.revision)
-        (folder / "faults.json").write_text("{}")
+        # The pod's faults are there before the agent's first read: a pod created with them (its
+        # template's annotation) is checked with them, as a GPU is as it is when its pod starts.
+        (folder / "faults.json").write_text(pod.gpu_faults or "{}")
         group = (pod.namespace, pod.model_group, pod.group)
         if group not in self._group_ports:
             self._group_ports[group] = self._unused_port()
@@ -166,7 +168,7 @@ class AgentProcesses:
             )  # fmt: skip
         log.info("%s/%s: health agent started (pid %d, rendezvous 127.0.0.1:%d)", *pod.key, process.pid,
                  ports.rendezvous)  # fmt: skip
-        running = _Running(pod.uid, group, ports.metrics, process, folder, time.monotonic())
+        running = _Running(pod.uid, group, ports.metrics, process, folder, time.monotonic(), pod.gpu_faults)
         self._running[pod.key] = running
         return running
 
