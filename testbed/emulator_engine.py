@@ -220,7 +220,6 @@ class RealtimeEngine:
         self._preempted: dict[int, LiveRequest] = {}
         self._held: list[tuple[LiveRequest, tuple[int, ...] | None]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
         self._timer_due: float | None = None
         """The engine time the armed timer is for: a step's end or a streaming tick."""
 
@@ -413,7 +412,7 @@ class RealtimeEngine:
     def _on_timer(self) -> None:
         due = self._timer_due
         self._timer = None
-        self._timer_at = self._timer_due = None
+        self._timer_due = None
         if self._closed or self.hung:
             return
         # The loop fired the timer, so the time it was armed for has come, even where converting
@@ -434,19 +433,17 @@ class RealtimeEngine:
         if wake is None:
             self._cancel_timer()
             return
-        at = self._to_loop(wake)
-        if self._timer is not None and self._timer_at == at:
-            return
+        if self._timer is not None and self._timer_due == wake:
+            return  # armed for this time already (a hang cancels it, so the clocks' offset is the same)
         self._cancel_timer()
-        self._timer = self._loop.call_at(at, self._on_timer)
-        self._timer_at = at
+        self._timer = self._loop.call_at(self._to_loop(wake), self._on_timer)
         self._timer_due = wake
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None
-        self._timer_at = self._timer_due = None
+        self._timer_due = None
 
     def _dispatch(self) -> None:
         """Apply the model's per-request events, in the order it wrote them."""
