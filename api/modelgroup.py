@@ -454,6 +454,16 @@ class Engine(SpecModel):
             ),
         ),
         CelRule(
+            rule=f"!has(self.gpuDeviceClassName) || !has(self.gpuResourceName) || "
+            f"self.gpuResourceName == '{GPU_RESOURCE}'",
+            message="`engine.gpuDeviceClassName` (GPUs through dynamic resource allocation) must not be set "
+            "with an `engine.gpuResourceName` other than the default (GPUs through a device plugin)",
+            field_path=".gpuDeviceClassName",
+            check=lambda engine: (
+                engine.gpu_device_class_name is None or engine.gpu_resource_name == GPU_RESOURCE
+            ),
+        ),
+        CelRule(
             rule=f"!has(self.args) || self.args.all(arg, !arg.matches('{OPERATOR_OWNED_FLAGS_PATTERN}'))",
             message="`engine.args` must not set a flag that goodput renders from the spec (model, revision, "
             "served name, port, parallelism, node ranks, shutdown timeout, batch limits, log stats): set "
@@ -469,6 +479,12 @@ class Engine(SpecModel):
     """Resource name under which the nodes' device plugin advertises the GPUs, for example
     'amd.com/gpu' or a MIG profile such as 'nvidia.com/mig-3g.40gb'. Every pod requests
     `parallelism.gpusPerPod` of it, and placement counts the nodes' free devices in it."""
+    gpu_device_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Request the GPUs through dynamic resource allocation instead: a DeviceClass, for example
+    'gpu.nvidia.com'. Every pod then gets its own ResourceClaim (from a ResourceClaimTemplate the
+    operator creates) for `parallelism.gpusPerPod` devices of this class, shared by the engine and the
+    health agent, so the agent sees exactly the pod's GPUs; placement counts the devices of the
+    nodes' ResourceSlices that the class selects and no claim holds. Kubernetes 1.34 or later."""
     args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field(default=(), max_length=64)
     """Extra `vllm serve` arguments. Flags that goodput derives from the spec (parallelism, port,
     model, revision, ranks, shutdown timeout, batch limits) are rejected here."""

@@ -11,9 +11,10 @@ engine container, which Kubernetes starts only after its sidecars have started, 
 the check for GPU memory; a failed check still lets the engine start and the group controller fail
 the group from the NCCLHealthy condition.
 
-The agent container requests no GPU (a GPU cannot be requested twice in one pod); what it sees of
-the pod's GPUs depends on the node's container runtime (the NVIDIA container toolkit exposes the
-devices named by NVIDIA_VISIBLE_DEVICES, a DRA claim may be shared by both containers).
+Under a device plugin the agent container requests no GPU (a GPU cannot be requested twice in one
+pod), so what it sees depends on the node's container runtime (the NVIDIA container toolkit exposes
+the devices named by NVIDIA_VISIBLE_DEVICES). Under dynamic resource allocation it references the
+pod's ResourceClaim beside the engine, and sees exactly the pod's GPUs.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class AgentRank:
     engine_port: int
     leader_address: str | None
     """The group Service's DNS name for a multi-pod group; None: the pod is the whole group."""
+    device_claim: str | None = None
+    """The pod's ResourceClaim of its GPUs (dynamic resource allocation): the agent shares it with the
+    engine and so sees exactly the pod's GPUs. None: GPUs from a device plugin, which it cannot share."""
 
 
 def render_agent_container(sidecar: AgentSidecar, rank: AgentRank) -> dict[str, Any]:
@@ -91,7 +95,11 @@ def render_agent_container(sidecar: AgentSidecar, rank: AgentRank) -> dict[str, 
             "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
             "failureThreshold": failure_threshold,
         },
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "4Gi"}},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "4Gi"},
+            **({"claims": [{"name": rank.device_claim}]} if rank.device_claim else {}),
+        },
         "securityContext": _security_context(),
         "volumeMounts": [
             {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},

@@ -7,6 +7,7 @@ Service `<mg>-<group>`, group `g<ordinal>` with a per-ModelGroup ordinal that on
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Final
 
@@ -30,6 +31,10 @@ MANAGED_BY: Final = "goodput"
 ANNOTATION_TOPOLOGY_KEY: Final = f"{DOMAIN}/topology-key"
 ANNOTATION_TOPOLOGY_DOMAIN: Final = f"{DOMAIN}/topology-domain"
 ANNOTATION_REPLACES: Final = f"{DOMAIN}/replaces"
+# On pods whose GPUs come from a ResourceClaim (dynamic resource allocation): the DeviceClass and the
+# device count the claim asks for, so placement counts a pod's devices before its claim exists.
+ANNOTATION_DEVICE_CLASS: Final = f"{DOMAIN}/device-class"
+ANNOTATION_DEVICE_COUNT: Final = f"{DOMAIN}/device-count"
 # Pod annotation written when a group starts draining (RFC 3339).
 ANNOTATION_DRAINING_SINCE: Final = f"{DOMAIN}/draining-since"
 # Leader annotation: what a drain has established (its baseline counters, when routing stopped).
@@ -57,6 +62,11 @@ CONDITION_GPU_HEALTHY: Final = labels.GPU_HEALTHY_CONDITION
 CONDITION_ENGINE_HEALTHY: Final = labels.ENGINE_HEALTHY_CONDITION
 
 GPU_RESOURCE: Final = modelgroup.GPU_RESOURCE
+# Placement counts devices under one name per kind; a DeviceClass's devices go under this prefix
+# (no device plugin can advertise it: the API server reserves the domain).
+DEVICE_CLASS_RESOURCE_PREFIX: Final = "deviceclass.resource.k8s.io/"
+# The name of the claim in a DRA pod's spec.resourceClaims (both containers reference it).
+POD_CLAIM_NAME: Final = "gpus"
 MODEL_GROUP_API_VERSION: Final = API_VERSION
 MODEL_GROUP_KIND: Final = "ModelGroup"
 
@@ -108,3 +118,22 @@ def node_domain(node_name: str) -> str:
 def node_of_domain(domain: str) -> str | None:
     """The node a single-node domain stands for; None for a domain named by a label value."""
     return domain.removeprefix(NODE_DOMAIN_PREFIX) if domain.startswith(NODE_DOMAIN_PREFIX) else None
+
+
+def device_class_resource(device_class: str) -> str:
+    """The name placement counts a DeviceClass's devices under."""
+    return f"{DEVICE_CLASS_RESOURCE_PREFIX}{device_class}"
+
+
+def device_class_of_resource(resource: str) -> str | None:
+    """The DeviceClass a placement resource name stands for; None for a device-plugin resource."""
+    if resource.startswith(DEVICE_CLASS_RESOURCE_PREFIX):
+        return resource.removeprefix(DEVICE_CLASS_RESOURCE_PREFIX)
+    return None
+
+
+def claim_template_name(model_group: str, device_class: str, devices: int) -> str:
+    """The ResourceClaimTemplate of a ModelGroup's pods. A template's spec cannot change, so the name
+    carries what it asks for: a new class or count is a new template, and pods of the old one keep it."""
+    digest = hashlib.sha256(f"{device_class}/{devices}".encode()).hexdigest()[:8]
+    return f"{model_group}-gpus-{digest}"

@@ -136,7 +136,10 @@ def parse_time(value: object) -> datetime | None:
 
 def pod_gpus(pod: Mapping[str, Any], resource: str = naming.GPU_RESOURCE) -> int:
     """Devices of `resource` a pod requests as the scheduler counts them: max(sum over containers,
-    any init container)."""
+    any init container). For a DeviceClass, what our pod's annotations say its claim asks for."""
+    device_class = naming.device_class_of_resource(resource)
+    if device_class is not None:
+        return _claimed_devices(pod) if _device_class(pod) == device_class else 0
     spec = pod.get("spec") or {}
 
     def gpus(container: Mapping[str, Any]) -> int:
@@ -159,6 +162,9 @@ def pod_gpus(pod: Mapping[str, Any], resource: str = naming.GPU_RESOURCE) -> int
 def pod_accelerator(pod: Mapping[str, Any]) -> str | None:
     """The device resource a pod requests: nvidia.com/gpu when it asks for it, else the first (by
     name) other domain-qualified resource it asks for (amd.com/gpu, a MIG profile), else None."""
+    device_class = _device_class(pod)
+    if device_class is not None:
+        return naming.device_class_resource(device_class)
     names: set[str] = set()
     spec = pod.get("spec") or {}
     for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
@@ -171,7 +177,10 @@ def pod_accelerator(pod: Mapping[str, Any]) -> str | None:
 
 
 def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
-    """The devices a live pod holds or is about to hold; None for pods that hold none."""
+    """The devices a live pod holds or is about to hold; None for pods that hold none.
+
+    A scheduled pod of a DeviceClass holds none here: its ResourceClaim was allocated before it was
+    bound, and the allocation is what counts (`dynamic_resources`)."""
     resource = pod_accelerator(pod)
     gpus = pod_gpus(pod, resource) if resource is not None else 0
     status = pod.get("status") or {}
@@ -180,6 +189,8 @@ def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     node_name = (pod.get("spec") or {}).get("nodeName") or None
+    if node_name is not None and naming.device_class_of_resource(resource) is not None:
+        return None
     return GpuClaim(
         gpus=gpus,
         node_name=node_name,
@@ -187,6 +198,21 @@ def gpu_claim(pod: Mapping[str, Any]) -> GpuClaim | None:
         domain=annotations.get(naming.ANNOTATION_TOPOLOGY_DOMAIN),
         resource=resource,
     )
+
+
+def _device_class(pod: Mapping[str, Any]) -> str | None:
+    """The DeviceClass our pod's ResourceClaim asks for, from its annotation; None for other pods."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    device_class = annotations.get(naming.ANNOTATION_DEVICE_CLASS)
+    return str(device_class) if device_class else None
+
+
+def _claimed_devices(pod: Mapping[str, Any]) -> int:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    try:
+        return max(0, int(annotations.get(naming.ANNOTATION_DEVICE_COUNT) or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
@@ -218,7 +244,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         topology_domain=annotations.get(naming.ANNOTATION_TOPOLOGY_DOMAIN),
         replaces=annotations.get(naming.ANNOTATION_REPLACES),
         draining_since=parse_time(annotations.get(naming.ANNOTATION_DRAINING_SINCE)),
-        gpus=pod_gpus(pod),
+        gpus=pod_gpus(pod, pod_accelerator(pod) or naming.GPU_RESOURCE),
         restarts=restarts,
         containers_ready=_condition(conditions.get("ContainersReady")),
         scheduled=_condition(conditions.get("PodScheduled")),

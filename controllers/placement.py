@@ -88,6 +88,9 @@ class GpuClaim:
 class Inventory:
     nodes: tuple[NodeInventory, ...]
     claims: tuple[GpuClaim, ...] = ()
+    note: str = ""
+    """What the counts could not see (a DeviceClass that does not exist or cannot be read): said
+    with every "no fit", so the condition points at it rather than at a busy cluster."""
 
     def with_group(self, topology_key: str, domain: str, shape: GroupShape) -> Inventory:
         """The inventory after a group was assigned to `domain` (its pods not bound yet)."""
@@ -253,6 +256,19 @@ def place_group(
     groups_by_spread_value: groups of this ModelGroup already in each spread domain.
     backed_off: domains where a recent group of this ModelGroup failed to schedule.
     """
+    decision = _place(inventory, shape, rules, groups_by_spread_value, backed_off)
+    if isinstance(decision, NoFit) and inventory.note:
+        return replace(decision, message=f"{decision.message}; {inventory.note}")
+    return decision
+
+
+def _place(
+    inventory: Inventory,
+    shape: GroupShape,
+    rules: PlacementRules,
+    groups_by_spread_value: Mapping[str, int] | None,
+    backed_off: frozenset[str],
+) -> Placed | NoFit:
     spread_counts = groups_by_spread_value or {}
     capacities = domain_capacities(inventory, rules)
     unlabelled = unlabelled_nodes(inventory.nodes, rules)
@@ -330,9 +346,11 @@ def insufficient_gpus_message(
     listed = ", ".join(f"{c.domain}={c.free_gpus}" for c in ranked[:_DOMAINS_IN_MESSAGE])
     if len(ranked) > _DOMAINS_IN_MESSAGE:
         listed += f" and {len(ranked) - _DOMAINS_IN_MESSAGE} more"
+    device_class = naming.device_class_of_resource(shape.resource)
+    counted = f" of DeviceClass {device_class!r}" if device_class is not None else ""
     return (
-        f"insufficient GPUs: a group needs {shape.gpus} GPUs ({shape.pods} pods × {shape.gpus_per_pod}) "
-        f"in one {topology_key} domain; free GPUs per domain: {listed}"
+        f"insufficient GPUs: a group needs {shape.gpus} GPUs{counted} ({shape.pods} pods × "
+        f"{shape.gpus_per_pod}) in one {topology_key} domain; free GPUs per domain: {listed}"
     )
 
 

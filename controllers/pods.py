@@ -64,6 +64,7 @@ _REVISION_WHEN_SET = frozenset(
         "pod",
         "node_affinity",
         "gpu_resource_name",
+        "gpu_device_class",
         "agent",
         "readiness",
     }
@@ -111,14 +112,27 @@ class GroupTemplate:
     pod: PodOptions | None = None
     node_affinity: NodeAffinity | None = None
     gpu_resource_name: str | None = None
+    gpu_device_class: str | None = None
+    """The DeviceClass every pod's ResourceClaim asks gpus_per_pod devices of (dynamic resource
+    allocation); None: the pods request gpu_resource from a device plugin."""
     readiness: Readiness | None = None
     """The readiness checks a group passed, when not the defaults: a group proved ready under other
     checks is outdated, so a change of them rolls the groups like a change of the pod."""
 
     @property
     def gpu_resource(self) -> str:
-        """The device resource every pod requests gpus_per_pod of (None above: nvidia.com/gpu)."""
+        """What placement counts every pod's gpus_per_pod devices in: the device-plugin resource
+        (None above: nvidia.com/gpu), or the DeviceClass's name for it."""
+        if self.gpu_device_class is not None:
+            return naming.device_class_resource(self.gpu_device_class)
         return self.gpu_resource_name or naming.GPU_RESOURCE
+
+    @property
+    def claim_template_name(self) -> str | None:
+        """The ResourceClaimTemplate of the pods' GPUs; None without dynamic resource allocation."""
+        if self.gpu_device_class is None:
+            return None
+        return naming.claim_template_name(self.model_group, self.gpu_device_class, self.gpus_per_pod)
 
     @property
     def shm_size(self) -> str:
@@ -156,10 +170,13 @@ def _canonical(value: object) -> object:
 
 @dataclass(frozen=True, slots=True)
 class GroupManifests:
-    """What one group consists of: a Service (multi-pod groups only) and its pods, rank order."""
+    """What one group consists of: a Service (multi-pod groups only) and its pods, rank order, and
+    the ResourceClaimTemplate the pods' claims come from (dynamic resource allocation only; shared by
+    every group of the ModelGroup, created when missing)."""
 
     service: dict[str, Any] | None
     pods: tuple[dict[str, Any], ...]
+    claim_template: dict[str, Any] | None = None
 
 
 def vllm_args(template: GroupTemplate, rank: int, leader_address: str | None) -> list[str]:
@@ -217,7 +234,34 @@ def render_group(
         _render_pod(template, group, rank, domain=domain, leader_address=leader_address, replaces=replaces)
         for rank in range(template.pods_per_group)
     )
-    return GroupManifests(service=service, pods=pods)
+    return GroupManifests(service=service, pods=pods, claim_template=render_claim_template(template))
+
+
+def render_claim_template(template: GroupTemplate) -> dict[str, Any] | None:
+    """The ResourceClaimTemplate each pod's claim is made from: gpus_per_pod devices of the class.
+    Owned by the ModelGroup, so it goes with it."""
+    name = template.claim_template_name
+    if name is None:
+        return None
+    request = {
+        "deviceClassName": template.gpu_device_class,
+        "allocationMode": "ExactCount",
+        "count": template.gpus_per_pod,
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": template.namespace,
+            "labels": {
+                naming.LABEL_MODEL_GROUP: template.model_group,
+                naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+            },
+            "ownerReferences": [owner_reference(template)],
+        },
+        "spec": {"spec": {"devices": {"requests": [{"name": naming.POD_CLAIM_NAME, "exactly": request}]}}},
+    }
 
 
 def owner_reference(template: GroupTemplate) -> dict[str, Any]:
@@ -291,6 +335,9 @@ def _render_pod(
         annotations["prometheus.io/path"] = "/metrics"
     if replaces:
         annotations[naming.ANNOTATION_REPLACES] = replaces
+    if template.gpu_device_class is not None:
+        annotations[naming.ANNOTATION_DEVICE_CLASS] = template.gpu_device_class
+        annotations[naming.ANNOTATION_DEVICE_COUNT] = str(template.gpus_per_pod)
     spec: dict[str, Any] = {
         "schedulingGates": [{"name": naming.SCHEDULING_GATE}],
         "readinessGates": [{"conditionType": naming.CONDITION_GROUP_READY}],
@@ -307,6 +354,10 @@ def _render_pod(
         "automountServiceAccountToken": options.automount_service_account_token,
     }
     spec.update(_pod_options(options))
+    if template.claim_template_name is not None:
+        spec["resourceClaims"] = [
+            {"name": naming.POD_CLAIM_NAME, "resourceClaimTemplateName": template.claim_template_name}
+        ]
     spec = add_agent(spec, template.agent, _agent_rank(template, rank, leader_address))
     if template.node_selector:
         spec["nodeSelector"] = dict(template.node_selector)
@@ -335,6 +386,7 @@ def _agent_rank(template: GroupTemplate, rank: int, leader_address: str | None) 
         model_revision=template.model_revision,
         engine_port=template.port,
         leader_address=leader_address,
+        device_claim=naming.POD_CLAIM_NAME if template.gpu_device_class is not None else None,
     )
 
 
@@ -403,17 +455,13 @@ def _and_terms(term: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def _render_container(
     template: GroupTemplate, group: str, rank: int, leader_address: str | None
 ) -> dict[str, Any]:
-    gpus = str(template.gpus_per_pod)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": template.image,
         "command": ["vllm", "serve"],
         "args": vllm_args(template, rank, leader_address),
         "env": _render_env(template, group, rank),
-        "resources": {
-            "requests": {**dict(template.requests), template.gpu_resource: gpus},
-            "limits": {**dict(template.limits), template.gpu_resource: gpus},
-        },
+        "resources": _render_resources(template),
         "volumeMounts": [
             {"name": SHM_VOLUME, "mountPath": SHM_PATH},
             *(_pod_dict(mount) for mount in template.volume_mounts),
@@ -441,6 +489,21 @@ def _render_container(
             "failureThreshold": 3,
         }
     return container
+
+
+def _render_resources(template: GroupTemplate) -> dict[str, Any]:
+    """The engine's CPU and memory, and its GPUs: a device plugin's resource, or the pod's claim."""
+    if template.gpu_device_class is not None:
+        return {
+            "requests": dict(template.requests),
+            "limits": dict(template.limits),
+            "claims": [{"name": naming.POD_CLAIM_NAME}],
+        }
+    gpus = str(template.gpus_per_pod)
+    return {
+        "requests": {**dict(template.requests), template.gpu_resource: gpus},
+        "limits": {**dict(template.limits), template.gpu_resource: gpus},
+    }
 
 
 def _render_env(template: GroupTemplate, group: str, rank: int) -> list[dict[str, Any]]:

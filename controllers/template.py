@@ -118,6 +118,7 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
         gpu_resource_name=None
         if spec.engine.gpu_resource_name == GPU_RESOURCE
         else spec.engine.gpu_resource_name,
+        gpu_device_class=spec.engine.gpu_device_class_name,
     )
 
 
@@ -129,9 +130,15 @@ def placement_rules(spec: ModelGroupSpec) -> PlacementRules:
         spread_key=placement.spread_key or None,
         node_selector=tuple((term.key, term.value) for term in placement.node_selector),
         tolerations=tuple(placement.tolerations),
-        gpu_resource=spec.engine.gpu_resource_name,
+        gpu_resource=placement_resource(spec),
         required_node_terms=_required_node_terms(spec),
     )
+
+
+def placement_resource(spec: ModelGroupSpec) -> str:
+    """What placement counts the pods' GPUs in: the device plugin's resource, or the DeviceClass's."""
+    device_class = spec.engine.gpu_device_class_name
+    return naming.device_class_resource(device_class) if device_class else spec.engine.gpu_resource_name
 
 
 def _required_node_terms(spec: ModelGroupSpec) -> tuple[NodeAffinityTerm, ...]:
@@ -184,6 +191,9 @@ def spec_problems(model_group: ModelGroup, nodes: Iterable[NodeInventory]) -> tu
     rules = placement_rules(spec)
     shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.gpus_per_pod, rules.gpu_resource)
     candidates = [node for node in nodes if eligible(node, rules) and domain_of(node, rules) is not None]
+    if spec.engine.gpu_device_class_name:
+        # A node publishes a class's devices once its DRA driver runs: none yet is capacity to come.
+        candidates = [node for node in candidates if node.allocatable(rules.gpu_resource) > 0]
     if candidates and not fits_empty_cluster(candidates, shape, rules):
         largest_node = max(node.allocatable(rules.gpu_resource) for node in candidates)
         where = (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -372,7 +373,7 @@ MODEL_GROUP = {
 class Operator:
     """`goodput run` in a child process, its log in a file."""
 
-    def __init__(self, namespace: str, log_path: Path) -> None:
+    def __init__(self, namespace: str, log_path: Path, env: dict[str, str] | None = None) -> None:
         command = [
             sys.executable,
             "-m",
@@ -390,7 +391,9 @@ class Operator:
         ]
         self.log_path = log_path
         with log_path.open("w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+            )
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text().splitlines()[-lines:])
@@ -735,3 +738,127 @@ def _agent_story(cluster: LocalCluster, namespace: str, operator: Operator, emul
     message = next(m for m in failures() if "AllReduceSlow" in m)
     assert "GB/s" in message and "floor" in message, message
     assert groups("Ready") == [serving]
+
+
+DRA_DRIVER = "gpu.example.com"
+# Any image name will do: the emulated nodes start no container, but the API server checks the pod.
+AGENT_IMAGE = "registry.example/goodput:e2e"
+
+
+def resource_slice(node: str, name: str, generation: int, gpus: int, migs: int) -> dict[str, Any]:
+    """What a DRA driver publishes for a node: whole GPUs and MIG devices in one pool."""
+    devices = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(gpus)]
+    devices += [{"name": f"mig-{i}", "attributes": {"type": {"string": "mig"}}} for i in range(migs)]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def test_gpus_through_dynamic_resource_allocation_are_counted_claimed_and_shared_with_the_agent(
+    cluster: LocalCluster, namespace: str, goodput_crds: list[str], emulator: Emulator, tmp_path: Path
+) -> None:
+    """A ModelGroup with `engine.gpuDeviceClassName`: the operator creates the claim template, places
+    groups only where the class has devices no claim holds (a MIG device is not a whole GPU), and
+    every rank's claim, allocated by the real scheduler from the published ResourceSlices, is shared
+    by vLLM and the health agent. A group that does not fit waits with the reason, and is placed
+    once the driver publishes another GPU."""
+    device_class = f"{namespace}.{DRA_DRIVER}"
+    nodes = sorted(node["metadata"]["name"] for node in cluster.api.get("/api/v1/nodes")["items"])[:2]
+    slices = [f"{namespace}-{node}" for node in nodes]
+    selector = f"device.driver == '{DRA_DRIVER}' && device.attributes['{DRA_DRIVER}'].type == 'gpu'"
+    cluster_objects = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": device_class},
+                "spec": {"selectors": [{"cel": {"expression": selector}}]},
+            },
+            resource_slice(nodes[0], slices[0], 1, gpus=1, migs=2),
+            resource_slice(nodes[1], slices[1], 1, gpus=2, migs=0),
+        ],
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(cluster_objects))
+    operator = Operator(namespace, tmp_path / "operator.log", env={"GOODPUT_AGENT_IMAGE": AGENT_IMAGE})
+    try:
+        _dra_story(cluster, namespace, operator, device_class=device_class, nodes=nodes, slices=slices)
+    finally:
+        operator.stop()
+        cluster.kubectl("delete", "resourceslice", *slices, "--wait=false", check=False)
+        cluster.kubectl("delete", "deviceclass", device_class, "--wait=false", check=False)
+
+
+def _dra_story(
+    cluster: LocalCluster,
+    namespace: str,
+    operator: Operator,
+    *,
+    device_class: str,
+    nodes: list[str],
+    slices: list[str],
+) -> None:
+    cluster.kubectl("create", "serviceaccount", "goodput-agent", "-n", namespace)
+    body = json.loads(json.dumps(MODEL_GROUP))
+    body["spec"]["engine"]["gpuDeviceClassName"] = device_class
+    body["spec"]["readiness"] = {"ncclCheck": "Required"}
+    body["spec"]["placement"] = {"mode": "Preferred"}
+    body["spec"]["replicas"] = 4
+    apply(cluster, namespace, body)
+    path = f"/apis/goodput.dev/v1alpha1/namespaces/{namespace}/modelgroups/{SERVED}"
+
+    def status() -> dict[str, Any]:
+        return cluster.api.get(path).get("status") or {}
+
+    def ready_groups() -> int:
+        return int(status().get("replicas") or 0)
+
+    def scaling_limited() -> dict[str, Any]:
+        return next((c for c in status().get("conditions") or () if c["type"] == "ScalingLimited"), {})
+
+    def describe() -> str:
+        return f"status {status()}\noperator log:\n{operator.log_tail()}"
+
+    # Three whole GPUs are published (the MIG devices are not of the class): three groups, and the
+    # fourth waits with the reason instead of a pod the scheduler cannot place.
+    wait_for(lambda: ready_groups() == 3, timeout_seconds=120, describe=describe)
+    wait_for(lambda: scaling_limited().get("status") == "True", timeout_seconds=30, describe=describe)
+    limited = scaling_limited()
+    assert limited["reason"] == "InsufficientGPUs", limited
+    assert f"DeviceClass '{device_class}'" in limited["message"], limited
+    running = pods(cluster, namespace)
+    assert len(running) == 3, sorted(running)
+
+    claims = cluster.api.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")["items"]
+    held = set()
+    for pod in running.values():
+        spec = pod["spec"]
+        (pod_claim,) = spec["resourceClaims"]
+        engine = next(c for c in spec["containers"] if c["name"] == "vllm")
+        agent = next(c for c in spec["initContainers"] if c["name"] == "goodput-agent")
+        assert engine["resources"]["claims"] == agent["resources"]["claims"] == [{"name": pod_claim["name"]}]
+        (claim_name,) = (s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"])
+        claim = next(c for c in claims if c["metadata"]["name"] == claim_name)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"].startswith("gpu-") and result["pool"] == spec["nodeName"], result
+        held.add((result["pool"], result["device"]))
+    assert held == {(nodes[0], "gpu-0"), (nodes[1], "gpu-0"), (nodes[1], "gpu-1")}
+    template = cluster.api.get(
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{pod_claim['resourceClaimTemplateName']}"
+    )
+    assert template["metadata"]["ownerReferences"][0]["name"] == SERVED
+
+    # The driver publishes a second GPU on the first node (a new pool generation): the fourth group fits.
+    grown = resource_slice(nodes[0], slices[0], 2, gpus=2, migs=2)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(grown))
+    wait_for(lambda: ready_groups() == 4, timeout_seconds=120, describe=describe)
+    wait_for(lambda: scaling_limited().get("status") == "False", timeout_seconds=30, describe=describe)

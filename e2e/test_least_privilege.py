@@ -70,6 +70,7 @@ OPERATOR_WRITES = frozenset(
         "pods",
         "pods/status",
         "services",
+        "resourceclaimtemplates.resource.k8s.io",
         "events",
         "clusterkopfpeerings.kopf.dev",
         "kopfpeerings.kopf.dev",
@@ -83,7 +84,9 @@ def expand(resources: Iterable[str], verbs: Iterable[str], name: str = "") -> se
     return {(resource, name, verb) for resource in resources for verb in verbs}
 
 
-NODES_TABLE = expand(["nodes"], ["get", "list", "watch"])
+NODES_TABLE = expand(["nodes"], ["get", "list", "watch"]) | expand(
+    ["resourceslices.resource.k8s.io", "deviceclasses.resource.k8s.io"], ["get", "list", "watch"]
+)
 
 
 def operator_table() -> set[Grant]:
@@ -98,6 +101,8 @@ def operator_table() -> set[Grant]:
         | expand(["pods/status"], ["patch"])
         | expand(["services"], ["create", "delete"])
         | expand(["endpointslices.discovery.k8s.io"], ["get", "list", "watch"])
+        | expand(["resourceclaimtemplates.resource.k8s.io"], ["create"])
+        | expand(["resourceclaims.resource.k8s.io"], ["list", "watch"])
         | NODES_TABLE
     )
 

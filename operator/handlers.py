@@ -32,6 +32,17 @@ from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
 from goodput.controllers import naming
 from goodput.controllers.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
+from goodput.controllers.dynamic_resources import (
+    DeviceClassView,
+    DeviceKey,
+    ResourceSliceView,
+    allocated_devices,
+    class_devices,
+    inventory_note,
+    parse_device_class,
+    parse_resource_slice,
+    with_class_devices,
+)
 from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
 from goodput.controllers.groups import (
     APPLY_ORDER,
@@ -85,6 +96,9 @@ from goodput.operator.settings import Settings
 
 MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
 ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
+RESOURCE_SLICES = ("resource.k8s.io", "v1", "resourceslices")
+RESOURCE_CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
+DEVICE_CLASSES = ("resource.k8s.io", "v1", "deviceclasses")
 SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 # Removes only our gate: another controller's scheduling gate stays.
 RELEASE_GANG = {"spec": {"schedulingGates": [{"$patch": "delete", "name": naming.SCHEDULING_GATE}]}}
@@ -236,6 +250,21 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
     async def cluster_nodes(*, body: kopf.Body, **_: Any) -> dict[str, NodeView]:
         return {"nodes": parse_node(body)}
 
+    @kopf.index(*RESOURCE_SLICES, id="resource_slices", registry=registry)
+    async def resource_slices(*, body: kopf.Body, **_: Any) -> dict[str, ResourceSliceView]:
+        """The devices DRA drivers publish per node (for ModelGroups with `gpuDeviceClassName`)."""
+        view = parse_resource_slice(body)
+        return {"slices": view} if view is not None else {}
+
+    @kopf.index(*RESOURCE_CLAIMS, id="allocated_devices", registry=registry)
+    async def claimed_devices(*, body: kopf.Body, **_: Any) -> dict[str, tuple[DeviceKey, ...]]:
+        devices = allocated_devices(body)
+        return {"cluster": devices} if devices else {}
+
+    @kopf.index(*DEVICE_CLASSES, id="device_classes", registry=registry)
+    async def device_classes(*, body: kopf.Body, name: str, **_: Any) -> dict[str, DeviceClassView]:
+        return {name: parse_device_class(body)}
+
     @kopf.index(*MODEL_GROUPS, id="model_groups_by_policy", registry=registry)
     async def model_groups_by_policy(
         *, body: kopf.Body, spec: kopf.Spec, name: str, namespace: str | None, memo: Any, **_: Any
@@ -251,7 +280,9 @@ def _register_model_groups(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.create(*MODEL_GROUPS, id="validate_on_create", registry=registry)
     @kopf.on.update(*MODEL_GROUPS, field="spec", id="validate_on_update", registry=registry)
     async def validate_model_group(*, body: kopf.Body, **kwargs: Any) -> None:
-        problems = model_group_problems(parse_body(body), Indexes.of(kwargs).nodes())
+        parsed = parse_body(body)
+        nodes, _ = Indexes.of(kwargs).placement(device_class_of(parsed))
+        problems = model_group_problems(parsed, nodes)
         if problems:
             kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=problems)
             raise kopf.PermanentError(f"invalid spec: {problems}")
@@ -393,6 +424,9 @@ class Indexes:
     gpu_claims: Mapping[str, Iterable[tuple[str, GpuClaim]]]
     cluster_nodes: Mapping[str, Iterable[NodeView]]
     service_routes: Mapping[str, Iterable[tuple[RouteView, ...]]] = field(default_factory=dict)
+    resource_slices: Mapping[str, Iterable[ResourceSliceView]] = field(default_factory=dict)
+    allocated_devices: Mapping[str, Iterable[tuple[DeviceKey, ...]]] = field(default_factory=dict)
+    device_classes: Mapping[str, Iterable[DeviceClassView]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, handler_kwargs: Mapping[str, Any]) -> Indexes:
@@ -401,6 +435,9 @@ class Indexes:
             handler_kwargs["gpu_claims"],
             handler_kwargs["cluster_nodes"],
             handler_kwargs["service_routes"],
+            handler_kwargs["resource_slices"],
+            handler_kwargs["allocated_devices"],
+            handler_kwargs["device_classes"],
         )
 
     def routed_pods(self, namespace: str) -> frozenset[str]:
@@ -411,6 +448,36 @@ class Indexes:
 
     def nodes(self) -> list[NodeView]:
         return list(self.cluster_nodes.get("nodes", ()))
+
+    def placement(self, device_class: str | None) -> tuple[list[NodeView], DevicePlacement]:
+        """The nodes as placement counts them, and what allocated claims hold: with a DeviceClass,
+        each node's devices of it (from the ResourceSlices) and the claims on them; without one, the
+        nodes as they are (device-plugin pods are counted from the pods)."""
+        views = self.nodes()
+        if device_class is None:
+            return views, DevicePlacement()
+        found = next(iter(self.device_classes.get(device_class, ())), None)
+        allocated = (key for keys in self.allocated_devices.get("cluster", ()) for key in keys)
+        devices = class_devices(found, self.resource_slices.get("slices", ()), allocated)
+        inventories = with_class_devices([view.inventory for view in views], devices, device_class)
+        nodes = [
+            replace(view, inventory=inventory) for view, inventory in zip(views, inventories, strict=True)
+        ]
+        return nodes, DevicePlacement(devices.claims, inventory_note(devices, device_class))
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePlacement:
+    """Under dynamic resource allocation: the devices allocated claims hold, and what placement
+    could not count (see `inventory_note`)."""
+
+    claims: tuple[GpuClaim, ...] = ()
+    note: str = ""
+
+
+def device_class_of(model_group: ModelGroup | str) -> str | None:
+    """The DeviceClass a ModelGroup's GPUs come from (dynamic resource allocation); None otherwise."""
+    return None if isinstance(model_group, str) else model_group.spec.engine.gpu_device_class_name
 
 
 def model_group_problems(model_group: ModelGroup | str, nodes: Iterable[NodeView]) -> str:
@@ -524,9 +591,8 @@ class ModelGroupLoop:
         metadata = snapshot["metadata"] or {}
         generation = int(metadata.get("generation") or 0)
         previous = self._previous_status(self.body.get("status") or {}, now)
-        nodes = self.indexes.nodes()
-
         parsed = parse_body(snapshot)
+        nodes, devices = self.indexes.placement(device_class_of(parsed))
         problems = model_group_problems(parsed, nodes)
         if isinstance(parsed, str) or problems:
             status = invalid_spec_status(
@@ -537,7 +603,14 @@ class ModelGroupLoop:
             return
 
         deleting = bool(metadata.get("deletionTimestamp"))
-        world = self.build_world(parsed, nodes, now, deleting=deleting, recorded_drains=_recorded(previous))
+        world = self.build_world(
+            parsed,
+            nodes,
+            now,
+            deleting=deleting,
+            recorded_drains=_recorded(previous),
+            devices=devices,
+        )
         plan = plan_model_group(world)
         self._reserve_gpus(plan)
         ledger = StepLedger.of(plan)
@@ -593,13 +666,14 @@ class ModelGroupLoop:
         *,
         deleting: bool = False,
         recorded_drains: frozenset[str] = frozenset(),
+        devices: DevicePlacement = DevicePlacement(),
     ) -> World:
         spec = model_group.spec
         settings = self.runtime.settings
         template = group_template(model_group, settings.agent_image)
         observed = list(self.indexes.group_pods.get((self.namespace, self.name), ()))
         pods, self.expectations = overlay(observed, self.expectations, now)
-        claims = self.runtime.gpu_claims(self.indexes.gpu_claims.get("cluster", ()))
+        claims = [*self.runtime.gpu_claims(self.indexes.gpu_claims.get("cluster", ())), *devices.claims]
         annotations = dict(model_group.metadata.annotations)
         self.annotations = {k: v for k, v in self.annotations.items() if annotations.get(k) != v}
         annotations.update(self.annotations)
@@ -626,7 +700,7 @@ class ModelGroupLoop:
             placement=placement_rules(spec),
             desired_groups=wanted_groups(spec.replicas, spec.min_replicas, spec.max_replicas),
             pods=pods,
-            inventory=Inventory(tuple(view.inventory for view in nodes), tuple(claims)),
+            inventory=Inventory(tuple(view.inventory for view in nodes), tuple(claims), devices.note),
             ready_nodes=frozenset(view.inventory.name for view in nodes if view.ready),
             group_counter=int(counter_text) if counter_text.isdigit() else 0,
             backoffs=parse_backoffs(annotations.get(naming.ANNOTATION_PLACEMENT_BACKOFF)),
@@ -839,7 +913,10 @@ class PlanWrites:
             await asyncio.to_thread(self.kube.delete_service, self.namespace, deletion.service)
 
     async def create(self, creation: GroupCreation) -> None:
-        """The Service, every pod (gated), then every gate released together."""
+        """The claim template (when missing), the Service, every pod (gated), then every gate
+        released together."""
+        if creation.claim_template is not None:
+            await asyncio.to_thread(self.kube.create_resource_claim_template, creation.claim_template)
         if creation.service is not None:
             await asyncio.to_thread(self.kube.create_service, creation.service)
         for manifest in creation.pods:

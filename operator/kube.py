@@ -163,6 +163,17 @@ class KubeApi:
     def delete_service(self, namespace: str, name: str) -> None:
         self._delete("services", f"/api/v1/namespaces/{namespace}/services/{name}")
 
+    # Dynamic resource allocation
+
+    def create_resource_claim_template(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a ResourceClaimTemplate; False when it already exists (its name carries its spec)."""
+        namespace = manifest["metadata"]["namespace"]
+        return self._create(
+            "resourceclaimtemplates",
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+            manifest,
+        )
+
     # goodput.dev objects
 
     def patch_custom(

@@ -56,7 +56,7 @@ from goodput.agent.publish import PodCondition
 from goodput.api.modelgroup import ModelGroupSpec
 from goodput.controllers import naming
 from goodput.controllers.hardware import catalog_model_key, gpu_spec, model_shape
-from goodput.controllers.observation import pod_gpus
+from goodput.controllers.observation import pod_accelerator, pod_gpus
 from goodput.estimators.service_time import (
     GPUS,
     H100_80G,
@@ -264,7 +264,7 @@ def parse_pod(
         fault=fault,
         nccl_status=nccl.get("status"),
         reported_revision=annotations.get(naming.ANNOTATION_MODEL_REVISION),
-        gpus=pod_gpus(manifest) or 1,
+        gpus=pod_gpus(manifest, pod_accelerator(manifest) or naming.GPU_RESOURCE) or 1,
         gpu_faults=annotations.get(ANNOTATION_GPU_FAULTS),
         gpu_condition=(str(gpu.get("status")), str(gpu.get("reason"))) if gpu else None,
     )

@@ -394,8 +394,12 @@ CONTROLLER_GRANTS = (
     | expand("", ["pods/status"], ["patch"])
     | expand("", ["services"], ["create", "delete"])
     | expand("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"])
+    | expand("resource.k8s.io", ["resourceclaimtemplates"], ["create"])
+    | expand("resource.k8s.io", ["resourceclaims"], ["list", "watch"])
 )
-NODE_GRANTS = expand("", ["nodes"], ["get", "list", "watch"])
+NODE_GRANTS = expand("", ["nodes"], ["get", "list", "watch"]) | expand(
+    "resource.k8s.io", ["resourceslices", "deviceclasses"], ["get", "list", "watch"]
+)
 
 
 def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses(defaults: Rendered) -> None:

@@ -314,12 +314,14 @@ class GroupDeletion:
 
 @dataclass(frozen=True, slots=True)
 class GroupCreation:
-    """Create the Service and every pod (gated), then release all the gates together."""
+    """Create the Service and every pod (gated), then release all the gates together; first the
+    ResourceClaimTemplate the pods' claims come from, when they have one and it is missing."""
 
     group: str
     domain: str
     service: dict[str, Any] | None
     pods: tuple[dict[str, Any], ...]
+    claim_template: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,7 +344,9 @@ def _create(tick: Tick, shortfall: int) -> Tick:
             f"({shape.pods} pod(s) × {shape.gpus_per_pod} GPU(s))"
             + (f", replacing {replaces}" if replaces else "")
         )
-        creation = GroupCreation(name, decision.domain, manifests.service, manifests.pods)
+        creation = GroupCreation(
+            name, decision.domain, manifests.service, manifests.pods, manifests.claim_template
+        )
         tick = tick.moved(
             group,
             transition(name, None, GroupEvent.CREATED, message),

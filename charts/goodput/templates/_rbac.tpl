@@ -58,6 +58,14 @@ The operator's permissions, in two parts (kopf's deployment RBAC draws the same 
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
+# ModelGroups with engine.gpuDeviceClassName: each pod's GPUs come from a claim made from a template
+# the operator creates, and placement counts the devices that allocated claims hold.
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["create"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims"]
+  verbs: ["list", "watch"]
 {{- end }}
 
 {{- define "goodput.rbac.leaderElectionRules" -}}
@@ -73,8 +81,12 @@ The operator's permissions, in two parts (kopf's deployment RBAC draws the same 
 {{- end }}
 
 {{- define "goodput.rbac.nodeRules" -}}
-# GPU inventory and topology labels for gang placement.
+# GPU inventory and topology labels for gang placement; under dynamic resource allocation, the
+# devices the drivers publish per node and the classes that select them (both cluster-scoped).
 - apiGroups: [""]
   resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceslices", "deviceclasses"]
   verbs: ["get", "list", "watch"]
 {{- end }}
