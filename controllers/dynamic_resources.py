@@ -52,8 +52,11 @@ class SliceDevice:
         return (self.driver, self.pool, self.name)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class ResourceSliceView:
+    """A node-local ResourceSlice. Compared by identity: the index holds one object per slice
+    version, so what a class selects of it is worked out once (`_selection`), not on every pass."""
+
     driver: str
     pool: str
     generation: int
@@ -156,18 +159,17 @@ def class_devices(
     if device_class is None:
         return ClassDevices({}, (), class_found=False)
     resource = naming.device_class_resource(device_class.name)
-    node_of: dict[DeviceKey, str] = {}
+    held_keys = set(allocated)
     total: Counter[str] = Counter()
+    held: Counter[str] = Counter()
     unreadable = 0
     for current in newest_generations(slices):
-        for device in current.devices:
-            selected = selects(device_class.selectors, device)
-            unreadable += selected is None
-            if selected:
-                total[current.node_name] += 1
-                node_of[device.key] = current.node_name
-    held = Counter(node_of[key] for key in set(allocated) if key in node_of)
-    claims = tuple(GpuClaim(count, node, resource=resource) for node, count in sorted(held.items()))
+        selected, unjudged = _selection(device_class.selectors, current)
+        unreadable += unjudged
+        if selected:
+            total[current.node_name] += len(selected)
+            held[current.node_name] += len(held_keys.intersection(selected))
+    claims = tuple(GpuClaim(count, node, resource=resource) for node, count in sorted(held.items()) if count)
     return ClassDevices(dict(total), claims, unreadable)
 
 
@@ -181,6 +183,13 @@ def newest_generations(slices: Iterable[ResourceSliceView]) -> list[ResourceSlic
         generation = max(view.generation for view in views)
         newest += [view for view in views if view.generation == generation]
     return newest
+
+
+@functools.lru_cache(maxsize=16384)
+def _selection(selectors: tuple[str, ...], view: ResourceSliceView) -> tuple[tuple[DeviceKey, ...], int]:
+    """The devices of a slice the selectors accept, and how many they could not be evaluated on."""
+    verdicts = [(device.key, selects(selectors, device)) for device in view.devices]
+    return tuple(key for key, verdict in verdicts if verdict), sum(verdict is None for _, verdict in verdicts)
 
 
 @functools.lru_cache(maxsize=65536)
