@@ -281,7 +281,7 @@ class Fleet:
             placement=rules.placement,
             desired_groups=self.desired,
             pods=tuple(pods),
-            inventory=inventory(self._nodes, pods, rules.placement.topology_key),
+            inventory=inventory(self._nodes, pods, rules.placement),
             ready_nodes=frozenset(node.name for node in self._nodes),
             group_counter=self._counter,
             backoffs=self._backoffs,

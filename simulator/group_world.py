@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from goodput.api.modelgroup import ModelGroup
+from goodput.controllers import naming
 from goodput.controllers.groups import ReadinessRules
 from goodput.controllers.observation import ConditionView, PodView, parse_pod
 from goodput.controllers.placement import GpuClaim, Inventory, NodeInventory, PlacementRules
@@ -78,22 +79,32 @@ class GroupRules:
 
 def cluster_nodes(rules: GroupRules, groups: int) -> tuple[NodeInventory, ...]:
     """A cluster with room for `groups` groups, each in its own topology domain, every node
-    satisfying the ModelGroup's node selector (the GPU budget is the fleet's `max_groups`)."""
+    satisfying the ModelGroup's node selector and offering its devices in the ModelGroup's own
+    resource (nvidia.com/gpu, another device plugin's, or a DeviceClass's); the GPU budget is the
+    fleet's `max_groups`."""
     template = rules.template
     labels = tuple(rules.placement.node_selector)
+    resource = rules.placement.gpu_resource
+    plugin_gpus = template.gpus_per_pod if resource == naming.GPU_RESOURCE else 0
+    other = () if plugin_gpus else ((resource, template.gpus_per_pod),)
     return tuple(
         NodeInventory(
             f"node-{domain}-{rank}",
             tuple(sorted({*labels, (rules.placement.topology_key, f"d{domain}")})),
-            template.gpus_per_pod,
+            plugin_gpus,
+            other_devices=other,
         )
         for domain in range(groups)
         for rank in range(template.pods_per_group)
     )
 
 
-def inventory(nodes: tuple[NodeInventory, ...], pods: list[PodView], topology_key: str) -> Inventory:
-    claims = tuple(GpuClaim(pod.gpus, pod.node_name, topology_key, pod.topology_domain) for pod in pods)
+def inventory(nodes: tuple[NodeInventory, ...], pods: list[PodView], placement: PlacementRules) -> Inventory:
+    """The nodes with the GPUs of every simulated pod claimed on them, in the ModelGroup's resource."""
+    claims = tuple(
+        GpuClaim(pod.gpus, pod.node_name, placement.topology_key, pod.topology_domain, placement.gpu_resource)
+        for pod in pods
+    )
     return Inventory(nodes, claims)
 
 

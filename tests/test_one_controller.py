@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
+import pytest
 from test_groups import NOW, RULES, apply, group, idle, world
 from test_sim_simulation import ENGINE, Scripted
 
@@ -49,14 +50,17 @@ def kinds(transitions: list[GroupTransition]) -> list[tuple[str, str | None, str
     return [(str(t.event), t.before, t.after) for t in transitions]
 
 
-def model_group(drain_max_seconds: int = 600, min_lifetime_seconds: int = 0) -> ModelGroup:
-    """One-pod groups that may be drained at once (no minimum lifetime) and drain for long."""
+def model_group(
+    drain_max_seconds: int = 600, min_lifetime_seconds: int = 0, gpus: dict[str, str] | None = None
+) -> ModelGroup:
+    """One-pod groups that may be drained at once (no minimum lifetime) and drain for long; `gpus`:
+    where the GPUs come from (an engine's `gpuResourceName` or `gpuDeviceClassName`)."""
     return ModelGroup.model_validate(
         {
             "metadata": {"name": "llama-8b", "namespace": "serving"},
             "spec": {
                 "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-                "engine": {"image": "vllm/vllm-openai:v0.33.0"},
+                "engine": {"image": "vllm/vllm-openai:v0.33.0", **(gpus or {})},
                 "parallelism": {"gpusPerPod": 1},
                 "readiness": {"ncclCheck": "Skip", "revisionCheck": False},
                 "maxReplicas": 4,
@@ -75,7 +79,7 @@ def steady_load(seconds: float) -> Workload:
     return assign_classes(Workload("steady", times, inputs, outputs), ClassRule(("chat",), (1.0,)), 3)
 
 
-def through_the_simulator() -> list[GroupTransition]:
+def through_the_simulator(spec: ModelGroup | None = None) -> list[GroupTransition]:
     fleet = FleetConfig(
         engine=ENGINE,
         gpus_per_group=1,
@@ -85,7 +89,7 @@ def through_the_simulator() -> list[GroupTransition]:
         ready_time_sigma=0.0,
         scheduled_failures_seconds=(FAILURE_AT,),
         itl_targets_seconds=(0.08,),
-        group_rules=GroupRules.for_model_group(model_group()),
+        group_rules=GroupRules.for_model_group(spec or model_group()),
     )
     script = [(0.0, 1), (BURST_AT, 3), (SCALE_IN_AT, 1), (NEW_BURST_AT, 3)]
     config = SimulationConfig(
@@ -140,6 +144,15 @@ def through_the_operator() -> list[GroupTransition]:
 def test_the_simulator_runs_the_deployed_group_lifecycle() -> None:
     assert kinds(through_the_operator()) == EXPECTED
     assert kinds(through_the_simulator()) == EXPECTED
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [{"gpuResourceName": "amd.com/gpu"}, {"gpuDeviceClassName": "gpu.nvidia.com"}],
+    ids=["another device plugin's resource", "a DRA DeviceClass"],
+)
+def test_the_simulator_places_groups_in_the_model_groups_own_device_resource(gpus: dict[str, str]) -> None:
+    assert kinds(through_the_simulator(model_group(gpus=gpus))) == EXPECTED
 
 
 def test_a_draining_group_is_put_back_in_service_rather_than_a_new_one_created() -> None:
