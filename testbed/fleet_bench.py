@@ -42,45 +42,9 @@ from goodput.controllers import naming
 from goodput.testbed.cluster.controlplane import LocalCluster, free_ports
 from goodput.testbed.cluster.processes import stop_child
 from goodput.testbed.cluster.testing import serving_in_netns, wait_for
+from goodput.testbed.operator_process import FAKE_LEADER, LEADER_PORT
 
-LEADER_PORT = 8000
 API = "/apis/goodput.dev/v1alpha1"
-_LEADER = r"""
-import json, sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-load_path = sys.argv[1]
-
-class Leader(BaseHTTPRequestHandler):
-    def reply(self, body, kind="application/json"):
-        data = body.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        try:
-            load = json.load(open(load_path))
-        except (OSError, ValueError):
-            load = {}
-        page = "".join(f"vllm:{name} {load.get(name, 0)}\n"
-                       for name in ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc"))
-        self.reply(page if self.path == "/metrics" else "", "text/plain")
-
-    def do_POST(self):
-        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        tokens = int(request.get("max_tokens", 1))
-        self.reply(json.dumps({"object": "text_completion",
-                               "choices": [{"index": 0, "text": " ok" * tokens, "finish_reason": "length"}],
-                               "usage": {"prompt_tokens": 4, "completion_tokens": tokens}}))
-
-    def log_message(self, *args):
-        pass
-
-ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Leader).serve_forever()
-"""
 
 
 def namespace_names(prefix: str, count: int) -> list[str]:
@@ -163,7 +127,7 @@ def fleet_leaders(cluster: LocalCluster, load_path: Path) -> Iterator[None]:
     if not load_path.exists():
         set_load(load_path, waiting=0, running=0, kv_usage=0.0)
     probe_ip = cluster.network.node_pod_cidr(0).replace(".0/24", ".250")
-    argv = [sys.executable, "-c", _LEADER, str(load_path), str(LEADER_PORT)]
+    argv = [sys.executable, "-c", FAKE_LEADER, str(LEADER_PORT), "", str(load_path)]
     with serving_in_netns(cluster.netns, argv, address=(probe_ip, LEADER_PORT)):
         yield
 

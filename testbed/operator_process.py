@@ -50,11 +50,16 @@ from goodput.testbed.cluster.testing import serving_in_netns
 from goodput.testbed.cluster.topology import Topology
 
 LEADER_PORT = 8000
-_FAKE_LEADER = r"""
+# A group leader as the operator sees it: vLLM's /metrics (idle, or what a load file says) and
+# completions; argv: port, a file to log each completion request to ("" for none), a JSON file of the
+# metrics to report ("" for idle).
+FAKE_LEADER = r"""
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-log = open(sys.argv[1], "a", buffering=1)
+port, log_path, load_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+log = open(log_path, "a", buffering=1) if log_path else None
+METRICS = ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc")
 
 class Leader(BaseHTTPRequestHandler):
     def reply(self, body, kind="application/json"):
@@ -66,13 +71,20 @@ class Leader(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        idle = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-        self.reply(idle if self.path == "/metrics" else "", "text/plain")
+        load = {}
+        if load_path:
+            try:
+                load = json.load(open(load_path))
+            except (OSError, ValueError):
+                load = {}
+        page = "".join(f"vllm:{name} {load.get(name, 0)}\n" for name in METRICS)
+        self.reply(page if self.path == "/metrics" else "", "text/plain")
 
     def do_POST(self):
         request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        seen = {"ip": self.connection.getsockname()[0], "path": self.path, "request": request}
-        log.write(json.dumps(seen) + "\n")
+        if log is not None:
+            seen = {"ip": self.connection.getsockname()[0], "path": self.path, "request": request}
+            log.write(json.dumps(seen) + "\n")
         tokens = int(request.get("max_tokens", 1))
         self.reply(json.dumps({"object": "text_completion",
                                "choices": [{"index": 0, "text": " ok" * tokens, "finish_reason": "length"}],
@@ -81,7 +93,7 @@ class Leader(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Leader).serve_forever()
+ThreadingHTTPServer(("0.0.0.0", port), Leader).serve_forever()
 """
 
 
@@ -263,7 +275,7 @@ class FakeLeaders:
 def fake_leaders(cluster: LocalCluster, log_path: Path, port: int = LEADER_PORT) -> Iterator[FakeLeaders]:
     """Serve as every group leader on `port`, for the duration of the block."""
     probe_ip = cluster.network.node_pod_cidr(0).replace(".0/24", ".250")
-    argv = [sys.executable, "-c", _FAKE_LEADER, str(log_path), str(port)]
+    argv = [sys.executable, "-c", FAKE_LEADER, str(port), str(log_path), ""]
     with serving_in_netns(cluster.netns, argv, address=(probe_ip, port)):
         yield FakeLeaders(log_path)
 
