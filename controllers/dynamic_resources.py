@@ -233,20 +233,40 @@ def with_class_devices(
 ) -> list[NodeInventory]:
     """The nodes with the class's devices as their allocatable of its placement resource."""
     resource = naming.device_class_resource(device_class)
-    return [
-        replace(
-            node,
-            other_devices=tuple(
-                sorted(
-                    [
-                        *(d for d in node.other_devices if d[0] != resource),
-                        (resource, devices.total_by_node.get(node.name, 0)),
-                    ]
-                )
-            ),
-        )
-        for node in nodes
-    ]
+
+    def counted(node: NodeInventory) -> NodeInventory:
+        others = tuple(device for device in node.other_devices if device[0] != resource)
+        total = (resource, devices.total_by_node.get(node.name, 0))
+        return replace(node, other_devices=tuple(sorted((*others, total))))
+
+    return [counted(node) for node in nodes]
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePlacement:
+    """What placement needs of a DeviceClass besides the nodes' devices: the devices allocated claims
+    hold, and what it could not count (`inventory_note`)."""
+
+    claims: tuple[GpuClaim, ...] = ()
+    note: str = ""
+
+
+NO_DEVICE_CLASS = DevicePlacement()
+"""A ModelGroup on a device plugin's GPUs: its pods are counted from the pods themselves."""
+
+
+def class_placement(
+    nodes: Iterable[NodeInventory],
+    device_class: str,
+    found: DeviceClassView | None,
+    slices: Iterable[ResourceSliceView],
+    allocated: Iterable[DeviceKey],
+) -> tuple[list[NodeInventory], DevicePlacement]:
+    """The nodes as placement counts them for `device_class` (`found`: its DeviceClass, None when it
+    does not exist), and the claims and note that go with them."""
+    devices = class_devices(found, slices, allocated)
+    placement = DevicePlacement(devices.claims, inventory_note(devices, device_class))
+    return with_class_devices(nodes, devices, device_class), placement
 
 
 def _int(value: Any) -> int:

@@ -33,15 +33,15 @@ from goodput.api.slopolicy import SloPolicyStatus
 from goodput.controllers import naming
 from goodput.controllers.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
 from goodput.controllers.dynamic_resources import (
+    NO_DEVICE_CLASS,
     DeviceClassView,
     DeviceKey,
+    DevicePlacement,
     ResourceSliceView,
     allocated_devices,
-    class_devices,
-    inventory_note,
+    class_placement,
     parse_device_class,
     parse_resource_slice,
-    with_class_devices,
 )
 from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
 from goodput.controllers.groups import (
@@ -455,24 +455,18 @@ class Indexes:
         nodes as they are (device-plugin pods are counted from the pods)."""
         views = self.nodes()
         if device_class is None:
-            return views, DevicePlacement()
-        found = next(iter(self.device_classes.get(device_class, ())), None)
-        allocated = (key for keys in self.allocated_devices.get("cluster", ()) for key in keys)
-        devices = class_devices(found, self.resource_slices.get("slices", ()), allocated)
-        inventories = with_class_devices([view.inventory for view in views], devices, device_class)
+            return views, NO_DEVICE_CLASS
+        inventories, devices = class_placement(
+            [view.inventory for view in views],
+            device_class,
+            next(iter(self.device_classes.get(device_class, ())), None),
+            self.resource_slices.get("slices", ()),
+            (key for keys in self.allocated_devices.get("cluster", ()) for key in keys),
+        )
         nodes = [
             replace(view, inventory=inventory) for view, inventory in zip(views, inventories, strict=True)
         ]
-        return nodes, DevicePlacement(devices.claims, inventory_note(devices, device_class))
-
-
-@dataclass(frozen=True, slots=True)
-class DevicePlacement:
-    """Under dynamic resource allocation: the devices allocated claims hold, and what placement
-    could not count (see `inventory_note`)."""
-
-    claims: tuple[GpuClaim, ...] = ()
-    note: str = ""
+        return nodes, devices
 
 
 def device_class_of(model_group: ModelGroup | str) -> str | None:
@@ -666,7 +660,7 @@ class ModelGroupLoop:
         *,
         deleting: bool = False,
         recorded_drains: frozenset[str] = frozenset(),
-        devices: DevicePlacement = DevicePlacement(),
+        devices: DevicePlacement = NO_DEVICE_CLASS,
     ) -> World:
         spec = model_group.spec
         settings = self.runtime.settings

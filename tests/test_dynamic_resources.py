@@ -17,6 +17,7 @@ from goodput.controllers.dynamic_resources import (
     SliceDevice,
     allocated_devices,
     class_devices,
+    class_placement,
     inventory_note,
     parse_device_class,
     parse_resource_slice,
@@ -288,17 +289,14 @@ def test_the_spec_check_waits_for_devices_instead_of_calling_the_shape_impossibl
 def test_a_no_fit_names_the_device_class_placement_could_not_count() -> None:
     nodes = (NodeInventory("n0", ((CLIQUE, "a"),), 8),)
     rules = PlacementRules(CLIQUE, gpu_resource=RESOURCE)
-    missing = class_devices(None, [node_slice("n0", 8)], [])
-    note = inventory_note(missing, "gpu.nvidia.com")
+    counted, devices = class_placement(nodes, GPU_CLASS.name, None, [node_slice("n0", 8)], [])
     decision = place_group(
-        Inventory(tuple(with_class_devices(nodes, missing, "gpu.nvidia.com")), (), note),
-        GroupShape(1, 1, RESOURCE),
-        rules,
+        Inventory(tuple(counted), devices.claims, devices.note), GroupShape(1, 1, RESOURCE), rules
     )
     assert isinstance(decision, NoFit)
     assert decision.message.endswith(
-        "DeviceClass 'gpu.nvidia.com' (spec.engine.gpuDeviceClassName) does not exist"
-    )
+        f"DeviceClass '{GPU_CLASS.name}' (spec.engine.gpuDeviceClassName) does not exist"
+    ), decision.message
     unreadable = DeviceClassView("big", ("device.capacity['gpu.example.com'].memory.isGreaterThan(1)",))
     assert inventory_note(class_devices(unreadable, [node_slice("n0", 3)], []), "big").startswith(
         "3 device(s)"
