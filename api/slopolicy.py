@@ -141,7 +141,11 @@ class GoodputSignal(SpecModel):
     enabled: bool = True
     """Use this signal."""
     attainment_floor: float = Field(default=0.95, gt=0, le=1)
-    """Scale out while the measured attainment of any class is below this."""
+    """Scale out while the measured attainment of any class is below this. Read from vLLM's latency
+    histograms, a miss counts once the histogram shows it: against a target inside a bucket (60 s
+    in vLLM's TTFT bucket from 40 s to 80 s), only observations past that bucket are misses, so a
+    target on a bucket bound (vLLM's TTFT bounds include 1, 2.5, 5, 10, 20, 40, 80 s) is read
+    exactly."""
 
 
 class Signals(SpecModel):

@@ -66,6 +66,7 @@ from goodput.controllers.scaling_behavior import clamp, limit_rate, stabilize, t
 from goodput.estimators.attainment import (
     GoodputReport,
     Histogram,
+    fraction_not_shown_beyond,
     fraction_within,
     goodput_from_histograms,
     histogram_quantile,
@@ -553,12 +554,14 @@ def _attainment(
     )
     if figures is not None:
         goodput = _gateway_goodput(figures, window_seconds, goodput.token_goodput_per_second)
+    # The checks that may ask for a group count only the misses the histograms show (a target inside
+    # a bucket leaves that bucket's observations unjudged); the shares reported stay interpolated.
     checks = _judged_checks(
         observation,
         policy,
-        ttft=(ttft, _observed(ttft_histogram)),
-        tpot=(tpot, _observed(tpot_histogram)),
-        itl_share=itl,
+        ttft=(fraction_not_shown_beyond(ttft_histogram, target.ttft_seconds), _observed(ttft_histogram)),
+        tpot=(fraction_not_shown_beyond(tpot_histogram, target.itl_seconds), _observed(tpot_histogram)),
+        itl_share=fraction_not_shown_beyond(itl_histogram, target.itl_seconds),
     )
     return _Attainment(
         ttft=ttft,

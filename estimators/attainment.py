@@ -4,6 +4,8 @@ A histogram only says how many observations fell at or below each bucket bound, 
 within a target that is not a bound is interpolated linearly inside the bucket that holds it, as
 Prometheus' histogram_quantile does. Observations above the last finite bound are never counted as
 attaining. A histogram with no observations gives None, "unknown": neither a perfect nor a failed SLO.
+What may ask for GPUs reads the other way (`fraction_not_shown_beyond`): only the misses the buckets
+show count.
 
 Denominators are kept apart (§5): offered = admitted + rejected. Attainment is reported against both,
 so a policy that rejects more cannot look better.
@@ -133,6 +135,26 @@ def fraction_within(
         share = 1.0 if width <= 0 else max(0.0, target - lower_bound) / width
         within = below + (counts[index] - below) * share
     return min(1.0, max(0.0, within / histogram.total))
+
+
+def fraction_not_shown_beyond(
+    histogram: Histogram | None, target: float, min_observations: float = 1.0
+) -> float | None:
+    """Fraction of observations the histogram does not show beyond `target`: every observation at or
+    below the first bucket bound at or above it (all of them when the target is past the last finite
+    bound). Equal to `fraction_within` when the target is a bound.
+
+    Why: where a target falls inside a bucket, the histogram cannot tell which of that bucket's
+    observations missed it. Interpolation spreads them evenly, which on a thin tail misreads: against
+    a 60 s TTFT target, vLLM's bucket from 40 s to 80 s holds requests at 45 s, and interpolation
+    counts a third of them as misses that never happened. A scale-out is paid for in GPUs, so the
+    SLO checks that ask for one count only the misses the histogram shows.
+    None ("unknown") when there are fewer than `min_observations` observations.
+    """
+    if histogram is None or histogram.total < max(min_observations, 1e-12):
+        return None
+    index = bisect_left(histogram.upper_bounds, target)
+    return min(1.0, max(0.0, histogram.cumulative_counts[index] / histogram.total))
 
 
 def histogram_quantile(histogram: Histogram | None, quantile: float) -> float | None:

@@ -12,6 +12,7 @@ from goodput.estimators.attainment import (
     LatencyTargets,
     RequestOutcome,
     attains,
+    fraction_not_shown_beyond,
     fraction_within,
     goodput_from_histograms,
     goodput_from_outcomes,
@@ -52,12 +53,59 @@ def test_fraction_within_interpolates_inside_the_target_bucket(target: float, ex
 
 
 @pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (2.0, 0.30),
+        (1.5, 0.30),
+        (0.5, 0.10),
+        (3.0, 0.70),
+        (100.0, 1.00),
+    ],
+    ids=[
+        "on a bound: as fraction_within",
+        "inside a bucket: its observations are not shown beyond",
+        "inside the first bucket from zero",
+        "inside a wider bucket",
+        "above every bound: nothing is shown beyond",
+    ],
+)
+def test_fraction_not_shown_beyond_counts_only_the_misses_the_buckets_show(
+    target: float, expected: float
+) -> None:
+    assert fraction_not_shown_beyond(SMALL, target) == pytest.approx(expected)
+
+
+def test_a_thin_tail_inside_the_target_bucket_is_no_miss() -> None:
+    """vLLM's TTFT bucket (40 s, 80 s] against a 60 s target: 3 % of requests at 45 s met it, and
+    interpolation reads half of them as missed (0.985 < 0.99)."""
+    bounds = (10.0, 20.0, 40.0, 80.0, 160.0)
+    histogram = Histogram.from_observations(bounds, [15.0] * 97 + [45.0] * 3)
+    assert fraction_within(histogram, 60.0) == pytest.approx(0.985)
+    assert fraction_not_shown_beyond(histogram, 60.0) == 1.0
+    late = Histogram.from_observations(bounds, [15.0] * 97 + [90.0] * 3)
+    assert fraction_not_shown_beyond(late, 60.0) == pytest.approx(0.97)
+
+
+@given(
+    observations=st.lists(st.floats(0.0, 20.0), min_size=1, max_size=200),
+    target=st.floats(0.0, 30.0),
+)
+def test_not_shown_beyond_is_never_below_the_true_share(observations: list[float], target: float) -> None:
+    """No observation within the target is ever counted as a miss."""
+    histogram = Histogram.from_observations(TTFT_BUCKETS, observations)
+    exact = sum(1 for value in observations if value <= target) / len(observations)
+    share = fraction_not_shown_beyond(histogram, target)
+    assert share is not None and share >= exact - 1e-12
+
+
+@pytest.mark.parametrize(
     "histogram",
     [None, Histogram.empty(TTFT_BUCKETS)],
     ids=["no histogram", "histogram with no observations"],
 )
 def test_no_observations_is_unknown_not_zero_or_one(histogram: Histogram | None) -> None:
     assert fraction_within(histogram, 2.0) is None
+    assert fraction_not_shown_beyond(histogram, 2.0) is None
     assert histogram_quantile(histogram, 0.99) is None
 
 
