@@ -130,8 +130,9 @@ def _add_world_arguments(parser: argparse.ArgumentParser) -> None:
         "--capacity-trial-seconds",
         type=float,
         default=300.0,
-        help="length of each trial (a fleet of several groups, feasible requests only) that measures "
-        "the capacity envelope (default 300)",
+        help="shortest trial (a fleet of several groups, feasible requests only) that measures the "
+        "capacity envelope; a trial also lasts 50 times the tightest TTFT target, within the window "
+        "(default 300)",
     )
 
 

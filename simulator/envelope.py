@@ -56,6 +56,8 @@ class CapacityEnvelope:
     """Groups in the trial fleet."""
     repeats: int = 1
     """Seeded repeats of each trial."""
+    trial_seconds: float = 0.0
+    """Arrivals per trial (0: taken from the ModelGroup's profile)."""
     attainment_lower_bounds: tuple[float, ...] = ()
     """Per class, the 95 % Wilson lower bound of the pooled attainment at the figure's rate."""
     trial_log: tuple[EnvelopeTrial, ...] = ()
@@ -134,6 +136,10 @@ def wilson_lower_bound(successes: int, trials: int, z: float = 1.96) -> float:
     return max(0.0, (centre - spread) / denominator)
 
 
+BRACKET_FACTOR = 1.5
+"""The envelope search steps its rate by this factor until one rate passes and the next fails."""
+
+
 @dataclass(frozen=True, slots=True)
 class EnvelopeSearch:
     """How the envelope is measured: a fleet of `groups` behind the router, each trial `trial_seconds`
@@ -147,6 +153,25 @@ class EnvelopeSearch:
     """A class with fewer requests (pooled over repeats) in a trial cannot be judged at that rate."""
     lowest_rate_fraction: float = 1e-3
     """How far below the first guess the search goes before it gives up."""
+
+    trial_ttft_multiple: float = 50.0
+    """A trial offers arrivals for at least this many times the tightest TTFT target (see
+    `trial_seconds_for`)."""
+
+    def trial_seconds_for(self, classes: Sequence[ClassTargets], span_seconds: float) -> float:
+        """How long each trial offers arrivals: at least `trial_seconds`, and `trial_ttft_multiple`
+        times the tightest TTFT target, but never longer than the workload, which cannot offer more.
+
+        Why: a fleet a little above its capacity first fills its running batches (decode slows,
+        within a loose ITL target), and only then builds a queue that grows by the overload's share
+        of every second; a request behind it misses a TTFT target T some tens of T after the trial
+        starts. A shorter trial passes rates the fleet cannot sustain. On steady arrivals under a
+        20 s target, trials of 120 s, 300 s and 900 s passed 72, 65 and 62 requests per second per
+        group, and 1,800 s trials 62 again; with 240 s trials, a 70B fleet under a 60 s target passed
+        18.5 where whole-window trials pass 10.6. A 1 s target keeps the configured trial."""
+        tightest_ttft_seconds = min((targets.ttft_seconds for targets in classes), default=0.0)
+        needed = max(self.trial_seconds, self.trial_ttft_multiple * tightest_ttft_seconds)
+        return min(needed, max(self.trial_seconds, span_seconds))
 
 
 def _trial(
@@ -223,7 +248,8 @@ def measure_envelope(
     """The highest arrival rate per group at which a fleet of `search.groups` groups behind the router
     meets every class's attainment on `workload` (which should hold feasible requests only).
 
-    Brackets the rate from the first guess by factors of 1.5, then bisects geometrically. The figure
+    Brackets the rate from the first guess by factors of `BRACKET_FACTOR`, then bisects geometrically.
+    Each trial is as long as `EnvelopeSearch.trial_seconds_for` says for the classes. The figure
     is the highest rate that passed; the lowest that failed is its upper bound at the search's
     resolution, and the pooled attainment at the figure carries a 95 % Wilson lower bound per class.
     A rate whose trial holds too few requests of a class cannot be judged, and the search raises
@@ -238,6 +264,7 @@ def measure_envelope(
         failure_rate_per_group_hour=0.0,
         scheduled_failures_seconds=(),
     )
+    search = replace(search, trial_seconds=search.trial_seconds_for(classes, workload.span_seconds))
     trials = _Trials(trial_fleet, workload, classes, search, seed)
     low, high = _bracket(trials, first_guess_rate_per_group, search)
     for _ in range(search.refinements):
@@ -259,6 +286,7 @@ def measure_envelope(
         failing_requests_per_second=high,
         groups=search.groups,
         repeats=search.repeats,
+        trial_seconds=search.trial_seconds,
         attainment_lower_bounds=bounds,
         trial_log=tuple(sorted(trials.by_rate.values(), key=lambda trial: trial.rate_per_group)),
     )
@@ -304,18 +332,18 @@ class _Trials:
 
 
 def _bracket(trials: _Trials, guess: float, search: EnvelopeSearch) -> tuple[float, float]:
-    """A passing and a failing rate a factor 1.5 apart, stepping from the first guess."""
+    """A passing and a failing rate a factor `BRACKET_FACTOR` apart, stepping from the first guess."""
     if trials.run(guess).passed:
         low = guess
-        while trials.run(low * 1.5).passed and low < 1e5:
-            low *= 1.5
-        return low, low * 1.5
+        while trials.run(low * BRACKET_FACTOR).passed and low < 1e5:
+            low *= BRACKET_FACTOR
+        return low, low * BRACKET_FACTOR
     high = guess
-    while not trials.run(high / 1.5).passed:
-        high /= 1.5
+    while not trials.run(high / BRACKET_FACTOR).passed:
+        high /= BRACKET_FACTOR
         if high < guess * search.lowest_rate_fraction:
             raise _not_found(list(trials.by_rate.values()), trials.classes, "no rate tried met the SLO")
-    return high / 1.5, high
+    return high / BRACKET_FACTOR, high
 
 
 def demand_groups(

@@ -168,6 +168,7 @@ def _envelope_record(envelope: CapacityEnvelope) -> dict[str, Any]:
         "work_seconds_per_second": envelope.work_seconds_per_second,
         "attainment_lower_bounds_95": list(envelope.attainment_lower_bounds),
         "trial_groups": envelope.groups,
+        "trial_seconds": envelope.trial_seconds,
         "repeats": envelope.repeats,
     }
 

@@ -124,3 +124,59 @@ def test_a_scaled_envelope_scales_both_rates_and_keeps_the_rest(capacity: float,
 def test_an_envelope_factor_that_is_not_positive_is_refused(factor: float) -> None:
     with pytest.raises(ValueError, match="envelope factor must be positive"):
         CapacityEnvelope(0.1, 1.0, 0.99, 1).scaled(factor)
+
+
+SUITE_SEARCH = EnvelopeSearch(trial_seconds=240.0, refinements=3)
+
+
+@pytest.mark.parametrize(
+    ("ttft_seconds", "span_seconds", "expected_seconds"),
+    [
+        (1.0, 5000.0, 240.0),
+        (20.0, 5000.0, 1000.0),
+        (60.0, 1000.0, 1000.0),
+        (60.0, 100.0, 240.0),
+    ],
+    ids=[
+        "a 1 s target shows an overload within the configured trial",
+        "a 20 s target needs fifty times as long",
+        "never longer than the workload",
+        "a workload shorter than the configured trial keeps it",
+    ],
+)
+def test_a_trial_lasts_long_against_the_tightest_ttft_target(
+    ttft_seconds: float, span_seconds: float, expected_seconds: float
+) -> None:
+    classes = (
+        ClassTargets("tight", ttft_seconds=ttft_seconds, itl_seconds=0.1),
+        ClassTargets("loose", ttft_seconds=10 * ttft_seconds, itl_seconds=1.0),
+    )
+    assert SUITE_SEARCH.trial_seconds_for(classes, span_seconds) == pytest.approx(expected_seconds)
+
+
+def _attainment_held_over(workload: Workload, rate_per_group: float, chat: ClassTargets) -> float:
+    """The chat class's attainment when the search's fleet takes `rate_per_group` for the whole
+    workload."""
+    from goodput.simulator.baselines import FixedFleet
+    from goodput.simulator.envelope import trial_workload
+    from goodput.simulator.report import judge
+    from goodput.simulator.simulation import SimulationConfig, simulate
+
+    groups = SEARCH.groups
+    held = trial_workload(workload, rate_per_group * groups, workload.span_seconds, seed=9)
+    config = SimulationConfig(fleet=FLEET, seed=9, initial_groups=groups, tail_seconds=300.0)
+    result = simulate(held, config, FixedFleet(groups))
+    return float(judge(result, (chat,)).met.mean())
+
+
+def test_a_rate_the_envelope_passes_is_sustained_for_the_whole_workload() -> None:
+    """Under a 20 s TTFT target a 120 s trial cannot see a small overload (the running batches fill,
+    then the backlog needs longer than the trial to delay a request by 20 s); the trial the search
+    runs can, and the rate it passes holds over the whole workload."""
+    chat = ClassTargets("chat", ttft_seconds=20.0, itl_seconds=1.0, attainment=0.99)
+    workload = steady(rate=40.0, seconds=900.0)
+    envelope = measure_envelope(
+        FLEET, workload, (chat,), pricing=PRICING, first_guess_rate_per_group=10.0, search=SEARCH
+    )
+    assert envelope.trial_seconds == pytest.approx(workload.span_seconds)
+    assert _attainment_held_over(workload, envelope.requests_per_second, chat) >= chat.attainment
