@@ -66,6 +66,7 @@ from goodput.controllers.scaling_behavior import clamp, limit_rate, stabilize, t
 from goodput.estimators.attainment import (
     GoodputReport,
     Histogram,
+    bound_read_for,
     fraction_not_shown_beyond,
     fraction_within,
     goodput_from_histograms,
@@ -563,6 +564,12 @@ def _attainment(
         tpot=(fraction_not_shown_beyond(tpot_histogram, target.itl_seconds), _observed(tpot_histogram)),
         itl_share=fraction_not_shown_beyond(itl_histogram, target.itl_seconds),
     )
+    read_at = {
+        "ttft": bound_read_for(ttft_histogram, target.ttft_seconds),
+        "tpot": bound_read_for(tpot_histogram, target.itl_seconds),
+        "itl_tail": bound_read_for(itl_histogram, target.itl_seconds),
+    }
+    checks = tuple(dataclasses.replace(check, read_at_seconds=read_at.get(check.name)) for check in checks)
     return _Attainment(
         ttft=ttft,
         itl=itl,
@@ -967,8 +974,13 @@ def _goodput_proposal(
         return None, None
     if trial is not None and (current < trial.groups or trial.fruitless >= signal.max_fruitless_steps):
         return None, Guard.GOODPUT_NOT_IMPROVING
+    read_at = (
+        ""
+        if worst.read_at_seconds is None
+        else f" (misses counted past {worst.read_at_seconds:g}s, its bucket)"
+    )
     detail = (
-        f"{worst.name} within target {worst.within:.4g} < {worst.required:g} over "
+        f"{worst.name} within target{read_at} {worst.within:.4g} < {worst.required:g} over "
         f"{worst.observations:.0f} observations; load-driven: queue within budget "
         f"{_figure(estimates.queue_within_budget)}, running/group {_figure(estimates.running_per_group)} "
         f"vs SLO batch {_figure(estimates.slo_batch_per_group)}"
@@ -1031,8 +1043,10 @@ def _next_trial(
     worst = _worst(estimates.slo_checks)
     if not (applies and signal is Signal.GOODPUT and desired > current and worst is not None):
         return trial
+    # The baseline is the share and what it rests on; where it was read is the record's to say.
+    baseline = dataclasses.replace(worst, read_at_seconds=None)
     return GoodputTrial(
-        groups=desired, baseline=worst, acted_at=now, fruitless=trial.fruitless if trial is not None else 0
+        groups=desired, baseline=baseline, acted_at=now, fruitless=trial.fruitless if trial is not None else 0
     )
 
 

@@ -517,6 +517,9 @@ class SloCheck:
     within: float
     required: float
     observations: float
+    read_at_seconds: float | None = None
+    """The bucket bound the share was read at, when the target lies inside a histogram bucket: only
+    observations past it count as misses (None: read at the target itself)."""
 
     @property
     def shortfall(self) -> float:
@@ -769,6 +772,7 @@ def _estimates_record(estimates: Estimates) -> dict[str, object]:
             "within": _json_number(check.within),
             "required": _json_number(check.required),
             "observations": _json_number(check.observations),
+            "read_at_seconds": _json_number(check.read_at_seconds),
         }
         for check in estimates.slo_checks
     ]

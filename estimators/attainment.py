@@ -157,6 +157,17 @@ def fraction_not_shown_beyond(
     return min(1.0, max(0.0, histogram.cumulative_counts[index] / histogram.total))
 
 
+def bound_read_for(histogram: Histogram | None, target: float) -> float | None:
+    """The bucket bound `fraction_not_shown_beyond` reads a target at, when the target lies inside a
+    bucket (None: no histogram, the target is a bound, or it is past the last finite bound)."""
+    if histogram is None:
+        return None
+    index = bisect_left(histogram.upper_bounds, target)
+    if index >= len(histogram.upper_bounds) or histogram.upper_bounds[index] == target:
+        return None
+    return histogram.upper_bounds[index]
+
+
 def histogram_quantile(histogram: Histogram | None, quantile: float) -> float | None:
     """The q-quantile, interpolated linearly inside its bucket (Prometheus' rule); None if empty.
 

@@ -36,6 +36,7 @@ from goodput.controllers.autoscale_model import (
     GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
+    Signal,
     Signals,
     SloCheck,
     SloTargets,
@@ -392,12 +393,22 @@ def test_the_decision_record_carries_the_checks_and_the_load_evidence() -> None:
         "estimates"
     ]
     assert isinstance(estimates, dict)
+    # the 80 ms ITL target lies inside the (75 ms, 100 ms] bucket: gaps count as late past 100 ms
     assert estimates["slo_checks"] == [
-        {"name": "itl_tail", "within": 0.96, "required": 0.99, "observations": 200.0}
+        {"name": "itl_tail", "within": 0.96, "required": 0.99, "observations": 200.0, "read_at_seconds": 0.1}
     ]
     assert estimates["load_driven"] is True
     assert estimates["running_per_group"] == pytest.approx(OVER_FULL, rel=1e-5)
     assert estimates["itl_tail_seconds"] == pytest.approx(0.275)  # 0.99 of gaps: inside (0.2, 0.3]
+
+
+def test_a_scale_out_on_misses_past_the_target_bucket_says_where_they_were_counted() -> None:
+    world_past = pool(load(0.7, ttft=PAST_TARGET_BUCKET_TTFT, queue_time=LONG_QUEUES, finished=REQUESTS))
+    decision = decide(world_past, POLICY, DecisionState(), NOW)
+    goodput = next(p for p in decision.proposals if p.signal is Signal.GOODPUT)
+    assert goodput.detail.startswith("ttft within target (misses counted past 2.5s, its bucket) 0.96 < 0.99")
+    assert decision.next_state.goodput_trial is not None
+    assert decision.next_state.goodput_trial.baseline.read_at_seconds is None
 
 
 # --- Over many ticks -------------------------------------------------------------------------------

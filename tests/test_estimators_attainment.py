@@ -12,6 +12,7 @@ from goodput.estimators.attainment import (
     LatencyTargets,
     RequestOutcome,
     attains,
+    bound_read_for,
     fraction_not_shown_beyond,
     fraction_within,
     goodput_from_histograms,
@@ -84,6 +85,16 @@ def test_a_thin_tail_inside_the_target_bucket_is_no_miss() -> None:
     assert fraction_not_shown_beyond(histogram, 60.0) == 1.0
     late = Histogram.from_observations(bounds, [15.0] * 97 + [90.0] * 3)
     assert fraction_not_shown_beyond(late, 60.0) == pytest.approx(0.97)
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [(2.0, None), (1.5, 2.0), (0.5, 1.0), (100.0, None)],
+    ids=["on a bound", "inside a bucket: its upper bound", "inside the first bucket", "past every bound"],
+)
+def test_the_bound_a_target_is_read_at(target: float, expected: float | None) -> None:
+    assert bound_read_for(SMALL, target) == expected
+    assert bound_read_for(None, target) is None
 
 
 @given(
