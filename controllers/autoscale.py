@@ -555,21 +555,13 @@ def _attainment(
     )
     if figures is not None:
         goodput = _gateway_goodput(figures, window_seconds, goodput.token_goodput_per_second)
-    # The checks that may ask for a group count only the misses the histograms show (a target inside
-    # a bucket leaves that bucket's observations unjudged); the shares reported stay interpolated.
     checks = _judged_checks(
         observation,
         policy,
-        ttft=(fraction_not_shown_beyond(ttft_histogram, target.ttft_seconds), _observed(ttft_histogram)),
-        tpot=(fraction_not_shown_beyond(tpot_histogram, target.itl_seconds), _observed(tpot_histogram)),
-        itl_share=fraction_not_shown_beyond(itl_histogram, target.itl_seconds),
+        ttft=_shown(ttft_histogram, target.ttft_seconds),
+        tpot=_shown(tpot_histogram, target.itl_seconds),
+        itl=_shown(itl_histogram, target.itl_seconds),
     )
-    read_at = {
-        "ttft": bound_read_for(ttft_histogram, target.ttft_seconds),
-        "tpot": bound_read_for(tpot_histogram, target.itl_seconds),
-        "itl_tail": bound_read_for(itl_histogram, target.itl_seconds),
-    }
-    checks = tuple(dataclasses.replace(check, read_at_seconds=read_at.get(check.name)) for check in checks)
     return _Attainment(
         ttft=ttft,
         itl=itl,
@@ -582,13 +574,26 @@ def _attainment(
     )
 
 
+class _Shown(NamedTuple):
+    """A histogram's share within a target as the checks that may ask for a group read it."""
+
+    share: float | None
+    observations: float
+    read_at_seconds: float | None
+
+
+def _shown(histogram: Histogram | None, target_seconds: float) -> _Shown:
+    """Only the misses the histogram shows count (a target inside a bucket leaves that bucket's
+    observations unjudged); the shares reported stay interpolated."""
+    return _Shown(
+        fraction_not_shown_beyond(histogram, target_seconds),
+        _observed(histogram),
+        bound_read_for(histogram, target_seconds),
+    )
+
+
 def _judged_checks(
-    observation: _Observation,
-    policy: ScalingPolicy,
-    *,
-    ttft: tuple[float | None, float],
-    tpot: tuple[float | None, float],
-    itl_share: float | None,
+    observation: _Observation, policy: ScalingPolicy, *, ttft: _Shown, tpot: _Shown, itl: _Shown
 ) -> tuple[SloCheck, ...]:
     """The goodput signal's SLO checks, the TTFT share judged against the attainable ceiling: of the
     requests that could meet the target on an idle group, how many did. With nothing attainable, no
@@ -597,15 +602,16 @@ def _judged_checks(
     attainable = observation.attainable_fraction
     if signal is None or (attainable is not None and attainable <= 0):
         return ()
-    ttft_share, ttft_observations = ttft
-    if attainable is not None and ttft_share is not None:
-        ttft_share, ttft_observations = min(1.0, ttft_share / attainable), ttft_observations * attainable
+    if attainable is not None and ttft.share is not None:
+        ttft = ttft._replace(
+            share=min(1.0, ttft.share / attainable), observations=ttft.observations * attainable
+        )
     return _slo_checks(
         signal,
         policy.primary_class.percentile,
-        ttft=(ttft_share, ttft_observations),
+        ttft=ttft,
         tpot=tpot,
-        itl_share=itl_share,
+        itl=itl,
         finished_requests=observation.finished,
     )
 
@@ -653,9 +659,9 @@ def _slo_checks(
     signal: GoodputSignal,
     percentile: float,
     *,
-    ttft: tuple[float | None, float],
-    tpot: tuple[float | None, float],
-    itl_share: float | None,
+    ttft: _Shown,
+    tpot: _Shown,
+    itl: _Shown,
     finished_requests: float,
 ) -> tuple[SloCheck, ...]:
     """The SLO conditions the window measured with enough observations, each against its own bar.
@@ -669,15 +675,15 @@ def _slo_checks(
     floor = signal.attainment_floor
     enough = signal.min_observations
     checks = []
-    ttft_share, ttft_observations = ttft
-    if ttft_share is not None and ttft_observations >= enough:
-        checks.append(SloCheck("ttft", ttft_share, max(floor, percentile), ttft_observations))
-    tpot_share, tpot_observations = tpot
-    if tpot_share is not None and tpot_observations >= enough:
-        checks.append(SloCheck("tpot", tpot_share, floor, tpot_observations))
-    requests = finished_requests or ttft_observations
-    if itl_share is not None and requests >= enough:
-        checks.append(SloCheck("itl_tail", itl_share, percentile, requests))
+    if ttft.share is not None and ttft.observations >= enough:
+        checks.append(
+            SloCheck("ttft", ttft.share, max(floor, percentile), ttft.observations, ttft.read_at_seconds)
+        )
+    if tpot.share is not None and tpot.observations >= enough:
+        checks.append(SloCheck("tpot", tpot.share, floor, tpot.observations, tpot.read_at_seconds))
+    requests = finished_requests or ttft.observations
+    if itl.share is not None and requests >= enough:
+        checks.append(SloCheck("itl_tail", itl.share, percentile, requests, itl.read_at_seconds))
     return tuple(checks)
 
 

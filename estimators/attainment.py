@@ -137,9 +137,7 @@ def fraction_within(
     return min(1.0, max(0.0, within / histogram.total))
 
 
-def fraction_not_shown_beyond(
-    histogram: Histogram | None, target: float, min_observations: float = 1.0
-) -> float | None:
+def fraction_not_shown_beyond(histogram: Histogram | None, target: float) -> float | None:
     """Fraction of observations the histogram does not show beyond `target`: every observation at or
     below the first bucket bound at or above it (all of them when the target is past the last finite
     bound). Equal to `fraction_within` when the target is a bound.
@@ -149,9 +147,9 @@ def fraction_not_shown_beyond(
     a 60 s TTFT target, vLLM's bucket from 40 s to 80 s holds requests at 45 s, and interpolation
     counts a third of them as misses that never happened. A scale-out is paid for in GPUs, so the
     SLO checks that ask for one count only the misses the histogram shows.
-    None ("unknown") when there are fewer than `min_observations` observations.
+    None ("unknown") without observations.
     """
-    if histogram is None or histogram.total < max(min_observations, 1e-12):
+    if histogram is None or histogram.total <= 0:
         return None
     index = bisect_left(histogram.upper_bounds, target)
     return min(1.0, max(0.0, histogram.cumulative_counts[index] / histogram.total))
