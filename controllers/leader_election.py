@@ -27,6 +27,9 @@ from typing import Any
 
 # client-go's JitterFactor: the renew deadline must leave room for more than one retry period.
 RETRY_JITTER_FACTOR = 1.2
+# A waiting candidate sleeps the retry period and up to this fraction more between reads, so that
+# candidates started together do not collide.
+RETRY_JITTER_FRACTION = 0.2
 # A released Lease: no holder, and one second of duration so that any candidate takes it at once.
 RELEASED_LEASE_DURATION_SECONDS = 1
 
@@ -45,9 +48,16 @@ class ElectionTiming:
             raise ValueError("; ".join(problems))
 
     @property
+    def longest_retry_seconds(self) -> float:
+        """The longest sleep of a waiting candidate between two reads of the Lease."""
+        return self.retry_period_seconds * (1 + RETRY_JITTER_FRACTION)
+
+    @property
     def takeover_bound_seconds(self) -> float:
-        """Longest a follower waits after the holder's last renewal before it holds the Lease."""
-        return self.lease_duration_seconds + self.retry_period_seconds
+        """Longest a follower waits after the holder's last renewal before it holds the Lease: it
+        sees that renewal at its next read (up to one retry later), waits out the lease from there
+        on its own clock, and takes over at its first read after that (up to one retry more)."""
+        return self.lease_duration_seconds + 2 * self.longest_retry_seconds
 
 
 def timing_problems(timing: ElectionTiming) -> list[str]:

@@ -33,6 +33,7 @@ from test_autoscaler import (
     slo_policy,
 )
 
+from goodput.controllers.leader_election import ElectionTiming
 from goodput.testbed.cluster.config import StatePaths
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
@@ -41,7 +42,9 @@ pytestmark = pytest.mark.e2e
 
 LEASE = "goodput-e2e"
 LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS = 15, 10, 2
-TAKEOVER_BOUND_SECONDS = LEASE_SECONDS + RETRY_SECONDS
+TAKEOVER_BOUND_SECONDS = ElectionTiming(
+    LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS
+).takeover_bound_seconds
 EXIT_LEADERSHIP_LOST = 75
 IDENTITIES = ("operator-a", "operator-b")
 

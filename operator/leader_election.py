@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Protocol
 
 from goodput.controllers.leader_election import (
+    RETRY_JITTER_FRACTION,
     ElectionTiming,
     LeaseRecord,
     Observation,
@@ -224,8 +225,8 @@ class Elector:
         self.on_lost(EXIT_LEADERSHIP_LOST)
 
     def _jittered_retry(self) -> float:
-        """client-go's jitter: up to a fifth more, so candidates started together do not collide."""
-        return self.timing.retry_period_seconds * (1 + 0.2 * random.random())
+        """The retry period and up to its jitter more, so candidates started together do not collide."""
+        return self.timing.retry_period_seconds * (1 + RETRY_JITTER_FRACTION * random.random())
 
 
 def lease_namespace(configured: str) -> str:

@@ -581,7 +581,7 @@ def test_the_deployment_configures_goodput_run_through_settings_it_has(
     cluster_wide = Settings.from_sources({}, env_of(operator_container(defaults)))
     assert cluster_wide.namespaces == ()
     assert (cluster_wide.standalone, cluster_wide.leader_election) == (True, True)
-    assert cluster_wide.election_timing().takeover_bound_seconds == 17
+    assert cluster_wide.election_timing().takeover_bound_seconds == pytest.approx(19.8)
     assert cluster_wide.log_format == "json"
     assert cluster_wide.liveness_endpoint == "http://0.0.0.0:8080/healthz"
     assert (cluster_wide.metrics_address, cluster_wide.metrics_port) == ("0.0.0.0", 8082)

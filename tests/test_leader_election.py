@@ -3,6 +3,8 @@ must stop, on named cases and as properties over any timing and any moment."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -11,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput.controllers.leader_election import (
+    RETRY_JITTER_FRACTION,
     ElectionTiming,
     LeaseRecord,
     Observation,
@@ -193,3 +196,43 @@ def test_a_follower_takes_over_within_the_lease_after_the_last_change(
     record = held_by("leader", duration=timing.lease_duration_seconds)
     step = decide("follower", Observation(record, "1", observed_at), observed_at + later)
     assert step is (Step.ACQUIRE if later >= timing.lease_duration_seconds else Step.WAIT)
+
+
+def takeover_after_last_renewal(
+    timing: ElectionTiming, first_read_after_renewal: float, sleep_fractions: list[float]
+) -> float:
+    """Seconds from the holder's last renewal until a follower polling as `Elector.acquire` does takes
+    over: it reads `first_read_after_renewal` seconds after that renewal, then sleeps the retry period
+    and its jitter times the next of `sleep_fractions` (in turn) between reads, deciding on each read
+    with the rules."""
+    record = held_by("leader", duration=timing.lease_duration_seconds)
+    observation = observe(None, record, "1", first_read_after_renewal)
+    now = first_read_after_renewal
+    reads = math.ceil(timing.takeover_bound_seconds / timing.retry_period_seconds) + 2
+    for fraction in itertools.islice(itertools.cycle(sleep_fractions), reads):
+        if decide("follower", observation, now) is Step.ACQUIRE:
+            return now
+        observation = observe(observation, record, "1", now)
+        now += timing.retry_period_seconds * (1 + RETRY_JITTER_FRACTION * fraction)
+    raise AssertionError("the follower never took over")
+
+
+def test_a_follower_that_sees_the_last_renewal_a_retry_late_takes_over_past_lease_plus_retry() -> None:
+    """The case that makes the bound two retries: the follower read just before the last renewal, so
+    it sees it a whole (jittered) retry later and counts the lease from there."""
+    longest = TIMING.longest_retry_seconds
+    seconds = takeover_after_last_renewal(TIMING, first_read_after_renewal=longest, sleep_fractions=[1.0])
+    assert seconds > TIMING.lease_duration_seconds + TIMING.retry_period_seconds
+    assert seconds <= TIMING.takeover_bound_seconds
+
+
+@given(
+    timing=timings,
+    first_read=st.floats(0, 1),
+    sleep_fractions=st.lists(st.floats(0, 1), min_size=1, max_size=50),
+)
+def test_a_follower_takes_over_within_the_bound_after_the_last_renewal(
+    timing: ElectionTiming, first_read: float, sleep_fractions: list[float]
+) -> None:
+    seconds = takeover_after_last_renewal(timing, first_read * timing.longest_retry_seconds, sleep_fractions)
+    assert timing.lease_duration_seconds <= seconds <= timing.takeover_bound_seconds + 1e-9
