@@ -59,16 +59,10 @@ def explanation(bench: Bench, envelope: CapacityEnvelope) -> list[str]:
     lines += [
         f"envelope: {envelope.requests_per_second:.3g} req/s per group passed, "
         f"{envelope.failing_requests_per_second:.3g} failed ({envelope.groups} groups, {envelope.repeats} "
-        f"repeats of {envelope.trial_seconds:.0f} s per rate, {envelope.trials} rates{_levelled(envelope)})",
+        f"repeats of {envelope.trial_seconds:.0f} s per rate, {envelope.trials} rates)",
         f"attainment at that rate, 95 % lower bound: {bounds}",
     ]
     return [f"# {line}" for line in lines]
-
-
-def _levelled(envelope: CapacityEnvelope) -> str:
-    if envelope.level_window_seconds is None:
-        return ""
-    return f", the rate levelled over {envelope.level_window_seconds:g} s as the operator reads it"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,11 +19,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from goodput.controllers.policy_compile import DEFAULT_RATE_WINDOW_SECONDS
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.report import ClassTargets
-from goodput.simulator.workload import Workload, compress_time, level_rate, multiply_rate
+from goodput.simulator.workload import Workload, compress_time, multiply_rate
 
 
 def request_work_seconds(pricing: WorkPricing, workload: Workload) -> np.ndarray:
@@ -59,8 +58,6 @@ class CapacityEnvelope:
     """Seeded repeats of each trial."""
     trial_seconds: float = 0.0
     """Arrivals per trial (0: taken from the ModelGroup's profile)."""
-    level_window_seconds: float | None = None
-    """The window the trials levelled the arrival rate over (None: the trace's shape kept whole)."""
     attainment_lower_bounds: tuple[float, ...] = ()
     """Per class, the 95 % Wilson lower bound of the pooled attainment at the figure's rate."""
     trial_log: tuple[EnvelopeTrial, ...] = ()
@@ -81,17 +78,10 @@ class CapacityEnvelope:
         )
 
 
-def trial_workload(
-    workload: Workload,
-    rate_per_second: float,
-    trial_seconds: float,
-    seed: int,
-    level_window_seconds: float | None = None,
-) -> Workload:
+def trial_workload(workload: Workload, rate_per_second: float, trial_seconds: float, seed: int) -> Workload:
     """`trial_seconds` of the workload at `rate_per_second`, from a seeded offset: thinned (seeded), or
     time-compressed when the rate is above the workload's own. The length mix and the time profile
-    below `level_window_seconds` are kept (above it the rate is made even; None keeps it all);
-    other seeds give other stretches of the trace."""
+    are kept; other seeds give other stretches of the trace."""
     own_rate = len(workload) / max(workload.span_seconds, 1e-9)
     ratio = rate_per_second / own_rate
     rng = np.random.default_rng([seed, 11])
@@ -105,8 +95,6 @@ def trial_workload(
         shaped = compress_time(workload, compression)
         if ratio > compression:
             shaped = multiply_rate(shaped, ratio / compression, seed)
-    if level_window_seconds is not None:
-        shaped = level_rate(shaped, level_window_seconds)
     offset = float(rng.uniform(0.0, max(0.0, shaped.span_seconds - trial_seconds)))
     arrivals = shaped.arrival_seconds
     chosen = np.flatnonzero((arrivals >= offset) & (arrivals < offset + trial_seconds))
@@ -166,11 +154,6 @@ class EnvelopeSearch:
     lowest_rate_fraction: float = 1e-3
     """How far below the first guess the search goes before it gives up."""
 
-    level_window_seconds: float | None = DEFAULT_RATE_WINDOW_SECONDS
-    """Trials level the arrival rate over windows this long (`workload.level_rate`): the window over
-    which the operator reads the arrival rate, so that the envelope is what a group sustains at the
-    rate the autoscaler reads, with the bursts it cannot see. None keeps the trace's rises and falls
-    (the suite sets its load level so)."""
     trial_ttft_multiple: float = 50.0
     """A trial offers arrivals for at least this many times the tightest TTFT target (see
     `trial_seconds_for`)."""
@@ -208,13 +191,7 @@ def _trial(
     offered = np.zeros(len(classes), np.int64)
     total = 0
     for repeat in range(search.repeats):
-        sample = trial_workload(
-            workload,
-            rate_per_group * search.groups,
-            search.trial_seconds,
-            seed + repeat,
-            search.level_window_seconds,
-        )
+        sample = trial_workload(workload, rate_per_group * search.groups, search.trial_seconds, seed + repeat)
         if len(sample) == 0:
             continue
         config = SimulationConfig(
@@ -272,8 +249,7 @@ def measure_envelope(
     meets every class's attainment on `workload` (which should hold feasible requests only).
 
     Brackets the rate from the first guess by factors of `BRACKET_FACTOR`, then bisects geometrically.
-    Each trial is as long as `EnvelopeSearch.trial_seconds_for` says for the classes, its rate
-    levelled over `EnvelopeSearch.level_window_seconds`. The figure
+    Each trial is as long as `EnvelopeSearch.trial_seconds_for` says for the classes. The figure
     is the highest rate that passed; the lowest that failed is its upper bound at the search's
     resolution, and the pooled attainment at the figure carries a 95 % Wilson lower bound per class.
     A rate whose trial holds too few requests of a class cannot be judged, and the search raises
@@ -311,7 +287,6 @@ def measure_envelope(
         groups=search.groups,
         repeats=search.repeats,
         trial_seconds=search.trial_seconds,
-        level_window_seconds=search.level_window_seconds,
         attainment_lower_bounds=bounds,
         trial_log=tuple(sorted(trials.by_rate.values(), key=lambda trial: trial.rate_per_group)),
     )

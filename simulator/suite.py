@@ -6,10 +6,8 @@ compressed so the trace fills the case's duration, and the rate is thinned or re
 a mean of `mean_groups` groups' worth of the service-time model's capacity, so every case needs a
 few groups and sometimes more: the absolute level of a production fleet means nothing for one
 ModelGroup. The level is set in two passes: at the service-time model's capacity, then at the
-capacity the envelope measured on that first pass's training window with the trace's shape whole
-(so a bursty or prefill-heavy trace does not overrun `maxReplicas` by construction). goodput's
-envelope is measured on the second pass's training window as everywhere else: its trials level the
-rate over the operator's rate window, since the autoscaler follows what is slower than that. Traces
+capacity the envelope measured on that first pass's training window (so a bursty or prefill-heavy
+trace does not overrun `maxReplicas` by construction); the second pass reuses that envelope. Traces
 without requests (Azure 2024 week, ServeGen) draw (prompt, output) pairs from an Azure 2023 trace
 (`simulator.rate_traces`). Classes are assigned per request with equal shares by
 `numpy.random.default_rng([seed, 7])` (the Azure traces carry none).
@@ -171,7 +169,6 @@ def _envelope_record(envelope: CapacityEnvelope) -> dict[str, Any]:
         "attainment_lower_bounds_95": list(envelope.attainment_lower_bounds),
         "trial_groups": envelope.groups,
         "trial_seconds": envelope.trial_seconds,
-        "level_window_seconds": envelope.level_window_seconds,
         "repeats": envelope.repeats,
     }
 
@@ -226,26 +223,23 @@ def run_case(
         setup = build_setup(samples_dir / model.modelgroup, samples_dir / model.policy, step_noise_sigma=0.04)
         setup = replace(setup, measured_capacity_work_seconds_per_second=None)
         search = EnvelopeSearch(trial_seconds=240.0, refinements=3)
-        # The level: first at the service-time model's capacity, then at what a group sustains on
-        # the first training window with the trace's shape whole, rises and falls included (trials
+        # The level: first at the service-time model's capacity, then at what the envelope measured on
+        # that first training window says a group sustains on this trace's shape (the envelope's trials
         # thin or replicate the window to each rate, so the figure carries over to the new level).
         probe = FairBench(
-            setup,
-            case_workload(trace, setup, model, traces_dir, seed),
-            seed=seed,
-            envelope_search=replace(search, level_window_seconds=None),
+            setup, case_workload(trace, setup, model, traces_dir, seed), seed=seed, envelope_search=search
         )
-        level = probe.envelope
-        offered_per_group = level.requests_per_second / max(probe.train_feasibility.feasible_share, 1e-9)
+        envelope = probe.envelope
+        offered_per_group = envelope.requests_per_second / max(probe.train_feasibility.feasible_share, 1e-9)
         workload = case_workload(trace, setup, model, traces_dir, seed, rate_per_group=offered_per_group)
         bench = FairBench(
             setup,
             workload,
             seed=seed,
             envelope_search=search,
+            measured_envelope=envelope,
             request_path=request_path_for(setup) if gateway else None,
         )
-        envelope = bench.envelope
         record["workload"] = {
             "requests": len(workload),
             "train_requests": len(bench.train),

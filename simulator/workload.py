@@ -290,35 +290,6 @@ def multiply_rate(workload: Workload, multiplier: float, seed: int) -> Workload:
     return workload._select(source[order], arrivals[order], note)
 
 
-def level_rate(workload: Workload, window_seconds: float) -> Workload:
-    """The workload with its arrival rate made even at time scales of `window_seconds` and above,
-    and kept as it was below: each window of the trace is stretched or shrunk in time to hold the
-    mean rate, with its arrivals spaced inside it as they were. The span and the requests stay.
-
-    Why: an autoscaler that reads its arrival rate over a window follows what changes more slowly
-    than the window and cannot see what changes faster. A trial that measures what one group
-    sustains should keep the second kind (the bursts a fleet must absorb as they come) and not the
-    first (a rise the autoscaler answers with groups), which would make the trial's mean rate say
-    nothing about the rate the autoscaler reads."""
-    if window_seconds <= 0:
-        raise ValueError(f"a levelling window must be positive, got {window_seconds}")
-    span = workload.span_seconds
-    if len(workload) < 2 or span <= window_seconds:
-        return workload
-    bins = math.ceil(span / window_seconds)
-    arrivals = workload.arrival_seconds
-    index = np.minimum((arrivals // window_seconds).astype(np.int64), bins - 1)
-    counts = np.bincount(index, minlength=bins)
-    durations = counts * (span / len(workload))
-    starts = np.concatenate(([0.0], np.cumsum(durations)[:-1]))
-    widths = np.full(bins, window_seconds)
-    widths[-1] = span - (bins - 1) * window_seconds
-    within = np.clip((arrivals - index * window_seconds) / widths[index], 0.0, 1.0)
-    levelled = starts[index] + within * durations[index]
-    note = f"rate levelled over {window_seconds:g} s windows"
-    return workload._select(np.arange(len(workload)), levelled, note)
-
-
 def truncate(workload: Workload, duration_seconds: float) -> Workload:
     """Keep the requests that arrive before `duration_seconds`."""
     keep = np.flatnonzero(workload.arrival_seconds < duration_seconds)

@@ -180,26 +180,3 @@ def test_a_rate_the_envelope_passes_is_sustained_for_the_whole_workload() -> Non
     )
     assert envelope.trial_seconds == pytest.approx(workload.span_seconds)
     assert _attainment_held_over(workload, envelope.requests_per_second, chat) >= chat.attainment
-
-
-def test_a_slow_rise_the_autoscaler_follows_does_not_lower_the_envelope() -> None:
-    """The same requests, the middle third of them within 100 s of 600 s (2.5 times as dense as
-    the rest): the autoscaler reads that rise in its arrival rate and adds groups, so the trials level
-    the rate over its window (60 s) and find what a group sustains at a steady rate. Trials that keep
-    the rise pass only a mean rate low enough for the fixed fleet to ride the rise out."""
-    chat = ClassTargets("chat", ttft_seconds=20.0, itl_seconds=1.0, attainment=0.99)
-    flat = steady(rate=40.0, seconds=600.0)
-    arrivals = flat.arrival_seconds
-    thirds = np.quantile(arrivals, [1 / 3, 2 / 3])
-    risen = np.interp(arrivals, [0.0, *thirds, arrivals[-1]], [0.0, 250.0, 350.0, 600.0])
-    rising = replace(flat, arrival_seconds=risen)
-
-    def envelope_of(workload: Workload, level_window_seconds: float | None) -> float:
-        search = replace(SEARCH, level_window_seconds=level_window_seconds)
-        return measure_envelope(
-            FLEET, workload, (chat,), pricing=PRICING, first_guess_rate_per_group=10.0, search=search
-        ).requests_per_second
-
-    on_steady = envelope_of(flat, 60.0)
-    assert envelope_of(rising, 60.0) == pytest.approx(on_steady, rel=0.15)
-    assert envelope_of(rising, None) < 0.8 * on_steady

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from goodput.simulator.workload import (
     BurstSpec,
@@ -16,7 +14,6 @@ from goodput.simulator.workload import (
     Workload,
     assign_classes,
     compress_time,
-    level_rate,
     load_trace,
     multiply_rate,
     prepare,
@@ -202,48 +199,3 @@ def test_synthetic_bursts_multiply_the_rate_inside_the_window() -> None:
     assert np.array_equal(workload.arrival_seconds, synthetic_bursts(spec, seed=2).arrival_seconds)
     with pytest.raises(ValueError, match="unknown synthetic workload key"):
         BurstSpec.parse("synthetic:speed=3")
-
-
-def counts_per(workload: Workload, window_seconds: float) -> np.ndarray:
-    edges = np.arange(0.0, workload.span_seconds + window_seconds, window_seconds)
-    return np.histogram(workload.arrival_seconds, edges)[0]
-
-
-def test_a_levelled_trace_holds_its_mean_rate_in_every_window_and_its_bursts_inside_them() -> None:
-    """Three times as busy in the first 300 s as in the last 300 s, and every request in a pair that
-    arrives together: levelled over 60 s, each minute holds the mean rate, the pairs stay pairs."""
-    busy, quiet = np.repeat(np.arange(0.0, 300.0, 0.5), 2), np.repeat(np.arange(300.0, 600.0, 1.5), 2)
-    times = np.concatenate((busy, quiet))
-    base = Workload("busy, then quiet", times, np.arange(times.size) + 1, np.full(times.size, 10))
-    levelled = level_rate(base, 60.0)
-
-    assert counts_per(base, 60.0)[:-1].max() / counts_per(base, 60.0)[:-1].min() == pytest.approx(3.0)
-    minutes = counts_per(levelled, 60.0)[:-1]
-    assert minutes.max() / minutes.min() <= 1.05
-    assert levelled.span_seconds == pytest.approx(base.span_seconds)
-    assert np.array_equal(levelled.input_tokens, base.input_tokens)  # the same requests, in order
-    assert np.all(levelled.arrival_seconds[0::2] == levelled.arrival_seconds[1::2])
-    assert "rate levelled over 60 s windows" in levelled.notes
-
-
-@given(
-    gaps=st.lists(st.floats(0.0, 30.0), min_size=2, max_size=300),
-    window_seconds=st.floats(1.0, 200.0),
-)
-def test_levelling_keeps_every_request_in_order_within_the_span(
-    gaps: list[float], window_seconds: float
-) -> None:
-    times = np.cumsum(gaps) - gaps[0]
-    base = Workload("any", times, np.arange(times.size) + 1, np.full(times.size, 10))
-    levelled = level_rate(base, window_seconds)
-    assert len(levelled) == len(base)
-    assert np.array_equal(levelled.input_tokens, base.input_tokens)
-    assert np.all(np.diff(levelled.arrival_seconds) >= 0)
-    assert levelled.arrival_seconds[0] >= 0
-    assert levelled.arrival_seconds[-1] <= base.span_seconds * (1 + 1e-9) + 1e-9
-
-
-@pytest.mark.parametrize("window_seconds", [0.0, -60.0])
-def test_a_levelling_window_that_is_not_positive_is_refused(window_seconds: float) -> None:
-    with pytest.raises(ValueError, match="levelling window"):
-        level_rate(uniform(10, 100.0), window_seconds)
