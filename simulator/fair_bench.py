@@ -46,6 +46,7 @@ from goodput.simulator.oracle import (
     hindsight_schedule,
     interval_work,
     search_factor,
+    shave_schedule,
 )
 from goodput.simulator.policy import Autoscaler
 from goodput.simulator.records import Outcome as RequestOutcome
@@ -111,6 +112,9 @@ class OracleResult:
     searched: Outcome
     searched_factor: float
     searched_met_target: bool
+    shave_trials: int = 0
+    """Runs spent taking groups off the factor search's schedule (`simulator.oracle.shave_schedule`)."""
+    shaved_group_intervals: int = 0
 
 
 @dataclass
@@ -259,18 +263,38 @@ class FairBench:
             min_groups=self.setup.min_groups,
             gpus_per_group=self.setup.gpus_per_group,
         )
-        outcomes: dict[float, Outcome] = {}
+        runs: dict[bytes, Outcome] = {}
 
-        def passes(factor: float) -> bool:
-            schedule = hindsight_schedule(work, capacity, factor, rules)
-            outcome = self.run(
-                self.test, self.test_feasibility, ScheduleFollower(schedule, rules, factor), self.test_seconds
-            )
-            outcomes[factor] = replace(outcome, setting=factor)
-            return outcome.meets_target
+        def run(schedule: np.ndarray, factor: float) -> Outcome:
+            key = schedule.tobytes()
+            if key not in runs:
+                follower = ScheduleFollower(schedule, rules, factor)
+                outcome = self.run(self.test, self.test_feasibility, follower, self.test_seconds)
+                runs[key] = replace(outcome, setting=factor)
+            return runs[key]
 
-        found = search_factor(passes, refinements=3)
-        return OracleResult(bound, outcomes[found.factor], found.factor, found.passed)
+        def scaled(factor: float) -> np.ndarray:
+            return hindsight_schedule(work, capacity, factor, rules)
+
+        found = search_factor(lambda factor: run(scaled(factor), factor).meets_target, refinements=3)
+        # When no schedule of the family met the target, aim at what its largest one reached.
+        aim = None if found.passed else run(scaled(found.factor), found.factor).met
+
+        def good_enough(outcome: Outcome) -> bool:
+            return outcome.meets_target if aim is None else outcome.met >= aim
+
+        factor = found.factor
+        if aim is not None:
+            factor = search_factor(lambda f: good_enough(run(scaled(f), f)), refinements=3).factor
+        shaved = shave_schedule(scaled(factor), lambda schedule: good_enough(run(schedule, factor)), rules)
+        return OracleResult(
+            bound,
+            run(shaved.schedule, factor),
+            factor,
+            found.passed,
+            shave_trials=shaved.trials,
+            shaved_group_intervals=shaved.saved_group_intervals,
+        )
 
 
 def meets_target(

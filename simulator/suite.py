@@ -64,6 +64,8 @@ class ModelCase:
     modelgroup: str
     policy: str
     duration_seconds: float
+    """The shortest case; longer where the ModelGroup's ready time and minimum lifetime need it
+    (`case_duration_seconds`)."""
     mean_groups: float
 
 
@@ -122,6 +124,18 @@ def flash_crowds(lengths: Workload, duration_seconds: float, rate_per_second: fl
             f"seed {seed}",
         ),
     )
+
+
+def case_duration_seconds(model: ModelCase, setup: SimulationSetup) -> float:
+    """The case's duration: the model case's, or long enough that each half (the fair benchmark
+    trains on one and reports the other) holds a group's ready time and its minimum lifetime.
+
+    Why: a test window shorter than that cannot show a scale-in. With the 70B sample's 600 s ready
+    time and 1,800 s minimum lifetime, a group asked for in a 1,000 s window could never be let go
+    in it, and every policy that starts from the same warm groups ends on the same cost."""
+    group = setup.model_group
+    lifetime_seconds = float(group.spec.drain.min_lifetime_seconds) if group is not None else 0.0
+    return max(model.duration_seconds, 2.0 * (setup.ready_time_seconds + lifetime_seconds))
 
 
 def case_workload(
@@ -201,6 +215,9 @@ def _oracle_record(bench: FairBench, setup: SimulationSetup) -> dict[str, Any]:
         "fluid_bound_gpu_hours": oracle.fluid_bound_gpu_hours,
         "searched": outcome_record(oracle.searched),
         "searched_met_target": oracle.searched_met_target,
+        "searched_factor": oracle.searched_factor,
+        "shave_trials": oracle.shave_trials,
+        "shaved_group_intervals": oracle.shaved_group_intervals,
     }
 
 
@@ -222,6 +239,7 @@ def run_case(
     try:
         setup = build_setup(samples_dir / model.modelgroup, samples_dir / model.policy, step_noise_sigma=0.04)
         setup = replace(setup, measured_capacity_work_seconds_per_second=None)
+        model = replace(model, duration_seconds=case_duration_seconds(model, setup))
         search = EnvelopeSearch(trial_seconds=240.0, refinements=3)
         # The level: first at the service-time model's capacity, then at what the envelope measured on
         # that first training window says a group sustains on this trace's shape (the envelope's trials

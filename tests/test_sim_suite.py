@@ -6,9 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from goodput.simulator.config import build_setup
-from goodput.simulator.suite import ModelCase, TraceCase, case_workload, flash_crowds
+from goodput.simulator.suite import (
+    MODELS,
+    ModelCase,
+    TraceCase,
+    case_duration_seconds,
+    case_workload,
+    flash_crowds,
+)
 from goodput.simulator.workload import Workload
 
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
@@ -44,3 +52,20 @@ def test_a_rate_trace_is_brought_to_the_case(tmp_path: Path) -> None:
     assert workload.arrival_seconds.max() < 400.0
     assert set(workload.class_names) == {"chat", "reasoning"}
     assert (workload.arrival_seconds >= 200).sum() > 2 * (workload.arrival_seconds < 200).sum()
+
+
+@pytest.mark.parametrize(
+    ("model", "expected_seconds"),
+    [
+        # 120 s ready, 300 s minimum lifetime: each 500 s half already holds both
+        (MODELS[0], 1000.0),
+        # 600 s ready, 1,800 s minimum lifetime: each half must hold 2,400 s
+        (MODELS[1], 4800.0),
+    ],
+    ids=lambda value: value.name if isinstance(value, ModelCase) else None,
+)
+def test_each_half_of_a_case_holds_a_ready_time_and_a_minimum_lifetime(
+    model: ModelCase, expected_seconds: float
+) -> None:
+    setup = build_setup(SAMPLES / model.modelgroup, SAMPLES / model.policy)
+    assert case_duration_seconds(model, setup) == expected_seconds
