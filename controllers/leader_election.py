@@ -25,10 +25,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-# client-go's JitterFactor: the renew deadline must leave room for more than one retry period.
-RETRY_JITTER_FACTOR = 1.2
 # A waiting candidate sleeps the retry period and up to this fraction more between reads, so that
-# candidates started together do not collide.
+# candidates started together do not collide. The renew deadline must exceed that longest sleep
+# (client-go's check against its JitterFactor of 1.2 retry periods).
 RETRY_JITTER_FRACTION = 0.2
 # A released Lease: no holder, and one second of duration so that any candidate takes it at once.
 RELEASED_LEASE_DURATION_SECONDS = 1
@@ -65,10 +64,10 @@ def timing_problems(timing: ElectionTiming) -> list[str]:
     problems = []
     if timing.retry_period_seconds <= 0:
         problems.append(f"retry_period_seconds must be > 0, got {timing.retry_period_seconds:g}")
-    if timing.renew_deadline_seconds <= RETRY_JITTER_FACTOR * timing.retry_period_seconds:
+    if timing.renew_deadline_seconds <= timing.longest_retry_seconds:
         problems.append(
-            f"renew_deadline_seconds ({timing.renew_deadline_seconds:g}) must exceed "
-            f"{RETRY_JITTER_FACTOR:g} x retry_period_seconds ({timing.retry_period_seconds:g})"
+            f"renew_deadline_seconds ({timing.renew_deadline_seconds:g}) must exceed the longest retry, "
+            f"{1 + RETRY_JITTER_FRACTION:g} x retry_period_seconds ({timing.retry_period_seconds:g})"
         )
     if timing.lease_duration_seconds <= timing.renew_deadline_seconds:
         problems.append(
