@@ -348,7 +348,9 @@ def render_table(rows: Sequence[AbRow]) -> str:
     lines = [header, "|" + "---|" * 9]
     for row in rows:
         per_hour, attainment = _rate(row.slo_met_per_gpu_hour), _share(row.attainment_offered)
-        burst = "never" if row.burst_to_capacity_seconds is None else f"{row.burst_to_capacity_seconds:.0f} s"
+        # None: no group was added after the burst began (a fleet grown before it says so, not "never").
+        seconds = row.burst_to_capacity_seconds
+        burst = "none added" if seconds is None else f"{seconds:.0f} s"
         lines.append(
             f"| {row.policy} | {per_hour} | {attainment} | {row.slo_met} / {row.offered} | "
             f"{row.gpu_hours:.3f} | {row.scale_outs} / {row.scale_ins} | {burst} | "

@@ -115,7 +115,7 @@ def test_groups_starting_count_as_held() -> None:
     assert held_gpu_hours([], 1, 3600) == 0.0
 
 
-def test_the_table_has_a_row_per_policy_and_says_never_and_dash_plainly() -> None:
+def test_the_table_has_a_row_per_policy_and_says_none_added_and_dash_plainly() -> None:
     rows = [
         ab_row("goodput", report(attained=95, samples=[sample(0, 1, 1), sample(15, 2, 2)])),
         ab_row("hpa", report(attained=0, samples=[])),
@@ -123,7 +123,7 @@ def test_the_table_has_a_row_per_policy_and_says_never_and_dash_plainly() -> Non
     table = render_table(rows).splitlines()
     assert len(table) == 4
     assert table[2].startswith("| goodput | 3,800 | 95.0% | 95 / 100 | 0.025 | 1 / 0 | 5 s | 1 | 2 |")
-    assert table[3].startswith("| hpa | - | 0.0% | 0 / 100 | 0.000 | 0 / 0 | never |")
+    assert table[3].startswith("| hpa | - | 0.0% | 0 / 100 | 0.000 | 0 / 0 | none added |")
 
 
 def test_the_comparison_states_the_simulators_error_against_the_live_run() -> None:
