@@ -227,23 +227,16 @@ def _blocks(schedule: np.ndarray, level: int) -> list[tuple[int, int]]:
     return [(int(start), int(end)) for start, end in zip(edges[0::2], edges[1::2], strict=True)]
 
 
+@dataclass(slots=True)
 class _Shaver:
     """The state of one shave: the best passing schedule so far and the runs spent."""
 
-    def __init__(
-        self,
-        best: np.ndarray,
-        passes: Callable[[np.ndarray], bool],
-        rules: ScheduleRules,
-        max_trials: int,
-        refinements: int,
-    ) -> None:
-        self.best = best
-        self.passes = passes
-        self.rules = rules
-        self.max_trials = max_trials
-        self.refinements = refinements
-        self.trials = 0
+    best: np.ndarray
+    passes: Callable[[np.ndarray], bool]
+    rules: ScheduleRules
+    max_trials: int
+    refinements: int
+    trials: int = 0
 
     def attempt(self, candidate: np.ndarray) -> bool:
         """Run one candidate if it keeps the rules and runs are left; keep it when it passes."""
