@@ -93,7 +93,9 @@ def replica_changes(samples: Sequence[Mapping[str, Any]], end_seconds: float = m
 
 
 def burst_to_capacity(samples: Sequence[Mapping[str, Any]], burst_start_seconds: float) -> float | None:
-    """Seconds from the burst's start until more groups are ready than were at its start; None if never."""
+    """Seconds from the burst's start until more groups are ready than were at its start; None when
+    no group was added after it began (or no sample precedes it to count from, which a run that
+    samples from its start never has)."""
     before = [s for s in samples if float(s["offset_seconds"]) <= burst_start_seconds]
     if not before:
         return None
