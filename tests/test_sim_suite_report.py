@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from goodput.simulator.suite_report import POLICY_ORDER, policies_below_the_oracle
+from goodput.simulator.suite_report import POLICY_ORDER, goal_tally, policies_below_the_oracle
 
 
 def _record(oracle: tuple[int, float], **runs: tuple[int, float]) -> dict[str, Any]:
@@ -39,3 +39,95 @@ def test_a_policy_beats_the_oracle_only_by_meeting_as_many_for_less(
     beaten = policies_below_the_oracle([record, {"model": "m", "trace": "broken", "error": "x"}])
     assert all(line.startswith("m t: ") for line in beaten), name
     assert [line.split(": ")[1].split()[0] for line in beaten] == beaten_by, name
+
+
+def _case(trace: str, **runs: tuple[float, float]) -> dict[str, Any]:
+    """A case record: (SLO-met per GPU-hour, attainment against offered) for each policy and the oracle."""
+
+    def outcome(good: float, attainment: float) -> dict[str, Any]:
+        return {"good_per_gpu_hour": good, "attainment_offered": attainment}
+
+    return {
+        "model": "m",
+        "trace": trace,
+        "policies": {name: {"test": outcome(*runs[name])} for name in POLICY_ORDER},
+        "oracle": {"searched": outcome(*runs["oracle"])},
+    }
+
+
+EVEN = {"hpa": (100.0, 1.0), "keda": (100.0, 1.0), "kpa": (100.0, 1.0), "oracle": (150.0, 1.0)}
+
+
+@pytest.mark.parametrize(
+    ("name", "record", "ahead_of", "near_oracle", "behind"),
+    [
+        ("level with every baseline", _case("t", goodput=(100.0, 1.0), **EVEN), {"hpa": 0, "keda": 0}, 0, []),
+        (
+            "1.3x HPA, so 1.2x KEDA too",
+            _case("t", goodput=(130.0, 1.0), **EVEN),
+            {"hpa": 1, "keda": 1},
+            0,
+            [],
+        ),
+        (
+            "1.25x: over KEDA's multiple, under HPA's",
+            _case("t", goodput=(125.0, 1.0), **EVEN),
+            {"hpa": 0, "keda": 1},
+            0,
+            [],
+        ),
+        (
+            "ahead on cost but below the baselines' attainment",
+            _case("t", goodput=(200.0, 0.9), **EVEN),
+            {"hpa": 0, "keda": 0},
+            1,
+            [],
+        ),
+        ("within 0.9x of the oracle", _case("t", goodput=(135.0, 1.0), **EVEN), {"hpa": 1, "keda": 1}, 1, []),
+        (
+            "6 % behind a baseline as good: behind",
+            _case("t", goodput=(94.0, 1.0), **EVEN),
+            {"hpa": 0, "keda": 0},
+            0,
+            ["m t (0.94x hpa, 0.94x keda, 0.94x kpa)"],
+        ),
+        (
+            "behind only a baseline that attained less: not behind",
+            _case(
+                "t",
+                goodput=(90.0, 1.0),
+                hpa=(200.0, 0.5),
+                keda=(90.0, 1.0),
+                kpa=(90.0, 1.0),
+                oracle=(150.0, 1.0),
+            ),
+            {"hpa": 0, "keda": 0},
+            0,
+            [],
+        ),
+        (
+            "5 % behind: within the tolerance",
+            _case("t", goodput=(95.0, 1.0), **EVEN),
+            {"hpa": 0, "keda": 0},
+            0,
+            [],
+        ),
+    ],
+)
+def test_the_goal_is_counted_per_part(
+    name: str, record: dict[str, Any], ahead_of: dict[str, int], near_oracle: int, behind: list[str]
+) -> None:
+    tally = goal_tally([record, {"model": "m", "trace": "broken", "error": "x"}])
+    assert tally.cases == 1, name
+    assert tally.ahead_of == ahead_of, name
+    assert tally.near_oracle == near_oracle, name
+    assert list(tally.behind) == behind, name
+
+
+def test_the_oracle_is_counted_as_the_ceiling_of_the_same_goal() -> None:
+    record = _case(
+        "t", goodput=(100.0, 1.0), hpa=(100.0, 1.0), keda=(120.0, 1.0), kpa=(160.0, 1.0), oracle=(150.0, 1.0)
+    )
+    tally = goal_tally([record], "oracle")
+    assert tally.ahead_of == {"hpa": 1, "keda": 1}
+    assert tally.behind == ("m t (0.94x kpa)",)
