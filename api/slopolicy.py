@@ -110,7 +110,9 @@ class QueueWorkSignal(SpecModel):
     """Use this signal."""
     drain_target_seconds: float = Field(default=10.0, gt=0, le=3600)
     """T_d: time within which the backlog of work should drain; only the part the ready groups
-    cannot drain before a new group is ready (`profile.readyTimeSeconds`) asks for groups."""
+    cannot drain before a new group is ready (`profile.readyTimeSeconds`) asks for groups. Arrival
+    rates are read over T_d where it is longer than the operator's rate window (never past the
+    goodput window): a burst shorter than T_d counts as backlog."""
     safety_factor: float = Field(default=1.2, ge=1, le=10)
     """s: headroom multiplied onto the arrival work rate."""
 

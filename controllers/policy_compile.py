@@ -241,14 +241,33 @@ def compile_policy(
 
 DEFAULT_RATE_WINDOW_SECONDS = 60.0
 """The window of token rates and the request mix unless the operator is told otherwise
-(GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS); the simulator reads its rates over it too."""
+(GOODPUT_PROMETHEUS_RATE_WINDOW_SECONDS) or a policy's drain target is longer
+(`rate_window_seconds`); the simulator reads its rates over it too."""
 
 
-def rate_window_seconds(metrics_window_seconds: float, rate_setting_seconds: float) -> float:
-    """The window of token rates and the request mix: the setting, never longer than the goodput
-    window (a burst must show in the arrival rate within an interval or two, not be averaged over
-    the goodput window), in the operator and in the simulator alike."""
-    return max(1.0, min(metrics_window_seconds, rate_setting_seconds))
+def rate_window_seconds(
+    metrics_window_seconds: float, rate_setting_seconds: float, drain_target_seconds: float = 0.0
+) -> float:
+    """The window of token rates and the request mix, in the operator and in the simulator alike:
+    the setting, or the queue-work drain target T_d where that is longer, never longer than the
+    goodput window (a burst must show in the arrival rate within an interval or two, not be averaged
+    over the goodput window).
+
+    Why T_d: the queue-work proposal, ceil((s·λ_w + Q_work/T_d) / C), lets waiting work take T_d to
+    drain, so arrivals are read over the same horizon. A burst shorter than T_d is backlog, which
+    the Q_work/T_d term already carries; read over a shorter window it is counted again as a rate,
+    and a group asked for it is ready only after the burst has passed. On the 70B sample (T_d = ready
+    time = 600 s) a 60 s reading rose and fell between 0.04 and 1.27 work-s/s on the Azure code
+    trace and the scale-in stabilisation held the peak. Policies with a short T_d (the interactive
+    sample: 10 s) keep the setting."""
+    return max(1.0, min(metrics_window_seconds, max(rate_setting_seconds, drain_target_seconds)))
+
+
+def drain_target_seconds(policy: ScalingPolicy) -> float:
+    """The queue-work signal's drain target T_d (0 with the signal off): what `rate_window_seconds`
+    reads arrivals over at least."""
+    queue_work = policy.signals.queue_work
+    return 0.0 if queue_work is None else float(queue_work.drain_target_seconds)
 
 
 def metrics_window_seconds(slo: SloPolicySpec) -> float:

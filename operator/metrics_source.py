@@ -42,7 +42,7 @@ from goodput.controllers.autoscale_model import (
     GroupState,
     ModelGroupSnapshot,
 )
-from goodput.controllers.policy_compile import CompiledPolicy
+from goodput.controllers.policy_compile import CompiledPolicy, drain_target_seconds
 from goodput.controllers.policy_compile import rate_window_seconds as rate_window
 from goodput.controllers.snapshot import (
     EngineFigures,
@@ -369,10 +369,13 @@ def build_snapshot(
 
 
 def query_windows(compiled: CompiledPolicy, rate_window_seconds: float) -> Windows:
-    """The rate window, never longer than the policy's goodput window."""
+    """The rate window (the setting, or the policy's drain target where longer), never longer than
+    the policy's goodput window."""
     histogram = max(1, round(compiled.metrics_window_seconds))
+    drain = drain_target_seconds(compiled.policy)
     return Windows(
-        rate_seconds=max(1, round(rate_window(histogram, rate_window_seconds))), histogram_seconds=histogram
+        rate_seconds=max(1, round(rate_window(histogram, rate_window_seconds, drain))),
+        histogram_seconds=histogram,
     )
 
 

@@ -88,7 +88,8 @@ class Settings:
     prometheus_timeout_seconds: float = 5.0
     """A query slower than this counts as Prometheus being down (no scale-in, retried)."""
     prometheus_rate_window_seconds: float = DEFAULT_RATE_WINDOW_SECONDS
-    """Window of token rates and the request mix; at least two scrape intervals."""
+    """Window of token rates and the request mix; at least two scrape intervals. A policy whose
+    queue-work drain target is longer reads over its drain target (`rate_window_seconds`)."""
     prometheus_batch_seconds: float = 0.5
     """How long the autoscaler gathers the reads of ModelGroups ticking at the same moment (ticks
     are aligned to the policy interval) into one Prometheus query per query shape; 0: one query per

@@ -29,6 +29,7 @@ from goodput.controllers.policy_compile import (
     DEFAULT_RATE_WINDOW_SECONDS,
     GroupBounds,
     bounded_scaling_policy,
+    drain_target_seconds,
     metrics_window_seconds,
     rate_window_seconds,
 )
@@ -283,6 +284,13 @@ class GoodputPolicy:
     def interval_seconds(self) -> float:
         return float(self.policy.interval_seconds)
 
+    @property
+    def effective_rate_window_seconds(self) -> float:
+        """The window the operator reads this policy's rates over (`rate_window_seconds`)."""
+        return rate_window_seconds(
+            self.metrics_window_seconds, self.rate_window_seconds, drain_target_seconds(self.policy)
+        )
+
     @classmethod
     def for_setup(
         cls, setup: SimulationSetup, workload: Workload, envelope: CapacityEnvelope | None
@@ -321,7 +329,7 @@ class GoodputPolicy:
             f"max_fruitless_steps={signals.goodput.max_fruitless_steps}",
             "scale_down_window_seconds": policy.scale_down.stabilization_window_seconds,
             "metrics_window_seconds": self.metrics_window_seconds,
-            "rate_window_seconds": rate_window_seconds(self.metrics_window_seconds, self.rate_window_seconds),
+            "rate_window_seconds": self.effective_rate_window_seconds,
         }
 
     def recommend(self, observation: FleetObservation) -> PolicyAnswer:
@@ -331,7 +339,7 @@ class GoodputPolicy:
             self.metrics_window_seconds,
             self.model_group,
             policy=self.policy,
-            rate_window_seconds=rate_window_seconds(self.metrics_window_seconds, self.rate_window_seconds),
+            rate_window_seconds=self.effective_rate_window_seconds,
             declared_ready_seconds=self.declared_ready_seconds,
         )
         decision = decide(snapshot, self.policy, self.state, observation.now)

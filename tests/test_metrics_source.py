@@ -384,10 +384,41 @@ def test_the_ready_time_a_decision_expects_is_the_declared_one_else_the_groups_m
     )
 
 
-def test_the_rate_window_never_exceeds_the_policy_window() -> None:
+def _with_drain_target(drain_target_seconds: float | None, goodput_window_seconds: float) -> CompiledPolicy:
+    """The test policy with its queue-work drain target (None: the signal off) and goodput window."""
     policy = compiled()
-    assert query_windows(policy, 8.0) == Windows(rate_seconds=8, histogram_seconds=30)
-    assert query_windows(policy, 120.0) == Windows(rate_seconds=30, histogram_seconds=30)
+    signals = policy.policy.signals
+    queue_work = (
+        None
+        if drain_target_seconds is None
+        else dataclasses.replace(signals.queue_work, drain_target_seconds=drain_target_seconds)
+    )
+    scaling = dataclasses.replace(policy.policy, signals=dataclasses.replace(signals, queue_work=queue_work))
+    return dataclasses.replace(policy, policy=scaling, metrics_window_seconds=goodput_window_seconds)
+
+
+@pytest.mark.parametrize(
+    ("name", "drain_target_seconds", "goodput_window_seconds", "setting_seconds", "rate_seconds"),
+    [
+        ("the setting, above a short drain target", 5.0, 300.0, 60.0, 60),
+        ("a drain target longer than the setting", 600.0, 900.0, 60.0, 600),
+        ("a drain target capped by the goodput window", 600.0, 300.0, 60.0, 300),
+        ("the setting capped by the goodput window", 5.0, 30.0, 120.0, 30),
+        ("queue work off: the setting", None, 900.0, 60.0, 60),
+    ],
+)
+def test_the_rate_window_reads_over_the_drain_target_and_never_past_the_policy_window(
+    name: str,
+    drain_target_seconds: float | None,
+    goodput_window_seconds: float,
+    setting_seconds: float,
+    rate_seconds: int,
+) -> None:
+    policy = _with_drain_target(drain_target_seconds, goodput_window_seconds)
+    windows = query_windows(policy, setting_seconds)
+    assert windows == Windows(rate_seconds=rate_seconds, histogram_seconds=round(goodput_window_seconds)), (
+        name
+    )
 
 
 @pytest.fixture

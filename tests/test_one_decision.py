@@ -20,6 +20,7 @@ SLOPolicy's 300 s goodput window still remembers the first one).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -322,6 +323,23 @@ def test_both_worlds_compile_the_same_policy_and_read_the_same_window() -> None:
     assert simulated.metrics_window_seconds == compiled.metrics_window_seconds
     windows = query_windows(compiled, DEFAULT_RATE_WINDOW_SECONDS)
     assert windows.rate_seconds < windows.histogram_seconds
+    assert simulated.describe()["rate_window_seconds"] == windows.rate_seconds
+
+
+def test_both_worlds_read_arrivals_over_a_drain_target_longer_than_the_rate_window() -> None:
+    simulated = the_simulators_policy()
+    queue_work = simulated.policy.signals.queue_work
+    assert queue_work is not None
+    signals = dataclasses.replace(
+        simulated.policy.signals, queue_work=dataclasses.replace(queue_work, drain_target_seconds=600.0)
+    )
+    policy = dataclasses.replace(simulated.policy, signals=signals)
+    simulated = dataclasses.replace(simulated, policy=policy, metrics_window_seconds=900.0)
+    compiled = dataclasses.replace(
+        the_operators_policy(simulated), policy=policy, metrics_window_seconds=900.0
+    )
+    windows = query_windows(compiled, DEFAULT_RATE_WINDOW_SECONDS)
+    assert windows.rate_seconds == 600
     assert simulated.describe()["rate_window_seconds"] == windows.rate_seconds
 
 
