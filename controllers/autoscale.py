@@ -596,23 +596,24 @@ def _judged_checks(
     observation: _Observation, policy: ScalingPolicy, *, ttft: _Shown, tpot: _Shown, itl: _Shown
 ) -> tuple[SloCheck, ...]:
     """The goodput signal's SLO checks, the TTFT share judged against the attainable ceiling: of the
-    requests that could meet the target on an idle group, how many did. With nothing attainable, no
-    check asks for groups."""
+    requests that could meet the target on an idle group, how many did. Every check's observations
+    are counted on the attainable share too, so infeasible requests never bring a check over its
+    minimum (a window of ten finished requests, half of them infeasible, rests on five). With
+    nothing attainable, no check asks for groups."""
     signal = policy.signals.goodput
     attainable = observation.attainable_fraction
     if signal is None or (attainable is not None and attainable <= 0):
         return ()
+    counted = 1.0 if attainable is None else attainable
     if attainable is not None and ttft.share is not None:
-        ttft = ttft._replace(
-            share=min(1.0, ttft.share / attainable), observations=ttft.observations * attainable
-        )
+        ttft = ttft._replace(share=min(1.0, ttft.share / attainable))
     return _slo_checks(
         signal,
         policy.primary_class.percentile,
-        ttft=ttft,
-        tpot=tpot,
+        ttft=ttft._replace(observations=ttft.observations * counted),
+        tpot=tpot._replace(observations=tpot.observations * counted),
         itl=itl,
-        finished_requests=observation.finished,
+        finished_requests=observation.finished * counted,
     )
 
 

@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_autoscale_properties import groups as generated_groups
 from test_autoscale_world import (
+    ITL_BUCKETS,
     PERMISSIVE,
     PROFILE,
+    QUEUE_BUCKETS,
     TTFT_BUCKETS,
     group,
     load,
@@ -278,6 +280,36 @@ def test_adding_infeasible_demand_never_raises_the_desired_count(
     alone = _decide(feasible)
     mixed = _decide(plus_infeasible(feasible, request_share, token_share))
     assert mixed.desired_groups <= alone.desired_groups
+
+
+def _one_slow_gap_after_a_long_wait(finished: float) -> GroupMetrics:
+    """An idle group whose window shows one token gap above the ITL target and one wait beyond the
+    queue budget (load-driven, as the goodput signal reads it), over `finished` requests."""
+    return load(
+        0.0,
+        kv_usage=0.0,
+        itl=Histogram(ITL_BUCKETS, (0.0,) * 7 + (1.0,) * 10),
+        queue_time=Histogram(QUEUE_BUCKETS, (0.0,) * 8 + (1.0,) * 9),
+        finished=finished,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "finished", "request_share"),
+    [
+        ("too few to judge, doubled by infeasible requests", 10.0, 0.5),
+        ("too few to judge, a tenth more infeasible", 19.0, 0.1),
+    ],
+)
+def test_infeasible_requests_never_bring_a_check_over_its_minimum(
+    name: str, finished: float, request_share: float
+) -> None:
+    feasible = world(group(_one_slow_gap_after_a_long_wait(finished), name="g0"))
+    alone = _decide(feasible)
+    mixed = _decide(plus_infeasible(feasible, request_share, request_share))
+    assert alone.estimates.slo_checks == (), name
+    assert mixed.estimates.slo_checks == (), name
+    assert mixed.desired_groups == alone.desired_groups == 1, name
 
 
 @settings(max_examples=100, deadline=None)
