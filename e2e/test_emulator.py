@@ -534,14 +534,12 @@ def test_a_critical_gpu_xid_reported_by_the_agent_takes_the_group_out_and_a_repl
         "annotate", "pod", victim, "-n", namespace, 'sim.goodput.dev/gpu-faults={"xids": {"0": [79]}}'
     )
 
-    wait_for(
-        lambda: (
-            victim not in pods(cluster, namespace)
-            or pods(cluster, namespace)[victim]["metadata"].get("deletionTimestamp")
-        ),
-        timeout_seconds=60,
-        describe=describe,
-    )
+    def victim_going() -> bool:
+        # one read: the pod may go between two, which is what this waits for
+        pod = pods(cluster, namespace).get(victim)
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    wait_for(victim_going, timeout_seconds=60, describe=describe)
     wait_for(
         lambda: len(ready_groups()) == 1 and ready_groups() != [first], timeout_seconds=120, describe=describe
     )
