@@ -24,10 +24,16 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
     return f"{numerator / denominator:.2f}x"
 
 
-def _good(record: Mapping[str, Any], name: str) -> float | None:
-    if name == "oracle":
-        return float(record["oracle"]["searched"]["good_per_gpu_hour"])
-    return float(record["policies"][name]["test"]["good_per_gpu_hour"])
+def _test(record: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A policy's test-window outcome, or the searched oracle's."""
+    outcome: Mapping[str, Any] = (
+        record["oracle"]["searched"] if name == "oracle" else record["policies"][name]["test"]
+    )
+    return outcome
+
+
+def _good(record: Mapping[str, Any], name: str) -> float:
+    return float(_test(record, name)["good_per_gpu_hour"])
 
 
 def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
@@ -136,13 +142,6 @@ class GoalTally:
     the ratios."""
 
 
-def _test(record: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    outcome: Mapping[str, Any] = (
-        record["oracle"]["searched"] if name == "oracle" else record["policies"][name]["test"]
-    )
-    return outcome
-
-
 def _as_attained(subject: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     """Whether `subject` reached at least `other`'s attainment against offered load."""
     return float(subject["attainment_offered"]) >= float(other["attainment_offered"]) - 1e-12
@@ -155,19 +154,18 @@ def goal_tally(records: Sequence[Mapping[str, Any]], subject: str = "goodput") -
     near_oracle = 0
     behind: list[str] = []
     for record in ran:
-        own = _test(record, subject)
+        own, good = _test(record, subject), _good(record, subject)
         for baseline, multiple in GOALS.items():
-            other = _test(record, baseline)
-            if _as_attained(own, other) and own["good_per_gpu_hour"] >= multiple * other["good_per_gpu_hour"]:
+            if _as_attained(own, _test(record, baseline)) and good >= multiple * _good(record, baseline):
                 ahead[baseline] += 1
-        if own["good_per_gpu_hour"] >= ORACLE_SHARE_GOAL * _test(record, "oracle")["good_per_gpu_hour"]:
+        if good >= ORACLE_SHARE_GOAL * _good(record, "oracle"):
             near_oracle += 1
         lagging = [
-            f"{own['good_per_gpu_hour'] / _test(record, name)['good_per_gpu_hour']:.2f}x {name}"
+            f"{good / _good(record, name):.2f}x {name}"
             for name in POLICY_ORDER
             if name not in ("goodput", subject)
             and _as_attained(_test(record, name), own)
-            and own["good_per_gpu_hour"] < (1 - BEHIND_TOLERANCE) * _test(record, name)["good_per_gpu_hour"]
+            and good < (1 - BEHIND_TOLERANCE) * _good(record, name)
         ]
         if lagging:
             behind.append(f"{record['model']} {record['trace']} ({', '.join(lagging)})")
