@@ -3,8 +3,10 @@ block to paste into the manifest, so the operator runs on a measured figure.
 
 The envelope is measured in the fleet simulator on the trace's feasible requests (those whose
 zero-load floors fit their class's targets) by a fleet of several groups behind the router, each rate
-repeated with other seeds (`simulator.envelope.measure_envelope`). Any `capacityWorkSecondsPerSecond`
-already in the manifest is ignored: it is what this command replaces.
+repeated with other seeds (`simulator.envelope.measure_envelope`), on steady arrivals drawn from the
+trace's requests by default (`--arrivals trace` keeps the trace's time profile: see that module for
+why the decision code wants the steady figure). Any `capacityWorkSecondsPerSecond` already in the
+manifest is ignored: it is what this command replaces.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--groups", type=int, default=4, help="groups in the trial fleet (default 4)")
     parser.add_argument("--repeats", type=int, default=2, help="seeded repeats of each trial (default 2)")
+    parser.add_argument(
+        "--arrivals",
+        choices=("steady", "trace"),
+        default="steady",
+        help="how trials offer the requests: Poisson arrivals at each rate (default), or the trace's "
+        "own time profile",
+    )
 
 
 def profile_block(bench: Bench, envelope: CapacityEnvelope) -> dict[str, Any]:
@@ -59,7 +68,8 @@ def explanation(bench: Bench, envelope: CapacityEnvelope) -> list[str]:
     lines += [
         f"envelope: {envelope.requests_per_second:.3g} req/s per group passed, "
         f"{envelope.failing_requests_per_second:.3g} failed ({envelope.groups} groups, {envelope.repeats} "
-        f"repeats of {envelope.trial_seconds:.0f} s per rate, {envelope.trials} rates)",
+        f"repeats of {envelope.trial_seconds:.0f} s per rate on {envelope.arrivals} arrivals, "
+        f"{envelope.trials} rates)",
         f"attainment at that rate, 95 % lower bound: {bounds}",
     ]
     return [f"# {line}" for line in lines]
@@ -70,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
         bench = bench_from(args)
         bench.setup = dataclasses.replace(bench.setup, measured_capacity_work_seconds_per_second=None)
         bench.search = EnvelopeSearch(
-            groups=args.groups, repeats=args.repeats, trial_seconds=args.capacity_trial_seconds
+            groups=args.groups,
+            repeats=args.repeats,
+            trial_seconds=args.capacity_trial_seconds,
+            arrivals=args.arrivals,
         )
         envelope = bench.envelope
     except (EnvelopeNotFoundError, NoFeasibleRequestsError) as error:

@@ -7,7 +7,10 @@ a mean of `mean_groups` groups' worth of the service-time model's capacity, so e
 few groups and sometimes more: the absolute level of a production fleet means nothing for one
 ModelGroup. The level is set in two passes: at the service-time model's capacity, then at the
 capacity the envelope measured on that first pass's training window (so a bursty or prefill-heavy
-trace does not overrun `maxReplicas` by construction); the second pass reuses that envelope. Traces
+trace does not overrun `maxReplicas` by construction); the second pass reuses that envelope. That
+envelope's trials keep the trace's time profile (`arrivals="trace"`): it sets the level, the warm start
+and the oracle's capacity. goodput is calibrated on its own envelope, measured on steady arrivals on
+the second pass's training window as `goodput envelope` measures it (`FairBench.goodput_envelope`). Traces
 without requests (Azure 2024 week, ServeGen) draw (prompt, output) pairs from an Azure 2023 trace
 (`simulator.rate_traces`). Classes are assigned per request with equal shares by
 `numpy.random.default_rng([seed, 7])` (the Azure traces carry none).
@@ -184,6 +187,7 @@ def _envelope_record(envelope: CapacityEnvelope) -> dict[str, Any]:
         "trial_groups": envelope.groups,
         "trial_seconds": envelope.trial_seconds,
         "repeats": envelope.repeats,
+        "arrivals": envelope.arrivals,
     }
 
 
@@ -240,7 +244,7 @@ def run_case(
         setup = build_setup(samples_dir / model.modelgroup, samples_dir / model.policy, step_noise_sigma=0.04)
         setup = replace(setup, measured_capacity_work_seconds_per_second=None)
         model = replace(model, duration_seconds=case_duration_seconds(model, setup))
-        search = EnvelopeSearch(trial_seconds=240.0, refinements=3)
+        search = EnvelopeSearch(trial_seconds=240.0, refinements=3, arrivals="trace")
         # The level: first at the service-time model's capacity, then at what the envelope measured on
         # that first training window says a group sustains on this trace's shape (the envelope's trials
         # thin or replicate the window to each rate, so the figure carries over to the new level).
@@ -267,6 +271,7 @@ def run_case(
             "test_feasibility": bench.test_feasibility.describe(),
         }
         record["envelope"] = _envelope_record(envelope)
+        record["goodput_envelope"] = _envelope_record(bench.goodput_envelope)
         record["warm_groups"] = bench.warm_groups()
         record["policies"] = _policies_record(bench)
         record["oracle"] = _oracle_record(bench, setup)

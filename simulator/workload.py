@@ -54,6 +54,13 @@ class Workload:
         chosen = indices[order]
         return self._select(chosen, self.arrival_seconds[chosen], note)
 
+    def placed(self, indices: np.ndarray, arrival_seconds: np.ndarray, note: str) -> Workload:
+        """Requests `indices` (repeats allowed) at new arrival times, which must be sorted: a
+        resampled workload keeps each request's lengths, class, tenant and prefix, not its time."""
+        if arrival_seconds.shape != indices.shape or np.any(np.diff(arrival_seconds) < 0):
+            raise ValueError("placed: one sorted arrival time per request index")
+        return self._select(indices, arrival_seconds, note)
+
     def _select(self, chosen: np.ndarray, arrivals: np.ndarray, note: str) -> Workload:
         blocks = None if self.prefix_blocks is None else tuple(self.prefix_blocks[int(i)] for i in chosen)
         return replace(

@@ -39,7 +39,7 @@ from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
-from goodput.simulator.fair_bench import SWEEPS, cheapest_meeting_target
+from goodput.simulator.fair_bench import SWEEPS, cheapest_meeting_target, swept
 from goodput.simulator.fair_bench import Outcome as FairOutcome
 from goodput.simulator.feasible import NoFeasibleRequestsError, assess
 from goodput.simulator.fleet import FleetConfig
@@ -279,19 +279,24 @@ class Tuning:
 
 def tune_policies(training: SimulatedRun, target_attainment: float) -> dict[str, Tuning]:
     """Each policy's knob: the cheapest setting that met the attainment target on the training window
-    in the simulator, else the best attainment (`cheapest_meeting_target`). goodput is tuned only on
-    a measured envelope (`training.goodput_envelope`); without one it runs on its profile as written."""
+    in the simulator, else the best attainment (`cheapest_meeting_target`), over the fair benchmark's
+    sweep (`swept`: past the grid's safe end while none met it; the HPA's percent a whole number).
+    goodput is tuned only on a measured envelope (`training.goodput_envelope`); without one it runs
+    on its profile as written."""
     tunings = {}
-    for policy, settings in TUNING_SWEEPS.items():
+    for policy, grid in TUNING_SWEEPS.items():
         if policy == "goodput" and training.goodput_envelope is None:
             continue
-        rows = [_simulated_with(training, policy, setting) for setting in settings]
-        outcomes = [
-            _fair_outcome(setting, row, target_attainment)
-            for setting, row in zip(settings, rows, strict=True)
-        ]
+        rows: dict[float, AbRow] = {}
+
+        def on_training(setting: float, policy: str = policy, rows: dict[float, AbRow] = rows) -> FairOutcome:
+            rows[setting] = _simulated_with(training, policy, setting)
+            return _fair_outcome(setting, rows[setting], target_attainment)
+
+        outcomes = swept(grid, on_training, knob=round if policy == "hpa" else float)
         chosen, met = cheapest_meeting_target(outcomes)
-        tunings[policy] = Tuning(policy, tuple(rows), tuple(settings), chosen.setting, met)
+        settings = tuple(outcome.setting for outcome in outcomes)
+        tunings[policy] = Tuning(policy, tuple(rows[s] for s in settings), settings, chosen.setting, met)
     return tunings
 
 

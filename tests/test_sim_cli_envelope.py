@@ -63,6 +63,15 @@ def test_the_profile_block_replaces_the_old_figure_and_validates(
     assert "95 % lower bound" in printed
 
 
+@pytest.mark.parametrize("arrivals", ["steady", "trace"])
+def test_the_comments_say_how_the_trials_offered_their_requests(
+    arrivals: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = [] if arrivals == "steady" else ["--arrivals", arrivals]
+    assert main(["envelope", "--trace", TRACE, *write(tmp_path, "1.0"), *FAST, *flags]) == 0
+    assert f"repeats of 120 s per rate on {arrivals} arrivals" in capsys.readouterr().out
+
+
 def test_a_class_no_request_can_meet_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["envelope", "--trace", TRACE, *write(tmp_path, "0.001"), *FAST])
     assert code == 1

@@ -31,17 +31,24 @@ PRICING = WorkPricing.from_step_model(ENGINE.cost)
 SEARCH = EnvelopeSearch(groups=2, repeats=2, trial_seconds=120.0, refinements=2, min_requests_per_class=20)
 
 
-def steady(rate: float = 20.0, seconds: float = 600.0) -> Workload:
+def chat_workload(rate: float, seconds: float, burst_multiplier: float = 1.0) -> Workload:
+    """Short chat requests at `rate`, times `burst_multiplier` over minutes 4 and 5."""
     spec = BurstSpec(
         duration_seconds=seconds,
         base_rate_per_second=rate,
-        burst_multiplier=1.0,
+        burst_start_seconds=240.0,
+        burst_seconds=120.0,
+        burst_multiplier=burst_multiplier,
         input_median_tokens=400,
         output_median_tokens=60,
         input_sigma=0.5,
         output_sigma=0.5,
     )
     return assign_classes(synthetic_bursts(spec, seed=5), ClassRule(("chat",), (1.0,)), seed=5)
+
+
+def steady(rate: float = 20.0, seconds: float = 600.0) -> Workload:
+    return chat_workload(rate, seconds)
 
 
 def test_the_envelope_brackets_the_rate_and_bounds_the_attainment() -> None:
@@ -180,3 +187,50 @@ def test_a_rate_the_envelope_passes_is_sustained_for_the_whole_workload() -> Non
     )
     assert envelope.trial_seconds == pytest.approx(workload.span_seconds)
     assert _attainment_held_over(workload, envelope.requests_per_second, chat) >= chat.attainment
+
+
+def bursty(seconds: float = 600.0) -> Workload:
+    """Twenty requests a second with a five-fold surge over minutes 4 and 5."""
+    return chat_workload(20.0, seconds, burst_multiplier=5.0)
+
+
+def _per_minute(workload: Workload, seconds: float) -> np.ndarray:
+    return np.histogram(workload.arrival_seconds, np.arange(0.0, seconds + 1.0, 60.0))[0]
+
+
+def test_a_steady_trial_offers_the_workloads_requests_on_poisson_arrivals() -> None:
+    from goodput.simulator.envelope import steady_trial_workload, traced_trial_workload
+
+    source = bursty()
+    trial = steady_trial_workload(source, 30.0, 600.0, seed=3)
+    assert abs(len(trial) - 18_000) < 4 * math.sqrt(18_000)
+    gaps = np.diff(trial.arrival_seconds)
+    assert float(gaps.std() / gaps.mean()) == pytest.approx(1.0, abs=0.05)  # exponential gaps
+    minutes = _per_minute(trial, 600.0)
+    assert minutes.max() < 1.1 * minutes.min()  # the surge is gone
+    pairs = set(zip(source.input_tokens.tolist(), source.output_tokens.tolist(), strict=True))
+    assert set(zip(trial.input_tokens.tolist(), trial.output_tokens.tolist(), strict=True)) <= pairs
+    # the same rate on the trace's shape keeps the surge
+    traced = _per_minute(traced_trial_workload(source, 30.0, 600.0, seed=3), 600.0)
+    assert traced.max() > 3 * traced.min()
+
+
+def test_a_surge_in_the_window_lowers_the_envelope_on_the_trace_shape_not_on_steady_arrivals() -> None:
+    """The decision code reads the surge in the arrival rate; an envelope measured through it would
+    count it a second time."""
+    chat = ClassTargets("chat", ttft_seconds=1.0, itl_seconds=0.075, attainment=0.99)
+    workload = bursty()
+    search = replace(SEARCH, trial_seconds=workload.span_seconds)
+    steady_envelope, traced_envelope = (
+        measure_envelope(
+            FLEET,
+            workload,
+            (chat,),
+            pricing=PRICING,
+            first_guess_rate_per_group=10.0,
+            search=replace(search, arrivals=arrivals),
+        )
+        for arrivals in ("steady", "trace")
+    )
+    assert (steady_envelope.arrivals, traced_envelope.arrivals) == ("steady", "trace")
+    assert steady_envelope.requests_per_second > 1.5 * traced_envelope.requests_per_second

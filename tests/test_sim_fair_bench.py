@@ -1,8 +1,10 @@
-"""The fair benchmark's rules: one sweep rule for every policy, a split that refuses an empty
-window, and the attainment target judged on feasible requests."""
+"""The fair benchmark's rules: one sweep rule for every policy, the sweep continued past its safe end
+while nothing meets the target, a split that refuses an empty window, and the attainment target
+judged on feasible requests."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 from goodput.simulator.config import build_setup
-from goodput.simulator.fair_bench import Outcome, cheapest_meeting_target, meets_target
+from goodput.simulator.fair_bench import Outcome, cheapest_meeting_target, meets_target, swept
 from goodput.simulator.feasible import Feasibility
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
@@ -55,6 +57,58 @@ def test_the_sweep_rule(case: SweepCase) -> None:
     assert (chosen.setting, met) == (case.chosen_setting, case.met_target)
 
 
+@dataclass(frozen=True)
+class ExtensionCase:
+    name: str
+    grid: tuple[float, ...]
+    meeting: frozenset[float]
+    """The settings whose training run meets the target."""
+    tried: tuple[float, ...]
+    held_from: float = 0.0
+    """Below this setting the policy holds no more GPU-hours (its fleet's maximum)."""
+
+
+EXTENSION_CASES = [
+    ExtensionCase(
+        "a setting of the grid meets: the grid alone", (0.8, 1.0, 1.25), frozenset({1.0}), (0.8, 1.0, 1.25)
+    ),
+    ExtensionCase(
+        "none meets: on past the safe end by the grid's first ratio, six times at most",
+        (0.5, 1.0, 3.0),
+        frozenset(),
+        (0.5, 1.0, 3.0, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125),
+    ),
+    ExtensionCase(
+        "a step that buys no more GPU-hours ends it: nothing safer exists",
+        (0.5, 1.0, 3.0),
+        frozenset(),
+        (0.5, 1.0, 3.0, 0.25, 0.125),
+        held_from=0.25,
+    ),
+    ExtensionCase(
+        "the first setting past the end meets: no further",
+        (0.8, 1.0, 1.25),
+        frozenset({0.64}),
+        (0.8, 1.0, 1.25, 0.64),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", EXTENSION_CASES, ids=lambda case: case.name)
+def test_the_sweep_goes_past_the_safe_end_only_while_nothing_meets_the_target(case: ExtensionCase) -> None:
+    def run(setting: float) -> Outcome:
+        meets = any(abs(setting - m) < 1e-9 for m in case.meeting)
+        return outcome(setting, 1.0 / max(setting, case.held_from), 99 if meets else 50, meets)
+
+    tried = tuple(o.setting for o in swept(case.grid, run))
+    assert tried == pytest.approx(case.tried)
+
+
+def test_a_knob_in_whole_numbers_is_rounded_past_the_safe_end() -> None:
+    tried = swept((60, 80, 95), lambda setting: outcome(setting, 100.0 / setting, 50, False), knob=round)
+    assert tuple(o.setting for o in tried) == (60, 80, 95, 45, 34, 26, 20, 15, 11)
+
+
 def test_an_empty_sweep_is_an_error() -> None:
     with pytest.raises(ValueError, match="empty sweep"):
         cheapest_meeting_target(())
@@ -80,3 +134,39 @@ def test_a_window_with_no_requests_is_named() -> None:
     workload = Workload("gappy", arrivals, np.full(3, 100), np.full(3, 10), class_index=np.zeros(3, np.int64))
     with pytest.raises(ValueError, match="the training window of gappy holds no requests"):
         FairBench(setup, workload, train_fraction=0.3)
+
+
+def test_goodput_is_calibrated_on_steady_arrivals_while_the_warm_start_keeps_the_traces_shape() -> None:
+    from goodput.simulator.envelope import CapacityEnvelope, EnvelopeSearch
+    from goodput.simulator.fair_bench import FairBench
+    from goodput.simulator.workload import BurstSpec, ClassRule, assign_classes, synthetic_bursts
+
+    setup = build_setup(SAMPLES / "modelgroup-llama-8b-tp1.yaml", SAMPLES / "slopolicy-interactive.yaml")
+    spec = BurstSpec(duration_seconds=600.0, base_rate_per_second=8.0, input_median_tokens=800)
+    workload = assign_classes(synthetic_bursts(spec, seed=2), ClassRule(("chat", "reasoning"), (1.0, 1.0)), 2)
+    on_the_shape = CapacityEnvelope(0.05, 1.0, 0.99, 5, arrivals="trace")
+    bench = FairBench(
+        setup,
+        workload,
+        envelope_search=EnvelopeSearch(groups=2, trial_seconds=150.0, refinements=1, arrivals="trace"),
+        measured_envelope=on_the_shape,
+    )
+    steady = bench.goodput_envelope
+    assert steady.arrivals == "steady" and steady.trials > 0
+    assert bench.envelope is on_the_shape
+    assert bench.goodput_envelope is steady  # measured once
+    capacity = bench.policy("goodput", 0.5).describe()["capacity_work_seconds_per_second"]
+    assert capacity == pytest.approx(0.5 * steady.work_seconds_per_second)
+    # every policy's warm start: the training window's last minute at the envelope on the trace's shape
+    from goodput.simulator.envelope import request_work_seconds
+
+    last_minute = (
+        bench.train.arrival_seconds >= bench.split_seconds - 60.0
+    ) & bench.train_feasibility.feasible
+    rate = float(request_work_seconds(bench.pricing, bench.train)[last_minute].sum()) / 60.0
+
+    def groups_at(envelope: CapacityEnvelope) -> int:
+        wanted = math.ceil(rate / envelope.work_seconds_per_second - 1e-9)
+        return max(setup.min_groups, setup.warm_groups, min(setup.max_groups, wanted))
+
+    assert bench.warm_groups() == groups_at(on_the_shape) > groups_at(steady)

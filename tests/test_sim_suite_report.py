@@ -131,3 +131,19 @@ def test_the_oracle_is_counted_as_the_ceiling_of_the_same_goal() -> None:
     tally = goal_tally([record], "oracle")
     assert tally.ahead_of == {"hpa": 1, "keda": 1}
     assert tally.behind == ("m t (0.94x kpa)",)
+
+
+def test_the_settings_table_shows_both_envelopes_and_a_dash_where_one_was_not_recorded() -> None:
+    from goodput.simulator.suite_report import settings_table
+
+    def envelope(rate: float, bound: float) -> dict[str, Any]:
+        return {"requests_per_second_per_group": rate, "attainment_lower_bounds_95": [bound]}
+
+    record = _record((100, 2.0))
+    for policy in record["policies"].values():
+        policy["chosen_setting"] = 1.0
+    record["oracle"] |= {"searched_factor": 0.5, "shaved_group_intervals": 3}
+    record["envelope"] = envelope(4.18, 0.995)
+    both = settings_table([record | {"goodput_envelope": envelope(10.94, 0.991)}])
+    assert both.splitlines()[-1].endswith("| 0.5 (3) | 4.18 (0.995) | 10.94 (0.991) |")
+    assert settings_table([record]).splitlines()[-1].endswith("| 4.18 (0.995) | - |")
