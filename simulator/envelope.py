@@ -10,7 +10,7 @@ arrivals with requests drawn from the workload, so C is what a group sustains on
 lengths, not on this trace's bursts: the decision code divides the arrival rate it reads *now* by
 C, so a C measured through the trace's surges would count each surge twice, once in the rate and
 once in C (on the 70B sample and the Azure 2024 code week's training window, surges four times the
-mean held the traced trials to 4.2 requests per second per group where steady ones pass 10.9).
+mean held the traced trials to 4.2 requests per second per group where steady ones pass 11.2).
 Headroom for what arrives while groups start is the policy's (its safety factor, the slack and
 goodput signals, and the fair benchmark's factor). `EnvelopeSearch.arrivals="trace"` keeps the
 trace's time profile instead: what a fixed fleet sustains on that trace's own shape, which the
