@@ -114,7 +114,7 @@ def steady_trial_workload(
     replacement) from the workload: its length mix, classes and prefixes, none of its timing."""
     rng = np.random.default_rng([seed, 12])
     count = int(rng.poisson(rate_per_second * trial_seconds)) if len(workload) else 0
-    drawn = rng.integers(0, len(workload), size=count) if count else np.zeros(0, np.int64)
+    drawn = rng.integers(0, max(1, len(workload)), size=count)
     arrival_seconds = np.sort(rng.uniform(0.0, trial_seconds, size=count))
     return workload.placed(
         drawn, arrival_seconds, f"steady: Poisson at {rate_per_second:.3g}/s for {trial_seconds:g} s"

@@ -9,7 +9,7 @@ For one workload and one ModelGroup:
    arrivals, `simulator.envelope`), and every policy's one knob is swept over a grid (HPA's
    GPU-utilisation target, KEDA's waiting requests per group, KPA's concurrency target per group,
    goodput's envelope scaled by a headroom factor), continued past the grid's safe end while no
-   setting meets the target (`sweep`). The rule is the same for all: the cheapest setting (fewest
+   setting meets the target (`swept`). The rule is the same for all: the cheapest setting (fewest
    GPU-hours) whose run meets every class's attainment target on the feasible requests; when none
    does, the setting with the best attainment, flagged.
 3. Every chosen setting runs once on the test window, from the same warm start (what the last minute
@@ -346,9 +346,11 @@ def swept(
     sees the training window only and is the same for every policy."""
     outcomes = [run(setting) for setting in grid]
     ratio = grid[0] / grid[1] if len(grid) > 1 else 1.0
+    if ratio >= 1.0:
+        return tuple(outcomes)
     safest = outcomes[0]
     for _ in range(extra_steps):
-        if ratio >= 1.0 or any(outcome.meets_target for outcome in outcomes):
+        if any(outcome.meets_target for outcome in outcomes):
             break
         outcomes.append(run(knob(safest.setting * ratio)))
         if outcomes[-1].gpu_hours <= safest.gpu_hours:
