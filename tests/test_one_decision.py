@@ -13,7 +13,7 @@ observed twice:
   ModelGroup's spec and `status.groups` by `build_snapshot`, decided with the operator's compiled
   policy and its decision state threaded from tick to tick as the autoscaler keeps it.
 
-The scenario: a steady load, a burst that takes the fleet to its maximum, a ready group failing
+The scenario: a steady load, a burst the fleet scales out for, a ready group failing
 during the burst, a quiet spell and a new burst; the scale-in comes as the new burst begins (the
 SLOPolicy's 300 s goodput window still remembers the first one).
 """
