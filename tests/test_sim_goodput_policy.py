@@ -19,10 +19,11 @@ from goodput.controllers.autoscale_model import (
 )
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
-from goodput.simulator.config import load_model_group, load_slo_policy
+from goodput.simulator.config import build_setup, load_model_group, load_slo_policy
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
+from goodput.simulator.group_world import GroupRules
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
@@ -32,8 +33,9 @@ from goodput.simulator.metrics import (
     MetricsView,
 )
 from goodput.simulator.policy import FleetObservation, GroupInfo
+from goodput.simulator.report import judge
 from goodput.simulator.simulation import SimulationConfig, simulate
-from goodput.simulator.workload import BurstSpec, ClassRule, assign_classes, synthetic_bursts
+from goodput.simulator.workload import BurstSpec, ClassRule, Workload, assign_classes, synthetic_bursts
 
 ENGINE = EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G)
 PROFILE = build_capacity_profile(
@@ -244,6 +246,49 @@ def test_the_simulator_compiles_a_sample_exactly_as_the_operator_does() -> None:
         slo, spec.min_replicas, spec.max_replicas, spec.warm_replicas, fallback_classes=()
     )
     assert simulated == policy_compile.scaling_policy(spec, slo.spec)
+
+
+def bursts_around_a_lull(burst_seconds: float, lull_seconds: float) -> Workload:
+    """Two conversation bursts at 30 requests/s (two groups' work) with a lull at 2/s between them."""
+    rng = np.random.default_rng(5)
+    second_start = burst_seconds + lull_seconds
+    phases = ((0.0, burst_seconds, 30.0), (burst_seconds, second_start, 2.0),
+              (second_start, second_start + burst_seconds, 30.0))  # fmt: skip
+    pieces = [rng.uniform(start, end, rng.poisson(rate * (end - start))) for start, end, rate in phases]
+    arrivals = np.sort(np.concatenate(pieces))
+    inputs, outputs = rng.integers(200, 2000, arrivals.size), rng.integers(50, 400, arrivals.size)
+    return assign_classes(Workload("lull", arrivals, inputs, outputs), ClassRule(("chat",), (1.0,)), seed=5)
+
+
+def test_the_interactive_sample_keeps_its_groups_through_a_lull_shorter_than_its_scale_down_window() -> None:
+    """A group scaled in between bursts serves the next one only after its ready time (120 s for the
+    8B sample), so the sample's scale-down window outlasts the lulls of conversation traffic: with a
+    two-minute window the second burst below met 13 % of its requests."""
+    setup = build_setup(SAMPLES / "modelgroup-llama-8b-tp1.yaml", SAMPLES / "slopolicy-interactive.yaml")
+    assert setup.model_group is not None
+    burst_seconds, lull_seconds = 300.0, 240.0
+    workload = bursts_around_a_lull(burst_seconds, lull_seconds)
+    fleet = FleetConfig(
+        engine=setup.engine,
+        gpus_per_group=setup.gpus_per_group,
+        min_groups=setup.min_groups,
+        max_groups=setup.max_groups,
+        ready_time_median_seconds=setup.ready_time_seconds,
+        ready_time_sigma=0.0,
+        itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
+        group_rules=GroupRules.for_model_group(setup.model_group),
+    )
+    config = SimulationConfig(
+        fleet=fleet, seed=5, initial_groups=2, horizon_seconds=2 * burst_seconds + lull_seconds
+    )
+    result = simulate(workload, config, GoodputPolicy.for_setup(setup, workload, None))
+
+    second_start = burst_seconds + lull_seconds
+    scale_ins = [e for e in result.scale_events if e.to_groups < e.from_groups and e.time < second_start]
+    assert scale_ins == []
+    second_burst = workload.arrival_seconds >= second_start
+    met = judge(result, setup.classes).met
+    assert met[second_burst].mean() >= setup.classes[0].attainment
 
 
 def test_what_only_the_operators_compile_had_holds_in_the_simulator() -> None:
