@@ -18,6 +18,8 @@ from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.hardware import batch_limits, gpu_spec, model_shape
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel, default_batch_limits
 from goodput.simulator.engine import EngineConfig
+from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.group_world import GroupRules
 from goodput.simulator.report import ClassTargets
 
 DEFAULT_READY_TIME_SECONDS = 120.0
@@ -51,6 +53,22 @@ class SimulationSetup:
     @property
     def gpus_per_group(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
+
+    def fleet(self) -> FleetConfig:
+        """The simulated fleet of this ModelGroup: its engine, bounds, ready time and ITL targets, and
+        its group controller's rules (minimum lifetime, drain, template) compiled from the ModelGroup
+        as the operator compiles them. A run sets its own fields (router, failures, prefix blocks)
+        with `dataclasses.replace`."""
+        rules = GroupRules.for_model_group(self.model_group) if self.model_group is not None else None
+        return FleetConfig(
+            engine=self.engine,
+            gpus_per_group=self.gpus_per_group,
+            min_groups=self.min_groups,
+            max_groups=self.max_groups,
+            ready_time_median_seconds=self.ready_time_seconds,
+            itl_targets_seconds=tuple(c.itl_seconds for c in self.classes),
+            group_rules=rules,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

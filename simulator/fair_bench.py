@@ -39,7 +39,6 @@ from goodput.simulator.envelope import (
     request_work_seconds,
 )
 from goodput.simulator.feasible import Feasibility, assess, class_index_of, require_feasible_requests
-from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.oracle import (
     ScheduleFollower,
     ScheduleRules,
@@ -154,15 +153,7 @@ class FairBench:
                 )
         self.test_seconds = span - self.split_seconds
         self.pricing = WorkPricing.from_step_model(self.setup.engine.cost)
-        self.fleet = FleetConfig(
-            engine=self.setup.engine,
-            gpus_per_group=self.setup.gpus_per_group,
-            min_groups=self.setup.min_groups,
-            max_groups=self.setup.max_groups,
-            ready_time_median_seconds=self.setup.ready_time_seconds,
-            prefix_block_tokens=self.workload.prefix_block_tokens,
-            itl_targets_seconds=tuple(c.itl_seconds for c in self.setup.classes),
-        )
+        self.fleet = replace(self.setup.fleet(), prefix_block_tokens=self.workload.prefix_block_tokens)
         self.train_feasibility = assess(self.train, self.setup.engine, self.setup.classes)
         self.test_feasibility = assess(self.test, self.setup.engine, self.setup.classes)
         require_feasible_requests(self.train_feasibility, self.setup.classes)

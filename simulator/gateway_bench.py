@@ -16,8 +16,6 @@ from goodput.controllers.fairness import jain_index
 from goodput.controllers.request_path import RequestPathPolicy
 from goodput.simulator.baselines import FixedFleet
 from goodput.simulator.config import SimulationSetup
-from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.group_world import GroupRules
 from goodput.simulator.report import judge
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import Workload
@@ -75,15 +73,7 @@ def run_fixed_fleet(
 ) -> SimulationResult:
     """`groups` ready groups for the whole run; the gateway in front when `request_path` is given,
     else every request goes to the router at once (a plain Service's least-busy choice by default)."""
-    fleet = FleetConfig(
-        engine=setup.engine,
-        gpus_per_group=setup.gpus_per_group,
-        min_groups=groups,
-        max_groups=groups,
-        router=router,
-        itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
-        group_rules=GroupRules.for_model_group(setup.model_group) if setup.model_group is not None else None,
-    )
+    fleet = replace(setup.fleet(), min_groups=groups, max_groups=groups, router=router)
     config = SimulationConfig(
         fleet=fleet,
         seed=seed,

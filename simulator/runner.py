@@ -11,7 +11,7 @@ import importlib.util
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -38,7 +38,6 @@ from goodput.simulator.envelope import (
 )
 from goodput.simulator.feasible import Feasibility, assess, require_feasible_requests
 from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.group_world import GroupRules
 from goodput.simulator.oracle import ScheduleFollower, ScheduleRules, hindsight_schedule, interval_work
 from goodput.simulator.policy import Autoscaler
 from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE, meets_every_class, summarize
@@ -123,20 +122,12 @@ class Bench:
                 + (f" --duration-seconds {options.duration_seconds:g}" if options.duration_seconds else "")
                 + f" ({len(raw)} requests over {raw.span_seconds:.0f} s before the transforms)"
             )
-        self.fleet = FleetConfig(
-            engine=setup.engine,
-            gpus_per_group=setup.gpus_per_group,
-            min_groups=setup.min_groups,
-            max_groups=setup.max_groups,
-            ready_time_median_seconds=setup.ready_time_seconds,
+        self.fleet = replace(
+            setup.fleet(),
             router=options.router,
             failure_rate_per_group_hour=options.failure_rate_per_group_hour,
             scheduled_failures_seconds=options.scheduled_failures_seconds,
             prefix_block_tokens=self.workload.prefix_block_tokens,
-            itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
-            group_rules=GroupRules.for_model_group(setup.model_group)
-            if setup.model_group is not None
-            else None,
         )
         self.pricing = WorkPricing.from_step_model(setup.engine.cost)
         self.request_path = request_path_for(setup) if options.gateway else None

@@ -44,7 +44,6 @@ from goodput.simulator.fair_bench import Outcome as FairOutcome
 from goodput.simulator.feasible import NoFeasibleRequestsError, assess
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy
-from goodput.simulator.group_world import GroupRules
 from goodput.simulator.policy import Autoscaler
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import RequestVerdicts, judge
@@ -199,14 +198,7 @@ def simulation_inputs(run: SimulatedRun) -> tuple[SimulationSetup, Workload, Fle
     setup = build_setup(run.model_group_path, run.policy_path)
     names = tuple(c.name for c in setup.classes)
     workload = prepare(run.workload, ClassRule(names, class_weights_from(names, None), 2), run.seed)
-    fleet = FleetConfig(
-        engine=setup.engine, gpus_per_group=setup.gpus_per_group, min_groups=setup.min_groups,
-        max_groups=setup.max_groups, ready_time_median_seconds=setup.ready_time_seconds,
-        prefix_block_tokens=workload.prefix_block_tokens,
-        itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
-        group_rules=GroupRules.for_model_group(setup.model_group) if setup.model_group is not None else None,
-    )  # fmt: skip
-    return setup, workload, fleet
+    return setup, workload, replace(setup.fleet(), prefix_block_tokens=workload.prefix_block_tokens)
 
 
 def measure_training_envelope(training: SimulatedRun) -> CapacityEnvelope:

@@ -37,9 +37,7 @@ from goodput.estimators.attainment import Histogram
 from goodput.operator.metrics_source import build_snapshot, metrics_by_group, query_windows
 from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels, Windows
 from goodput.simulator.config import SimulationSetup, build_setup
-from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy
-from goodput.simulator.group_world import GroupRules
 from goodput.simulator.metrics import GroupScrape
 from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
@@ -278,17 +276,7 @@ class Recorded:
 
 def run(autoscaler: Recorded | ThroughTheOperator) -> SimulationResult:
     setup = model_group_setup()
-    fleet = FleetConfig(
-        engine=setup.engine,
-        gpus_per_group=setup.gpus_per_group,
-        min_groups=setup.min_groups,
-        max_groups=setup.max_groups,
-        ready_time_median_seconds=setup.ready_time_seconds,
-        ready_time_sigma=0.0,
-        scheduled_failures_seconds=(FAILURE_AT,),
-        itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
-        group_rules=GroupRules.for_model_group(setup.model_group) if setup.model_group else None,
-    )
+    fleet = dataclasses.replace(setup.fleet(), ready_time_sigma=0.0, scheduled_failures_seconds=(FAILURE_AT,))
     config = SimulationConfig(
         fleet=fleet, seed=7, initial_groups=2, control_start_seconds=15.0, tail_seconds=60.0
     )

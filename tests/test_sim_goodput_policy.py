@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,6 @@ from goodput.simulator.config import build_setup, load_model_group, load_slo_pol
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
-from goodput.simulator.group_world import GroupRules
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
@@ -265,19 +265,9 @@ def test_the_interactive_sample_keeps_its_groups_through_a_lull_shorter_than_its
     8B sample), so the sample's scale-down window outlasts the lulls of conversation traffic: with a
     two-minute window the second burst below met 13 % of its requests."""
     setup = build_setup(SAMPLES / "modelgroup-llama-8b-tp1.yaml", SAMPLES / "slopolicy-interactive.yaml")
-    assert setup.model_group is not None
     burst_seconds, lull_seconds = 300.0, 240.0
     workload = bursts_around_a_lull(burst_seconds, lull_seconds)
-    fleet = FleetConfig(
-        engine=setup.engine,
-        gpus_per_group=setup.gpus_per_group,
-        min_groups=setup.min_groups,
-        max_groups=setup.max_groups,
-        ready_time_median_seconds=setup.ready_time_seconds,
-        ready_time_sigma=0.0,
-        itl_targets_seconds=tuple(c.itl_seconds for c in setup.classes),
-        group_rules=GroupRules.for_model_group(setup.model_group),
-    )
+    fleet = replace(setup.fleet(), ready_time_sigma=0.0)
     config = SimulationConfig(
         fleet=fleet, seed=5, initial_groups=2, horizon_seconds=2 * burst_seconds + lull_seconds
     )
