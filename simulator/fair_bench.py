@@ -9,9 +9,10 @@ For one workload and one ModelGroup:
    arrivals, `simulator.envelope`), and every policy's one knob is swept over a grid (HPA's
    GPU-utilisation target, KEDA's waiting requests per group, KPA's concurrency target per group,
    goodput's envelope scaled by a headroom factor), continued past the grid's safe end while no
-   setting meets the target (`swept`). The rule is the same for all: the cheapest setting (fewest
-   GPU-hours) whose run meets every class's attainment target on the feasible requests; when none
-   does, the setting with the best attainment, flagged.
+   setting meets the target and bisected at the edge where settings stop meeting it (`swept`). The
+   rule is the same for all: the cheapest setting (fewest GPU-hours) whose run meets every class's
+   attainment target on the feasible requests; when none does, the setting with the best
+   attainment, flagged.
 3. Every chosen setting runs once on the test window, from the same warm start (what the last minute
    of the training window needed, at `FairBench.envelope`), with the same metrics delay. The oracle
    sees the test window with hindsight: a fluid bound and a searched schedule (`simulator.oracle`).
@@ -67,6 +68,10 @@ grid starts at its safe end: the setting that asks for the most groups."""
 SAFE_END_STEPS = 6
 """At most this many settings past a grid's safe end (a bound on run time: goodput's factor 0.8 goes
 to 0.21, KEDA's 0.5 waiting requests per group to 0.008)."""
+
+EDGE_BISECTIONS = 2
+"""At most this many settings tried between the cheapest setting that met the target and the next
+one up that did not (a grid of three is coarse: HPA's 0.8 and 0.95 are 15 points apart)."""
 
 KNOBS = {
     "goodput": "envelope factor",
@@ -328,26 +333,66 @@ def swept(
     *,
     knob: Callable[[float], float] = float,
     extra_steps: int = SAFE_END_STEPS,
+    bisections: int = EDGE_BISECTIONS,
 ) -> tuple[Outcome, ...]:
     """The sweep: `run` at every setting of the grid, then, while none has met the target, past the
     grid's safe end (its first setting) by the ratio of its first two, until a setting buys no more
     GPU-hours than the one before it (the policy already holds all it can: nothing safer exists),
-    at most `extra_steps` more (`knob` rounds a setting to what the policy's manifest takes). Why: a
-    grid fixed before the trace is seen can hold no setting safe enough for its bursts; the rule
-    sees the training window only and is the same for every policy."""
+    at most `extra_steps` more; then bisected at the edge (`_edge_bisected`). `knob` rounds a
+    setting to what the policy's manifest takes. Why: a grid fixed before the trace is seen can hold
+    no setting safe enough for its bursts, and its steps are too coarse to find the cheapest one
+    that is safe; the rule sees the training window only and is the same for every policy."""
     outcomes = [run(setting) for setting in grid]
     ratio = grid[0] / grid[1] if len(grid) > 1 else 1.0
-    if ratio >= 1.0:
-        return tuple(outcomes)
-    safest = outcomes[0]
-    for _ in range(extra_steps):
-        if any(outcome.meets_target for outcome in outcomes):
+    if ratio < 1.0:
+        outcomes.extend(_past_the_safe_end(outcomes, run, knob, ratio, extra_steps))
+    return _edge_bisected(outcomes, run, knob, bisections)
+
+
+def _past_the_safe_end(
+    outcomes: Sequence[Outcome],
+    run: Callable[[float], Outcome],
+    knob: Callable[[float], float],
+    ratio: float,
+    steps: int,
+) -> list[Outcome]:
+    if any(outcome.meets_target for outcome in outcomes):
+        return []
+    safest, added = outcomes[0], []
+    for _ in range(steps):
+        added.append(run(knob(safest.setting * ratio)))
+        if added[-1].meets_target or added[-1].gpu_hours <= safest.gpu_hours:
             break
-        outcomes.append(run(knob(safest.setting * ratio)))
-        if outcomes[-1].gpu_hours <= safest.gpu_hours:
+        safest = added[-1]
+    return added
+
+
+def _edge_bisected(
+    outcomes: list[Outcome], run: Callable[[float], Outcome], knob: Callable[[float], float], steps: int
+) -> tuple[Outcome, ...]:
+    """Geometric bisection between the largest setting that met the target below the edge and the
+    smallest above the cheapest pick that did not (a larger setting asks for fewer groups in every
+    policy), each middle at two significant figures, as a person tuning it would write it. It stops
+    when nothing met the target, when no setting above the cheapest pick failed, or when a middle
+    rounds onto a setting already run."""
+    for _ in range(steps):
+        edge = _edge(outcomes)
+        if edge is None:
             break
-        safest = outcomes[-1]
+        middle = knob(float(f"{math.sqrt(edge[0] * edge[1]):.2g}"))
+        if any(math.isclose(middle, outcome.setting) for outcome in outcomes):
+            break
+        outcomes.append(run(middle))
     return tuple(outcomes)
+
+
+def _edge(outcomes: Sequence[Outcome]) -> tuple[float, float] | None:
+    chosen, met = cheapest_meeting_target(outcomes)
+    failed_above = [o.setting for o in outcomes if not o.meets_target and o.setting > chosen.setting]
+    if not met or not failed_above:
+        return None
+    upper = min(failed_above)
+    return max(o.setting for o in outcomes if o.meets_target and o.setting < upper), upper
 
 
 def cheapest_meeting_target(sweep: Sequence[Outcome]) -> tuple[Outcome, bool]:

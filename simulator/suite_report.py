@@ -250,8 +250,9 @@ def markdown(records: Sequence[Mapping[str, Any]], preamble: str) -> str:
                 "requests, GPU-hours); `*`: no setting met the attainment target on the training window "
                 "(oracle: no schedule the search tried met it on the test window).",
                 summary_table(records),
-                "Settings chosen on the training window (the cheapest meeting the target, or past the "
-                "grid's safe end while none did), and the envelopes measured there:",
+                "Settings chosen on the training window (the cheapest meeting the target, past the "
+                "grid's safe end while none did, bisected where settings stop meeting it), and the "
+                "envelopes measured there:",
                 settings_table(records),
                 "Test runs that met as many requests as the searched oracle on fewer GPU-hours: "
                 + ("; ".join(policies_below_the_oracle(records)) or "none")

@@ -272,7 +272,8 @@ class Tuning:
 def tune_policies(training: SimulatedRun, target_attainment: float) -> dict[str, Tuning]:
     """Each policy's knob: the cheapest setting that met the attainment target on the training window
     in the simulator, else the best attainment (`cheapest_meeting_target`), over the fair benchmark's
-    sweep (`swept`: past the grid's safe end while none met it; the HPA's percent a whole number).
+    sweep (`swept`: past the grid's safe end while none met it, then bisected at the edge where
+    settings stop meeting it; the HPA's percent a whole number).
     goodput is tuned only on a measured envelope (`training.goodput_envelope`); without one it runs
     on its profile as written."""
     tunings = {}

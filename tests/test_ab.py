@@ -163,7 +163,9 @@ def test_every_policy_gets_the_cheapest_setting_that_met_the_target_on_the_train
     # (attainment, GPU-hours) the simulator gives each setting on the training window.
     figures = {
         ("goodput", 0.8): (1.0, 0.19), ("goodput", 1.0): (0.83, 0.17), ("goodput", 1.25): (0.83, 0.16),
+        ("goodput", 0.89): (0.99, 0.18), ("goodput", 0.94): (0.90, 0.175),  # the edge, bisected twice
         ("keda", 0.5): (1.0, 0.30), ("keda", 1.0): (0.995, 0.20), ("keda", 3.0): (0.90, 0.10),
+        ("keda", 1.7): (0.97, 0.15), ("keda", 1.3): (0.99, 0.17),
         ("hpa", 60): (0.97, 0.30), ("hpa", 80): (0.98, 0.25), ("hpa", 95): (0.50, 0.05),
         ("hpa", 45): (0.96, 0.30),  # past the safe end, in whole percent: no more GPU-hours, the end
     }  # fmt: skip
@@ -175,15 +177,16 @@ def test_every_policy_gets_the_cheapest_setting_that_met_the_target_on_the_train
     monkeypatch.setattr(ab, "_simulated_with", simulated)
     training = demo_run(steady_workload(), goodput_envelope=ENVELOPE)
     tunings = ab.tune_policies(training, target_attainment=0.99)
-    assert (tunings["goodput"].chosen, tunings["goodput"].met_target) == (0.8, True)
-    assert (tunings["keda"].chosen, tunings["keda"].met_target) == (1.0, True)
+    assert (tunings["goodput"].chosen, tunings["goodput"].met_target) == (0.89, True)
+    assert tunings["goodput"].settings == (0.8, 1.0, 1.25, 0.89, 0.94)
+    assert (tunings["keda"].chosen, tunings["keda"].met_target) == (1.3, True)
     # None met 0.99: the best attainment, and the report says so.
     assert (tunings["hpa"].chosen, tunings["hpa"].met_target) == (80, False)
     assert tunings["hpa"].settings == (60, 80, 95, 45)
     text = ab.render_tuning(tunings, ENVELOPE)
     assert "goodput's envelope there: 0.1 work-s/s per group (1.5 req/s; 4 groups, 2 repeats)" in text
-    assert "goodput: 0.8 (met the target)" in text
-    assert "keda: 1 (met the target)" in text
+    assert "goodput: 0.89 (met the target)" in text
+    assert "keda: 1.3 (met the target)" in text
     assert "hpa: 80 (none met the target: best attainment)" in text
     assert "95: 50.0% on 0.050 GPU-h, 45: 96.0% on 0.300 GPU-h" in text
     # Without an envelope goodput is not swept, and the account says why.

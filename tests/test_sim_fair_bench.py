@@ -1,10 +1,11 @@
 """The fair benchmark's rules: one sweep rule for every policy, the sweep continued past its safe end
-while nothing meets the target, a split that refuses an empty window, and the attainment target
-judged on feasible requests."""
+while nothing meets the target and bisected where settings stop meeting it, a split that refuses an
+empty window, and the attainment target judged on feasible requests."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,13 +102,66 @@ def test_the_sweep_goes_past_the_safe_end_only_while_nothing_meets_the_target(ca
         meets = any(abs(setting - m) < 1e-9 for m in case.meeting)
         return outcome(setting, 1.0 / max(setting, case.held_from), 99 if meets else 50, meets)
 
-    tried = tuple(o.setting for o in swept(case.grid, run))
+    tried = tuple(o.setting for o in swept(case.grid, run, bisections=0))
     assert tried == pytest.approx(case.tried)
 
 
 def test_a_knob_in_whole_numbers_is_rounded_past_the_safe_end() -> None:
     tried = swept((60, 80, 95), lambda setting: outcome(setting, 100.0 / setting, 50, False), knob=round)
     assert tuple(o.setting for o in tried) == (60, 80, 95, 45, 34, 26, 20, 15, 11)
+
+
+@dataclass(frozen=True)
+class EdgeCase:
+    name: str
+    grid: tuple[float, ...]
+    meets_up_to: float
+    """The largest setting whose training run meets the target; GPU-hours fall as settings rise."""
+    tried: tuple[float, ...]
+    chosen: float
+    knob: Callable[[float], float] = float
+
+
+EDGE_CASES = [
+    EdgeCase(
+        "the edge between the pick and the next setting up is bisected twice",
+        (0.8, 1.0, 1.25),
+        1.2,
+        (0.8, 1.0, 1.25, 1.1, 1.2),
+        1.2,
+    ),
+    EdgeCase(
+        "a middle that fails narrows the edge from above",
+        (0.8, 1.0, 1.25),
+        1.05,
+        (0.8, 1.0, 1.25, 1.1),  # then sqrt(1 x 1.1) is 1.0 at two figures: already run, the end
+        1.0,
+    ),
+    EdgeCase(
+        "a whole-number knob bisects in whole numbers",
+        (60, 80, 95),
+        90,
+        (60, 80, 95, 87, 91),
+        87,
+        round,
+    ),
+    EdgeCase(
+        "the cheapest end of the grid meets: nothing to bisect", (0.5, 1.0, 3.0), 5.0, (0.5, 1.0, 3.0), 3.0
+    ),
+    EdgeCase("nothing meets: no edge", (0.6, 0.8, 0.95), 0.1, (0.6, 0.8, 0.95), 0.95),
+]
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=lambda case: case.name)
+def test_the_sweep_bisects_the_edge_where_settings_stop_meeting_the_target(case: EdgeCase) -> None:
+    def run(setting: float) -> Outcome:
+        meets = setting <= case.meets_up_to + 1e-9
+        return outcome(setting, 1.0 / setting, 99 if meets else 50, meets)
+
+    sweep = swept(case.grid, run, knob=case.knob, extra_steps=0)
+    tried = tuple(o.setting for o in sweep)
+    assert tried == pytest.approx(case.tried)
+    assert cheapest_meeting_target(sweep)[0].setting == pytest.approx(case.chosen)
 
 
 def test_an_empty_sweep_is_an_error() -> None:
