@@ -8,13 +8,12 @@ few groups and sometimes more: the absolute level of a production fleet means no
 ModelGroup. The level is set in two passes: at the service-time model's capacity, then at the
 capacity the envelope measured on that first pass's training window (so a bursty or prefill-heavy
 trace does not overrun `maxReplicas` by construction); the second pass reuses that envelope. That
-envelope's trials keep the trace's time profile (`arrivals="trace"`): it sets the level, the warm start
-and the oracle's capacity. goodput is calibrated on its own envelope, measured by the same search on
-steady arrivals (as `goodput envelope` offers them) on the second pass's training window
-(`FairBench.goodput_envelope`). Traces
-without requests (Azure 2024 week, ServeGen) draw (prompt, output) pairs from an Azure 2023 trace
-(`simulator.rate_traces`). Classes are assigned per request with equal shares by
-`numpy.random.default_rng([seed, 7])` (the Azure traces carry none).
+envelope's trials keep the trace's time profile (`arrivals="trace"`): it sets the level, the warm
+start and the oracle's capacity. goodput is calibrated on its own envelope, measured by the same
+search on steady arrivals (as `goodput envelope` offers them) on the second pass's training window
+(`FairBench.goodput_envelope`). Traces without requests (Azure 2024 week, ServeGen) draw (prompt,
+output) pairs from an Azure 2023 trace (`simulator.rate_traces`). Classes are assigned per request
+with equal shares by `numpy.random.default_rng([seed, 7])` (the Azure traces carry none).
 """
 
 from __future__ import annotations
