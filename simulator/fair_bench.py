@@ -336,9 +336,9 @@ def swept(
     bisections: int = EDGE_BISECTIONS,
 ) -> tuple[Outcome, ...]:
     """The sweep: `run` at every setting of the grid, then, while none has met the target, past the
-    grid's safe end (its first setting) by the ratio of its first two, until a setting buys no more
-    GPU-hours than the one before it (the policy already holds all it can: nothing safer exists),
-    at most `extra_steps` more; then bisected at the edge (`_edge_bisected`). `knob` rounds a
+    grid's safe end (its first setting) by the ratio of its first two, until a setting buys neither
+    more GPU-hours nor more attainment than the one before it (`_holds_no_more`), at most
+    `extra_steps` more; then bisected at the edge (`_edge_bisected`). `knob` rounds a
     setting to what the policy's manifest takes. Why: a grid fixed before the trace is seen can hold
     no setting safe enough for its bursts, and its steps are too coarse to find the cheapest one
     that is safe; the rule sees the training window only and is the same for every policy."""
@@ -361,10 +361,17 @@ def _past_the_safe_end(
     safest, added = outcomes[0], []
     for _ in range(steps):
         added.append(run(knob(safest.setting * ratio)))
-        if added[-1].meets_target or added[-1].gpu_hours <= safest.gpu_hours:
+        if added[-1].meets_target or _holds_no_more(added[-1], safest):
             break
         safest = added[-1]
     return added
+
+
+def _holds_no_more(step: Outcome, before: Outcome) -> bool:
+    """A step past the safe end that buys neither more GPU-hours nor more attainment: the policy
+    already holds all it can. A step that costs less but meets more is not the end: asking for
+    groups earlier can save the groups a late scale-out holds."""
+    return step.gpu_hours <= before.gpu_hours and step.attainment_feasible <= before.attainment_feasible
 
 
 def _edge_bisected(

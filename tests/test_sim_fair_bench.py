@@ -81,7 +81,7 @@ EXTENSION_CASES = [
         (0.5, 1.0, 3.0, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125),
     ),
     ExtensionCase(
-        "a step that buys no more GPU-hours ends it: nothing safer exists",
+        "a step that buys no more GPU-hours and meets no more ends it: nothing safer exists",
         (0.5, 1.0, 3.0),
         frozenset(),
         (0.5, 1.0, 3.0, 0.25, 0.125),
@@ -104,6 +104,20 @@ def test_the_sweep_goes_past_the_safe_end_only_while_nothing_meets_the_target(ca
 
     tried = tuple(o.setting for o in swept(case.grid, run, bisections=0))
     assert tried == pytest.approx(case.tried)
+
+
+def test_a_step_past_the_safe_end_that_costs_less_but_meets_more_does_not_end_the_sweep() -> None:
+    # Past 0.5 the policy scales out earlier and holds fewer groups late: 0.25 costs less than 0.5
+    # but meets more, and 0.125 meets the target.
+    figures = {0.5: (2.0, 80), 1.0: (1.5, 70), 3.0: (1.0, 60), 0.25: (1.8, 90), 0.125: (1.9, 99)}
+
+    def run(setting: float) -> Outcome:
+        gpu_hours, met = figures[setting]
+        return outcome(setting, gpu_hours, met, met >= 99)
+
+    sweep = swept((0.5, 1.0, 3.0), run, bisections=0)
+    assert tuple(o.setting for o in sweep) == (0.5, 1.0, 3.0, 0.25, 0.125)
+    assert cheapest_meeting_target(sweep) == (sweep[-1], True)
 
 
 def test_a_knob_in_whole_numbers_is_rounded_past_the_safe_end() -> None:
