@@ -2,7 +2,12 @@
 tuned on the training window and reported on the test window, with the hindsight oracle.
 
 Run: .venv/bin/python bench/bench_suite.py --traces ../shared/traces --out out/bench [--workers 2]
-        [--only TRACE,...] [--models llama-8b-tp1,...] [--gateway]
+        [--only TRACE,...] [--models llama-8b-tp1,...] [--gateway] [--seed N]
+
+--seed draws every case anew: the thinning or replication of each request trace, the arrivals and
+lengths of each rate series, every request's class and the step-time noise (a flash crowd's
+arrivals and lengths keep their own seed, the trace's). The default, 0, is the run the README
+shows; another seed tells whether a case's verdict rests on one draw.
 
 With --gateway every run (each policy's sweep and test, and the oracle's search) has the gateway's
 request path (admission gates, fair queue, routing) in front of the groups; each run's record then
@@ -54,6 +59,7 @@ def main() -> int:
     parser.add_argument(
         "--gateway", action="store_true", help="the gateway's request path in front of the groups"
     )
+    parser.add_argument("--seed", type=int, default=0, help="the draw of every case (default 0)")
     args = parser.parse_args()
     traces = [t for t in TRACES if args.only is None or t.name in args.only]
     models = [m for m in MODELS if args.models is None or m.name in args.models]
@@ -72,6 +78,7 @@ def main() -> int:
             traces=traces,
             models=models,
             workers=args.workers,
+            seed=args.seed,
             gateway=args.gateway,
         )
     except ValueError as error:
@@ -83,10 +90,10 @@ def main() -> int:
         if "error" not in record:
             plot_curves(record, args.out / record["model"] / record["trace"])
     (args.out / "results.json").write_text(json.dumps(sanitize(records), indent=1) + "\n")
-    preamble = (
-        f"`make bench` ({len(records)} cases, {args.workers} worker processes"
-        f"{', behind the gateway' if args.gateway else ''}): wall {wall:.0f} s on {machine()}."
-    )
+    run = [f"{len(records)} cases", f"{args.workers} worker processes"]
+    run += ["behind the gateway"] if args.gateway else []
+    run += [f"seed {args.seed}"] if args.seed else []
+    preamble = f"`make bench` ({', '.join(run)}): wall {wall:.0f} s on {machine()}."
     text = markdown(records, preamble)
     (args.out / "table.md").write_text(text)
     print(text)

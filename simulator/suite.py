@@ -237,7 +237,7 @@ def run_case(
     """One (trace, ModelGroup) case, as a JSON-ready record; an error becomes the record's `error`.
     With `gateway`, every run has the request path compiled from the case's manifests in front."""
     started = time.perf_counter()
-    record: dict[str, Any] = {"trace": trace.name, "model": model.name}
+    record: dict[str, Any] = {"trace": trace.name, "model": model.name, "seed": seed}
     if gateway:
         record["gateway"] = True
     try:

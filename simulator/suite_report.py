@@ -167,16 +167,23 @@ def goal_tally(records: Sequence[Mapping[str, Any]], subject: str = "goodput") -
                 ahead[baseline] += 1
         if good >= ORACLE_SHARE_GOAL * _good(record, "oracle"):
             near_oracle += 1
-        lagging = [
-            f"{good / _good(record, name):.2f}x {name}"
-            for name in POLICY_ORDER
-            if name not in ("goodput", subject)
-            and _as_attained(_test(record, name), own)
-            and good < (1 - BEHIND_TOLERANCE) * _good(record, name)
-        ]
+        lagging = _lagging(record, subject)
         if lagging:
             behind.append(f"{record['model']} {record['trace']} ({', '.join(lagging)})")
     return GoalTally(subject, len(ran), ahead, near_oracle, tuple(behind))
+
+
+def _lagging(record: Mapping[str, Any], subject: str) -> list[str]:
+    """The baselines of equal or better attainment that `subject` is more than `BEHIND_TOLERANCE`
+    behind in this case, each as `0.81x kpa`."""
+    own, good = _test(record, subject), _good(record, subject)
+    return [
+        f"{good / _good(record, name):.2f}x {name}"
+        for name in POLICY_ORDER
+        if name not in ("goodput", subject)
+        and _as_attained(_test(record, name), own)
+        and good < (1 - BEHIND_TOLERANCE) * _good(record, name)
+    ]
 
 
 def render_goals(records: Sequence[Mapping[str, Any]]) -> str:
@@ -262,3 +269,57 @@ def markdown(records: Sequence[Mapping[str, Any]], preamble: str) -> str:
         )
         + "\n"
     )
+
+
+def _draw_cell(record: Mapping[str, Any] | None) -> str:
+    """goodput's multiple of the HPA's and KEDA's SLO-meeting requests per GPU-hour (`↓` where goodput
+    met a lower share of the offered load), and the baselines it is behind in this draw."""
+    if record is None:
+        return "-"
+    if "error" in record:
+        return "error"
+    own = _test(record, "goodput")
+    multiples = [
+        _ratio(_good(record, "goodput"), _good(record, name))
+        + ("" if _as_attained(own, _test(record, name)) else "↓")
+        + f" {name.upper()}"
+        for name in GOALS
+    ]
+    lagging = _lagging(record, "goodput")
+    return ", ".join(multiples) + (f"; behind {', '.join(lagging)}" if lagging else "")
+
+
+def draws_markdown(draws: Mapping[int, Sequence[Mapping[str, Any]]]) -> str:
+    """The suite run once per seed, side by side: per case goodput's multiples of the goal's baselines
+    and the baselines it is behind, in each draw, and how many draws it is behind in; then the goal
+    counted per draw. Why: each test window is one draw of its trace's thinning, lengths, classes and
+    step-time noise, and a verdict that one burst decides can turn with the draw; a verdict that holds
+    in every draw does not rest on one."""
+    seeds = sorted(draws)
+    by_case = {seed: {(r["model"], r["trace"]): r for r in draws[seed]} for seed in seeds}
+    cases = list(dict.fromkeys(key for seed in seeds for key in by_case[seed]))
+    header = "| model | trace | " + " | ".join(f"seed {seed}" for seed in seeds) + " | behind a baseline in |"
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for model, trace in cases:
+        records = [by_case[seed].get((model, trace)) for seed in seeds]
+        ran = [record for record in records if record is not None and "error" not in record]
+        behind = sum(1 for record in ran if _lagging(record, "goodput"))
+        lines.append(
+            f"| {model} | {trace} | "
+            + " | ".join(_draw_cell(record) for record in records)
+            + f" | {behind} of {len(ran)} draws |"
+        )
+    tallies = [(seed, goal_tally(draws[seed]), goal_tally(draws[seed], "oracle")) for seed in seeds]
+    goals = (
+        "| seed | cases | "
+        + " | ".join(f"≥{multiple:g}x {name.upper()} (oracle)" for name, multiple in GOALS.items())
+        + f" | ≥{ORACLE_SHARE_GOAL:g}x oracle | not >{BEHIND_TOLERANCE:.0%} behind |"
+    )
+    rows = [goals, "|" + "---|" * (goals.count("|") - 1)]
+    for seed, own, ceiling in tallies:
+        rows.append(
+            f"| {seed} | {own.cases} | "
+            + " | ".join(f"{own.ahead_of[name]} ({ceiling.ahead_of[name]})" for name in GOALS)
+            + f" | {own.near_oracle} | {own.cases - len(own.behind)} |"
+        )
+    return "\n".join(lines) + "\n\nThe goal, counted per draw:\n\n" + "\n".join(rows) + "\n"

@@ -147,3 +147,49 @@ def test_the_settings_table_shows_both_envelopes_and_a_dash_where_one_was_not_re
     both = settings_table([record | {"goodput_envelope": envelope(10.94, 0.991)}])
     assert both.splitlines()[-1].endswith("| 0.5 (3) | 4.18 (0.995) | 10.94 (0.991) |")
     assert settings_table([record]).splitlines()[-1].endswith("| 4.18 (0.995) | - |")
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    """The cells of each markdown table row, keyed by its first two cells joined."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) > 2 and not set(cells[0]) <= {"-"}:
+            rows[" ".join(cells[:2])] = cells[2:]
+    return rows
+
+
+def test_the_draws_table_shows_each_case_in_each_draw_and_counts_the_draws_it_is_behind_in() -> None:
+    from goodput.simulator.suite_report import draws_markdown
+
+    behind_then_ahead = (
+        _case(
+            "turns",
+            goodput=(80.0, 1.0),
+            hpa=(100.0, 1.0),
+            keda=(100.0, 1.0),
+            kpa=(100.0, 1.0),
+            oracle=(150.0, 1.0),
+        ),
+        _case("turns", goodput=(130.0, 1.0), **EVEN),
+    )
+    cheaper_at_lower_attainment = _case("lower", goodput=(200.0, 0.9), **EVEN)
+    text = draws_markdown(
+        {
+            1: [behind_then_ahead[1], {"model": "m", "trace": "lower", "error": "x"}],
+            0: [behind_then_ahead[0], cheaper_at_lower_attainment],
+        }
+    )
+    rows = _table_rows(text)
+    assert rows["model trace"] == ["seed 0", "seed 1", "behind a baseline in"]
+    assert rows["m turns"] == [
+        "0.80x HPA, 0.80x KEDA; behind 0.80x hpa, 0.80x keda, 0.80x kpa",
+        "1.30x HPA, 1.30x KEDA",
+        "1 of 2 draws",
+    ]
+    assert rows["m lower"] == ["2.00x↓ HPA, 2.00x↓ KEDA", "error", "0 of 1 draws"]
+    assert rows["seed cases"][:2] == ["≥1.3x HPA (oracle)", "≥1.2x KEDA (oracle)"]
+    # seed 0: neither case at a multiple at no lower attainment (the oracle, 150 at 1.0, in both);
+    # the cheaper run at lower attainment is within 0.9x of the oracle, and one case is behind
+    assert rows["0 2"] == ["0 (2)", "0 (2)", "1", "1"]
+    assert rows["1 1"] == ["1 (1)", "1 (1)", "0", "1"]
