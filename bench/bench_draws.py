@@ -6,7 +6,8 @@ Run: .venv/bin/python bench/bench_draws.py --out out/bench-draws/draws.md RESULT
 Each RESULTS.json is one run's `results.json`; its seed is the one its records carry (0 where a
 record predates the field). Writes OUT (per case, goodput's multiples of the HPA's and KEDA's
 SLO-meeting requests per GPU-hour and the baselines it is behind, in each draw; then the goal counted
-per draw) and prints it. Nothing is asserted: these are figures.
+per draw, with the geometric means of goodput's ratios) and prints it. Nothing is asserted: these
+are figures.
 """
 
 from __future__ import annotations

@@ -289,12 +289,24 @@ def _draw_cell(record: Mapping[str, Any] | None) -> str:
     return ", ".join(multiples) + (f"; behind {', '.join(lagging)}" if lagging else "")
 
 
+def _geometric_mean_ratio(records: Sequence[Mapping[str, Any]], other: str) -> str:
+    """goodput's SLO-meeting requests per GPU-hour over `other`'s, the geometric mean over the cases
+    that ran where both served some (a ratio's mean is geometric so that 2x and 0.5x cancel)."""
+    logs = [
+        math.log(_good(record, "goodput") / _good(record, other))
+        for record in records
+        if "error" not in record and _good(record, "goodput") > 0 and _good(record, other) > 0
+    ]
+    return f"{math.exp(sum(logs) / len(logs)):.3f}" if logs else "-"
+
+
 def draws_markdown(draws: Mapping[int, Sequence[Mapping[str, Any]]]) -> str:
     """The suite run once per seed, side by side: per case goodput's multiples of the goal's baselines
     and the baselines it is behind, in each draw, and how many draws it is behind in; then the goal
-    counted per draw. Why: each test window is one draw of its trace's thinning, lengths, classes and
-    step-time noise, and a verdict that one burst decides can turn with the draw; a verdict that holds
-    in every draw does not rest on one."""
+    counted per draw, with the geometric means of goodput's ratios to each baseline and the oracle.
+    Why: each test window is one draw of its trace's thinning, lengths, classes and step-time noise,
+    and a verdict that one burst decides can turn with the draw; a verdict that holds in every draw
+    does not rest on one."""
     seeds = sorted(draws)
     by_case = {seed: {(r["model"], r["trace"]): r for r in draws[seed]} for seed in seeds}
     cases = list(dict.fromkeys(key for seed in seeds for key in by_case[seed]))
@@ -310,16 +322,23 @@ def draws_markdown(draws: Mapping[int, Sequence[Mapping[str, Any]]]) -> str:
             + f" | {behind} of {len(ran)} draws |"
         )
     tallies = [(seed, goal_tally(draws[seed]), goal_tally(draws[seed], "oracle")) for seed in seeds]
+    others = (*(name for name in POLICY_ORDER if name != "goodput"), "oracle")
     goals = (
         "| seed | cases | "
         + " | ".join(f"≥{multiple:g}x {name.upper()} (oracle)" for name, multiple in GOALS.items())
-        + f" | ≥{ORACLE_SHARE_GOAL:g}x oracle | not >{BEHIND_TOLERANCE:.0%} behind |"
+        + f" | ≥{ORACLE_SHARE_GOAL:g}x oracle | not >{BEHIND_TOLERANCE:.0%} behind | "
+        + " | ".join(
+            f"geometric mean goodput/{name if name == 'oracle' else name.upper()}" for name in others
+        )
+        + " |"
     )
     rows = [goals, "|" + "---|" * (goals.count("|") - 1)]
     for seed, own, ceiling in tallies:
         rows.append(
             f"| {seed} | {own.cases} | "
             + " | ".join(f"{own.ahead_of[name]} ({ceiling.ahead_of[name]})" for name in GOALS)
-            + f" | {own.near_oracle} | {own.cases - len(own.behind)} |"
+            + f" | {own.near_oracle} | {own.cases - len(own.behind)} | "
+            + " | ".join(_geometric_mean_ratio(draws[seed], name) for name in others)
+            + " |"
         )
     return "\n".join(lines) + "\n\nThe goal, counted per draw:\n\n" + "\n".join(rows) + "\n"

@@ -189,7 +189,15 @@ def test_the_draws_table_shows_each_case_in_each_draw_and_counts_the_draws_it_is
     ]
     assert rows["m lower"] == ["2.00x↓ HPA, 2.00x↓ KEDA", "error", "0 of 1 draws"]
     assert rows["seed cases"][:2] == ["≥1.3x HPA (oracle)", "≥1.2x KEDA (oracle)"]
+    assert rows["seed cases"][4:] == [
+        "geometric mean goodput/HPA",
+        "geometric mean goodput/KEDA",
+        "geometric mean goodput/KPA",
+        "geometric mean goodput/oracle",
+    ]
     # seed 0: neither case at a multiple at no lower attainment (the oracle, 150 at 1.0, in both);
-    # the cheaper run at lower attainment is within 0.9x of the oracle, and one case is behind
-    assert rows["0 2"] == ["0 (2)", "0 (2)", "1", "1"]
-    assert rows["1 1"] == ["1 (1)", "1 (1)", "0", "1"]
+    # the cheaper run at lower attainment is within 0.9x of the oracle, and one case is behind;
+    # the means are geometric: 0.8x and 2x give 1.265x, 80/150 and 200/150 give 0.843x
+    assert rows["0 2"] == ["0 (2)", "0 (2)", "1", "1", "1.265", "1.265", "1.265", "0.843"]
+    # seed 1: the case that failed counts in none of them
+    assert rows["1 1"] == ["1 (1)", "1 (1)", "0", "1", "1.300", "1.300", "1.300", "0.867"]
