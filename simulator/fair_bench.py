@@ -93,6 +93,10 @@ class Outcome:
     meets_target: bool
     refused: int | None = None
     """Requests the gateway refused at the door or whose hold expired (None: no gateway ran)."""
+    scale_outs: int = 0
+    scale_ins: int = 0
+    """Decisions that raised or lowered the desired group count: a run with neither held its warm
+    start, whatever its setting, which tells a knob that never moves the fleet from one that does."""
 
     @property
     def attainment_offered(self) -> float:
@@ -247,6 +251,8 @@ class FairBench:
             refused=int((result.requests["outcome"] == RequestOutcome.REJECTED_ADMISSION).sum())
             if "admission" in result.requests
             else None,
+            scale_outs=sum(1 for change in result.scale_events if change.to_groups > change.from_groups),
+            scale_ins=sum(1 for change in result.scale_events if change.to_groups < change.from_groups),
         )
 
     def tune(self, name: str, settings: Sequence[float] | None = None) -> PolicyResult:
@@ -425,6 +431,8 @@ def outcome_record(outcome: Outcome) -> dict[str, Any]:
         "attainment_feasible": outcome.attainment_feasible,
         "good_per_gpu_hour": outcome.good_per_gpu_hour,
         "meets_target": outcome.meets_target,
+        "scale_outs": outcome.scale_outs,
+        "scale_ins": outcome.scale_ins,
         **refused,
     }
 

@@ -186,6 +186,22 @@ def _lagging(record: Mapping[str, Any], subject: str) -> list[str]:
     ]
 
 
+def held_warm_start(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """Per policy, the cases whose test run changed the group count not once: the warm start held
+    whatever the setting. Why: a baseline tuned to a setting that never moves the fleet (an HPA
+    target that a saturating busy reading stays within tolerance of) is a fixed fleet of the warm
+    start's size, and 1.3x of that asks for fewer groups than the load needed a minute before the
+    window. None for records written before runs counted their scale changes."""
+    ran = [record for record in records if "error" not in record]
+    if not ran or any("scale_outs" not in _test(record, name) for record in ran for name in POLICY_ORDER):
+        return None
+    held = {
+        name: sum(1 for r in ran if _test(r, name)["scale_outs"] == _test(r, name)["scale_ins"] == 0)
+        for name in POLICY_ORDER
+    }
+    return ", ".join(f"{name if name == 'goodput' else name.upper()} {count}" for name, count in held.items())
+
+
 def render_goals(records: Sequence[Mapping[str, Any]]) -> str:
     """goodput's count for each part of the goal, beside the searched oracle's where it applies."""
     own, ceiling = goal_tally(records), goal_tally(records, "oracle")
@@ -199,6 +215,11 @@ def render_goals(records: Sequence[Mapping[str, Any]]) -> str:
         f"not more than {BEHIND_TOLERANCE:.0%} behind a baseline of equal or better attainment: "
         f"{own.cases - len(own.behind)} (behind: {'; '.join(own.behind) or 'none'})"
     )
+    held = held_warm_start(records)
+    if held is not None:
+        parts.append(
+            f"test runs that held their warm start throughout (no scale change), of {own.cases}: {held}"
+        )
     return "The goal, counted on the test windows: " + "; ".join(parts) + "."
 
 
@@ -289,24 +310,40 @@ def _draw_cell(record: Mapping[str, Any] | None) -> str:
     return ", ".join(multiples) + (f"; behind {', '.join(lagging)}" if lagging else "")
 
 
-def _geometric_mean_ratio(records: Sequence[Mapping[str, Any]], other: str) -> str:
-    """goodput's SLO-meeting requests per GPU-hour over `other`'s, the geometric mean over the cases
-    that ran where both served some (a ratio's mean is geometric so that 2x and 0.5x cancel)."""
+def _geometric_mean_ratio(records: Sequence[Mapping[str, Any]], over: tuple[str, str]) -> str:
+    """One policy's SLO-meeting requests per GPU-hour over another's (`over`: the pair), the geometric
+    mean over the cases that ran where both served some (a ratio's mean is geometric so that 2x and
+    0.5x cancel)."""
+    own, other = over
     logs = [
-        math.log(_good(record, "goodput") / _good(record, other))
+        math.log(_good(record, own) / _good(record, other))
         for record in records
-        if "error" not in record and _good(record, "goodput") > 0 and _good(record, other) > 0
+        if "error" not in record and _good(record, own) > 0 and _good(record, other) > 0
     ]
     return f"{math.exp(sum(logs) / len(logs)):.3f}" if logs else "-"
+
+
+# goodput over each baseline and the oracle; then the searched oracle over the goal's baselines: the
+# multiple a hindsight schedule reaches, the ceiling of the goal's own multiples.
+_MEAN_RATIOS = (
+    *(("goodput", name) for name in POLICY_ORDER if name != "goodput"),
+    ("goodput", "oracle"),
+    *(("oracle", name) for name in GOALS),
+)
+
+
+def _pair_name(pair: tuple[str, str]) -> str:
+    return "/".join(name if name in ("goodput", "oracle") else name.upper() for name in pair)
 
 
 def draws_markdown(draws: Mapping[int, Sequence[Mapping[str, Any]]]) -> str:
     """The suite run once per seed, side by side: per case goodput's multiples of the goal's baselines
     and the baselines it is behind, in each draw, and how many draws it is behind in; then the goal
-    counted per draw, with the geometric means of goodput's ratios to each baseline and the oracle.
-    Why: each test window is one draw of its trace's thinning, lengths, classes and step-time noise,
-    and a verdict that one burst decides can turn with the draw; a verdict that holds in every draw
-    does not rest on one."""
+    counted per draw, with the geometric means of goodput's ratios to each baseline and the oracle,
+    and of the searched oracle's to the goal's baselines (how far a hindsight schedule gets), and how
+    many of each policy's test runs held their warm start. Why: each test window is one draw of its
+    trace's thinning, lengths, classes and step-time noise, and a verdict that one burst decides can
+    turn with the draw; a verdict that holds in every draw does not rest on one."""
     seeds = sorted(draws)
     by_case = {seed: {(r["model"], r["trace"]): r for r in draws[seed]} for seed in seeds}
     cases = list(dict.fromkeys(key for seed in seeds for key in by_case[seed]))
@@ -322,15 +359,12 @@ def draws_markdown(draws: Mapping[int, Sequence[Mapping[str, Any]]]) -> str:
             + f" | {behind} of {len(ran)} draws |"
         )
     tallies = [(seed, goal_tally(draws[seed]), goal_tally(draws[seed], "oracle")) for seed in seeds]
-    others = (*(name for name in POLICY_ORDER if name != "goodput"), "oracle")
     goals = (
         "| seed | cases | "
         + " | ".join(f"≥{multiple:g}x {name.upper()} (oracle)" for name, multiple in GOALS.items())
         + f" | ≥{ORACLE_SHARE_GOAL:g}x oracle | not >{BEHIND_TOLERANCE:.0%} behind | "
-        + " | ".join(
-            f"geometric mean goodput/{name if name == 'oracle' else name.upper()}" for name in others
-        )
-        + " |"
+        + " | ".join(f"geometric mean {_pair_name(pair)}" for pair in _MEAN_RATIOS)
+        + " | held the warm start |"
     )
     rows = [goals, "|" + "---|" * (goals.count("|") - 1)]
     for seed, own, ceiling in tallies:
@@ -338,7 +372,7 @@ def draws_markdown(draws: Mapping[int, Sequence[Mapping[str, Any]]]) -> str:
             f"| {seed} | {own.cases} | "
             + " | ".join(f"{own.ahead_of[name]} ({ceiling.ahead_of[name]})" for name in GOALS)
             + f" | {own.near_oracle} | {own.cases - len(own.behind)} | "
-            + " | ".join(_geometric_mean_ratio(draws[seed], name) for name in others)
-            + " |"
+            + " | ".join(_geometric_mean_ratio(draws[seed], pair) for pair in _MEAN_RATIOS)
+            + f" | {held_warm_start(draws[seed]) or '-'} |"
         )
     return "\n".join(lines) + "\n\nThe goal, counted per draw:\n\n" + "\n".join(rows) + "\n"

@@ -276,3 +276,44 @@ def test_the_benchs_fleet_keeps_the_model_groups_minimum_lifetime() -> None:
     warm_until_scale_in = 1200.0
     both_new_from_300_s_to_the_end = 2 * (bench.split_seconds - 300.0)
     assert group_seconds > warm_until_scale_in + both_new_from_300_s_to_the_end
+
+
+@dataclass
+class AsksFor:
+    """Asks for `groups` until `until_seconds`, then for `then` (a scripted policy)."""
+
+    groups: int
+    until_seconds: float = math.inf
+    then: int = 1
+    name: str = "scripted"
+    interval_seconds: float = 60.0
+
+    def describe(self) -> dict[str, float | str]:
+        return {}
+
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        return PolicyAnswer(self.groups if observation.now < self.until_seconds else self.then, "scripted")
+
+
+def test_each_run_counts_the_decisions_that_moved_its_fleet() -> None:
+    """A run that asks for its warm start throughout moved nothing; one that scales out and back in
+    counts one of each, and its record carries both, so the report can tell a setting that never
+    moves the fleet (the warm start held) from one that autoscaled to the same cost."""
+    from goodput.simulator.envelope import CapacityEnvelope
+    from goodput.simulator.fair_bench import FairBench, outcome_record
+    from goodput.simulator.workload import BurstSpec, ClassRule, assign_classes, synthetic_bursts
+
+    setup = build_setup(SAMPLES / "modelgroup-llama-8b-tp1.yaml", SAMPLES / "slopolicy-interactive.yaml")
+    spec = BurstSpec(duration_seconds=1200.0, base_rate_per_second=0.5, burst_multiplier=1.0)
+    workload = assign_classes(synthetic_bursts(spec, seed=2), ClassRule(("chat",), (1.0,)), 2)
+    bench = FairBench(
+        setup, workload, measured_envelope=CapacityEnvelope(100.0, 100.0, 0.99, 5, arrivals="trace")
+    )
+    warm = bench.warm_groups()
+    held = bench.run(bench.train, bench.train_feasibility, AsksFor(warm), bench.split_seconds)
+    assert (held.scale_outs, held.scale_ins) == (0, 0)
+    moved = bench.run(
+        bench.train, bench.train_feasibility, AsksFor(warm + 2, 240.0, warm), bench.split_seconds
+    )
+    assert (moved.scale_outs, moved.scale_ins) == (1, 1)
+    assert {"scale_outs": 1, "scale_ins": 1}.items() <= outcome_record(moved).items()

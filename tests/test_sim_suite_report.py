@@ -173,7 +173,7 @@ def test_the_draws_table_shows_each_case_in_each_draw_and_counts_the_draws_it_is
         ),
         _case("turns", goodput=(130.0, 1.0), **EVEN),
     )
-    cheaper_at_lower_attainment = _case("lower", goodput=(200.0, 0.9), **EVEN)
+    cheaper_at_lower_attainment = _case("lower", goodput=(200.0, 0.9), **(EVEN | {"keda": (50.0, 1.0)}))
     text = draws_markdown(
         {
             1: [behind_then_ahead[1], {"model": "m", "trace": "lower", "error": "x"}],
@@ -187,17 +187,70 @@ def test_the_draws_table_shows_each_case_in_each_draw_and_counts_the_draws_it_is
         "1.30x HPA, 1.30x KEDA",
         "1 of 2 draws",
     ]
-    assert rows["m lower"] == ["2.00x↓ HPA, 2.00x↓ KEDA", "error", "0 of 1 draws"]
+    assert rows["m lower"] == ["2.00x↓ HPA, 4.00x↓ KEDA", "error", "0 of 1 draws"]
     assert rows["seed cases"][:2] == ["≥1.3x HPA (oracle)", "≥1.2x KEDA (oracle)"]
     assert rows["seed cases"][4:] == [
         "geometric mean goodput/HPA",
         "geometric mean goodput/KEDA",
         "geometric mean goodput/KPA",
         "geometric mean goodput/oracle",
+        "geometric mean oracle/HPA",
+        "geometric mean oracle/KEDA",
+        "held the warm start",
     ]
     # seed 0: neither case at a multiple at no lower attainment (the oracle, 150 at 1.0, in both);
     # the cheaper run at lower attainment is within 0.9x of the oracle, and one case is behind;
-    # the means are geometric: 0.8x and 2x give 1.265x, 80/150 and 200/150 give 0.843x
-    assert rows["0 2"] == ["0 (2)", "0 (2)", "1", "1", "1.265", "1.265", "1.265", "0.843"]
+    # the means are geometric: 0.8x and 2x give 1.265x, 0.8x and 4x 1.789x, 80/150 and 200/150
+    # 0.843x; the oracle's over the baselines: 1.5x HPA in both, 1.5x and 3x KEDA give 2.121x
+    assert rows["0 2"] == [
+        "0 (2)",
+        "0 (2)",
+        "1",
+        "1",
+        "1.265",
+        "1.789",
+        "1.265",
+        "0.843",
+        "1.500",
+        "2.121",
+        "-",
+    ]
     # seed 1: the case that failed counts in none of them
-    assert rows["1 1"] == ["1 (1)", "1 (1)", "0", "1", "1.300", "1.300", "1.300", "0.867"]
+    assert rows["1 1"] == [
+        "1 (1)",
+        "1 (1)",
+        "0",
+        "1",
+        "1.300",
+        "1.300",
+        "1.300",
+        "0.867",
+        "1.500",
+        "1.500",
+        "-",
+    ]
+
+
+def test_the_report_counts_the_test_runs_that_held_their_warm_start() -> None:
+    """A run whose fleet never moved is its warm start held: per policy, how many cases that was."""
+    from goodput.simulator.suite_report import draws_markdown, render_goals
+
+    def with_changes(record: dict[str, Any], **changes: tuple[int, int]) -> dict[str, Any]:
+        for name in POLICY_ORDER:
+            outs, ins = changes.get(name, (0, 0))
+            record["policies"][name]["test"] |= {"scale_outs": outs, "scale_ins": ins}
+        return record
+
+    records = [
+        with_changes(_case("a", goodput=(130.0, 1.0), **EVEN), goodput=(1, 1), keda=(0, 1), kpa=(2, 0)),
+        with_changes(_case("b", goodput=(100.0, 1.0), **EVEN), goodput=(0, 1)),
+        {"model": "m", "trace": "c", "error": "x"},
+    ]
+    held = "goodput 0, HPA 2, KEDA 1, KPA 1"
+    assert (
+        f"test runs that held their warm start throughout (no scale change), of 2: {held}."
+        in render_goals(records)
+    )
+    assert _table_rows(draws_markdown({0: records}))["0 2"][-1] == held
+    # records written before runs counted their changes: no figure rather than a wrong one
+    assert "warm start" not in render_goals([_case("d", goodput=(100.0, 1.0), **EVEN)])
