@@ -91,7 +91,7 @@ SEED ?= 0
 bench: venv
 	$(PY) bench/bench_suite.py --traces $(TRACES) --out out/bench --workers 2 --seed $(SEED)
 
-# The suite once per seed in SEEDS (about nine minutes each on 2 cores), and each case's verdict
+# The suite once per seed in SEEDS (about eight minutes each on 2 cores), and each case's verdict
 # side by side in out/bench-draws/draws.md: whether it holds in every draw or turns with one.
 SEEDS ?= 0 1 2
 bench-draws: venv

@@ -6,8 +6,9 @@ Run: .venv/bin/python bench/bench_draws.py --out out/bench-draws/draws.md RESULT
 Each RESULTS.json is one run's `results.json`; its seed is the one its records carry (0 where a
 record predates the field). Writes OUT (per case, goodput's multiples of the HPA's and KEDA's
 SLO-meeting requests per GPU-hour and the baselines it is behind, in each draw; then the goal counted
-per draw, with the geometric means of goodput's ratios) and prints it. Nothing is asserted: these
-are figures.
+per draw, with the geometric means of goodput's ratios and of the searched oracle's over HPA and
+KEDA, and how many test runs held their warm start) and prints it. Nothing is asserted: these are
+figures. A file that is not a list of case records is refused by name.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 from goodput.simulator.suite_report import draws_markdown
 
 
-def _seed_of(records: list[dict[str, Any]], path: Path) -> int:
+def _seed_of(records: Any, path: Path) -> int:
+    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        raise ValueError(f"{path}: not a suite run's results.json (a list of case records)")
     seeds = {int(record.get("seed", 0)) for record in records}
     if len(seeds) != 1:
         raise ValueError(f"{path}: its records carry seeds {sorted(seeds)}, not one")

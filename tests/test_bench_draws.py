@@ -63,3 +63,12 @@ def test_two_runs_of_the_same_seed_are_refused_naming_the_second(tmp_path: Path)
     assert done.returncode == 2
     assert f"{second}: seed 2 is already read from another file" in done.stderr
     assert not (tmp_path / "draws.md").exists()
+
+
+def test_a_file_that_is_not_a_list_of_case_records_is_refused_by_name(tmp_path: Path) -> None:
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"model": "m"}))
+    done = _run(table, Path("--out"), tmp_path / "draws.md")
+    assert done.returncode == 2
+    assert f"{table}: not a suite run's results.json (a list of case records)" in done.stderr
+    assert not (tmp_path / "draws.md").exists()
