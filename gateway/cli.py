@@ -15,14 +15,15 @@ import os
 from pathlib import Path
 
 import yaml
-from aiohttp import web
 from prometheus_client import start_http_server
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.gateway.connections import start_serving
 from goodput.gateway.groups import GroupEndpoint, GroupSource, StaticGroupSource
 from goodput.gateway.kube import KubeGroupSource, KubePolicySource, api_server_from_environment
+from goodput.gateway.limits import MIB, ClientLimits
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.server import Gateway
 
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="how long to wait for the ModelGroup and SLOPolicy at start",
     )
+    _add_client_limits(parser.add_argument_group("client limits (README: The gateway)"))
     standalone = parser.add_argument_group("standalone mode")
     standalone.add_argument("--modelgroup", type=Path, help="ModelGroup YAML instead of the API server's")
     standalone.add_argument("--policy", type=Path, help="SLOPolicy YAML instead of the API server's")
@@ -60,6 +62,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="GROUP=URL",
         help="a Ready group's leader (repeatable)",
     )
+
+
+def _add_client_limits(group: argparse._ArgumentGroup) -> None:
+    """The bounds on what one client may hold (`ClientLimits`, whose defaults these are)."""
+    default = ClientLimits()
+    options: list[tuple[str, type, float, str]] = [
+        (
+            "--header-timeout-seconds",
+            float,
+            default.header_timeout_seconds,
+            "close a connection whose request head is not whole this long after it opened or after "
+            "the head's first byte",
+        ),
+        (
+            "--body-timeout-seconds",
+            float,
+            default.body_timeout_seconds,
+            "answer 408 and close when a request body is not whole this long after its head",
+        ),
+        (
+            "--keepalive-timeout-seconds",
+            float,
+            default.keepalive_timeout_seconds,
+            "close a connection idle this long between requests",
+        ),
+        (
+            "--max-connections-per-client",
+            int,
+            default.max_connections_per_client,
+            "connections one client address may hold open; more are closed as they open (0: no cap)",
+        ),
+        (
+            "--max-body-mib",
+            float,
+            default.max_body_bytes / MIB,
+            "refuse a larger request body with 413, before reading it",
+        ),
+        (
+            "--body-budget-mib",
+            float,
+            default.body_budget_bytes / MIB,
+            "MiB all request bodies in the gateway may hold together; past it, 503 with Retry-After",
+        ),
+    ]
+    for flag, kind, value, text in options:
+        group.add_argument(flag, type=kind, default=value, help=f"{text} (default %(default)g)")
+
+
+def client_limits(args: argparse.Namespace) -> ClientLimits:
+    try:
+        return ClientLimits(
+            header_timeout_seconds=args.header_timeout_seconds,
+            body_timeout_seconds=args.body_timeout_seconds,
+            keepalive_timeout_seconds=args.keepalive_timeout_seconds,
+            max_connections_per_client=args.max_connections_per_client,
+            max_body_bytes=round(args.max_body_mib * MIB),
+            body_budget_bytes=round(args.body_budget_mib * MIB),
+        )
+    except ValueError as error:
+        raise SystemExit(f"client limits: {error}") from None
 
 
 async def _first_policy(
@@ -106,6 +168,7 @@ def _standalone(args: argparse.Namespace) -> tuple[RequestPathPolicy | str, Grou
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    limits = client_limits(args)
     source: GroupSource
     background: list[asyncio.Task[None]] = []
     updates: asyncio.Queue[RequestPathPolicy | str] | None = None
@@ -131,13 +194,12 @@ async def _serve(args: argparse.Namespace) -> int:
     metrics = GatewayMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.registry)
-    gateway = Gateway(policy, source, metrics=metrics, bytes_per_token=args.bytes_per_token)
+    gateway = Gateway(policy, source, metrics=metrics, bytes_per_token=args.bytes_per_token, limits=limits)
     if updates is not None:
         background.append(asyncio.create_task(_follow_policy(gateway, updates), name="policy-updates"))
-    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.listen_host, args.listen_port)
-    await site.start()
+    runner = await start_serving(
+        gateway.app(), args.listen_host, args.listen_port, limits, gateway.count_connection_closed
+    )
     log.info("gateway for %s serving on %s:%d", policy.served_model, args.listen_host, args.listen_port)
     try:
         await asyncio.Event().wait()

@@ -49,8 +49,23 @@ class GatewayMetrics:
         )
         self.disconnects = Counter(
             "goodput_gateway_client_disconnects_total",
-            "Requests whose client went away before the answer ended.",
+            "Requests whose client went away before the answer ended, by stage: queued (waiting for "
+            "a group), dispatched (sent to an engine, nothing relayed yet), streaming (mid-stream).",
             ["model_group", "stage"],
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "goodput_gateway_connections_closed_total",
+            "Connections the gateway closed on a client, by reason: header_timeout (no whole request "
+            "head in time), client_connection_limit (one more than a client address may open).",
+            ["model_group", "reason"],
+            registry=r,
+        )
+        self.bodies_refused = Counter(
+            "goodput_gateway_bodies_refused_total",
+            "Request bodies refused before they were read whole, by code: BodyTooLarge (413), "
+            "BodyBudget (503, the bodies in flight hold the budget), BodyTimeout (408).",
+            ["model_group", "code"],
             registry=r,
         )
 

@@ -8,13 +8,21 @@ then passes the engine's answer on unchanged.
 
 from __future__ import annotations
 
+import array
+import itertools
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 # Above this a `max_tokens` is absurd for any served context today; below 1 it is meaningless.
 MAX_OUTPUT_TOKENS_ACCEPTED = 16_777_216
+
+# Deeper than any request vLLM reads (JSON schemas for tools and guided output nest a few dozen
+# levels at most), and far below the interpreter's recursion limit, so parsing the body and encoding
+# it again for the engine can never run out of stack.
+MAX_JSON_DEPTH = 128
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -38,13 +46,35 @@ class ParsedRequest:
     requested_output_tokens: int | None
     output_field: str
     prompt_text: str
+    prompt_field: str = "prompt"  # `messages` for a chat request
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+_BRACKET_STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")  # +1 and -1 as signed bytes
+
+
+def json_depth_exceeds(raw: bytes | bytearray, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the document nests arrays and objects deeper than `limit`, decided on the bytes before
+    parsing: a parser and an encoder recurse once per level, and a body of 100,000 nested arrays must
+    be a 400, not a RecursionError. Fewer opening brackets than the limit settles it with two counts
+    (the common case); otherwise the strings are cut out and the brackets summed, C loops only."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", raw).translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    return max(itertools.accumulate(array.array("b", brackets)), default=0) > limit
+
+
+def parse_body(raw: bytes | bytearray) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 that says why not (never an exception of the parser's)."""
+    if json_depth_exceeds(raw):
+        raise BadRequestError(f"request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BadRequestError(f"request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise BadRequestError("request body nests arrays or objects too deeply to read") from None
     if not isinstance(body, dict):
         raise BadRequestError("request body must be a JSON object")
     return body
@@ -67,7 +97,10 @@ def _max_tokens(body: dict[str, Any], path: str) -> tuple[int | None, str]:
 
 
 def _text_tokens(text: str, bytes_per_token: float) -> int:
-    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / bytes_per_token)
+    """Tokens estimated from the text's UTF-8 length; ASCII text (most prompts) is not copied to
+    measure it, which matters for a prompt of megabytes."""
+    utf8_bytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return math.ceil(utf8_bytes / bytes_per_token)
 
 
 def _chat_prompt(body: dict[str, Any]) -> str:
@@ -109,7 +142,7 @@ def _completion_prompt(body: dict[str, Any], bytes_per_token: float) -> tuple[st
     )
 
 
-def parse_request(raw: bytes, path: str, bytes_per_token: float = 4.0) -> ParsedRequest:
+def parse_request(raw: bytes | bytearray, path: str, bytes_per_token: float = 4.0) -> ParsedRequest:
     """The fields the gates read; BadRequestError (400) naming the field for anything else."""
     body = parse_body(raw)
     model = body.get("model")
@@ -122,9 +155,11 @@ def parse_request(raw: bytes, path: str, bytes_per_token: float = 4.0) -> Parsed
     if path == CHAT_PATH:
         text = _chat_prompt(body)
         tokens = _text_tokens(text, bytes_per_token) + 4 * len(body["messages"])  # role markers
+        prompt_field = "messages"
     else:
         text, tokens = _completion_prompt(body, bytes_per_token)
-    return ParsedRequest(body, model, stream, max(1, tokens), requested, field, text)
+        prompt_field = "prompt"
+    return ParsedRequest(body, model, stream, max(1, tokens), requested, field, text, prompt_field)
 
 
 def error_body(message: str, kind: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:

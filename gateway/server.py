@@ -10,9 +10,11 @@ deadlines, rather than in the engine's first-come queue.
 Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason` and
 `X-Goodput-Group`; a degraded request also `X-Goodput-Max-Tokens` (the lowered budget). Status codes:
 400 unreadable request, unknown model or class, prompt beyond the context or the class's limits;
-409 a duplicate idempotency key whose answer cannot be replayed; 429 overload, infeasible, tenant
-budget or retry budget, with Retry-After; 502 the engine failed; 503 no group became ready in time,
-with Retry-After.
+408 a body that did not arrive in time; 409 a duplicate idempotency key whose answer cannot be
+replayed; 413 a body over the size limit; 429 overload, infeasible, tenant budget or retry budget,
+with Retry-After; 502 the engine failed; 503 no group became ready in time, or the bodies in flight
+hold the whole body budget, with Retry-After. What clients may hold of the gateway (connection time,
+connections, body bytes) is bounded by `limits.ClientLimits`, enforced here and in `connections`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from goodput.controllers.routing import Candidate, GroupBook, RouteRequest, choo
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.groups import GroupEndpoint, GroupSource
+from goodput.gateway.limits import BodyBudget, BodyLease, BodyRefusedError, ClientLimits, read_body
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.requests import (
     CHAT_PATH,
@@ -119,6 +122,22 @@ class Admitted:
     arrival: float
     item: QueuedItem[Pending] | None = None
     group: str | None = None
+    relaying: bool = False  # a stream's first bytes went to the client
+
+
+def refusal_field(reason: AdmissionReason, parsed: ParsedRequest, context_tokens: int) -> str | None:
+    """The field a contract refusal (400) names, as every other 400 does: the class header, the
+    prompt, or the output budget that pushed the request past the class's limit or the context."""
+    if reason is AdmissionReason.UNKNOWN_CLASS:
+        return CLASS_HEADER
+    if reason is AdmissionReason.PROMPT_OVER_CLASS_LIMIT:
+        return parsed.prompt_field
+    if reason is AdmissionReason.OUTPUT_OVER_CLASS_LIMIT:
+        return parsed.output_field
+    if reason is AdmissionReason.BEYOND_CONTEXT:
+        prompt_fits = parsed.prompt_tokens < context_tokens
+        return parsed.output_field if prompt_fits and parsed.requested_output_tokens else parsed.prompt_field
+    return None
 
 
 def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -137,8 +156,11 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         bytes_per_token: float = 4.0,
         upstream_timeout_seconds: float = 600.0,
+        limits: ClientLimits | None = None,
     ) -> None:
         self.policy = policy
+        self.limits = limits or ClientLimits()
+        self.bodies = BodyBudget(self.limits.body_budget_bytes)
         self.source = source
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
@@ -159,7 +181,7 @@ class Gateway:
     # --- lifecycle -----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post(CHAT_PATH, self.proxy)
         app.router.add_post(COMPLETIONS_PATH, self.proxy)
@@ -183,6 +205,10 @@ class Gateway:
                 await task
         if self._session is not None:
             await self._session.close()
+
+    def count_connection_closed(self, reason: str) -> None:
+        """A connection closed on its client (`connections.ConnectionGuard`), in this gateway's metrics."""
+        self.metrics.connections_closed.labels(self.policy.model_group, reason).inc()
 
     def update_policy(self, policy: RequestPathPolicy) -> None:
         """A changed ModelGroup or SLOPolicy, applied without a restart: the next request is admitted,
@@ -388,10 +414,42 @@ class Gateway:
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         arrival = self.clock()
-        try:
-            parsed = parse_request(await request.read(), request.path, self.bytes_per_token)
-        except BadRequestError as error:
-            return json_response(error.status, error_body(str(error), "BadRequestError", error.field))
+        with self.bodies.lease() as lease:
+            try:
+                parsed = await self._read_request(request, lease)
+            except BodyRefusedError as refusal:
+                return await self._body_refusal(request, refusal)
+            except BadRequestError as error:
+                return json_response(error.status, error_body(str(error), "BadRequestError", error.field))
+            return await self._proxy_parsed(request, parsed, arrival)
+
+    async def _read_request(self, request: web.Request, lease: BodyLease) -> ParsedRequest:
+        """The body, read under the client limits, and parsed; the raw bytes are dropped on return
+        (the lease keeps counting them until the request ends: the parsed copy is about as large)."""
+        raw = await read_body(request, self.limits, lease)
+        return parse_request(raw, request.path, self.bytes_per_token)
+
+    async def _body_refusal(self, request: web.Request, refusal: BodyRefusedError) -> web.StreamResponse:
+        """413, 503 or 408 for a body not read whole, and the connection not reused: aiohttp drains
+        the rest of a refused body for at most its lingering time (10 s), so the client gets the answer
+        rather than a reset; a client too slow to send its body in time is cut off once it is written."""
+        self.metrics.bodies_refused.labels(self.policy.model_group, refusal.code).inc()
+        headers = {}
+        if refusal.retry_after_seconds is not None:
+            headers["Retry-After"] = str(refusal.retry_after_seconds)
+        kind = "OverloadedError" if refusal.status == 503 else "BadRequestError"
+        response = json_response(refusal.status, error_body(str(refusal), kind, None, refusal.code), headers)
+        response.force_close()
+        if refusal.close:
+            await response.prepare(request)
+            await response.write_eof()
+            if request.transport is not None:
+                request.transport.close()
+        return response
+
+    async def _proxy_parsed(
+        self, request: web.Request, parsed: ParsedRequest, arrival: float
+    ) -> web.StreamResponse:
         if parsed.model != self.policy.served_model:
             message = f"unknown model {parsed.model!r}: this gateway serves {self.policy.served_model!r}"
             return json_response(400, error_body(message, "BadRequestError", "model", "model_not_found"))
@@ -502,7 +560,7 @@ class Gateway:
         admitted = Admitted(parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time)
         self._count(admitted)
         if not decision.proceeds:
-            return self._refusal(decision)
+            return self._refusal(decision, parsed)
         self.retry_budgets[tenant] = retry_budget.after(shape.is_retry)
         self.retry_budgets.move_to_end(tenant)
         while len(self.retry_budgets) > MAX_TRACKED_TENANTS:
@@ -523,13 +581,14 @@ class Gateway:
             bucket = self.budgets[tenant] = TokenBucket.full(limit, now)
         return bucket
 
-    def _refusal(self, decision: AdmissionDecision) -> web.Response:
+    def _refusal(self, decision: AdmissionDecision, parsed: ParsedRequest) -> web.Response:
         headers = {"X-Goodput-Outcome": decision.outcome.value, "X-Goodput-Reason": decision.reason.value}
         if decision.retry_after_seconds is not None:
             headers["Retry-After"] = str(decision.retry_after_seconds)
         kind = "BadRequestError" if decision.http_status == 400 else "OverloadedError"
+        param = refusal_field(decision.reason, parsed, self.policy.admission.context_tokens)
         return json_response(
-            decision.http_status, error_body(decision.message, kind, None, decision.reason.value), headers
+            decision.http_status, error_body(decision.message, kind, param, decision.reason.value), headers
         )
 
     async def _wait_for_group(self, admitted: Admitted, request: web.Request) -> str | web.Response:
@@ -644,7 +703,8 @@ class Gateway:
                 response, generated = await self._relay_whole(admitted, group, upstream)
                 return response
         except asyncio.CancelledError:
-            self.metrics.disconnects.labels(self.policy.model_group, "streaming").inc()
+            stage = "streaming" if admitted.relaying else "dispatched"
+            self.metrics.disconnects.labels(self.policy.model_group, stage).inc()
             raise
         except (aiohttp.ClientError, TimeoutError) as error:
             message = f"group {group} failed to answer: {error or type(error).__name__}"
@@ -687,6 +747,7 @@ class Gateway:
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=200, headers=headers)
         await response.prepare(request)
+        admitted.relaying = True
         first_at: float | None = None
         last_at = 0.0
         gaps: list[float] = []

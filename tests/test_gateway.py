@@ -14,14 +14,15 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 from gateway_upstream import Upstream
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.gateway.connections import CONNECTION_GUARD, ConnectionGuard, start_serving
 from goodput.gateway.groups import GroupEndpoint, StaticGroupSource, endpoints_from_pods
+from goodput.gateway.limits import ClientLimits
 from goodput.gateway.server import Gateway
 
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
@@ -54,6 +55,7 @@ class Rig:
     upstreams: dict[str, Upstream]
     endpoints: dict[str, GroupEndpoint]
     session: aiohttp.ClientSession
+    guard: ConnectionGuard
 
     def set_groups(self, **states: tuple[bool, bool]) -> None:
         """Group name -> (ready, draining)."""
@@ -72,8 +74,13 @@ class Rig:
 
 @asynccontextmanager
 async def rig(
-    policy: RequestPathPolicy | None = None, groups: int = 1, **upstream: Any
+    policy: RequestPathPolicy | None = None,
+    groups: int = 1,
+    limits: ClientLimits | None = None,
+    **upstream: Any,
 ) -> AsyncIterator[Rig]:
+    """The gateway served as `goodput gateway` serves it (`start_serving`), in front of `groups`
+    in-test upstreams."""
     upstreams = {f"g{i}": Upstream(f"g{i}", **upstream) for i in range(1, groups + 1)}
     servers = {name: TestServer(u.app(), host="127.0.0.1") for name, u in upstreams.items()}
     for server in servers.values():
@@ -83,15 +90,14 @@ async def rig(
         for name, server in servers.items()
     }
     source = StaticGroupSource(endpoints.values())
-    gateway = Gateway(policy or request_path_policy(), source)
-    runner = web.AppRunner(gateway.app(), handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    limits = limits or ClientLimits()
+    gateway = Gateway(policy or request_path_policy(), source, limits=limits)
+    runner = await start_serving(gateway.app(), "127.0.0.1", 0, limits, gateway.count_connection_closed)
     port = runner.addresses[0][1]
     try:
         async with aiohttp.ClientSession() as session:
-            yield Rig(f"http://127.0.0.1:{port}", gateway, source, upstreams, endpoints, session)
+            guard = runner.app[CONNECTION_GUARD]
+            yield Rig(f"http://127.0.0.1:{port}", gateway, source, upstreams, endpoints, session, guard)
     finally:
         await runner.cleanup()
         for server in servers.values():
@@ -311,8 +317,88 @@ def test_a_client_disconnect_frees_its_slot_and_counters() -> None:
             book = r.gateway.groups["g1"].book
             assert book.in_flight == 0 and book.kv_used_tokens == 0
             assert r.upstreams["g1"].aborted == 1
+            stages = {"model_group": MODEL}
+            assert (
+                sample(r.gateway, "goodput_gateway_client_disconnects_total", **stages, stage="streaming")
+                == 1
+            )
 
     run(main)
+
+
+def test_a_client_that_leaves_a_non_streamed_request_at_the_engine_is_counted_as_dispatched() -> None:
+    async def main() -> None:
+        gate = asyncio.Event()
+        async with rig(gate=gate) as r:
+            leaving = asyncio.create_task(r.post(completion()))
+            async with asyncio.timeout(10):
+                while r.upstreams["g1"].running == 0:
+                    await asyncio.sleep(0.01)
+            leaving.cancel()
+            async with asyncio.timeout(10):
+                while r.upstreams["g1"].aborted == 0:
+                    await asyncio.sleep(0.01)
+            count = {
+                stage: sample(
+                    r.gateway, "goodput_gateway_client_disconnects_total", model_group=MODEL, stage=stage
+                )
+                for stage in ("queued", "dispatched", "streaming")
+            }
+            assert count == {"queued": 0, "dispatched": 1, "streaming": 0}
+            gate.set()
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "param"),
+    [
+        ("/v1/completions", completion(), {"X-Goodput-Class": "gold"}, "X-Goodput-Class"),
+        ("/v1/completions", completion(prompt="word " * 8000), {}, "prompt"),
+        ("/v1/completions", completion(max_tokens=9000), {}, "max_tokens"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "word " * 8000}]},
+            {},
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9000},
+            {},
+            "max_completion_tokens",
+        ),
+    ],
+    ids=[
+        "unknown class",
+        "prompt beyond the context",
+        "output beyond the context",
+        "chat beyond the context",
+        "chat output beyond the context",
+    ],
+)
+def test_a_class_or_context_refusal_names_the_field(
+    path: str, body: dict[str, Any], headers: dict[str, str], param: str
+) -> None:
+    async def main() -> None:
+        async with rig() as r:
+            response = await r.post(body, path, **headers)
+            assert response.status == 400
+            assert (await response.json())["error"]["param"] == param
+
+    run(main)
+
+
+def test_class_limit_refusals_name_the_prompt_or_the_output_field_and_overload_names_none() -> None:
+    from goodput.controllers.admission import AdmissionReason
+    from goodput.gateway.requests import CHAT_PATH, parse_request
+    from goodput.gateway.server import refusal_field
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    parsed = parse_request(json.dumps(chat).encode(), CHAT_PATH)
+    assert refusal_field(AdmissionReason.PROMPT_OVER_CLASS_LIMIT, parsed, 8192) == "messages"
+    assert refusal_field(AdmissionReason.OUTPUT_OVER_CLASS_LIMIT, parsed, 8192) == "max_tokens"
+    assert refusal_field(AdmissionReason.DEADLINE, parsed, 8192) is None
 
 
 def test_a_queued_client_that_leaves_is_withdrawn() -> None:
