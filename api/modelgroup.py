@@ -775,7 +775,9 @@ class Drain(SpecModel):
     """How a group leaves: stop routing, let in-flight requests finish, then remove every rank together."""
 
     max_seconds: int = Field(default=600, ge=0, le=86400)
-    """Longest to wait for the leader to report no running or waiting requests."""
+    """Longest to wait for the leader to report no running or waiting requests, counted from the
+    drain's start; for a drain an operator resumed after a takeover or a restart, from when it
+    resumed it (the time no operator acted is not charged to the engine)."""
     on_timeout: Literal["Abort", "Requeue"] = "Abort"
     """What happens to requests still in flight after `maxSeconds`: 'Abort' ends them (and counts
     them); 'Requeue' hands them back to the gateway to retry on another group."""
@@ -1001,12 +1003,14 @@ class DrainRecord(StatusModel):
     """When every rank was deleted."""
     duration_seconds: float = Field(ge=0)
     """From the start of the drain to the deletion."""
-    requests_finished: int = Field(default=0, ge=0)
-    """Requests the leader finished during the drain."""
-    requests_aborted: int = Field(default=0, ge=0)
+    requests_finished: int | None = Field(default=None, ge=0)
+    """Requests the leader finished during the drain; absent when unknown (the leader's counters
+    were not read both at the start of the drain and at its end)."""
+    requests_aborted: int | None = Field(default=None, ge=0)
     """Requests the leader still held at its last reading before the deletion, ended by the shutdown:
     never dropped silently. One that finishes in the moment between that reading and the shutdown is
-    counted too, so this may count more than were aborted, never fewer."""
+    counted too, so this may count more than were aborted, never fewer. Absent when unknown (the
+    leader could not be read): never 0 for a count nobody took."""
     on_timeout: Literal["Abort", "Requeue"] | None = None
     """`drain.onTimeout` as applied, for a drain that timed out."""
 
@@ -1026,9 +1030,17 @@ class DrainSummary(StatusModel):
     cancelled: int = Field(default=0, ge=0)
     """Drains called off by a scale-out that put the group back in service."""
     requests_finished: int = Field(default=0, ge=0)
-    """Requests finished by draining groups, over every drain."""
+    """Requests finished by draining groups, over every drain whose count is known: a lower bound
+    while `drainsWithUnknownFinished` is above 0."""
     requests_aborted: int = Field(default=0, ge=0)
-    """Requests aborted when a drain timed out, over every drain."""
+    """Requests aborted when a drain timed out, over every drain whose count is known: a lower bound
+    while `drainsWithUnknownAborts` is above 0."""
+    drains_with_unknown_finished: int = Field(default=0, ge=0)
+    """Drains that ended without a count of the requests they finished: `requestsFinished` holds
+    none of theirs."""
+    drains_with_unknown_aborts: int = Field(default=0, ge=0)
+    """Drains that ended without a count of the requests they aborted (the leader could not be read
+    at the end): `requestsAborted` holds none of theirs, and it says nothing of how many those were."""
     recent: tuple[DrainRecord, ...] = Field(default=(), max_length=RECENT_DRAINS)
     """The latest drains, newest first (at most 10)."""
 

@@ -11,7 +11,8 @@ its prefix cache away, so scale-in is a protocol:
    Service's endpoints. That is verified in the EndpointSlices, not assumed, and routers are given
    `settle_seconds` more to catch up with them before the leader's count is trusted.
 3. Wait for in-flight work: the leader's `vllm:num_requests_running` + `vllm:num_requests_waiting`
-   reaching 0, or `drain.maxSeconds`.
+   reaching 0, or `drain.maxSeconds` (for a drain an operator resumed after a takeover or a restart,
+   counted from when it resumed: `drain_deadline`).
 4. Remove every rank together (each pod's grace period outlasts vLLM's `--shutdown-timeout`).
    On timeout the requests still in flight are counted as aborted: never silently.
 
@@ -212,6 +213,9 @@ class DrainView:
     last_sample: LeaderSample | None = None
     """The latest successful reading, if the latest reading failed."""
     leader_reachable: bool = True
+    resumed_at: datetime | None = None
+    """When this operator resumed a drain that began before it acted (another replica's, or one of
+    a process that was restarted); None when this operator began it. See `drain_deadline`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,12 +240,27 @@ class RemoveGroup:
 DrainStep = KeepDraining | RemoveGroup
 
 
+def drain_deadline(view: DrainView, policy: DrainPolicy) -> datetime:
+    """When the drain reaches `max_seconds`: counted from its start, or, for a drain this operator
+    resumed, from the moment it resumed it (observed time only).
+
+    Between the last pass of the operator that stopped and the first pass of the one that resumed,
+    nobody read the leader, and the requests it was finishing then are not the engine's fault:
+    counted from the start, a takeover longer than the limit would end an idle group as timed out
+    without one reading. How long the stopped operator watched the drain cannot be told from its
+    absence (that would take a write every pass), so the resumed drain gets the whole limit again:
+    a drain may outlast `max_seconds` once per takeover, never by more."""
+    counted_from = view.started_at if view.resumed_at is None else max(view.started_at, view.resumed_at)
+    return counted_from + timedelta(seconds=policy.max_seconds)
+
+
 def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep:
     """What to do with one draining group now: keep waiting (and why), or remove it whole.
 
     Drained once routing stopped, routers had `settle_seconds` to notice, and a fresh leader reading
-    taken after that shows nothing in flight; timed out at `max_seconds` (after one last reading of a
-    reachable leader, within its grace)."""
+    taken after that shows nothing in flight; timed out at `drain_deadline` (after one last reading
+    of a reachable leader, within its grace). A resumed drain's deadline lies ahead of its first
+    pass, so the leader is read before the deadline is judged."""
     sample = view.reading if isinstance(view.reading, LeaderSample) else view.last_sample
     progress = _advanced(view, sample, now)
     elapsed = _seconds(view.started_at, now)
@@ -256,7 +275,7 @@ def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep
         and sample.in_flight == 0
     ):
         return _drained(view, progress, sample, elapsed)
-    deadline = view.started_at + timedelta(seconds=policy.max_seconds)
+    deadline = drain_deadline(view, policy)
     if now >= deadline:
         final_reading = fresh and sample is not None and sample.at >= deadline
         grace_over = _seconds(deadline, now) >= policy.final_reading_grace_seconds
@@ -264,7 +283,7 @@ def step_drain(view: DrainView, policy: DrainPolicy, now: datetime) -> DrainStep
             return _timed_out(view, policy, progress, sample, elapsed)
         return KeepDraining("ReadingLeader", "drain time is up: reading the leader once more", progress, True)
     phase, message = _waiting_for(view, policy, sample if fresh else None, settled_at, now)
-    remaining = max(0.0, policy.max_seconds - elapsed)
+    remaining = _seconds(now, deadline)
     return KeepDraining(
         phase, f"draining: {message} ({remaining:.0f}s left)", progress, view.leader_reachable
     )
@@ -346,13 +365,19 @@ def _timed_out(
         )
     # Still routed, requests may have arrived after the last reading: what it held is a floor.
     aborted_words = f"at least {aborted}" if view.routed_pods and aborted is not None else _count(aborted)
+    counted = ""
+    if view.resumed_at is not None:
+        counted = (
+            f" (counted from {_rfc3339(view.resumed_at)}, when this operator resumed the drain "
+            f"{_seconds(view.started_at, view.resumed_at):.1f}s after it began)"
+        )
     return RemoveGroup(
         outcome="TimedOut",
         duration_seconds=elapsed,
         requests_finished=finished,
         requests_aborted=aborted,
-        message=f"group {view.group} reached drain.maxSeconds={policy.max_seconds:g}s with {why}: "
-        f"{action}; {aborted_words} request(s) aborted, {_count(finished)} finished during the drain",
+        message=f"group {view.group} reached drain.maxSeconds={policy.max_seconds:g}s{counted} with "
+        f"{why}: {action}; {aborted_words} request(s) aborted, {_count(finished)} finished during the drain",
     )
 
 

@@ -169,7 +169,9 @@ def drain_summary(
     previous: DrainSummary | None, ended: Iterable[DrainEnded], cancelled: int
 ) -> DrainSummary | None:
     """The drain totals with these drains added; a drain already recorded (same group, which is
-    never renamed or reused) is not counted twice."""
+    never renamed or reused) is not counted twice. A count a drain could not take stays unknown:
+    it adds nothing to the request totals and one to the drains whose count is unknown, so the
+    totals read as what they are, the requests counted (a lower bound while any count is unknown)."""
     recorded = {record.group for record in previous.recent} if previous is not None else set()
     new = []
     for drain in ended:
@@ -185,8 +187,14 @@ def drain_summary(
             "drained": summary.drained + sum(1 for r in records if r.outcome == "Drained"),
             "timed_out": summary.timed_out + sum(1 for r in records if r.outcome == "TimedOut"),
             "cancelled": summary.cancelled + cancelled,
-            "requests_finished": summary.requests_finished + sum(r.requests_finished for r in records),
-            "requests_aborted": summary.requests_aborted + sum(r.requests_aborted for r in records),
+            "requests_finished": summary.requests_finished
+            + sum(r.requests_finished for r in records if r.requests_finished is not None),
+            "requests_aborted": summary.requests_aborted
+            + sum(r.requests_aborted for r in records if r.requests_aborted is not None),
+            "drains_with_unknown_finished": summary.drains_with_unknown_finished
+            + sum(1 for r in records if r.requests_finished is None),
+            "drains_with_unknown_aborts": summary.drains_with_unknown_aborts
+            + sum(1 for r in records if r.requests_aborted is None),
             "recent": tuple(
                 sorted([*records, *summary.recent], key=lambda r: r.ended_at, reverse=True)[:RECENT_DRAINS]
             ),
@@ -201,8 +209,8 @@ def drain_record(drain: DrainEnded) -> DrainRecord:
         started_at=drain.started_at,
         ended_at=drain.ended_at,
         duration_seconds=round(drain.duration_seconds, 1),
-        requests_finished=drain.requests_finished or 0,
-        requests_aborted=drain.requests_aborted or 0,
+        requests_finished=drain.requests_finished,
+        requests_aborted=drain.requests_aborted,
         on_timeout=drain.on_timeout,
     )
 

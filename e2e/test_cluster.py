@@ -713,6 +713,9 @@ def test_cluster_down_leaves_no_process_port_or_network_namespace(
     stopped = goodput("cluster", "down", *where)
 
     assert stopped.returncode == 0, stopped.stderr
+    # It returned once every process it stopped had exited whole (every thread), and says so.
+    assert all(processes.has_exited(record.pid, record.start_ticks) for record in records.values())
+    assert "every process stopped has exited" in stopped.stdout, stopped.stdout
     assert not any(processes.is_running(record) for record in records.values())
     assert not any(
         Path(f"/proc/{record.pid}").exists() and processes.executable_of(record.pid) == record.executable

@@ -510,3 +510,50 @@ def test_an_operator_killed_at_any_step_of_a_scale_in_finishes_every_drain_once(
     assert cut == drain["requestsAborted"], (report["outcomes"], drain)
     assert report["sent"] == report["planned"], report
     assert final["readyGroups"] == 1 and final["drainingGroups"] == 0
+
+
+def test_an_idle_drain_resumed_after_the_operator_was_away_past_its_limit_ends_drained_not_timed_out(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """The operator dies as its drain takes an idle group out of service and stays away longer than
+    the drain's limit and its final-reading grace (10 s + 5 s); the engines idle all along. The
+    operator that comes back reads the leader before it judges the limit, counted from its return."""
+    cluster.kubectl("apply", "-f", "-", input=model_group(namespace, 2, max_seconds=10))
+    serving(cluster, namespace, operator, 2)
+    operator.stop()
+    operator.kill_at = "drain-gated"
+    operator.start()
+    scale(cluster, namespace, 1)
+    process = operator.process
+    assert process is not None
+    wait_for(
+        lambda: process.poll() is not None,
+        timeout_seconds=60,
+        describe=lambda: f"the operator killed after the drain's gate\n{operator.log_tail(25)}",
+    )
+    assert process.returncode == -9, operator.log_tail(25)
+    (victim,) = {
+        pod["metadata"]["labels"]["goodput.dev/group"]
+        for pod in live_pods(cluster, namespace).values()
+        if "goodput.dev/draining-since" in (pod["metadata"].get("annotations") or {})
+    }
+    time.sleep(17)
+    operator.kill_at = None
+    operator.start()
+    restarted = time.monotonic()
+    wait_for(
+        lambda: len((status(cluster, namespace).get("drain") or {}).get("recent") or ()) == 1,
+        timeout_seconds=60,
+        describe=lambda: f"the drain ended after the restart\n{describe(cluster, namespace, operator)}",
+    )
+    ended_after_restart = time.monotonic() - restarted
+    drain = status(cluster, namespace)["drain"]
+    (record,) = drain["recent"]
+    print(
+        f"\n[resumed idle drain] {record['outcome']} {ended_after_restart:.1f} s after the restart, "
+        f"{record['durationSeconds']} s in all (limit 10 s): {json.dumps(drain)}"
+    )
+    assert (record["group"], record["outcome"]) == (victim, "Drained"), describe(cluster, namespace, operator)
+    assert record["durationSeconds"] > 15 and record["requestsAborted"] == 0
+    assert len(events(cluster, namespace, "DrainFinished")) == 1
+    assert events(cluster, namespace, "DrainTimedOut") == []

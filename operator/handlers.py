@@ -577,10 +577,15 @@ class ModelGroupLoop:
         self.written_status_model: ModelGroupStatus | None = None
         self.written_at: datetime | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        # This loop's first pass (to the millisecond, as drain marks are written): a drain marked
+        # before it was begun by another operator, or before a restart, and is resumed from here.
+        self.acting_since: datetime | None = None
 
     async def reconcile(self) -> None:
         """One pass: observe, plan, apply, record."""
         now = datetime.now(UTC)
+        if self.acting_since is None:
+            self.acting_since = now.replace(microsecond=now.microsecond // 1000 * 1000)
         snapshot = {key: self.body.get(key) for key in ("apiVersion", "kind", "metadata", "spec")}
         metadata = snapshot["metadata"] or {}
         generation = int(metadata.get("generation") or 0)
@@ -709,6 +714,7 @@ class ModelGroupLoop:
             max_replicas=spec.max_replicas,
             deleting=deleting,
             recorded_drains=recorded_drains,
+            acting_since=self.acting_since,
         )
 
     async def apply(self, plan: Plan, world: World, ledger: StepLedger | None = None) -> None:

@@ -56,6 +56,8 @@ from goodput.operator.kube import KubeApi, KubeError
 EXIT_LEADERSHIP_LOST = 75
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCHDOG_PERIOD_SECONDS = 0.1
+# How often a waiting follower asks whether the process is stopping.
+STOP_CHECK_PERIOD_SECONDS = 0.1
 
 log = logging.getLogger("goodput.leader_election")
 
@@ -169,16 +171,23 @@ class Elector:
             )  # fmt: skip
         return True
 
-    def acquire(self) -> None:
-        """Block, as a follower, until this candidate holds the Lease."""
+    def acquire(self, until: Callable[[], bool] = lambda: False) -> bool:
+        """Block, as a follower, until this candidate holds the Lease (True), or until `until()`
+        says to stop asking (False: the process is stopping). It is asked between rounds and
+        several times a second while waiting, so a stopping follower is not held a retry period."""
         log.info(
             "leader election: %s waits for Lease %s/%s",
             self.identity, self.store.namespace, self.store.name,
         )  # fmt: skip
-        while not self.try_acquire_or_renew():
+        while not until():
+            if self.try_acquire_or_renew():
+                return True
             holder = self.observation.record.holder_identity if self.observation else ""
             log.debug("leader election: held by %r; retrying", holder)
-            time.sleep(self._jittered_retry())
+            waited_until = time.monotonic() + self._jittered_retry()
+            while not until() and (left_seconds := waited_until - time.monotonic()) > 0:
+                time.sleep(min(left_seconds, STOP_CHECK_PERIOD_SECONDS))
+        return False
 
     def keep(self) -> None:
         """Renew in the background, with the watchdog and the resume check armed."""

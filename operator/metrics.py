@@ -124,8 +124,16 @@ class OperatorMetrics:
         )
         self.drain_requests_aborted = Counter(
             "goodput_drain_requests_aborted_total",
-            "Requests still in flight when a drain timed out and its group was deleted.",
+            "Requests still in flight when a drain timed out and its group was deleted, over the "
+            "drains whose count is known (see goodput_drains_unknown_count_total).",
             ["namespace", "model_group"],
+            registry=r,
+        )
+        self.drains_unknown_count = Counter(
+            "goodput_drains_unknown_count_total",
+            "Drains that ended without a count of the requests they finished or aborted (count: "
+            "requests_finished or requests_aborted): the request counters hold none of theirs.",
+            ["namespace", "model_group", "count"],
             registry=r,
         )
 
@@ -143,8 +151,15 @@ class OperatorMetrics:
     def drain_ended(self, namespace: str, name: str, drain: DrainEnded) -> None:
         self.drain_duration.labels(namespace, name, drain.outcome).observe(drain.duration_seconds)
         self.drains.labels(namespace, name, drain.outcome).inc()
-        self.drain_requests_finished.labels(namespace, name).inc(drain.requests_finished or 0)
-        self.drain_requests_aborted.labels(namespace, name).inc(drain.requests_aborted or 0)
+        # An unknown count is counted as unknown, never added as 0 to the requests counted.
+        for count, counter, value in (
+            ("requests_finished", self.drain_requests_finished, drain.requests_finished),
+            ("requests_aborted", self.drain_requests_aborted, drain.requests_aborted),
+        ):
+            if value is None:
+                self.drains_unknown_count.labels(namespace, name, count).inc()
+            else:
+                counter.labels(namespace, name).inc(value)
 
     def drain_cancelled(self, namespace: str, name: str) -> None:
         self.drains.labels(namespace, name, "Cancelled").inc()
@@ -163,6 +178,9 @@ class OperatorMetrics:
         for counter in (self.drain_requests_finished, self.drain_requests_aborted):
             with contextlib.suppress(KeyError):
                 counter.remove(namespace, name)
+        for count in ("requests_finished", "requests_aborted"):
+            with contextlib.suppress(KeyError):
+                self.drains_unknown_count.remove(namespace, name, count)
 
     def serve(self, address: str, port: int) -> None:
         """Expose the registry over HTTP from a daemon thread."""

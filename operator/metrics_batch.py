@@ -19,6 +19,10 @@ A Prometheus that refuses connections fails the whole batch at once.
 The blocking queries run on an executor of their own (`executor`, one thread in the operator), never
 on asyncio's default one: there they queued behind every Kubernetes write of the operator, and at
 fleet size a tick waited longer for its turn to query than the query took.
+
+A read that comes after the operator's cleanup shut the query executor down, or a batch still
+gathering at that moment, fails with MetricsUnavailableError like any unanswered query: an exception
+of another kind would leave `kopf.run` from the batch's task.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class _Batch:
 
 
 Outcome = MetricsReading | MetricsUnavailableError
+EXECUTOR_STOPPED = "the operator is stopping: its Prometheus queries are no longer sent"
 
 
 def _retrieved(future: asyncio.Future[MetricsReading]) -> None:
@@ -118,8 +123,23 @@ class BatchedMetricsSource:
         return await asyncio.shield(future)
 
     async def _blocking(self, function: Callable[..., _T], *args: object) -> _T:
+        """`function` on the query executor. Once the operator stops, its cleanup shuts that
+        executor down while ticks may still ask (and a batch may still be gathering): they learn
+        that nothing is known (MetricsUnavailableError), as from a Prometheus that cannot answer,
+        never a RuntimeError that would leave kopf and skip the Lease's release."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(function, *args))
+        try:
+            pending = loop.run_in_executor(self.executor, functools.partial(function, *args))
+        except RuntimeError as error:  # "cannot schedule new futures after shutdown"
+            raise MetricsUnavailableError(EXECUTOR_STOPPED, kind="unreachable") from error
+        try:
+            return await pending
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this read itself was cancelled
+            # The query was cancelled with its executor (shut down with cancel_futures).
+            raise MetricsUnavailableError(EXECUTOR_STOPPED, kind="unreachable") from None
 
     async def _answer(self, batch: _Batch) -> None:
         """Gather, close the batch to newcomers, ask once, hand each waiter its reading."""
@@ -129,7 +149,10 @@ class BatchedMetricsSource:
             if self._open.get(batch.windows) is batch:
                 del self._open[batch.windows]
             keys = list(batch.waiters)
-            outcomes = await self._blocking(self._read_batch, keys, batch.windows)
+            try:
+                outcomes = await self._blocking(self._read_batch, keys, batch.windows)
+            except MetricsUnavailableError as error:
+                outcomes = dict.fromkeys(keys, error)
         finally:
             if self._open.get(batch.windows) is batch:
                 del self._open[batch.windows]

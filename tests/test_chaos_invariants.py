@@ -23,6 +23,7 @@ from goodput.testbed.chaos.invariants import (
     Window,
     account_streams,
     check,
+    drain_counts,
 )
 
 T0 = 1_000_000.0
@@ -370,3 +371,43 @@ def test_a_miscount_names_the_group_whose_drain_record_disagrees_with_the_client
     (miscount,) = [v for v in violations if v.rule == "aborted-miscounted"]
     assert "g2 clients 2 / record 1" in miscount.evidence
     assert "g1" not in miscount.evidence.split("per group:")[1]
+
+
+# --- drains whose aborted count is unknown ---------------------------------------------------------
+
+
+def record(group: str, outcome: str = "TimedOut", **counts: int) -> dict[str, object]:
+    return {"group": group, "outcome": outcome, "startedAt": "1970-01-12T13:46:40Z", **counts}
+
+
+def test_a_timed_out_drain_recorded_without_an_abort_count_is_uncounted_not_counted_as_zero() -> None:
+    records = {
+        ("m", "g1", "1970-01-12T13:46:40Z"): record("g1", requestsAborted=2),
+        ("m", "g2", "1970-01-12T13:46:40Z"): record("g2"),
+        ("m", "g3", "1970-01-12T13:46:40Z"): record("g3", "Drained", requestsAborted=0),
+    }
+    statuses = {"m": {"drain": {"timedOut": 2, "requestsAborted": 2, "drainsWithUnknownAborts": 1}}}
+    (count,) = drain_counts(statuses, records, drain_max_seconds=20)
+    assert (count.aborted, dict(count.aborted_by_group)) == (2, {"g1": 2})
+    assert count.timed_out_groups == {"g1", "g2"} and count.uncounted_groups == {"g2"}
+    assert dict(count.deadline_by_group) == {"g1": T0 + 20}
+
+
+def test_streams_ended_by_a_drain_whose_count_is_unknown_are_explained_and_compared_with_no_count() -> None:
+    streams = (
+        stream("10.1.0.6", "aborted"),
+        stream("10.1.0.6", "cut"),
+        stream("10.1.0.6", "ok", sent=T0 + 30),
+    )
+    counted = DrainCount("m", 0, frozenset({"g2"}), {}, {}, frozenset({"g2"}))
+    (row,), violations = account_streams(streams, LEADERS, (), (counted,))
+    assert violations == ()
+    assert (row.failed, row.ended_by_uncounted_drain, row.ended_by_timed_out_drain, row.lost) == (2, 2, 0, 0)
+
+
+def test_a_counted_drain_beside_an_uncounted_one_is_still_compared_with_the_clients() -> None:
+    streams = (stream("10.1.0.6", "aborted"), stream("10.1.0.5", "aborted"), stream("10.1.0.5", "aborted"))
+    counted = DrainCount("m", 1, frozenset({"g1", "g2"}), {"g1": 1}, {}, frozenset({"g2"}))
+    (row,), violations = account_streams(streams, LEADERS, (), (counted,))
+    assert (row.ended_by_timed_out_drain, row.ended_by_uncounted_drain, row.lost) == (2, 1, 1)
+    assert [v.rule for v in violations] == ["stream-lost", "aborted-miscounted"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 import signal
 import socket
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput.testbed.cluster import processes
+from goodput.testbed.cluster import cli, processes
+from goodput.testbed.cluster.config import StatePaths
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 
@@ -89,6 +92,74 @@ def test_stop_returns_only_after_the_process_let_go_of_its_port(tmp_path: Path) 
         probe.bind(("127.0.0.1", port))  # raises EADDRINUSE if the old server still held it
 
 
+# A server whose main thread ends first on SIGTERM (as a Go binary's may), while another thread
+# holds its port for half a second more: /proc shows its main thread a zombie all that time. The
+# raw exit system call ends only the calling thread (os._exit would end them all).
+SYS_EXIT = {"x86_64": 60, "aarch64": 93}
+MAIN_THREAD_EXITS_FIRST = """
+import ctypes, os, signal, socket, sys, threading, time
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
+def hold_then_exit():
+    stopping.wait(); time.sleep(0.5); os._exit(0)
+stopping = threading.Event()
+threading.Thread(target=hold_then_exit).start()
+def on_term(*_):
+    stopping.set(); ctypes.CDLL(None).syscall({sys_exit}, 0)
+signal.signal(signal.SIGTERM, on_term)
+open({port_file!r}, 'w').write(str(s.getsockname()[1]))
+while True: time.sleep(1)
+"""
+
+
+def serving(tmp_path: Path, source: str) -> tuple[processes.ProcessRecord, int]:
+    """`source` spawned as a recorded process, and the port it writes to `port_file` once listening."""
+    port_file = tmp_path / "port"
+    code = source.format(port_file=str(port_file), sys_exit=SYS_EXIT.get(os.uname().machine, 60))
+    record = processes.spawn(
+        "server", [sys.executable, "-c", code], log_path=tmp_path / "server.log", pid_dir=tmp_path / "pids"
+    )
+    deadline = time.monotonic() + 10
+    while not port_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return record, int(port_file.read_text())
+
+
+def test_stop_waits_for_every_thread_when_the_main_thread_exits_first(tmp_path: Path) -> None:
+    record, port = serving(tmp_path, MAIN_THREAD_EXITS_FIRST)
+
+    assert processes.stop_process(record, grace_seconds=5) == "exited"
+
+    assert processes.has_exited(record.pid, record.start_ticks)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # raises EADDRINUSE if a thread of the old server still held it
+
+
+def test_a_process_whose_main_thread_already_ended_is_still_waited_for(tmp_path: Path) -> None:
+    record, port = serving(tmp_path, MAIN_THREAD_EXITS_FIRST)
+    os.kill(record.pid, signal.SIGTERM)  # someone else began its stop
+    deadline = time.monotonic() + 5
+    while processes.is_running(record) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not processes.is_running(record) and not processes.has_exited(record.pid, record.start_ticks)
+
+    assert processes.stop_process(record, grace_seconds=5) == "exited"
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))
+
+
+def test_a_process_that_ignores_sigterm_is_reported_killed(tmp_path: Path) -> None:
+    record = processes.spawn(
+        "stubborn", [sys.executable, "-c", STUBBORN], log_path=tmp_path / "stubborn.log", pid_dir=tmp_path
+    )
+    deadline = time.monotonic() + 10
+    while "ready" not in (tmp_path / "stubborn.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert processes.stop_process(record, grace_seconds=0.3) == "killed"
+    assert processes.has_exited(record.pid, record.start_ticks)
+    assert processes.stop_process(record) == "not running"
+
+
 # A child that ignores SIGTERM, says so once it does, and then sleeps: only SIGKILL ends it.
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -131,3 +202,29 @@ def test_log_tail_is_the_last_lines_or_nothing(tmp_path: Path) -> None:
     assert processes.log_tail(log) == ""
     log.write_text("".join(f"line {i}\n" for i in range(20)))
     assert processes.log_tail(log, 2) == "line 18\nline 19"
+
+
+def test_cluster_down_returns_once_every_process_it_stopped_has_exited_and_says_which_needed_sigkill(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state_dir = tmp_path / "cluster"
+    pids = StatePaths(state_dir).pids
+    record, port = serving(state_dir, MAIN_THREAD_EXITS_FIRST)
+    stubborn = processes.spawn(
+        "stubborn", [sys.executable, "-c", STUBBORN], log_path=state_dir / "stubborn.log", pid_dir=pids
+    )
+    deadline = time.monotonic() + 10
+    while "ready" not in (state_dir / "stubborn.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(processes, "stop_process", functools.partial(processes.stop_process, grace_seconds=1))
+        assert cli._down(state_dir, keep_logs=False) == 0
+
+    assert all(processes.has_exited(r.pid, r.start_ticks) for r in (record, stubborn))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))
+    printed = capsys.readouterr().out
+    assert "stopped: server, stubborn" in printed
+    assert "killed (SIGKILL after the SIGTERM grace): stubborn" in printed
+    assert "every process stopped has exited" in printed and not state_dir.exists()

@@ -22,6 +22,7 @@ from goodput.controllers.drain import (
     RemoveGroup,
     canonical_outcome,
     choose_victims,
+    drain_deadline,
     encode_outcome,
     encode_progress,
     parse_outcome,
@@ -433,6 +434,116 @@ def test_a_drain_never_removes_a_busy_group_before_its_time(
             assert step.requests_aborted is not None and step.requests_aborted >= in_flight
     else:
         assert elapsed < max_seconds + POLICY.final_reading_grace_seconds
+
+
+# A drain resumed by another operator (after a takeover or a restart): the time nobody acted is
+# not the engine's. The drain below began 34.1 s before NOW with a 20 s limit, its routes stopped
+# and settled; the operator that resumed it made its first pass at RESUMED.
+
+RESUME_POLICY = DrainPolicy(max_seconds=20, on_timeout="Abort", settle_seconds=5)
+BEGAN = NOW - timedelta(seconds=34.1)
+RESUMED = NOW - timedelta(seconds=0.4)
+ROUTES_GONE = DrainProgress(
+    baseline=DrainBaseline(BEGAN, finished_total=100, aborted_total=2, in_flight=0),
+    routes_stopped_at=BEGAN + timedelta(seconds=1),
+)
+
+
+def resumed(**changes: object) -> DrainView:
+    base = DrainView(group="g1", started_at=BEGAN, progress=ROUTES_GONE, reading=None, resumed_at=RESUMED)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ResumeCase:
+    name: str
+    view: DrainView
+    now: datetime
+    expected: str
+    """The phase of KeepDraining, or the outcome of RemoveGroup."""
+    message: str = ""
+
+
+RESUME_CASES = [
+    ResumeCase(
+        "resumed past the limit counted from its start: the leader is read before anything is judged",
+        resumed(),
+        NOW,
+        "ReadingLeader",
+        message="not known yet",
+    ),
+    ResumeCase(
+        "resumed and the leader idle: drained, not timed out",
+        resumed(reading=sample(0, at=NOW)),
+        NOW,
+        "Drained",
+    ),
+    ResumeCase(
+        "resumed with requests running: the time left counts from the resume",
+        resumed(reading=sample(2, at=NOW)),
+        NOW,
+        "WaitingForRequests",
+        message="(20s left)",
+    ),
+    ResumeCase(
+        "resumed and busy for the whole limit after the resume: timed out, and the message says since when",
+        resumed(reading=sample(2, at=RESUMED + timedelta(seconds=20.5))),
+        RESUMED + timedelta(seconds=20.5),
+        "TimedOut",
+        message="counted from 2026-03-01T11:59:59.600Z, when this operator resumed the drain 33.7s "
+        "after it began",
+    ),
+    ResumeCase(
+        "resumed and the leader never answers: timed out at the limit after the resume, count unknown",
+        resumed(reading=ProbeFailure(RESUMED + timedelta(seconds=26), "connection refused")),
+        RESUMED + timedelta(seconds=26),
+        "TimedOut",
+        message="an unknown number of request(s) aborted",
+    ),
+    ResumeCase(
+        "begun by this operator, past its limit and never read: timed out as before",
+        resumed(resumed_at=None),
+        NOW,
+        "TimedOut",
+        message="could not be read",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", RESUME_CASES, ids=lambda case: case.name)
+def test_a_resumed_drain_is_judged_on_the_time_an_operator_watched_it(case: ResumeCase) -> None:
+    step = step_drain(case.view, RESUME_POLICY, case.now)
+    if isinstance(step, RemoveGroup):
+        assert step.outcome == case.expected
+        assert step.duration_seconds == (case.now - BEGAN).total_seconds(), "the whole drain, as it lasted"
+    else:
+        assert step.phase == case.expected and step.probe
+    assert case.message in step.message
+
+
+def test_the_deadline_counts_from_the_start_or_from_the_resume_whichever_is_later() -> None:
+    assert drain_deadline(resumed(resumed_at=None), RESUME_POLICY) == BEGAN + timedelta(seconds=20)
+    assert drain_deadline(resumed(), RESUME_POLICY) == RESUMED + timedelta(seconds=20)
+    assert drain_deadline(resumed(resumed_at=BEGAN - timedelta(seconds=5)), RESUME_POLICY) == (
+        BEGAN + timedelta(seconds=20)
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    absent_ms=st.integers(min_value=0, max_value=120_000),
+    since_resume_ms=st.integers(min_value=0, max_value=40_000),
+    in_flight=st.integers(0, 5),
+)
+def test_a_resumed_busy_drain_is_never_timed_out_before_the_limit_has_passed_since_the_resume(
+    absent_ms: int, since_resume_ms: int, in_flight: int
+) -> None:
+    resumed_at = BEGAN + timedelta(milliseconds=absent_ms)
+    now = resumed_at + timedelta(milliseconds=since_resume_ms)
+    view = resumed(resumed_at=resumed_at, reading=sample(in_flight, at=now))
+    step = step_drain(view, RESUME_POLICY, now)
+    if isinstance(step, RemoveGroup) and step.outcome == "TimedOut":
+        assert since_resume_ms >= RESUME_POLICY.max_seconds * 1000
 
 
 # Persistence of a drain's progress on the leader.

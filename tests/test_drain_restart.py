@@ -15,8 +15,8 @@ import asyncio
 import copy
 import logging
 import threading
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -25,9 +25,15 @@ from server_side_apply import AppliedStatus
 
 from goodput.api.reasons import EventReason
 from goodput.controllers import naming
-from goodput.controllers.drain import LeaderSample, parse_outcome
+from goodput.controllers.drain import (
+    DrainProgress,
+    LeaderSample,
+    encode_progress,
+    parse_outcome,
+    parse_progress,
+)
 from goodput.controllers.groups import EventRecord, WarmupOutcome
-from goodput.controllers.observation import parse_node, parse_pod
+from goodput.controllers.observation import parse_node, parse_pod, parse_time
 from goodput.controllers.placement import GpuClaim
 from goodput.operator.handlers import Indexes, ModelGroupLoop, PlanWrites, Runtime
 from goodput.operator.metrics import OperatorMetrics
@@ -371,3 +377,44 @@ def test_the_whole_scale_in_writes_intent_before_each_act() -> None:
     ]
     assert outcomes[0] is not None and outcomes[0] == outcomes[1]
     assert (outcomes[0].outcome, outcomes[0].requests_finished) == ("Drained", 3)
+
+
+def shift_drain_back(api: FakeApiServer, seconds: float) -> None:
+    """The drain's marks as they read `seconds` later: the time nobody acted on it."""
+    for pod in api.pods.values():
+        annotations = pod["metadata"].get("annotations", {})
+        since = parse_time(annotations.get(naming.ANNOTATION_DRAINING_SINCE))
+        if since is not None:
+            annotations[naming.ANNOTATION_DRAINING_SINCE] = _rfc3339(since - timedelta(seconds=seconds))
+        progress = parse_progress(annotations.get(naming.ANNOTATION_DRAIN_PROGRESS))
+        if progress is not None and progress.baseline is not None and progress.routes_stopped_at is not None:
+            earlier = DrainProgress(
+                replace(progress.baseline, at=progress.baseline.at - timedelta(seconds=seconds)),
+                progress.routes_stopped_at - timedelta(seconds=seconds),
+            )
+            annotations[naming.ANNOTATION_DRAIN_PROGRESS] = encode_progress(earlier)
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def test_a_drain_resumed_after_a_takeover_longer_than_its_limit_reads_the_leader_and_ends_drained() -> None:
+    api = serving_cluster()
+    api.model_group["spec"]["drain"]["maxSeconds"] = 20
+    first = Operator(api)
+    for _ in range(2):  # the drain starts, then reads its baseline and sees the routes gone
+        first.reconcile(leaders(api))
+    annotations = api.pods["llama-g1-0"]["metadata"]["annotations"]
+    progress = parse_progress(annotations[naming.ANNOTATION_DRAIN_PROGRESS])
+    assert progress is not None and progress.baseline is not None and progress.routes_stopped_at is not None
+    # The first operator dies; the next one takes the Lease over 34.1 s after the drain began.
+    shift_drain_back(api, 34.1)
+    takeover = Operator(api)
+    takeover.reconcile({})  # its first pass: nothing read yet
+    assert drain_reasons(api) == [EventReason.DRAIN_STARTED], "judged before reading the leader"
+    for _ in range(PASSES):
+        takeover.reconcile(leaders(api))  # g1's leader idle, 3 finished since the baseline
+    assert_one_recorded_drain(api)
+    (record,) = api.model_group["status"]["drain"]["recent"]
+    assert record["durationSeconds"] >= 34.1

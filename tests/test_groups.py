@@ -721,6 +721,59 @@ def test_draining_groups_leave_when_idle_or_out_of_time(case: DrainCase) -> None
         assert "g1" in states(plan) and plan.drains_ended == () and plan.drain_outcomes == ()
 
 
+# Two idle groups were draining (20 s limit) when the operator was killed; the one that took the
+# Lease over made its first pass 34.1 s after the drains began.
+TAKEOVER = NOW - timedelta(seconds=0.4)
+SHORT_DRAINS = replace(RULES, drain_max_seconds=20)
+IDLE_SINCE_KILL = DrainProgress(
+    baseline=DrainBaseline(NOW - timedelta(seconds=34), finished_total=40, aborted_total=0, in_flight=0),
+    routes_stopped_at=NOW - timedelta(seconds=33),
+)
+
+
+def resumed_drains(readings: dict[str, LeaderSample]) -> Plan:
+    pods = [draining(name, 34.1) for name in ("g1", "g2")]
+    for ranks in pods:
+        ranks[0] = replace(ranks[0], drain_progress=IDLE_SINCE_KILL)
+    return plan_model_group(
+        world(
+            group("g0", "ready"),
+            *pods,
+            desired=1,
+            rules=SHORT_DRAINS,
+            acting_since=TAKEOVER,
+            leader_readings=readings,
+        )
+    )
+
+
+def test_drains_resumed_after_a_takeover_read_their_leaders_before_judging_the_time_limit() -> None:
+    plan = resumed_drains({})
+    assert sorted(p.group for p in plan.leader_probes) == ["g1", "g2"]
+    assert plan.drains_ended == () and plan.drain_outcomes == () and event_reasons(plan) == []
+
+
+def test_drains_resumed_after_a_takeover_whose_leaders_are_idle_end_as_drained() -> None:
+    idle = {name: LeaderSample(NOW, 0, 0, finished_total=40) for name in ("g1", "g2")}
+    plan = resumed_drains(idle)
+    assert sorted((d.group, d.outcome) for d in plan.drains_ended) == [("g1", "Drained"), ("g2", "Drained")]
+    assert event_reasons(plan) == [EventReason.DRAIN_FINISHED] * 2
+    assert all(d.requests_aborted == 0 and d.duration_seconds == 34.1 for d in plan.drains_ended)
+
+
+def test_a_drain_this_operator_began_still_times_out_at_its_limit() -> None:
+    plan = plan_model_group(
+        world(
+            group("g0", "ready"),
+            draining("g1", 34.1),
+            desired=1,
+            rules=SHORT_DRAINS,
+            acting_since=NOW - timedelta(seconds=60),
+        )
+    )
+    assert [(d.group, d.outcome) for d in plan.drains_ended] == [("g1", "TimedOut")]
+
+
 def test_a_draining_groups_progress_is_recorded_on_its_leader() -> None:
     reading = LeaderSample(NOW, 2, 0, finished_total=7, aborted_total=1)
     plan = plan_model_group(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from goodput.api.base import wire_dict
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
 from goodput.api.reasons import ConditionType, Reason
@@ -280,9 +281,27 @@ def test_no_drain_no_summary_and_no_change() -> None:
     assert drain_summary(summary, [], cancelled=0) is summary
 
 
-def test_unknown_counts_are_recorded_as_zero_not_dropped() -> None:
-    summary = drain_summary(None, [ended("g1", "TimedOut", finished=None, aborted=None)], cancelled=0)
-    assert summary is not None and summary.timed_out == 1 and summary.recent[0].requests_aborted == 0
+def test_an_unknown_abort_count_stays_unknown_in_the_record_and_out_of_the_totals() -> None:
+    counted = drain_summary(None, [ended("g1", "TimedOut", finished=2, aborted=4)], cancelled=0)
+    summary = drain_summary(
+        counted,
+        [ended("g2", "TimedOut", finished=None, aborted=None, at=NOW + timedelta(minutes=1))],
+        cancelled=0,
+    )
+    assert summary is not None and summary.timed_out == 2
+    unknown = summary.recent[0]
+    assert (unknown.group, unknown.requests_finished, unknown.requests_aborted) == ("g2", None, None)
+    assert "requestsAborted" not in wire_dict(unknown) and "requestsFinished" not in wire_dict(unknown)
+    # The totals are what was counted, and say how many drains they leave out.
+    assert (summary.requests_finished, summary.requests_aborted) == (2, 4)
+    assert (summary.drains_with_unknown_finished, summary.drains_with_unknown_aborts) == (1, 1)
+
+
+def test_a_drain_whose_counts_are_known_leaves_no_unknown_drain_in_the_totals() -> None:
+    summary = drain_summary(None, [ended("g1", "TimedOut", finished=0, aborted=0)], cancelled=0)
+    assert summary is not None and summary.recent[0].requests_aborted == 0
+    assert wire_dict(summary)["recent"][0]["requestsAborted"] == 0
+    assert (summary.drains_with_unknown_finished, summary.drains_with_unknown_aborts) == (0, 0)
 
 
 def test_only_the_latest_drains_are_kept_but_every_one_is_counted() -> None:

@@ -419,3 +419,59 @@ def test_the_queries_run_on_the_executor_given_not_on_asyncios_default() -> None
         results = asyncio.run(read_all(source, KEYS))
     assert all(isinstance(result, MetricsReading) for result in results)
     assert len(threads) == 1 and threads[0].startswith("prometheus-queries")
+
+
+# --- the operator stopping: the query executor shut down under the reads --------------------------
+
+
+async def reads_and_leftover_tasks(
+    source: BatchedMetricsSource, during_gather: Any
+) -> tuple[list[MetricsReading | BaseException], list[BaseException | None]]:
+    """Every ModelGroup of KEYS reading while `during_gather()` runs (the batch is gathering), then
+    what each task left on the loop ended with: kopf re-raises those exceptions from `kopf.run`."""
+    reads = [asyncio.create_task(source.read(ns, name, WINDOWS)) for ns, name in KEYS]
+    await asyncio.sleep(0)
+    batches = asyncio.all_tasks() - {asyncio.current_task(), *reads}
+    during_gather()
+    results = list(await asyncio.gather(*reads, return_exceptions=True))
+    await asyncio.wait(batches, timeout=5)
+    return results, [None if task.cancelled() else task.exception() for task in batches]
+
+
+def test_a_batch_gathering_when_the_executor_shuts_down_fails_its_reads_as_unavailable_not_raising() -> None:
+    executor = ThreadPoolExecutor(1)
+    reader = Reader(ANSWER)
+    source = BatchedMetricsSource(reader, gather_seconds=0.05, executor=executor)
+    results, leftover_errors = asyncio.run(
+        reads_and_leftover_tasks(source, lambda: executor.shutdown(wait=False, cancel_futures=True))
+    )
+    assert leftover_errors == [None], leftover_errors
+    assert all(isinstance(result, MetricsUnavailableError) for result in results), results
+    assert "stopping" in str(results[0])
+    assert reader.queries == []
+
+
+def test_an_unbatched_query_cancelled_with_its_executor_is_unavailable_not_a_cancellation() -> None:
+    executor = ThreadPoolExecutor(1)
+    busy = threading.Event()
+    executor.submit(busy.wait, 5)  # the only thread is taken: the read's query waits in the queue
+    source = BatchedMetricsSource(Reader(ANSWER), gather_seconds=0, executor=executor)
+
+    async def read_while_stopping() -> MetricsReading | BaseException:
+        read = asyncio.create_task(source.read("ml", "llama", WINDOWS))
+        await asyncio.sleep(0.02)
+        executor.shutdown(wait=False, cancel_futures=True)
+        busy.set()
+        (result,) = await asyncio.gather(read, return_exceptions=True)
+        return result
+
+    result = asyncio.run(read_while_stopping())
+    assert isinstance(result, MetricsUnavailableError) and "stopping" in str(result), repr(result)
+
+
+def test_an_unbatched_read_after_the_executor_shut_down_is_unavailable() -> None:
+    executor = ThreadPoolExecutor(1)
+    executor.shutdown()
+    source = BatchedMetricsSource(Reader(ANSWER), gather_seconds=0, executor=executor)
+    with pytest.raises(MetricsUnavailableError, match="stopping"):
+        asyncio.run(source.read("ml", "llama", WINDOWS))

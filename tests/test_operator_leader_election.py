@@ -4,15 +4,20 @@ over only after the lease ran out or was released, and a holder that cannot rene
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
+import kopf
 import pytest
 
 from goodput.controllers.leader_election import ElectionTiming, LeaseRecord
+from goodput.operator import main
 from goodput.operator.kube import KubeApi, KubeError
 from goodput.operator.leader_election import EXIT_LEADERSHIP_LOST, Elector, lease_namespace
 from goodput.operator.settings import Settings, add_arguments, settings_from_args
@@ -220,3 +225,143 @@ def test_outside_a_pod_the_lease_namespace_must_be_given() -> None:
     assert lease_namespace("ops") == "ops"
     with pytest.raises(ValueError, match="leader_election_namespace"):
         lease_namespace("")
+
+
+# --- `goodput run`: a clean stop hands the Lease back, whenever it comes ---------------------------
+
+
+def test_a_stop_requested_while_following_ends_the_wait_without_taking_the_lease() -> None:
+    leases, clock = MemoryLeases(), Clock()
+    assert candidate("a", leases, clock).try_acquire_or_renew()
+    b = candidate("b", leases, clock)
+    asked: list[bool] = []
+
+    def stopping() -> bool:
+        asked.append(True)
+        return len(asked) > 1  # the stop comes during b's first round
+
+    started = time.monotonic()
+    assert b.acquire(until=stopping) is False
+    assert time.monotonic() - started < TIMING.retry_period_seconds, "not held a retry period"
+    assert leases.writes == ["a"] and not b.leading
+
+
+@dataclass
+class RecordingElector:
+    """What `run` does with the elector: checks before writes, and the release at the end."""
+
+    released: int = 0
+    on_release: Callable[[], None] = lambda: None
+
+    def check(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.on_release()
+        self.released += 1
+
+
+@dataclass
+class Operator:
+    """`goodput.operator.main.run` with the Lease, the API server and kopf stood in for."""
+
+    elector: RecordingElector = field(default_factory=RecordingElector)
+    kopf_runs: int = 0
+    on_elected: Callable[[], None] = lambda: None
+    kopf_run: Callable[[], None] = lambda: None
+
+    def run(self, monkeypatch: pytest.MonkeyPatch) -> int:
+        def elected(settings: Settings, *_: object) -> RecordingElector:
+            self.on_elected()
+            return self.elector
+
+        def run_kopf(**_: Any) -> None:
+            self.kopf_runs += 1
+            self.kopf_run()
+
+        monkeypatch.setattr(main, "elected", elected)
+        monkeypatch.setattr(kopf, "run", run_kopf)
+        monkeypatch.setattr(kopf, "configure", lambda **_: None)
+        monkeypatch.setattr(main.KubeApi, "from_environment", classmethod(lambda cls, *a, **k: object()))
+        parser = argparse.ArgumentParser()
+        main.add_arguments(parser)
+        args = parser.parse_args(
+            ["--leader-elect", "--leader-election-namespace", "ops", "--metrics-port", "0", "--liveness", ""]
+        )
+        return main.run(args)
+
+
+@pytest.fixture
+def signals_restored() -> Iterator[None]:
+    """`run` takes SIGTERM and SIGINT over and may block them: the test process gets its own back."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def sigterm_if_caught(missed: list[str], when: str) -> None:
+    """SIGTERM to this process, as the kubelet sends it, if something other than the default action
+    (exit at once, as the operator holding the Lease would) would receive it; else note it missed."""
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        missed.append(when)
+        return
+    signal.raise_signal(signal.SIGTERM)
+
+
+def test_the_lease_is_released_when_kopf_ends_with_an_exception(
+    monkeypatch: pytest.MonkeyPatch, signals_restored: None
+) -> None:
+    def shutdown_fails() -> None:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    operator = Operator(kopf_run=shutdown_fails)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        operator.run(monkeypatch)
+    assert operator.elector.released == 1
+
+
+def test_a_sigterm_between_winning_the_lease_and_kopf_starts_nothing_and_releases_the_lease(
+    monkeypatch: pytest.MonkeyPatch, signals_restored: None
+) -> None:
+    missed: list[str] = []
+    operator = Operator(on_elected=lambda: sigterm_if_caught(missed, "just after winning the Lease"))
+    assert operator.run(monkeypatch) == 0
+    assert missed == []
+    assert (operator.kopf_runs, operator.elector.released) == (0, 1)
+
+
+def test_a_second_sigterm_while_the_lease_is_released_lets_the_release_finish(
+    monkeypatch: pytest.MonkeyPatch, signals_restored: None
+) -> None:
+    missed: list[str] = []
+
+    def kopf_stops() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as kopf's event loop leaves it when it closes
+
+    operator = Operator(kopf_run=kopf_stops)
+    operator.elector.on_release = lambda: sigterm_if_caught(missed, "during the release")
+    assert operator.run(monkeypatch) == 0
+    assert missed == []
+    assert (operator.kopf_runs, operator.elector.released) == (1, 1)
+    # Handed back: a later signal cannot make the exit a death by signal as the interpreter ends.
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+
+
+def test_kopfs_cleanup_takes_the_stop_signals_back_so_its_closing_loop_leaves_them_caught(
+    signals_restored: None,
+) -> None:
+    stop = main.StopRequest()
+
+    async def kopf_stopping() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: None)  # kopf's own
+        await stop.take_back_from_kopf()
+
+    asyncio.run(kopf_stopping())  # the loop closes, as kopf.run's does
+    # The stop flag raised: kopf does not wait out the task that watches it before it returns.
+    assert stop.event.is_set() and not stop.requested
+    missed: list[str] = []
+    sigterm_if_caught(missed, "after kopf's event loop closed")
+    assert missed == [] and stop.requested

@@ -441,8 +441,9 @@ def test_a_timed_out_drain_counts_its_aborted_requests_even_when_the_status_writ
     read(h, "g0", 3, finished=10)
     read(h, "g1", 1, finished=20)
     h.run()
-    # The drain started long ago (as a restarted operator would read it from the pods).
+    # The drain started long ago, and this operator has watched it all along.
     started = datetime.now(UTC) - timedelta(seconds=61)
+    h.loop.acting_since = started - timedelta(seconds=1)
     h.pods[("serving", "llama")] = [
         replace(pod, draining_since=started) if pod.group == "g1" else pod
         for pod in h.pods[("serving", "llama")]

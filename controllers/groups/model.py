@@ -157,6 +157,9 @@ class World:
     rollout_progress: RolloutProgress | None = None
     # Groups whose ended drain is in the ModelGroup's `status.drain.recent`: those may be deleted.
     recorded_drains: frozenset[str] = frozenset()
+    # When this operator first acted on this ModelGroup (its first pass); None: not told. A drain
+    # that began before then was resumed, and its time limit counts from here (`drain_deadline`).
+    acting_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

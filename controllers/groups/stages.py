@@ -223,14 +223,17 @@ def drains(tick: Tick) -> Tick:
 
 
 def _drain_view(group: Assessment, world: World) -> DrainView:
+    started_at = group.draining_since or world.now
+    acting_since = world.acting_since
     return DrainView(
         group=group.name,
-        started_at=group.draining_since or world.now,
+        started_at=started_at,
         routed_pods=tuple(pod.name for pod in group.pods if pod.name in world.routed_pods),
         progress=group.drain_progress or DrainProgress(),
         reading=world.leader_readings.get(group.name),
         last_sample=world.leader_samples.get(group.name),
         leader_reachable=group.pods[0].ip is not None,
+        resumed_at=acting_since if acting_since is not None and started_at < acting_since else None,
     )
 
 

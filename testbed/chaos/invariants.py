@@ -22,14 +22,18 @@ The rules (issue #18, item 1):
   reading (taken at or after the drain's deadline) before deleting the ranks, so it may count more:
   a request that finished in the moment between that reading and the shutdown. Every such extra is
   a stream the clients saw end ok on that group after its deadline; any other difference is a
-  violation.
+  violation. A timed-out drain whose record leaves its aborted count out (its leader could not be
+  read) explains the streams it ended, which are reported apart and compared with no count: an
+  unknown count is not 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from goodput.controllers.observation import parse_time
 from goodput.testbed.loadgen import FAILED_OUTCOMES
 
 
@@ -411,6 +415,38 @@ class DrainCount:
     """requestsAborted of each group's timed-out drain record, where the record was seen."""
     deadline_by_group: Mapping[str, float] = field(default_factory=dict)
     """When each timed-out drain reached `drain.maxSeconds` (its start plus the limit)."""
+    uncounted_groups: frozenset[str] = frozenset()
+    """Timed-out drains whose record leaves the aborted count out (the leader could not be read):
+    the streams they ended are explained, but there is no count to compare them with."""
+
+
+def drain_counts(
+    statuses: Mapping[str, Mapping[str, Any]],
+    records: Mapping[tuple[str, str, str], Mapping[str, Any]],
+    drain_max_seconds: float,
+) -> list[DrainCount]:
+    """What the operator counted per ModelGroup: its last status's `drain.requestsAborted`, and the
+    timed-out drain records seen over the run (by ModelGroup, group and start). A record without
+    `requestsAborted` says the count is unknown: that group is uncounted, never counted as 0."""
+    counts = []
+    for name, status in statuses.items():
+        by_group: dict[str, int] = {}
+        deadlines: dict[str, float] = {}
+        uncounted: set[str] = set()
+        for (model_group, group, started), record in records.items():
+            if model_group != name or record.get("outcome") != "TimedOut":
+                continue
+            if record.get("requestsAborted") is None:
+                uncounted.add(group)
+                continue
+            by_group[group] = by_group.get(group, 0) + int(record["requestsAborted"])
+            started_at = parse_time(started)
+            if started_at is not None:
+                deadlines[group] = started_at.timestamp() + drain_max_seconds
+        aborted = int((status.get("drain") or {}).get("requestsAborted", 0))
+        timed_out = frozenset(by_group) | uncounted
+        counts.append(DrainCount(name, aborted, timed_out, by_group, deadlines, frozenset(uncounted)))
+    return counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +461,9 @@ class Accounting:
     counted_aborted: int
     lost: int
     """Failed streams no injected fault and no counted drain explain: the goal is 0."""
+    ended_by_uncounted_drain: int = 0
+    """Ended by a timed-out drain whose aborted count the operator recorded as unknown: neither
+    lost nor compared with a count (an unknown count is not 0)."""
 
 
 def account_streams(
@@ -441,11 +480,19 @@ def account_streams(
     drains = tuple(counts)
     by_model_group: dict[str, dict[str, int]] = {}
     seen_by_group: dict[tuple[str, str], int] = {}
-    deadlines = {(c.model_group, group): at for c in drains for group, at in c.deadline_by_group.items()}
+    deadlines = {
+        (c.model_group, group): at
+        for c in drains
+        for group, at in c.deadline_by_group.items()
+        if group not in c.uncounted_groups
+    }
+    uncounted = {(c.model_group, group) for c in drains for group in c.uncounted_groups}
     for stream in streams:
         owner, cause = attribute(stream, spans, marks, drains)
         name = owner.model_group if owner else "?"
         tally = by_model_group.setdefault(name, _empty_tally())
+        if cause == "drain" and owner is not None and (name, owner.group) in uncounted:
+            cause = "drain_uncounted"
         if cause in ("ok", "connect"):
             tally[cause] += 1
             if cause == "ok" and owner is not None:
@@ -453,7 +500,7 @@ def account_streams(
                 tally["ok_after_deadline"] += deadline is not None and stream.ended_at >= deadline
             continue
         tally["failed"] += 1
-        if cause in ("fault", "drain"):
+        if cause in ("fault", "drain", "drain_uncounted"):
             tally[cause] += 1
         if owner is not None and cause == "drain":
             seen_by_group[(name, owner.group)] = seen_by_group.get((name, owner.group), 0) + 1
@@ -461,7 +508,15 @@ def account_streams(
 
 
 def _empty_tally() -> dict[str, int]:
-    return {"ok": 0, "failed": 0, "connect": 0, "fault": 0, "drain": 0, "ok_after_deadline": 0}
+    return {
+        "ok": 0,
+        "failed": 0,
+        "connect": 0,
+        "fault": 0,
+        "drain": 0,
+        "drain_uncounted": 0,
+        "ok_after_deadline": 0,
+    }
 
 
 def attribute(
@@ -514,7 +569,7 @@ def _settle(
     for name in sorted(set(tallies) | set(counts)):
         tally = tallies.get(name, _empty_tally())
         counted = counts[name].aborted if name in counts else 0
-        unexplained = tally["failed"] - tally["fault"] - tally["drain"]
+        unexplained = tally["failed"] - tally["fault"] - tally["drain"] - tally["drain_uncounted"]
         lost = unexplained + max(0, tally["drain"] - counted)
         rows.append(
             Accounting(
@@ -526,6 +581,7 @@ def _settle(
                 tally["drain"],
                 counted,
                 lost,
+                tally["drain_uncounted"],
             )
         )
         if lost:

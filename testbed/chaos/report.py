@@ -41,7 +41,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"streams {row['model_group']}: ok {row['ok']}, failed {row['failed']} "
             f"(by injected faults {row['ended_by_fault']}, by timed-out drains "
-            f"{row['ended_by_timed_out_drain']}, operator counted {row['counted_aborted']} aborted), "
+            f"{row['ended_by_timed_out_drain']}, operator counted {row['counted_aborted']} aborted; "
+            f"by timed-out drains whose count is unknown {row.get('ended_by_uncounted_drain', 0)}), "
             f"refused at connect {row['refused_at_connect']}, lost {row['lost']}"
         )
     lines.append(f"requests lost: {report['requests_lost']} (goal 0)")

@@ -42,6 +42,7 @@ from goodput.testbed.chaos.invariants import (
     account_streams,
     attribute,
     check,
+    drain_counts,
 )
 from goodput.testbed.chaos.promproxy import PrometheusProxy
 from goodput.testbed.chaos.schedule import ChaosPlan, ChaosSettings, plan_run
@@ -213,19 +214,7 @@ class Checker:
         return [LeaderSpan(ip, mg, group, span[0], span[1]) for (ip, mg, group), span in self.leaders.items()]
 
     def drain_counts(self) -> list[DrainCount]:
-        counts = []
-        for name, status in self.last_status.items():
-            by_group: dict[str, int] = {}
-            deadlines: dict[str, float] = {}
-            for (mg, group, started), record in self.drains.items():
-                if mg == name and record["outcome"] == "TimedOut":
-                    by_group[group] = by_group.get(group, 0) + int(record.get("requestsAborted", 0))
-                    started_at = parse_time(started)
-                    if started_at is not None:
-                        deadlines[group] = started_at.timestamp() + manifests.DRAIN_MAX_SECONDS
-            aborted = int((status.get("drain") or {}).get("requestsAborted", 0))
-            counts.append(DrainCount(name, aborted, frozenset(by_group), by_group, deadlines))
-        return counts
+        return drain_counts(self.last_status, self.drains, manifests.DRAIN_MAX_SECONDS)
 
 
 # --- acting --------------------------------------------------------------------------------------

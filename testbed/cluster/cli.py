@@ -121,6 +121,12 @@ def _down(state_dir: Path, *, keep_logs: bool) -> int:
         return 0
     report = controlplane.down(state_dir, keep_logs=keep_logs)
     print(f"stopped: {', '.join(report.stopped) or 'none'}")
+    if report.killed:
+        print(f"killed (SIGKILL after the SIGTERM grace): {', '.join(report.killed)}")
+    if report.still_exiting:
+        print(f"NOT exited even after SIGKILL, may still hold ports: {', '.join(report.still_exiting)}")
+    elif report.stopped or report.netns_processes_stopped:
+        print("every process stopped has exited")
     if report.not_running:
         print(f"already gone: {', '.join(report.not_running)}")
     if report.netns_removed:
@@ -131,7 +137,7 @@ def _down(state_dir: Path, *, keep_logs: bool) -> int:
         )
         print(f"network namespace {report.netns_removed} removed{extra}")
     print(f"logs kept in {report.logs_kept_in}" if report.logs_kept_in else f"state {state_dir} removed")
-    return 0
+    return 1 if report.still_exiting else 0
 
 
 def _status(state_dir: Path) -> int:

@@ -139,10 +139,16 @@ class ComponentStatus:
 @dataclass(frozen=True, slots=True)
 class DownReport:
     stopped: tuple[str, ...]
+    """Every process that was running; each has exited unless it is in `still_exiting`."""
     not_running: tuple[str, ...]
     netns_removed: str | None
     netns_processes_stopped: tuple[int, ...]
     logs_kept_in: Path | None
+    killed: tuple[str, ...] = ()
+    """Exited only after SIGKILL: still running at the end of their SIGTERM grace."""
+    still_exiting: tuple[str, ...] = ()
+    """Processes (by name, or 'pid N' inside the network namespace) that had not exited even after
+    SIGKILL and its wait: they may still hold their ports."""
 
 
 class LocalCluster:
@@ -466,24 +472,28 @@ def _condition(obj: dict[str, Any], kind: str) -> str | None:
 
 def down(state_dir: Path, *, keep_logs: bool = False) -> DownReport:
     """Stop exactly the processes this cluster started (PID, binary and start time must match), remove
-    its network namespace, and delete its state (keeping `logs/` if asked)."""
+    its network namespace, and delete its state (keeping `logs/` if asked).
+
+    Returns once every process it stopped has exited whole, its ports closed (SIGTERM, SIGKILL after
+    a grace, then a bounded wait), so an `up` right after never meets them; a process that outlived
+    even that is named in the report's `still_exiting`."""
     paths = StatePaths(state_dir)
     state = None
     with contextlib.suppress(ClusterError, ValueError, KeyError):
         state = load_state(state_dir)
     records = processes.read_records(paths.pids)
-    stopped: list[str] = []
-    not_running: list[str] = []
     add_ons = sorted(name for name in records if name not in COMPONENTS)  # KEDA: it needs the control plane
-    for name in [*add_ons, *reversed(COMPONENTS)]:
-        record = records.get(name)
-        if record is None:
-            continue
-        (stopped if processes.stop(record) else not_running).append(name)
-    netns_removed, netns_pids = None, []
+    outcomes = {
+        name: processes.stop_process(records[name])
+        for name in [*add_ons, *reversed(COMPONENTS)]
+        if name in records
+    }
+    netns_removed = None
+    netns_pids: list[int] = []
+    netns_exiting: list[int] = []
     if state is not None and state.netns is not None:
         plan = netns.NetnsPlan(state.netns, PodNetwork(state.network_octet))
-        netns_pids = netns.delete(plan)
+        netns_pids, netns_exiting = netns.delete(plan)
         netns_removed = state.netns
     logs_kept = None
     if paths.root.exists():
@@ -495,11 +505,16 @@ def down(state_dir: Path, *, keep_logs: bool = False) -> DownReport:
         else:
             shutil.rmtree(paths.root)
     return DownReport(
-        stopped=tuple(stopped),
-        not_running=tuple(not_running),
+        stopped=tuple(name for name, outcome in outcomes.items() if outcome != "not running"),
+        not_running=tuple(name for name, outcome in outcomes.items() if outcome == "not running"),
         netns_removed=netns_removed,
         netns_processes_stopped=tuple(netns_pids),
         logs_kept_in=logs_kept,
+        killed=tuple(name for name, outcome in outcomes.items() if outcome == "killed"),
+        still_exiting=(
+            *(name for name, outcome in outcomes.items() if outcome == "still exiting"),
+            *(f"pid {pid}" for pid in netns_exiting),
+        ),
     )
 
 

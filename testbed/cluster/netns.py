@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from goodput.testbed.cluster import processes
 from goodput.testbed.cluster.topology import PodNetwork
 
 NETNS_PREFIX = "goodput-"
@@ -149,11 +150,13 @@ def create(cluster_name: str, *, lock_dir: Path) -> NetnsPlan:
     return plan
 
 
-def delete(plan: NetnsPlan, *, grace_seconds: float = 5.0) -> list[int]:
+def delete(plan: NetnsPlan, *, grace_seconds: float = 5.0) -> tuple[list[int], list[int]]:
     """Remove the namespace, its veth pair and route; ends processes still running inside it first
-    (servers a test started there) and returns their PIDs."""
-    stopped = stop_processes_inside(plan.name, grace_seconds=grace_seconds) if exists(plan.name) else []
+    (servers a test started there). Returns their PIDs, and those that had not exited even
+    `processes.KILL_WAIT_SECONDS` after SIGKILL."""
+    stopped: tuple[list[int], list[int]] = ([], [])
     if exists(plan.name):
+        stopped = stop_processes_inside(plan.name, grace_seconds=grace_seconds)
         _run(["ip", "netns", "delete", plan.name], check=False)
     if Path(f"/sys/class/net/{plan.host_veth}").exists():
         _run(["ip", "link", "delete", plan.host_veth], check=False)
@@ -169,20 +172,40 @@ def pids_inside(name: str) -> list[int]:
     return [int(pid) for pid in result.stdout.split() if pid.isdigit()]
 
 
-def stop_processes_inside(name: str, *, grace_seconds: float) -> list[int]:
+def stop_processes_inside(name: str, *, grace_seconds: float) -> tuple[list[int], list[int]]:
+    """SIGTERM to every process in the namespace, SIGKILL to those left after `grace_seconds`; then
+    waits, bounded, until each has exited whole (`processes.has_exited`: `ip netns pids` stops
+    listing a process whose main thread ended while its other threads still hold its sockets).
+    Returns the PIDs signalled, and those still exiting at the end."""
     pids = pids_inside(name)
-    for pid in pids:
+    started = _started(pids)
+    for pid in started:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and pids_inside(name):
-        _reap_children(pids)
+    if not _wait_exited(started, grace_seconds) or pids_inside(name):
+        started |= _started(pids_inside(name))  # started meanwhile: killed too
+        for pid, ticks in started.items():
+            if not processes.has_exited(pid, ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        _wait_exited(started, processes.KILL_WAIT_SECONDS)
+    return sorted(started), [pid for pid, ticks in started.items() if not processes.has_exited(pid, ticks)]
+
+
+def _started(pids: Iterable[int]) -> dict[int, int]:
+    """Each running PID with its start time, which names it while it exits (its PID may be reused)."""
+    return {pid: ticks for pid in pids if (ticks := processes.start_ticks(pid)) is not None}
+
+
+def _wait_exited(started: Mapping[int, int], timeout_seconds: float) -> bool:
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        _reap_children(started)
+        if all(processes.has_exited(pid, ticks) for pid, ticks in started.items()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    for pid in pids_inside(name):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    _reap_children(pids)
-    return pids
 
 
 def run_in_netns(

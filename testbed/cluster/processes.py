@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 # Popen objects of the processes started here: held so Python neither warns about nor forgets them.
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -50,17 +50,51 @@ class ProcessRecord:
 
 
 def start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot."""
+    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot; None once
+    it is gone or its main thread has ended (a zombie or dead task runs nothing of its own)."""
+    stat = _stat(f"/proc/{pid}/stat")
+    if stat is None or stat[0] in EXITED_STATES:
+        return None
+    return stat[1]
+
+
+EXITED_STATES = ("Z", "X")
+# After SIGKILL, how long a process may take to exit before `stop` reports it as still exiting.
+KILL_WAIT_SECONDS = 5.0
+StopOutcome = Literal["not running", "exited", "killed", "still exiting"]
+"""How `stop_process` left a process: it was not running; it exited after SIGTERM; it exited only
+after SIGKILL; or it had not exited even `KILL_WAIT_SECONDS` after SIGKILL (it may hold its ports)."""
+
+
+def _stat(path: str) -> tuple[str, int] | None:
+    """The state and the start time (clock ticks since boot) in a /proc stat file."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(path).read_text()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may contain spaces; fields after it are plain.
     after_name = stat[stat.rfind(")") + 2 :].split()
-    state = after_name[0]
-    if state in ("Z", "X"):  # a zombie or dead task is no longer running anything
-        return None
-    return int(after_name[19])
+    return after_name[0], int(after_name[19])
+
+
+def has_exited(pid: int, started: int | None = None) -> bool:
+    """Whether nothing of process `pid` (started at `started` ticks, if given) runs any more: gone,
+    its PID reused, or every one of its threads a zombie or dead.
+
+    Its main thread alone being a zombie is not enough: a multi-threaded server whose main thread
+    ended first still holds its files and ports until its last thread has exited."""
+    stat = _stat(f"/proc/{pid}/stat")
+    if stat is None or (started is not None and stat[1] != started):
+        return True
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for thread in threads:
+        state = _stat(f"/proc/{pid}/task/{thread}/stat")
+        if state is not None and state[0] not in EXITED_STATES:
+            return False
+    return True
 
 
 def executable_of(pid: int) -> str | None:
@@ -126,28 +160,42 @@ def is_running(record: ProcessRecord) -> bool:
 
 
 def stop(record: ProcessRecord, *, grace_seconds: float = 10.0) -> bool:
-    """SIGTERM, then SIGKILL after `grace_seconds`; returns whether the process had been running.
+    """`stop_process`; whether the process had been running."""
+    return stop_process(record, grace_seconds=grace_seconds) != "not running"
 
-    Returns only once the process has exited whole (gone, or a zombie: every thread ended and every
-    file and port closed), so a `down` followed at once by an `up` never races the old processes.
-    Its binary is not checked while waiting: /proc/<pid>/exe stops resolving part-way through an
-    exit, before the process has let go of its ports.
+
+def stop_process(record: ProcessRecord, *, grace_seconds: float = 10.0) -> StopOutcome:
+    """SIGTERM, then SIGKILL after `grace_seconds`, then at most `KILL_WAIT_SECONDS` more.
+
+    Returns once the process has exited whole (`has_exited`: every thread ended, every file and port
+    closed), so a `down` followed at once by an `up` never races the old processes, or, past those
+    bounds, says that it had not ("still exiting"). A process whose main thread has already ended
+    while others still run is exiting: it is waited for (and killed) like one signalled here. Its
+    binary is not checked while waiting: /proc/<pid>/exe stops resolving part-way through an exit,
+    before the process has let go of its ports; its PID and start time still name it.
     """
-    if not is_running(record):
-        return False
-    _signal(record, signal.SIGTERM)
+    if is_running(record):
+        _signal(record, signal.SIGTERM)
+    elif not _exiting(record):
+        return "not running"
     if _wait_exited(record, grace_seconds):
-        return True
+        return "exited"
     _signal(record, signal.SIGKILL)
-    _wait_exited(record, 5.0)
-    return True
+    return "killed" if _wait_exited(record, KILL_WAIT_SECONDS) else "still exiting"
+
+
+def _exiting(record: ProcessRecord) -> bool:
+    """Its main thread has ended (a zombie) while another of its threads still runs."""
+    stat = _stat(f"/proc/{record.pid}/stat")
+    exiting = stat is not None and stat[0] in EXITED_STATES and stat[1] == record.start_ticks
+    return exiting and not has_exited(record.pid, record.start_ticks)
 
 
 def _wait_exited(record: ProcessRecord, timeout_seconds: float) -> bool:
     deadline = time.monotonic() + timeout_seconds
     while True:
         _reap(record.pid)
-        if start_ticks(record.pid) != record.start_ticks:
+        if has_exited(record.pid, record.start_ticks):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -155,7 +203,8 @@ def _wait_exited(record: ProcessRecord, timeout_seconds: float) -> bool:
 
 
 def _signal(record: ProcessRecord, sig: signal.Signals) -> None:
-    if is_running(record):  # re-check right before signalling: never hit a reused PID
+    # Re-checked right before signalling, by PID and start time: never hit a reused PID.
+    if not has_exited(record.pid, record.start_ticks):
         with contextlib.suppress(ProcessLookupError):
             os.kill(record.pid, sig)
 
