@@ -67,7 +67,7 @@ def test_measured_profile_figures_override_the_estimates() -> None:
     ("model", "profile", "named"),
     [
         ("meta-llama/Llama-3.1-8B", None, "spec.profile"),
-        ("meta-llama/Llama-3.1-8B", {"gpu": "mi300x"}, "spec.profile.kvCapacityTokens"),
+        ("meta-llama/Llama-3.1-8B", {"gpu": "gaudi3"}, "spec.profile.kvCapacityTokens"),
         ("mistralai/Mistral-7B-v0.3", {"gpu": "h100-80g"}, "spec.profile.modelShape"),
     ],
     ids=["no-profile", "unknown-gpu", "unknown-model-shape"],
@@ -87,7 +87,7 @@ def test_unknown_hardware_or_model_gives_the_missing_field_rather_than_a_wrong_e
 def test_an_unknown_gpu_with_measured_figures_is_priced_as_the_reference_gpu() -> None:
     spec = ModelGroupSpec.model_validate(
         minimal_model_group_spec(
-            profile={"gpu": "mi300x", "kvCapacityTokens": 500_000, "capacityWorkSecondsPerSecond": 3.0}
+            profile={"gpu": "gaudi3", "kvCapacityTokens": 500_000, "capacityWorkSecondsPerSecond": 3.0}
         )
     )
 

@@ -203,7 +203,7 @@ def test_measured_kv_size_and_capacity_replace_the_model() -> None:
 
 def test_an_unknown_gpu_is_priced_on_the_reference_gpu_once_measured() -> None:
     measured = {
-        "gpu": "mi300x",
+        "gpu": "gaudi3",
         "kvCapacityTokens": 900000,
         "capacityWorkSecondsPerSecond": 0.7,
         "maxNumSeqs": 512,
@@ -226,13 +226,13 @@ class ProblemCase:
 PROBLEMS = [
     ProblemCase(
         "an unknown gpu without measurements",
-        {"gpu": "mi300x"},
+        {"gpu": "gaudi3"},
         None,
         ("spec.profile.kvCapacityTokens", "spec.profile.capacityWorkSecondsPerSecond"),
     ),
     ProblemCase(
         "an unknown gpu with half the measurements",
-        {"gpu": "mi300x", "kvCapacityTokens": 1000},
+        {"gpu": "gaudi3", "kvCapacityTokens": 1000},
         None,
         ("spec.profile.capacityWorkSecondsPerSecond",),
     ),
