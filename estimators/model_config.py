@@ -168,10 +168,10 @@ def parse_model_config(
     engine_quantization: vLLM's --quantization flag, for a 16-bit checkpoint quantised at load.
     A multimodal config's `text_config` is the decoder priced (its vision tower runs once per image).
     """
-    outer = config
     text = config.get("text_config")
     if isinstance(text, Mapping):
-        config = {**text, "quantization_config": outer.get("quantization_config")}
+        quantization = config.get("quantization_config") or text.get("quantization_config")
+        config = {**text, "quantization_config": quantization}
     model_type = config.get("model_type")
     family = FAMILIES.get(str(model_type)) if model_type is not None else None
     if family is None:
@@ -230,7 +230,10 @@ def model_shape(
 
 
 def _positive_int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    value = config.get(key, default)
+    """A positive count; a field written as null counts as absent, as transformers reads it."""
+    value = config.get(key)
+    if value is None:
+        value = default
     if value is None:
         raise ModelConfigError(f"config.json has no `{key}`: {WHAT_TO_SET}")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -249,7 +252,9 @@ def _count(config: Mapping[str, Any], key: str, default: int) -> int:
 
 
 def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = config.get(key, default)
+    value = config.get(key)
+    if value is None:
+        return default
     if not isinstance(value, bool):
         raise ModelConfigError(f"config.json's `{key}` is {value!r}, not true or false: {WHAT_TO_SET}")
     return value

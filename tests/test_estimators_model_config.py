@@ -231,6 +231,20 @@ def test_a_config_priced_llama_matches_the_catalogues_llama() -> None:
     assert from_config.kv_capacity_tokens == pytest.approx(catalogue.kv_capacity_tokens, rel=1e-3)
 
 
+def test_fields_written_as_null_are_read_as_absent_and_a_text_config_keeps_its_quantisation() -> None:
+    nulls = {
+        **LLAMA_3_1_8B_CONFIG,
+        "head_dim": None,
+        "num_key_value_heads": None,
+        "tie_word_embeddings": None,
+    }
+    architecture = parse_model_config(nulls)
+    assert (architecture.attention.cached_head_dim, architecture.attention.kv_heads) == (128, 32)
+    assert not architecture.tied_embeddings
+    inner = {**GEMMA_3_4B["text_config"], "quantization_config": {"quant_method": "fp8"}}
+    assert parse_model_config({**GEMMA_3_4B, "text_config": inner}).quantization.method == "fp8"
+
+
 def test_quantised_layers_are_stored_at_their_format_and_the_embeddings_in_16_bits() -> None:
     fp8 = parse_model_config({**LLAMA_3_1_8B_CONFIG, "quantization_config": {"quant_method": "fp8"}})
     shape = model_shape(fp8, "fp8", kv_cache_bytes=1)
