@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from goodput.api.base import (
     DNS_LABEL_PATTERN,
@@ -715,6 +715,47 @@ class ModelShapeSpec(SpecModel):
     """Bytes per weight and KV element: 2 for bf16/fp16, 1 for fp8."""
 
 
+# A checkpoint's config.json as written: any JSON object, kept whole by the API server (the fields
+# goodput reads are checked by the operator, which names the one that is missing or wrong).
+ModelConfigFields = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "maxProperties": 512, "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class ModelConfigReference(SpecModel):
+    """The key of a ConfigMap in the ModelGroup's namespace that holds the checkpoint's config.json,
+    as `kubectl create configmap NAME --from-file=config.json` makes it."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the ConfigMap."""
+    key: str = Field(default="config.json", min_length=1, max_length=253, pattern=_CONFIG_KEY_PATTERN)
+    """Key in the ConfigMap's data whose value is the config.json text."""
+
+
+class AcceleratorSpec(SpecModel):
+    """An accelerator by its datasheet: peak dense FLOP/s per precision, memory and interconnect.
+
+    goodput applies the efficiencies measured on the H100 (GEMM 0.65, attention 0.45, bandwidth 0.80)
+    to these peaks, as it does for every catalogue accelerator without a measurement of its own.
+    """
+
+    bf16_flops: float = Field(gt=0)
+    """Dense BF16/FP16 tensor FLOP/s (without sparsity), for example 989e12 for an H100 SXM."""
+    fp8_flops: float | None = Field(default=None, gt=0)
+    """Dense FP8 tensor FLOP/s; absent: the accelerator has no FP8 unit, and FP8 weights are priced at
+    the BF16 rate."""
+    fp4_flops: float | None = Field(default=None, gt=0)
+    """Dense FP4 tensor FLOP/s; absent: none, as for FP8."""
+    memory_bandwidth_bytes_per_second: float = Field(gt=0)
+    """Peak memory bandwidth in bytes per second, for example 3.35e12."""
+    memory_bytes: float = Field(gt=0)
+    """Memory of one accelerator in bytes, for example 80e9."""
+    interconnect_bytes_per_second: float | None = Field(default=None, gt=0)
+    """Accelerator-to-accelerator bandwidth per direction (NVLink, Infinity Fabric, PCIe) in bytes
+    per second, which prices tensor parallelism's all-reduces; absent: PCIe Gen4 x16, 32e9."""
+
+
 class Profile(SpecModel):
     """The capacity envelope and service-time model of this model on this hardware.
 
@@ -722,12 +763,37 @@ class Profile(SpecModel):
     model for `gpu` and the model's shape.
     """
 
+    cel_rules = (
+        CelRule(
+            rule="[has(self.modelShape), has(self.modelConfig), has(self.modelConfigRef)]"
+            ".filter(x, x).size() <= 1",
+            message="`profile` may set only one of `modelShape`, `modelConfig` and `modelConfigRef`: each "
+            "describes the model on its own",
+            check=lambda profile: (
+                [profile.model_shape, profile.model_config_fields, profile.model_config_ref].count(None) >= 2
+            ),
+        ),
+    )
+
     gpu: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
-    """Accelerator of the nodes, for example 'h100-80g' or 'a100-80g' (the ones goodput's service-time
-    model knows). Other accelerators need `kvCapacityTokens` and `capacityWorkSecondsPerSecond`."""
+    """Accelerator of the nodes: one of goodput's catalogue ('l4', 'l40s', 'a10g', 'a100-40g',
+    'a100-80g', 'h100-80g', 'h200', 'b200', 'mi300x'), or any name with `accelerator` describing it.
+    Another accelerator without `accelerator` needs `kvCapacityTokens` and
+    `capacityWorkSecondsPerSecond`, and is then priced as an H100."""
+    accelerator: AcceleratorSpec | None = None
+    """The accelerator's peak figures, for one goodput's catalogue does not hold (or to replace the
+    catalogue's for `gpu`)."""
     model_shape: ModelShapeSpec | None = None
-    """Architecture of the model; absent: taken from goodput's catalog by the model's name
-    (Llama 3.1 8B and 70B)."""
+    """Architecture of the model; absent: read from `modelConfig` or `modelConfigRef`, else taken
+    from goodput's catalog by the model's name (Llama 3.1 8B and 70B)."""
+    model_config_fields: ModelConfigFields | None = Field(default=None, alias="modelConfig")
+    """The checkpoint's config.json, inline (its fields as written: `num_hidden_layers`,
+    `hidden_size`, `num_key_value_heads`, `quantization_config`, ...). goodput prices any Llama,
+    Mistral, Mixtral, Qwen2/3 (dense and MoE), Gemma 1/2/3, Phi-3 or DeepSeek-V2/V3 from it, in
+    bf16, fp8 or a 4-bit quantisation; the engine's `--kv-cache-dtype` and `--quantization` are
+    read from `engine.args`."""
+    model_config_ref: ModelConfigReference | None = None
+    """A ConfigMap holding the checkpoint's config.json, read by the operator (never downloaded)."""
     kv_capacity_tokens: int | None = Field(default=None, ge=1)
     """KV-cache tokens one group holds (vLLM's `kv_cache_size_tokens`); absent: estimated from the
     GPU memory, the model shape and the parallelism."""

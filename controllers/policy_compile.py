@@ -14,8 +14,10 @@ Two parts, compiled and cached separately because they change at different rates
   a caller rebuilds it only when they change (not on every `spec.replicas` write).
 
 What the API cannot say is not invented: a GPU the service-time model does not know needs a measured
-KV size and capacity, and a model without a catalog entry or `profile.modelShape` cannot be priced;
-both are reported as problems and nothing is compiled.
+KV size and capacity or a description, and a model without a catalog entry, `profile.modelShape` or
+a config.json it can read cannot be priced; each is reported as a problem and nothing is compiled.
+A config.json in a ConfigMap is read by the caller and passed in (`referenced`), with its content in
+the profile's key, so an edited ConfigMap rebuilds the profile.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
-from goodput.controllers.hardware import batch_limits, step_cost_model
+from goodput.controllers.hardware import ReadConfig, batch_limits, step_cost_model
 from goodput.controllers.policy import policy_problems
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 
@@ -165,15 +167,19 @@ def scaling_rules(rules: ApiScalingRules, *, max_groups: int) -> ScalingRules:
 
 
 def capacity_profile(
-    spec: ModelGroupSpec, slo: SloPolicySpec, mix: ReferenceMix = ReferenceMix()
+    spec: ModelGroupSpec,
+    slo: SloPolicySpec,
+    mix: ReferenceMix = ReferenceMix(),
+    referenced: ReadConfig = None,
 ) -> CapacityProfile | str:
     """One group's capacity profile at the SLOPolicy's primary class, or why it cannot be built.
 
     The primary (first) class sets the targets, as it is the class engine histograms are judged
     against. A measured `capacityWorkSecondsPerSecond` replaces the model's capacity at the
-    reference mix and scales the whole grid with it.
+    reference mix and scales the whole grid with it. `referenced`: the config.json read from
+    `profile.modelConfigRef`, or why it could not be read.
     """
-    model = step_cost_model(spec)
+    model = step_cost_model(spec, referenced)
     if isinstance(model, str):
         return model
     limits = batch_limits(spec)
@@ -199,16 +205,23 @@ def capacity_profile(
     return profile.calibrated(measured) if measured is not None else profile
 
 
-def profile_key(spec: ModelGroupSpec, slo: SloPolicySpec, mix: ReferenceMix = ReferenceMix()) -> str:
+def profile_key(
+    spec: ModelGroupSpec,
+    slo: SloPolicySpec,
+    mix: ReferenceMix = ReferenceMix(),
+    referenced: ReadConfig = None,
+) -> str:
     """Everything `capacity_profile` reads, as one string: equal keys build equal profiles."""
     parts = {
         "model": spec.model.model_dump(mode="json"),
         "parallelism": spec.parallelism.model_dump(mode="json"),
         "profile": None if spec.profile is None else spec.profile.model_dump(mode="json"),
+        "engine_args": list(spec.engine.args),
+        "referenced": referenced if referenced is None or isinstance(referenced, str) else dict(referenced),
         "targets": [slo.classes[0].ttft_seconds, slo.classes[0].itl_seconds],
         "mix": dataclasses.asdict(mix),
     }
-    return json.dumps(parts, sort_keys=True)
+    return json.dumps(parts, sort_keys=True, default=str)
 
 
 def compile_policy(

@@ -22,6 +22,7 @@ from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.admission import AdmissionPolicy, admission_policy
 from goodput.controllers.fairness import FairnessPolicy, fairness_policy
+from goodput.controllers.hardware import ReadConfig
 from goodput.controllers.policy_compile import capacity_profile, compile_problems
 from goodput.controllers.routing import RoutingPolicy
 from goodput.estimators.feasibility import FloorModel
@@ -72,15 +73,16 @@ def context_tokens(model_group: ModelGroup) -> int:
 
 
 def compile_request_path(
-    model_group: ModelGroup, slo: SloPolicy, *, route_seconds: float = 0.001
+    model_group: ModelGroup, slo: SloPolicy, *, route_seconds: float = 0.001, referenced: ReadConfig = None
 ) -> RequestPathPolicy | str:
     """The request-path policy, or why the pair cannot be served (the same reasons the autoscaler
-    refuses it: a gateway cannot price requests it cannot price)."""
+    refuses it: a gateway cannot price requests it cannot price). `referenced`: the config.json of
+    `profile.modelConfigRef`, for a caller that read it."""
     spec = model_group.spec
     problems = compile_problems(spec, slo.spec)
     if problems:
         return "; ".join(problems)
-    profile = capacity_profile(spec, slo.spec)
+    profile = capacity_profile(spec, slo.spec, referenced=referenced)
     if isinstance(profile, str):
         return profile
     floor = FloorModel(profile.step_model, profile.max_num_batched_tokens, route_seconds=route_seconds)

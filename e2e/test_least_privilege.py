@@ -103,6 +103,7 @@ def operator_table() -> set[Grant]:
         | expand(["endpointslices.discovery.k8s.io"], ["get", "list", "watch"])
         | expand(["resourceclaimtemplates.resource.k8s.io"], ["create"])
         | expand(["resourceclaims.resource.k8s.io"], ["list", "watch"])
+        | expand(["configmaps"], ["get"])
         | NODES_TABLE
     )
 

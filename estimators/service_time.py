@@ -4,6 +4,15 @@ One continuous-batching step costs a fixed overhead, the GEMMs (memory- or compu
 attention, the KV read of decodes, a per-sequence overhead and the tensor-parallel all-reduces
 (reference: perf-model §1). The coefficients are folded once per (model, GPU, parallelism) into a
 `StepCostModel`, so a step costs a handful of multiply-adds: the simulator calls it on every step.
+
+Mixture-of-experts models are priced by their active parameters for compute and their total
+parameters for memory: a token multiplies through the shared weights and the k experts it is routed
+to, while a step reads the shared weights and every expert some token of the batch was routed to.
+With routing taken as uniform and independent per token, a batch of B tokens leaves a given expert
+untouched with probability (1 - k/E)^B, so a step reads E·(1 - (1 - k/E)^B) of the E experts of a
+layer: one token reads k, a batch of a few hundred reads them all. Real routers are skewed, which
+touches fewer experts than this; the uniform figure is the upper bound, so a step is never priced
+cheaper than the experts it may read.
 """
 
 from __future__ import annotations
@@ -15,13 +24,45 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from goodput.estimators.accelerators import A100_80G, GPUS, H100_80G, GpuSpec
+
+__all__ = [
+    "A100_80G",
+    "GPUS",
+    "H100_80G",
+    "LLAMA_3_1_8B",
+    "LLAMA_3_1_70B",
+    "MODELS",
+    "GpuSpec",
+    "ModelShape",
+    "StepCostModel",
+    "default_batch_limits",
+]
+
 Floats = npt.NDArray[np.float64]
 Number = TypeVar("Number", float, Floats)
 
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """The architecture numbers that price a token; dense decoder-only transformer."""
+    """The architecture numbers that price a token of a decoder-only transformer.
+
+    The first seven fields describe a dense model in one dtype (the catalogue's Llama entries and
+    `profile.modelShape`); the rest default to that reading and are set by `model_config` for what a
+    checkpoint's `config.json` says beyond it:
+
+    dtype_bytes: bytes of an activation (and of weights and KV unless given below).
+    stored_weight_bytes: bytes of the weights as loaded, quantised layers at their format.
+    kv_dtype_bytes: bytes of one KV-cache element (vLLM's --kv-cache-dtype).
+    kv_planes: vectors cached per KV head and token: K and V (2), or one joint latent (MLA, 1).
+    attention_width: FLOPs of attention per (query, key) pair over 4: query heads × (QK + V head
+        dimension) / 2; the hidden size for the Llama shapes, where the two are equal.
+    active_parameters: parameters one token multiplies through (shared weights and its k experts).
+    routed_expert_bytes: bytes of every routed expert, the part of the weights a step reads only
+        where some token of the batch was routed.
+    experts, experts_per_token: E routed experts per MoE layer and the k each token is sent to.
+    gemm_precision: 'bf16', 'fp8' or 'fp4': the format of the GEMMs where the GPU has a unit for it.
+    """
 
     name: str
     parameters: float
@@ -30,25 +71,55 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     dtype_bytes: int = 2
+    stored_weight_bytes: float | None = None
+    kv_dtype_bytes: int | None = None
+    kv_planes: int = 2
+    attention_width: int | None = None
+    active_parameters: float | None = None
+    routed_expert_bytes: float = 0.0
+    experts: int = 0
+    experts_per_token: int = 0
+    gemm_precision: str = "bf16"
 
     @property
     def weight_bytes(self) -> float:
+        if self.stored_weight_bytes is not None:
+            return self.stored_weight_bytes
         return self.parameters * self.dtype_bytes
+
+    @property
+    def compute_parameters(self) -> float:
+        """Parameters a token's GEMMs multiply through: all of them for a dense model."""
+        return self.parameters if self.active_parameters is None else self.active_parameters
+
+    @property
+    def attention_flops_width(self) -> int:
+        return self.hidden_size if self.attention_width is None else self.attention_width
+
+    @property
+    def kv_element_bytes(self) -> int:
+        return self.dtype_bytes if self.kv_dtype_bytes is None else self.kv_dtype_bytes
+
+    @property
+    def expert_skip_probability(self) -> float:
+        """Chance that one token's routing leaves a given expert unread: 1 - k/E (1 for dense)."""
+        return 1.0 - self.experts_per_token / self.experts if self.experts else 1.0
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V for one token across all layers (vLLM's AttentionSpec, standard attention)."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return self.kv_planes * self.layers * self.kv_heads * self.head_dim * self.kv_element_bytes
 
     def kv_bytes_per_token_per_gpu(self, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> int:
         """KV bytes the fullest GPU of a TP×PP group holds per token.
 
         vLLM gives each pipeline stage a contiguous share of the layers and each tensor rank
-        max(1, kv_heads // TP) heads: heads are replicated, not split, when there are fewer than ranks.
+        max(1, kv_heads // TP) heads: heads are replicated, not split, when there are fewer than ranks
+        (an MLA latent, one head, is held whole by every rank).
         """
         layers_per_stage = math.ceil(self.layers / pipeline_parallel)
         heads_per_rank = max(1, self.kv_heads // tensor_parallel)
-        return 2 * layers_per_stage * heads_per_rank * self.head_dim * self.dtype_bytes
+        return self.kv_planes * layers_per_stage * heads_per_rank * self.head_dim * self.kv_element_bytes
 
     def group_kv_bytes_per_token(self, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> int:
         """GPU memory one token's KV occupies across a whole TP×PP group.
@@ -56,40 +127,30 @@ class ModelShape:
         Equal to `kv_bytes_per_token` unless KV heads are replicated over more tensor ranks than heads.
         """
         heads_per_rank = max(1, self.kv_heads // tensor_parallel)
-        return 2 * self.layers * heads_per_rank * tensor_parallel * self.head_dim * self.dtype_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    """Peak figures and achieved efficiencies of one accelerator."""
-
-    name: str
-    flops: float
-    memory_bandwidth_bytes_per_second: float
-    memory_bytes: float
-    compute_efficiency: float
-    attention_efficiency: float
-    bandwidth_efficiency: float
-    allreduce_latency_seconds: float
-    allreduce_bytes_per_second: float
-    memory_gib_reported: float
+        return (
+            self.kv_planes
+            * self.layers
+            * heads_per_rank
+            * tensor_parallel
+            * self.head_dim
+            * self.kv_element_bytes
+        )
 
 
 LLAMA_3_1_8B = ModelShape("llama-3.1-8b", 8.03e9, 32, 4096, 8, 128)
 LLAMA_3_1_70B = ModelShape("llama-3.1-70b", 70.6e9, 80, 8192, 8, 128)
 MODELS: dict[str, ModelShape] = {shape.name: shape for shape in (LLAMA_3_1_8B, LLAMA_3_1_70B)}
 
-A100_80G = GpuSpec("a100-80g", 312e12, 2.039e12, 80e9, 0.70, 0.45, 0.80, 25e-6, 100e9, 80.0)
-H100_80G = GpuSpec("h100-80g", 989e12, 3.35e12, 80e9, 0.65, 0.45, 0.80, 18e-6, 200e9, 79.6)
-GPUS: dict[str, GpuSpec] = {gpu.name: gpu for gpu in (A100_80G, H100_80G)}
-
 
 @dataclass(frozen=True, slots=True)
 class StepCostModel:
     """Per-step cost coefficients of one replica group, in seconds.
 
-    step = fixed + max(weight_read, compute_per_token · tokens) + attention_per_unit · Σ p·(h + p/2)
-           + context_read_per_token · Σ decode context + per_sequence · sequences + communication.
+    step = fixed + max(weight_read + expert_read · (1 - q^tokens), compute_per_token · tokens)
+           + attention_per_unit · Σ p·(h + p/2) + context_read_per_token · Σ decode context
+           + per_sequence · sequences + communication,
+    with q = 1 - k/E the chance a token leaves an expert unread (module docstring); a dense model
+    has no expert read, and its step is the roofline of perf-model §1.1 unchanged.
     Pipeline parallelism splits the layers over stages that run one after another for a step, so
     it adds capacity (KV, weights) but not per-step speed; each stage boundary adds a send.
     """
@@ -104,6 +165,8 @@ class StepCostModel:
     communication_seconds_per_token: float
     kv_capacity_tokens: int
     kv_bytes_per_token: int
+    expert_read_seconds: float = 0.0
+    expert_skip_probability: float = 1.0
 
     @classmethod
     def from_hardware(
@@ -118,31 +181,41 @@ class StepCostModel:
         seconds_per_sequence: float = 20e-6,
     ) -> StepCostModel:
         tp, pp = tensor_parallel, pipeline_parallel
-        gpus = tp * pp
         allreduces = 0.0 if tp == 1 else 2.0 * model.layers
         stage_sends = float(pp - 1)
-        usable_bytes = gpus * (gpu_memory_utilization * gpu.memory_bytes - reserve_bytes_per_gpu)
+        usable_bytes = tp * pp * (gpu_memory_utilization * gpu.memory_bytes - reserve_bytes_per_gpu)
         kv_bytes_per_token = model.group_kv_bytes_per_token(tp, pp)
+        read_bytes_per_second = tp * gpu.memory_bandwidth_bytes_per_second * gpu.bandwidth_efficiency
+        gemm_flops = gpu.gemm_flops(model.gemm_precision)
+        activation_bytes = model.hidden_size * model.dtype_bytes
         return cls(
             fixed_seconds=126e-6 + 32e-6 * model.layers + stage_sends * gpu.allreduce_latency_seconds,
-            weight_read_seconds=model.weight_bytes
-            / (tp * gpu.memory_bandwidth_bytes_per_second * gpu.bandwidth_efficiency),
-            compute_seconds_per_token=2 * model.parameters / (tp * gpu.flops * gpu.compute_efficiency),
+            weight_read_seconds=(model.weight_bytes - model.routed_expert_bytes) / read_bytes_per_second,
+            compute_seconds_per_token=2
+            * model.compute_parameters
+            / (tp * gemm_flops * gpu.compute_efficiency),
             attention_seconds_per_unit=4
             * model.layers
-            * model.hidden_size
+            * model.attention_flops_width
             / (tp * gpu.flops * gpu.attention_efficiency),
-            context_read_seconds_per_token=kv_bytes_per_token
-            / (tp * gpu.memory_bandwidth_bytes_per_second * gpu.bandwidth_efficiency),
+            context_read_seconds_per_token=kv_bytes_per_token / read_bytes_per_second,
             seconds_per_sequence=seconds_per_sequence,
             communication_fixed_seconds=allreduces * gpu.allreduce_latency_seconds,
-            communication_seconds_per_token=(
-                allreduces * model.hidden_size * model.dtype_bytes / gpu.allreduce_bytes_per_second
-            )
-            + stage_sends * model.hidden_size * model.dtype_bytes / gpu.allreduce_bytes_per_second,
+            communication_seconds_per_token=(allreduces * activation_bytes / gpu.allreduce_bytes_per_second)
+            + stage_sends * activation_bytes / gpu.allreduce_bytes_per_second,
             kv_capacity_tokens=max(0, int((usable_bytes - model.weight_bytes) / kv_bytes_per_token)),
             kv_bytes_per_token=kv_bytes_per_token,
+            expert_read_seconds=model.routed_expert_bytes / read_bytes_per_second,
+            expert_skip_probability=model.expert_skip_probability,
         )
+
+    def weights_read_seconds(self, batch_tokens: float) -> float:
+        """Reading the weights a step of `batch_tokens` tokens touches: the shared ones, and the
+        experts at least one of its tokens was routed to (all of them past a few hundred tokens)."""
+        if self.expert_read_seconds == 0.0:
+            return self.weight_read_seconds
+        untouched: float = self.expert_skip_probability ** max(batch_tokens, 1.0)
+        return self.weight_read_seconds + self.expert_read_seconds * (1.0 - untouched)
 
     def step_seconds(
         self,
@@ -161,7 +234,7 @@ class StepCostModel:
         """
         if sequences == 0:
             return 0.0
-        linear = max(self.weight_read_seconds, self.compute_seconds_per_token * batch_tokens)
+        linear = max(self.weights_read_seconds(batch_tokens), self.compute_seconds_per_token * batch_tokens)
         return self._step_sum(linear, batch_tokens, prefill_attention_units, decode_context_tokens, sequences)
 
     def step_seconds_array(
@@ -176,7 +249,11 @@ class StepCostModel:
         The scalar form stays scalar because the event engine calls it on every step with plain
         floats, where numpy's per-call overhead would dominate; both add the same terms, in one order.
         """
-        linear = np.maximum(self.weight_read_seconds, self.compute_seconds_per_token * batch_tokens)
+        weights: float | Floats = self.weight_read_seconds
+        if self.expert_read_seconds != 0.0:
+            untouched = np.power(self.expert_skip_probability, np.maximum(batch_tokens, 1.0))
+            weights = self.weight_read_seconds + self.expert_read_seconds * (1.0 - untouched)
+        linear = np.maximum(weights, self.compute_seconds_per_token * batch_tokens)
         seconds = self._step_sum(
             linear, batch_tokens, prefill_attention_units, decode_context_tokens, sequences
         )

@@ -30,9 +30,10 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
    `state_refresh_seconds` fixed per ModelGroup, `staggered_refresh_seconds`); Events on
    transitions.
 
-At fleet size (hundreds of ModelGroups on one interval) a tick costs no read of the API server and,
-at rest, no write; its Kubernetes calls run on executors of its own, bounded (`ACT_CONCURRENCY`
-threads for the scale writes and reads, which decide when a decision is applied,
+At fleet size (hundreds of ModelGroups on one interval) a tick costs no read of the API server
+(beyond one GET every five minutes of the ConfigMap a `profile.modelConfigRef` names,
+`model_config_source`) and, at rest, no write; its Kubernetes calls run on executors of its own,
+bounded (`ACT_CONCURRENCY` threads for the scale writes and reads, which decide when a decision is applied,
 `RECORD_CONCURRENCY` for the status applies, which only record it, so a scale never waits behind
 the fleet's records), and its Prometheus query on another, so none waits behind the group
 controller's writes on asyncio's default executor; and the next tick is due at the boundary
@@ -91,6 +92,7 @@ from goodput.controllers.decision_record import (
 )
 from goodput.controllers.feasible_demand import AttainabilityVerdict, snapshot_attainability
 from goodput.controllers.groups import EventRecord
+from goodput.controllers.hardware import ReadConfig
 from goodput.controllers.ownership import AUTOSCALER_STATUS
 from goodput.controllers.policy import parse_slo_policy
 from goodput.controllers.policy_compile import (
@@ -112,6 +114,7 @@ from goodput.operator.metrics_source import (
     build_snapshot,
     query_windows,
 )
+from goodput.operator.model_config_source import ModelConfigReader
 from goodput.operator.promql import SeriesLabels, Windows
 from goodput.operator.settings import Settings
 
@@ -504,6 +507,9 @@ class Autoscaler:
         self.executor = executor
         self.record_executor = record_executor or executor
         self.memories: dict[tuple[str, str], Memory] = {}
+        self.model_configs = ModelConfigReader(
+            lambda path: self._call(self.kube.request, "GET", "configmaps", path), clock=clock
+        )
 
     async def _call(
         self, function: Callable[..., _T], *args: Any, executor: Executor | None = None, **kwargs: Any
@@ -598,7 +604,8 @@ class Autoscaler:
         if isinstance(parsed, str):
             await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events, memory)
             return TickOutcome(self.settings.unbound_interval_seconds, started=now)
-        plan = self._plan(parsed, policies, memory)
+        referenced = await self.model_configs.read(namespace, parsed.spec)
+        plan = self._plan(parsed, policies, memory, referenced)
         if plan.active is None and plan.shadow is None:
             if plan.stopped is not None:
                 await self._fail(obj, status, plan.stopped, post_events, memory)
@@ -623,11 +630,18 @@ class Autoscaler:
         self.metrics.duration.labels("total").observe(time.perf_counter() - started)
         return TickOutcome(plan.interval_seconds, decided.active, decided.shadow, started=now)
 
-    def _plan(self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory) -> Plan:
-        """Which policies decide this tick, at which interval, and why the active one does not."""
+    def _plan(
+        self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory, referenced: ReadConfig = None
+    ) -> Plan:
+        """Which policies decide this tick, at which interval, and why the active one does not.
+        `referenced`: the config.json of `profile.modelConfigRef`, as `model_configs` read it."""
         spec = parsed.spec
-        active = self._compiled(parsed, spec.policy_ref, policies, memory, shadow=False)
-        shadow = self._compiled(parsed, spec.shadow_policy_ref, policies, memory, shadow=True)
+        active = self._compiled(
+            parsed, spec.policy_ref, policies, memory, shadow=False, referenced=referenced
+        )
+        shadow = self._compiled(
+            parsed, spec.shadow_policy_ref, policies, memory, shadow=True, referenced=referenced
+        )
         shadow_name = shadow.policy_name if isinstance(shadow, CompiledPolicy) else None
         if shadow_name != memory.shadow_policy:
             if memory.shadow_policy is not None:
@@ -811,6 +825,7 @@ class Autoscaler:
         memory: Memory,
         *,
         shadow: bool,
+        referenced: ReadConfig = None,
     ) -> CompiledPolicy | Unusable | None:
         if ref is None:
             return None
@@ -824,10 +839,10 @@ class Autoscaler:
         policy = parse_slo_policy(body)
         if isinstance(policy, str):
             return Unusable(Reason.POLICY_NOT_ACCEPTED, f"SLOPolicy {ref.name} ({which}): {policy}")
-        key = profile_key(model_group.spec, policy.spec)
+        key = profile_key(model_group.spec, policy.spec, referenced=referenced)
         profile = memory.profiles.get(key)
         if profile is None:
-            built = capacity_profile(model_group.spec, policy.spec)
+            built = capacity_profile(model_group.spec, policy.spec, referenced=referenced)
             if isinstance(built, str):
                 return Unusable(Reason.INVALID_SPEC, built)
             profile = built

@@ -15,8 +15,8 @@ import yaml
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.hardware import batch_limits, gpu_spec, model_shape
-from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel, default_batch_limits
+from goodput.controllers.hardware import batch_limits, gpu_spec, resolve_model_shape
+from goodput.estimators.service_time import GPUS, H100_80G, LLAMA_3_1_8B, StepCostModel, default_batch_limits
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.group_world import GroupRules
@@ -139,13 +139,15 @@ class _FleetShape:
 def _model_group_fleet(model_group: ModelGroup, path: Path, step_noise_sigma: float) -> _FleetShape:
     """The engine a ModelGroup's model, GPU and parallelism price, and its bounds and profile."""
     spec = model_group.spec
-    shape = model_shape(spec)
+    shape = resolve_model_shape(spec)
     profile = spec.profile
     gpu = gpu_spec(profile)
-    if shape is None or gpu is None:
+    if isinstance(shape, str):
+        raise ValueError(f"{path}: the simulator cannot price its steps: {shape}")
+    if gpu is None:
         raise ValueError(
-            f"{path}: the simulator needs a known model shape and profile.gpu "
-            "(h100-80g or a100-80g) to price steps"
+            f"{path}: the simulator needs profile.gpu from goodput's catalogue ({', '.join(GPUS)}) or "
+            "profile.accelerator to price steps"
         )
     tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
     cost = StepCostModel.from_hardware(shape, gpu, tensor, pipeline)

@@ -396,6 +396,7 @@ CONTROLLER_GRANTS = (
     | expand("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"])
     | expand("resource.k8s.io", ["resourceclaimtemplates"], ["create"])
     | expand("resource.k8s.io", ["resourceclaims"], ["list", "watch"])
+    | expand("", ["configmaps"], ["get"])
 )
 NODE_GRANTS = expand("", ["nodes"], ["get", "list", "watch"]) | expand(
     "resource.k8s.io", ["resourceslices", "deviceclasses"], ["get", "list", "watch"]

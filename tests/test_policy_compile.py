@@ -45,6 +45,7 @@ def sample(name: str) -> dict[str, Any]:
 
 MODEL_GROUP = sample("modelgroup-llama-8b-tp1.yaml")
 INTERACTIVE = sample("slopolicy-interactive.yaml")
+MOE_SAMPLE = sample("modelgroup-qwen3-moe-l40s.yaml")
 
 
 def model_group(**spec: Any) -> ModelGroup:
@@ -203,7 +204,7 @@ def test_measured_kv_size_and_capacity_replace_the_model() -> None:
 
 def test_an_unknown_gpu_is_priced_on_the_reference_gpu_once_measured() -> None:
     measured = {
-        "gpu": "mi300x",
+        "gpu": "gaudi3",
         "kvCapacityTokens": 900000,
         "capacityWorkSecondsPerSecond": 0.7,
         "maxNumSeqs": 512,
@@ -226,13 +227,13 @@ class ProblemCase:
 PROBLEMS = [
     ProblemCase(
         "an unknown gpu without measurements",
-        {"gpu": "mi300x"},
+        {"gpu": "gaudi3"},
         None,
         ("spec.profile.kvCapacityTokens", "spec.profile.capacityWorkSecondsPerSecond"),
     ),
     ProblemCase(
         "an unknown gpu with half the measurements",
-        {"gpu": "mi300x", "kvCapacityTokens": 1000},
+        {"gpu": "gaudi3", "kvCapacityTokens": 1000},
         None,
         ("spec.profile.capacityWorkSecondsPerSecond",),
     ),
@@ -281,6 +282,28 @@ def test_the_profile_key_follows_what_the_profile_reads_only() -> None:
     tighter = copy.deepcopy(INTERACTIVE)
     tighter["spec"]["classes"][0]["itlSeconds"] = 0.05
     assert profile_key(group.spec, SloPolicy.model_validate(tighter).spec) != key
+    fp8_kv = copy.deepcopy(MODEL_GROUP["spec"]["engine"])
+    fp8_kv["args"].append("--kv-cache-dtype=fp8")
+    assert profile_key(model_group(engine=fp8_kv).spec, policy.spec) != key
+
+
+def test_an_edited_configmap_rebuilds_the_profile_that_reads_it() -> None:
+    group = model_group(profile={"gpu": "h100-80g", "modelConfigRef": {"name": "qwen3"}})
+    config = MOE_SAMPLE["spec"]["profile"]["modelConfig"]
+    key = profile_key(group.spec, slo_policy().spec, referenced=config)
+    assert profile_key(group.spec, slo_policy().spec, referenced={**config, "num_experts_per_tok": 4}) != key
+    assert profile_key(group.spec, slo_policy().spec, referenced="ConfigMap 'qwen3' does not exist") != key
+
+
+def test_the_moe_sample_is_priced_from_its_config_on_its_accelerator() -> None:
+    group = ModelGroup.model_validate(
+        {**MOE_SAMPLE, "metadata": {"name": "qwen3-moe", "namespace": "serving"}}
+    )
+    profile = capacity_profile(group.spec, slo_policy().spec)
+    assert not isinstance(profile, str)
+    assert profile.step_model.expert_read_seconds > 0
+    assert profile.step_model.kv_bytes_per_token == 48 * 4 * 128 * 2  # K and V in FP8
+    assert (profile.max_num_seqs, profile.max_num_batched_tokens) == (256, 2048)  # vLLM's L40S defaults
 
 
 def test_a_prebuilt_profile_is_used_as_given() -> None:

@@ -66,6 +66,11 @@ The operator's permissions, in two parts (kopf's deployment RBAC draws the same 
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
   verbs: ["list", "watch"]
+# The autoscaler prices a model from the checkpoint's config.json that a ModelGroup's
+# profile.modelConfigRef names: it gets that ConfigMap by name, and lists or watches none.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 {{- end }}
 
 {{- define "goodput.rbac.leaderElectionRules" -}}
