@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 LAYERS := api estimators controllers operator simulator gateway testbed agent
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo demo-sim ab bench bench-draws venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean chaos
+.PHONY: test demo demo-sim ab bench bench-draws venv lint typecheck layers unit e2e binaries os-packages fresh-check crds clean chaos chart chart-package wheel
 
 # Every set-up step is a prerequisite of the step that needs it, so `make test` on a fresh machine
 # installs the OS tools, creates the virtual environment and builds the cluster's binaries (the chart
@@ -108,6 +108,27 @@ chaos: venv binaries
 
 clean:
 	rm -rf $(VENV) out
+
+# goodput's wheel, out/goodput-<version>-py3-none-any.whl: the `goodput` command for a workstation
+# (`pipx install out/goodput-0.1.0-py3-none-any.whl`), without the test bed.
+wheel: venv
+	$(PY) -m pip wheel --no-deps --wheel-dir out .
+
+# The chart as a versioned artifact: linted strictly, then packaged by helm as
+# out/goodput-<version>.tgz (the version of charts/goodput/Chart.yaml), to install as it is
+# (`helm install goodput out/goodput-0.1.0.tgz`) or to push to a chart repository or OCI registry
+# (`helm push`). helm is the one tools/build-binaries.sh builds.
+CHART_VERSION := $(shell sed -n 's/^version: *//p' charts/goodput/Chart.yaml)
+CHART_OUT ?= out
+HELM ?= $(shell tools/build-binaries.sh --print-bin-dir)/helm
+chart: binaries
+	@$(MAKE) --no-print-directory chart-package
+
+chart-package:
+	$(HELM) lint --strict charts/goodput
+	mkdir -p $(CHART_OUT)
+	$(HELM) package charts/goodput --destination $(CHART_OUT)
+	@test -s $(CHART_OUT)/goodput-$(CHART_VERSION).tgz && echo "$(CHART_OUT)/goodput-$(CHART_VERSION).tgz"
 
 # The operator's image, built without a Docker daemon: a base of Debian packages (mmdebstrap, as no
 # container registry need be reachable), then the Containerfile with buildah (chroot isolation, its

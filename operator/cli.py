@@ -27,6 +27,10 @@ OPERATOR_COMMANDS: CommandTable = {
         "goodput.operator.cmd_explain",
         "print a ModelGroup's last scaling decisions and their reasons",
     ),
+    "doctor": (
+        "goodput.operator.cmd_doctor",
+        "check that the cluster gives goodput what it needs, each problem with its fix",
+    ),
 }
 
 

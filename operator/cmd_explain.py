@@ -159,29 +159,10 @@ def records(model_group: Mapping[str, Any]) -> dict[str, Any]:
     return {key: status.get(key) for key in ("lastDecision", "decisions", "shadowDecision", "feasibility")}
 
 
-def _client(kubeconfig: str | None, context: str | None) -> tuple[KubeApi, str]:
-    """The API client and the context's namespace."""
-    from kubernetes import client, config
-
-    if kubeconfig is None and context is None:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return KubeApi(client.ApiClient()), "default"
-        except config.ConfigException:
-            pass
-    config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
-    _, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    if context is not None:
-        contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        current = next((c for c in contexts if c.get("name") == context), current)
-    namespace = ((current or {}).get("context") or {}).get("namespace") or "default"
-    return KubeApi(client.ApiClient()), str(namespace)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         name = parse_target(args.target)
-        kube, default_namespace = _client(args.kubeconfig, args.context)
+        kube, default_namespace = KubeApi.from_kubeconfig(args.kubeconfig, args.context)
     except Exception as error:  # a bad target or kubeconfig: say so, not a traceback
         print(f"goodput explain: {error}", file=sys.stderr)
         return 2

@@ -82,6 +82,23 @@ class KubeApi:
             config.load_kube_config()  # type: ignore[no-untyped-call]
         return cls(client.ApiClient(), recorder, timeout_seconds, before_write)
 
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None, context: str | None) -> tuple[KubeApi, str]:
+        """For a command run by a person: the client and the namespace of the context (default
+        'default'). With neither a kubeconfig nor a context named, inside a pod: its service account."""
+        if kubeconfig is None and context is None:
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                return cls(client.ApiClient()), "default"
+            except config.ConfigException:
+                pass
+        config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+        contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        if context is not None:
+            current = next((c for c in contexts if c.get("name") == context), current)
+        namespace = ((current or {}).get("context") or {}).get("namespace") or "default"
+        return cls(client.ApiClient()), str(namespace)
+
     def request(
         self,
         verb: str,

@@ -457,7 +457,7 @@ class PrometheusMetricsSource:
     def read(self, namespace: str, model_group: str, windows: Windows) -> MetricsReading:
         """One ModelGroup's reading, in a query of its own."""
         return reading_from_result(
-            self._query(snapshot_query(self.labels, namespace, model_group, windows)), self.labels
+            self.query(snapshot_query(self.labels, namespace, model_group, windows)), self.labels
         )
 
     def read_fleet(
@@ -465,10 +465,12 @@ class PrometheusMetricsSource:
     ) -> dict[ModelGroupKey, MetricsReading]:
         """The readings of `keys`, all of one query shape, in one query for every ModelGroup."""
         return readings_by_model_group(
-            keys, self._query(fleet_snapshot_query(self.labels, windows)), self.labels
+            keys, self.query(fleet_snapshot_query(self.labels, windows)), self.labels
         )
 
-    def _query(self, query: str) -> list[Mapping[str, Any]]:
+    def query(self, query: str) -> list[Mapping[str, Any]]:
+        """The series of one instant query (the snapshot's, or `goodput doctor`'s probes), sent as
+        every query of the autoscaler is: same session, token, CA, headers and timeout."""
         try:
             result = self._client.custom_query(query)
         except requests.RequestException as error:

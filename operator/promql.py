@@ -31,6 +31,10 @@ from enum import StrEnum
 
 QUERY_LABEL = "goodput_query"
 """The label naming which sub-query a returned series answers."""
+RUNNING_METRIC = "vllm:num_requests_running"
+"""The engine gauge every leader exports while it serves: its sample age is the snapshot's age."""
+POD_LABEL = "pod"
+"""The label a pod scrape (a PodMonitor, the local cluster's) puts the pod's name under."""
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -212,9 +216,9 @@ def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> 
 
     return {
         Quantity.WAITING: capacity_waiting(),
-        Quantity.RUNNING: f"sum {by_group} (vllm:num_requests_running{selector})",
+        Quantity.RUNNING: f"sum {by_group} ({RUNNING_METRIC}{selector})",
         Quantity.KV_USAGE: f"max {by_group} (vllm:kv_cache_usage_perc{selector})",
-        Quantity.SAMPLE_AGE: f"time() - max {by_group} (timestamp(vllm:num_requests_running{selector}))",
+        Quantity.SAMPLE_AGE: f"time() - max {by_group} (timestamp({RUNNING_METRIC}{selector}))",
         Quantity.PROMPT_TOKENS_RATE: rate_of("vllm:prompt_tokens_total"),
         Quantity.GENERATION_TOKENS_RATE: rate_of("vllm:generation_tokens_total"),
         Quantity.PROMPT_TOKENS_SUM: increase("vllm:request_prompt_tokens_sum", rate),
@@ -323,3 +327,22 @@ def scoped_snapshot_query(labels: SeriesLabels, scope: Scope, windows: Windows) 
         for quantity, expression in expressions.items()
     ]
     return "\n  or ".join(tagged)
+
+
+def _pods_matcher(pods: tuple[str, ...]) -> str:
+    """`pod=~"a|b"`; pod names are DNS labels, so none holds a regular expression's operator."""
+    return f"{POD_LABEL}=~{label_value('|'.join(pods))}"
+
+
+def leader_series_query(labels: SeriesLabels, namespace: str, pods: tuple[str, ...]) -> str:
+    """Which of these leader pods Prometheus holds the engine gauge of, and under which ModelGroup
+    and group labels: when the snapshot finds no group, this tells a scrape without the labels
+    the autoscaler selects by from no series at all (`goodput doctor`)."""
+    selector = f"{{{labels.namespace}={label_value(namespace)},{_pods_matcher(pods)}}}"
+    return f"group by ({POD_LABEL}, {labels.model_group}, {labels.group}) ({RUNNING_METRIC}{selector})"
+
+
+def leader_targets_query(labels: SeriesLabels, namespace: str, pods: tuple[str, ...]) -> str:
+    """The scrape targets of these leader pods and whether their last scrape worked (`up`): none
+    means nothing scrapes them (no monitor, or one no Prometheus selects)."""
+    return f"up{{{labels.namespace}={label_value(namespace)},{_pods_matcher(pods)}}}"

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,32 @@ def test_chart_lints_clean_in_strict_mode(helm: Path, values: Path | None) -> No
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+def test_make_chart_packages_a_versioned_archive_that_renders_as_the_folder(
+    helm: Path, tmp_path: Path
+) -> None:
+    command = ["make", "--no-print-directory", "-s", "chart-package", f"HELM={helm}", f"CHART_OUT={tmp_path}"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    package = tmp_path / f"goodput-{version}.tgz"
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == str(package)
+    with tarfile.open(package) as archive:
+        names = set(archive.getnames())
+        chart_file = archive.extractfile("goodput/Chart.yaml")
+        assert chart_file is not None
+        packaged = yaml.safe_load(chart_file.read())
+    assert packaged["version"] == version
+    assert {"goodput/values.yaml", "goodput/values.schema.json", "goodput/README.md"} <= names
+    assert {name for name in names if name.startswith("goodput/crds/")}, "the peering CRDs travel with it"
+    assert not {name for name in names if name.startswith("goodput/ci/")}, "test values stay out"
+    from_package = subprocess.run(
+        [str(helm), "template", RELEASE, str(package), "--namespace", NAMESPACE],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert from_package == helm_template(helm).stdout
 
 
 def test_defaults_install_the_operator_cluster_wide_without_monitoring(defaults: Rendered) -> None:

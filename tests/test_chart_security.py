@@ -212,6 +212,67 @@ def test_a_namespaced_operator_reaches_leaders_only_in_its_namespaces(helm: Path
     assert not reachable(rendered, OPERATOR, leader("team-b"), 8000)
 
 
+# Where the common installs put Prometheus and its labels, and what the defaults must admit.
+KUBE_PROMETHEUS_STACK = Endpoint(
+    "kube-prometheus-stack",
+    {
+        "app.kubernetes.io/name": "prometheus",
+        "app.kubernetes.io/instance": "kps-prometheus",
+        "prometheus": "kps",
+    },
+)
+COMMUNITY_CHART = Endpoint(
+    "prometheus", {"app.kubernetes.io/name": "prometheus", "app.kubernetes.io/component": "server"}
+)
+DEFAULT_PEER_CONNECTIONS = [
+    Connection(
+        "kube-prometheus-stack in its own namespace scrapes the operator",
+        KUBE_PROMETHEUS_STACK,
+        OPERATOR,
+        8082,
+        True,
+    ),
+    Connection("the operator queries kube-prometheus-stack", OPERATOR, KUBE_PROMETHEUS_STACK, 9090, True),
+    Connection(
+        "the prometheus-community chart's server scrapes the operator", COMMUNITY_CHART, OPERATOR, 8082, True
+    ),
+    Connection("the operator queries the community chart's server", OPERATOR, COMMUNITY_CHART, 9090, True),
+    Connection("CoreDNS as kubeadm, EKS and GKE label it", OPERATOR, DNS, 53, True, "UDP"),
+    Connection(
+        "a pod in the monitoring namespace that is not Prometheus",
+        Endpoint("monitoring", {"app": "grafana"}),
+        OPERATOR,
+        8082,
+        False,
+    ),
+    Connection(
+        "the operator to a pod beside Prometheus",
+        OPERATOR,
+        Endpoint("monitoring", {"app": "grafana"}),
+        9090,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", DEFAULT_PEER_CONNECTIONS, ids=[case.name for case in DEFAULT_PEER_CONNECTIONS]
+)
+def test_the_default_peers_fit_the_common_prometheus_and_dns_installs(helm: Path, case: Connection) -> None:  # noqa: F811
+    rendered = render_once(helm)
+
+    assert reachable(rendered, case.source, case.destination, case.port, case.protocol) is case.allowed
+
+
+def test_naming_the_prometheus_namespace_admits_only_its_pods(helm: Path) -> None:  # noqa: F811
+    rendered = render(helm, "--set", "networkPolicy.prometheus.namespace=monitoring")
+
+    assert reachable(rendered, PROMETHEUS, OPERATOR, 8082)
+    assert reachable(rendered, OPERATOR, PROMETHEUS, 9090)
+    assert not reachable(rendered, KUBE_PROMETHEUS_STACK, OPERATOR, 8082)
+    assert not reachable(rendered, OPERATOR, KUBE_PROMETHEUS_STACK, 9090)
+
+
 @dataclass(frozen=True, slots=True)
 class PrometheusPort:
     name: str

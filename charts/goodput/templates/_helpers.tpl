@@ -179,11 +179,16 @@ prometheus.url, else its scheme's default (https 443, http 80).
 {{- end }}
 {{- end }}
 
-{{/* A NetworkPolicy peer: the pods of one namespace, optionally narrowed by labels. */}}
+{{/* A NetworkPolicy peer: the pods of one namespace (every namespace when it is empty), optionally
+narrowed by labels. */}}
 {{- define "goodput.namespacePeer" -}}
+{{- if .namespace }}
 - namespaceSelector:
     matchLabels:
       kubernetes.io/metadata.name: {{ .namespace }}
+{{- else }}
+- namespaceSelector: {}
+{{- end }}
   {{- with .podLabels }}
   podSelector:
     matchLabels:
