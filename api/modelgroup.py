@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, WithJsonSchema, field_validator
+from pydantic import Field, field_validator
 
 from goodput.api.base import (
     DNS_LABEL_PATTERN,
@@ -715,12 +715,10 @@ class ModelShapeSpec(SpecModel):
     """Bytes per weight and KV element: 2 for bf16/fp16, 1 for fp8."""
 
 
-# A checkpoint's config.json as written: any JSON object, kept whole by the API server (the fields
-# goodput reads are checked by the operator, which names the one that is missing or wrong).
-ModelConfigFields = Annotated[
-    dict[str, Any],
-    WithJsonSchema({"type": "object", "maxProperties": 512, "x-kubernetes-preserve-unknown-fields": True}),
-]
+# A checkpoint's config.json as its text, pasted as a block (`modelConfig: |`): a string keeps the
+# schema structural and the file exactly as written; the operator parses it and names the field that
+# is missing or wrong. 64 KiB is many times the largest config.json of a decoder model.
+MAX_MODEL_CONFIG_CHARACTERS = 65_536
 
 
 class ModelConfigReference(SpecModel):
@@ -767,10 +765,10 @@ class Profile(SpecModel):
         CelRule(
             rule="[has(self.modelShape), has(self.modelConfig), has(self.modelConfigRef)]"
             ".filter(x, x).size() <= 1",
-            message="`profile` may set only one of `modelShape`, `modelConfig` and `modelConfigRef`: each "
+            message="`profile` must set at most one of `modelShape`, `modelConfig` and `modelConfigRef`: each "
             "describes the model on its own",
             check=lambda profile: (
-                [profile.model_shape, profile.model_config_fields, profile.model_config_ref].count(None) >= 2
+                [profile.model_shape, profile.model_config_json, profile.model_config_ref].count(None) >= 2
             ),
         ),
     )
@@ -786,8 +784,11 @@ class Profile(SpecModel):
     model_shape: ModelShapeSpec | None = None
     """Architecture of the model; absent: read from `modelConfig` or `modelConfigRef`, else taken
     from goodput's catalog by the model's name (Llama 3.1 8B and 70B)."""
-    model_config_fields: ModelConfigFields | None = Field(default=None, alias="modelConfig")
-    """The checkpoint's config.json, inline (its fields as written: `num_hidden_layers`,
+    model_config_json: str | None = Field(
+        default=None, alias="modelConfig", min_length=2, max_length=MAX_MODEL_CONFIG_CHARACTERS
+    )
+    """The checkpoint's config.json, inline as its text (`modelConfig: |` and the file's content; its
+    fields as written: `num_hidden_layers`,
     `hidden_size`, `num_key_value_heads`, `quantization_config`, ...). goodput prices any Llama,
     Mistral, Mixtral, Qwen2/3 (dense and MoE), Gemma 1/2/3, Phi-3 or DeepSeek-V2/V3 from it, in
     bf16, fp8 or a 4-bit quantisation; the engine's `--kv-cache-dtype` and `--quantization` are

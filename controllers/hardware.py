@@ -16,6 +16,7 @@ layer does no I/O) and goodput's catalogue by the model's name.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -88,14 +89,28 @@ def kv_cache_bytes(spec: ModelGroupSpec) -> int | None:
     return 1 if dtype is not None and dtype.lower().startswith("fp8") else None
 
 
+def config_from_text(text: str, where: str) -> Mapping[str, Any] | str:
+    """A config.json's text as its object, or why it is not one (naming `where` it was read from).
+
+    One reading for the inline `profile.modelConfig` and a ConfigMap's key, so both say the same."""
+    try:
+        config = json.loads(text)
+    except ValueError as error:
+        return f"{where} is not JSON ({error}): give the checkpoint's config.json as it is"
+    if not isinstance(config, dict):
+        return f"{where} is not a JSON object: give the checkpoint's config.json as it is"
+    return config
+
+
 def resolve_model_shape(spec: ModelGroupSpec, referenced: ReadConfig = None) -> ModelShape | str:
     """The model's shape (see the module docstring for the order), or why it has none."""
     profile = spec.profile
     shape: ModelShape | str | None
     if profile is not None and profile.model_shape is not None:
         shape = shape_of(profile.model_shape, spec.model.name)
-    elif profile is not None and profile.model_config_fields is not None:
-        shape = _from_config(spec, profile.model_config_fields, "spec.profile.modelConfig")
+    elif profile is not None and profile.model_config_json is not None:
+        inline = config_from_text(profile.model_config_json, "spec.profile.modelConfig")
+        shape = inline if isinstance(inline, str) else _from_config(spec, inline, "spec.profile.modelConfig")
     elif profile is not None and profile.model_config_ref is not None:
         shape = _referenced_shape(spec, profile.model_config_ref, referenced)
     else:

@@ -14,14 +14,13 @@ config.json read, so a blip neither unprices a ModelGroup nor prices it on somet
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from goodput.api.modelgroup import ModelConfigReference, ModelGroupSpec
-from goodput.controllers.hardware import ReadConfig
+from goodput.controllers.hardware import ReadConfig, config_from_text
 from goodput.operator.kube import KubeError
 
 REFRESH_SECONDS = 300.0
@@ -51,14 +50,7 @@ def config_from_configmap(
             f"{where(namespace, reference)} has no key {reference.key!r} (its keys: {keys}): set "
             "spec.profile.modelConfigRef.key to the one holding config.json"
         )
-    what = f"{where(namespace, reference)} key {reference.key!r}"
-    try:
-        config = json.loads(text)
-    except ValueError as error:
-        return f"{what} is not JSON ({error}): store the checkpoint's config.json there as it is"
-    if not isinstance(config, dict):
-        return f"{what} is not a JSON object: store the checkpoint's config.json there as it is"
-    return config
+    return config_from_text(text, f"{where(namespace, reference)} key {reference.key!r}")
 
 
 def missing(namespace: str, reference: ModelConfigReference) -> str:

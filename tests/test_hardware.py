@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -134,6 +135,9 @@ QWEN3_MOE_FP8 = {
 def _spec(
     profile: dict[str, Any], args: tuple[str, ...] = (), model: str = "Qwen/Qwen3-30B-A3B-FP8"
 ) -> ModelGroupSpec:
+    """profile: its `modelConfig` may be given as an object; it is written as the text a user pastes."""
+    if isinstance(profile.get("modelConfig"), dict):
+        profile = {**profile, "modelConfig": json.dumps(profile["modelConfig"])}
     return ModelGroupSpec.model_validate(
         minimal_model_group_spec(
             model={"name": model},
@@ -262,3 +266,22 @@ def test_a_config_read_from_a_configmap_prices_as_the_same_config_inline() -> No
     referenced = step_cost_model(_spec({"gpu": "mi300x", "modelConfigRef": {"name": "qwen3"}}), QWEN3_MOE_FP8)
     assert isinstance(inline, StepCostModel) and inline == referenced
     assert model_shape(_spec({"gpu": "mi300x", "modelConfigRef": {"name": "qwen3"}})) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("{not json", "spec.profile.modelConfig is not JSON", id="not JSON"),
+        pytest.param("[1, 2]", "spec.profile.modelConfig is not a JSON object", id="not an object"),
+    ],
+)
+def test_an_inline_config_json_that_is_not_a_json_object_is_named_and_not_priced(
+    text: str, expected: str
+) -> None:
+    spec = _spec({"gpu": "l40s", "modelConfig": text})
+
+    reason = step_cost_model(spec)
+
+    assert isinstance(reason, str)
+    assert reason.startswith(expected)
+    assert "config.json" in reason

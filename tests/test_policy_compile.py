@@ -6,6 +6,7 @@ The samples in manifests/samples/ are the inputs: what a user writes is what the
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -289,7 +290,7 @@ def test_the_profile_key_follows_what_the_profile_reads_only() -> None:
 
 def test_an_edited_configmap_rebuilds_the_profile_that_reads_it() -> None:
     group = model_group(profile={"gpu": "h100-80g", "modelConfigRef": {"name": "qwen3"}})
-    config = MOE_SAMPLE["spec"]["profile"]["modelConfig"]
+    config = json.loads(MOE_SAMPLE["spec"]["profile"]["modelConfig"])
     key = profile_key(group.spec, slo_policy().spec, referenced=config)
     assert profile_key(group.spec, slo_policy().spec, referenced={**config, "num_experts_per_tok": 4}) != key
     assert profile_key(group.spec, slo_policy().spec, referenced="ConfigMap 'qwen3' does not exist") != key
