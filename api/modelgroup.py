@@ -765,8 +765,8 @@ class Profile(SpecModel):
         CelRule(
             rule="[has(self.modelShape), has(self.modelConfig), has(self.modelConfigRef)]"
             ".filter(x, x).size() <= 1",
-            message="`profile` must set at most one of `modelShape`, `modelConfig` and `modelConfigRef`: each "
-            "describes the model on its own",
+            message="`profile` must set at most one of `modelShape`, `modelConfig` and `modelConfigRef`: "
+            "each describes the model on its own",
             check=lambda profile: (
                 [profile.model_shape, profile.model_config_json, profile.model_config_ref].count(None) >= 2
             ),
