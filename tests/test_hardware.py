@@ -30,6 +30,7 @@ from goodput.estimators.service_time import (
     ModelShape,
     StepCostModel,
 )
+from goodput.simulator.published import QWEN3_30B_A3B
 
 
 @pytest.mark.parametrize(
@@ -115,21 +116,7 @@ def test_an_unknown_gpu_with_measured_figures_is_priced_as_the_reference_gpu() -
 
 # --- a model described by its config.json, an accelerator by its datasheet -------------------------
 
-QWEN3_MOE_FP8 = {
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "vocab_size": 151936,
-    "tie_word_embeddings": False,
-    "quantization_config": {"quant_method": "fp8"},
-}
+QWEN3_MOE_FP8 = {**QWEN3_30B_A3B, "quantization_config": {"quant_method": "fp8"}}
 
 
 def _spec(

@@ -15,21 +15,9 @@ from test_autoscaler import IDLE, NAMESPACE, Harness, MemoryApi, Metrics, model_
 from goodput.api.modelgroup import ModelGroupSpec
 from goodput.operator.kube import KubeError, KubeUnreachableError
 from goodput.operator.model_config_source import ModelConfigReader, configmap_path
+from goodput.simulator.published import QWEN3_30B_A3B
 
-QWEN3_MOE = {
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "vocab_size": 151936,
-    "tie_word_embeddings": False,
-}
+QWEN3_MOE = dict(QWEN3_30B_A3B)
 REFERENCED_PROFILE = {"gpu": "h100-80g", "maxNumSeqs": 64, "modelConfigRef": {"name": "qwen3-config"}}
 
 
