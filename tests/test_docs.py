@@ -6,7 +6,8 @@ by the CLI's own argparse parser (subcommand, flags and choices), each `make` ta
 the Makefile, each path into the repository must exist (and a manifest applied with kubectl must
 parse), and each `helm install`/`helm upgrade` must name the chart and values that exist; those are
 then rendered for real with `helm template` where helm is built. Inline `goodput ...` and
-`make ...` spans of the prose are held to the same names and flags.
+`make ...` spans of the prose are held to the same names and flags, and every code name the glossary
+of docs/concepts.md gives must be defined in the product's sources.
 """
 
 from __future__ import annotations
@@ -516,3 +517,36 @@ def test_every_documented_helm_install_renders() -> None:
             text=True,
         )
         assert result.returncode == 0, f"helm template with {list(sets)} failed:\n{result.stderr}"
+
+
+# --- the glossary -----------------------------------------------------------------------------------
+
+SOURCE_LAYERS = ("api", "estimators", "controllers", "operator", "simulator", "gateway", "agent")
+
+
+@cache
+def _source_words() -> frozenset[str]:
+    """Every word of the product's Python sources: names, and the words of their strings."""
+    return frozenset(
+        word
+        for layer in SOURCE_LAYERS
+        for path in (ROOT / layer).rglob("*.py")
+        for word in re.findall(r"\w+", path.read_text())
+    )
+
+
+def test_every_code_name_in_the_glossary_exists_in_the_code() -> None:
+    """The glossary of docs/concepts.md maps each term to names of the code: each name it gives (a class,
+    a function, a reason or a metric) must occur in the product's sources, so a rename shows here."""
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    glossary = text[text.index("## Glossary") :]
+    rows = [line.split("|") for line in glossary.splitlines() if line.startswith("| ") and "---" not in line]
+    names = {
+        span.split(" ")[0]
+        for row in rows[1:]
+        for span in INLINE_CODE.findall(row[3])
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*( =.*)?", span)
+    }
+    assert len(names) > 40, "the glossary's code names are no longer found (a test of the test)"
+    missing = sorted(names - _source_words())
+    assert not missing, f"docs/concepts.md names what the code does not define: {missing}"
