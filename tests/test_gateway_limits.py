@@ -200,9 +200,8 @@ def test_a_kept_alive_connection_may_idle_past_the_header_timeout_and_closes_at_
             reader, writer = await connect(r)
             writer.write(head("GET", "/healthz"))
             assert (await read_answer(reader))[0] == 200
-            await asyncio.sleep(
-                0.3
-            )  # on the virtual clock: past the header timeout, within the keep-alive one
+            # On the virtual clock: idle past the header timeout, within the keep-alive timeout.
+            await asyncio.sleep(0.3)
             writer.write(head("GET", "/healthz"))
             assert (await read_answer(reader))[0] == 200
             answered = now()
