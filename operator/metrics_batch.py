@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -96,13 +96,16 @@ class BatchedMetricsSource:
         gather_seconds: float,
         on_query: QueryCounter | None = None,
         executor: Executor | None = None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
-        """`executor` runs the blocking queries (None: asyncio's default executor)."""
+        """`executor` runs the blocking queries (None: asyncio's default executor). `sleep` waits
+        out a batch's gather window (`gather_seconds`); a test passes its own to close it at will."""
         if gather_seconds < 0:
             raise ValueError(f"gather_seconds must not be negative, got {gather_seconds}")
         self.reader = reader
         self.gather_seconds = gather_seconds
         self.executor = executor
+        self._sleep = sleep
         self._on_query = on_query or (lambda scope, answered: None)
         self._open: dict[Windows, _Batch] = {}
 
@@ -145,7 +148,7 @@ class BatchedMetricsSource:
         """Gather, close the batch to newcomers, ask once, hand each waiter its reading."""
         outcomes: dict[ModelGroupKey, Outcome] = {}
         try:
-            await asyncio.sleep(self.gather_seconds)
+            await self._sleep(self.gather_seconds)
             if self._open.get(batch.windows) is batch:
                 del self._open[batch.windows]
             keys = list(batch.waiters)

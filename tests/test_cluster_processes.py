@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from goodput.testbed.cluster import cli, processes
 from goodput.testbed.cluster.config import StatePaths
@@ -52,10 +53,13 @@ def test_a_record_that_no_longer_matches_never_kills(
     sleeper: processes.ProcessRecord, mismatch: dict[str, object]
 ) -> None:
     stale = replace(sleeper, **mismatch)
+    signalled: list[tuple[int, int]] = []
 
     assert not processes.is_running(stale)
-    assert processes.stop(stale, grace_seconds=0.1) is False
-    time.sleep(0.1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+        assert processes.stop(stale, grace_seconds=0.1) is False
+    assert signalled == [], "no signal sent on a record that no longer matches"
     assert processes.is_running(sleeper)
 
 
@@ -81,9 +85,7 @@ def test_stop_returns_only_after_the_process_let_go_of_its_port(tmp_path: Path) 
     record = processes.spawn(
         "server", [sys.executable, "-c", server], log_path=tmp_path / "server.log", pid_dir=tmp_path / "pids"
     )
-    deadline = time.monotonic() + 10
-    while not port_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(port_file.exists, "the server wrote its port")
     port = int(port_file.read_text())
 
     assert processes.stop(record, grace_seconds=5) is True
@@ -118,9 +120,7 @@ def serving(tmp_path: Path, source: str) -> tuple[processes.ProcessRecord, int]:
     record = processes.spawn(
         "server", [sys.executable, "-c", code], log_path=tmp_path / "server.log", pid_dir=tmp_path / "pids"
     )
-    deadline = time.monotonic() + 10
-    while not port_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(port_file.exists, "the server wrote its port")
     return record, int(port_file.read_text())
 
 
@@ -137,9 +137,9 @@ def test_stop_waits_for_every_thread_when_the_main_thread_exits_first(tmp_path: 
 def test_a_process_whose_main_thread_already_ended_is_still_waited_for(tmp_path: Path) -> None:
     record, port = serving(tmp_path, MAIN_THREAD_EXITS_FIRST)
     os.kill(record.pid, signal.SIGTERM)  # someone else began its stop
-    deadline = time.monotonic() + 5
-    while processes.is_running(record) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(
+        lambda: not processes.is_running(record), "the main thread ended on SIGTERM", timeout_seconds=5
+    )
     assert not processes.is_running(record) and not processes.has_exited(record.pid, record.start_ticks)
 
     assert processes.stop_process(record, grace_seconds=5) == "exited"
@@ -152,9 +152,7 @@ def test_a_process_that_ignores_sigterm_is_reported_killed(tmp_path: Path) -> No
     record = processes.spawn(
         "stubborn", [sys.executable, "-c", STUBBORN], log_path=tmp_path / "stubborn.log", pid_dir=tmp_path
     )
-    deadline = time.monotonic() + 10
-    while "ready" not in (tmp_path / "stubborn.log").read_text() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: "ready" in (tmp_path / "stubborn.log").read_text(), "the child ignores SIGTERM")
     assert processes.stop_process(record, grace_seconds=0.3) == "killed"
     assert processes.has_exited(record.pid, record.start_ticks)
     assert processes.stop_process(record) == "not running"
@@ -213,9 +211,7 @@ def test_cluster_down_returns_once_every_process_it_stopped_has_exited_and_says_
     stubborn = processes.spawn(
         "stubborn", [sys.executable, "-c", STUBBORN], log_path=state_dir / "stubborn.log", pid_dir=pids
     )
-    deadline = time.monotonic() + 10
-    while "ready" not in (state_dir / "stubborn.log").read_text() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: "ready" in (state_dir / "stubborn.log").read_text(), "the child ignores SIGTERM")
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(processes, "stop_process", functools.partial(processes.stop_process, grace_seconds=1))

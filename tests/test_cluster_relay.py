@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 
 import pytest
+from waiting import connection_once_listening
 
 from goodput.testbed.cluster import relay
 from goodput.testbed.cluster.controlplane import free_ports
@@ -24,11 +25,7 @@ async def _through_relay(payloads: list[bytes], *, target_listening: bool) -> li
     target = await asyncio.start_server(_echo, "127.0.0.1", target_port) if target_listening else None
     serving = asyncio.create_task(relay.serve(None, "127.0.0.1", relay_port, target_port))
     try:
-        for _ in range(100):
-            with contextlib.suppress(OSError):
-                reader, writer = await asyncio.open_connection("127.0.0.1", relay_port)
-                break
-            await asyncio.sleep(0.02)
+        reader, writer = await connection_once_listening("127.0.0.1", relay_port)
         answers = []
         for payload in payloads:
             writer.write(payload)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from goodput.agent import revision
 from goodput.agent.main import _cache_evidence, parse_args
@@ -108,15 +108,6 @@ def test_the_revision_evidence_reads_back_as_the_wanted_revision(wanted: str, tm
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
-def wait_until(predicate: object, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_an_agent_runs_while_its_pod_runs_reads_its_faults_and_stops_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,7 +130,7 @@ def test_an_agent_runs_while_its_pod_runs_reads_its_faults_and_stops_with_it(
     assert agents._running[LEADER.key].process is process, "one agent per pod, not one per pass"
 
     agents.sync(replace(LEADER, deleting=True))
-    assert wait_until(lambda: process.poll() is not None), "SIGTERM stops the agent"
+    wait_until(lambda: process.poll() is not None, "SIGTERM stops the agent")
     agents.reap()
     assert agents._stopping == []
 
@@ -158,7 +149,7 @@ def test_a_new_pod_under_the_same_name_gets_a_new_agent_and_the_group_keeps_its_
     agents.sync(replace(LEADER, uid="ffffffffffff"))
 
     assert agents._running[LEADER.key].process is not first
-    assert wait_until(lambda: first.poll() is not None)
+    wait_until(lambda: first.poll() is not None, "the first agent stopped")
     assert agents._group_ports[("ns", "mg", "g0")] == port, "the follower still meets the group there"
     agents.stop_all()
     assert agents._running == {} and agents._group_ports == {}

@@ -11,11 +11,9 @@ import asyncio
 import math
 import random
 import re
-import selectors
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from virtual_time import run_virtual
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import Engine, EngineConfig
@@ -40,35 +39,6 @@ from goodput.testbed.emulator_engine import (
 )
 
 CONTRACT = yaml.safe_load((Path(__file__).parent / "fixtures" / "vllm_metrics_contract.yaml").read_text())
-T = TypeVar("T")
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock jumps to the next timer whenever nothing is ready to run."""
-
-    def __init__(self) -> None:
-        super().__init__(selectors.DefaultSelector())
-        self._virtual_now = 1000.0
-        select = self._selector.select  # type: ignore[attr-defined]
-
-        def virtual_select(timeout: float | None = None) -> list[Any]:
-            events = select(0)
-            if not events and timeout:
-                self._virtual_now += timeout
-            return events  # type: ignore[no-any-return]
-
-        self._selector.select = virtual_select  # type: ignore[attr-defined]
-
-    def time(self) -> float:
-        return self._virtual_now
-
-
-def run_virtual(main: Callable[[], Awaitable[T]]) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(main())
-    finally:
-        loop.close()
 
 
 def profile(

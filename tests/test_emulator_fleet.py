@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from waiting import eventually, until
 
 from goodput.controllers import naming
 from goodput.testbed.cluster.controlplane import free_port
@@ -107,13 +108,6 @@ def make_pod(
             "containerStatuses": [{"name": "vllm", "state": {"running": {"startedAt": started}}}],
         },
     }
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def health(port: int) -> int | None:
@@ -244,14 +238,17 @@ def test_a_deleted_pod_drains_for_its_shutdown_timeout_then_closes() -> None:
 
     async def main() -> None:
         kube = FakeKube([make_pod("mg-g0-0", 0, port, shutdown_timeout=30.0)])
-        async with emulating(kube):
+        async with emulating(kube) as emulator:
             await eventually(lambda: _is(health(port), 200), "the leader to serve")
             async with aiohttp.ClientSession() as session:
                 body = {"prompt": "a b c", "max_tokens": 40}
                 request = asyncio.create_task(
                     session.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
                 )
-                await asyncio.sleep(0.05)
+                await until(
+                    lambda: any(leader.server.engine.in_flight for leader in emulator._leaders.values()),
+                    "the request is in flight",
+                )
                 kube.update(
                     "ns",
                     "mg-g0-0",

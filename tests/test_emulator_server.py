@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from virtual_time import run_virtual
+from waiting import until, wait_until
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import EngineConfig
@@ -102,16 +104,16 @@ def test_metrics_carry_dcgm_gpu_utilisation_for_each_gpu_of_the_rank_busy_while_
 
     async def main() -> None:
         async with serving(gpus=2) as (_, url, session):
-            await asyncio.sleep(1.1)
+            await asyncio.sleep(1.1)  # on the virtual clock: a sample period passes at once
             assert await utilisation(session, url) == {"0": 0.0, "1": 0.0}
             body = completion_body(100, 400)
             answer = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(1.2)  # on the virtual clock
             busy = await utilisation(session, url)
             assert set(busy) == {"0", "1"} and busy["0"] == busy["1"] >= 50.0, busy
             (await answer).close()
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_a_streamed_completion_is_sse_chunks_then_usage_then_done() -> None:
@@ -215,8 +217,7 @@ def test_over_the_queue_limit_the_server_answers_503() -> None:
     async def main() -> None:
         async with serving(profile(max_queued=1)) as (server, url, session):
             long = asyncio.create_task(session.post(f"{url}/v1/completions", json=completion_body(10, 5000)))
-            while server.engine.in_flight == 0:
-                await asyncio.sleep(0.01)
+            await until(lambda: server.engine.in_flight > 0, "the long request is in flight")
             async with session.post(f"{url}/v1/completions", json=completion_body(10, 5)) as response:
                 assert response.status == 503
             assert server.engine.snapshot().admission_rejections == {"max_num_queued_reqs": 1}
@@ -323,8 +324,7 @@ def test_a_client_that_disconnects_is_not_counted_as_finished() -> None:
             response.close()
             async with session.post(f"{url}/v1/completions", json=completion_body(10, 3)) as other:
                 assert other.status == 200
-            while server.engine.in_flight:
-                await asyncio.sleep(0.02)
+            await until(lambda: not server.engine.in_flight, "the disconnected request ends")
             snapshot = server.engine.snapshot()
             assert snapshot.request_success == {"length": 1}
             assert snapshot.histograms["vllm:e2e_request_latency_seconds"].total == 1
@@ -364,12 +364,11 @@ def test_the_command_refuses_connections_while_loading_and_drains_on_sigterm() -
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ})
     try:
-        refused_at_least_once = False
-        while not _connect(port):
-            refused_at_least_once = True
-            assert process.poll() is None, "the emulator exited while loading"
-            assert time.monotonic() - started < 60, "the emulator never started listening"
-            time.sleep(0.05)
+        refused_at_least_once = not _connect(port)
+        wait_until(
+            lambda: process.poll() is not None or _connect(port), "the emulator listening", timeout_seconds=60
+        )
+        assert process.poll() is None, "the emulator exited while loading"
         assert refused_at_least_once
         assert time.monotonic() - started >= load_seconds, "the port opened before the load was over"
         assert process.stdout is not None

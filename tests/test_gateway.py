@@ -16,6 +16,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 from gateway_upstream import Upstream
+from waiting import until
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
@@ -226,7 +227,7 @@ def test_overload_is_rejected_with_retry_after() -> None:
         slow = request_path_policy(max_num_seqs=1, capacity_work_seconds_per_second=1e-4)
         async with rig(slow, gate=gate) as r:
             first = asyncio.create_task(r.post(completion()))
-            await asyncio.sleep(0.05)
+            await until(lambda: r.upstreams["g1"].running == 1, "the first request holds the slot")
             refused = await r.post(completion())
             assert refused.status == 429 and refused.headers["X-Goodput-Reason"] == "Deadline"
             assert int(refused.headers["Retry-After"]) >= 1
@@ -252,8 +253,8 @@ def test_with_no_ready_group_a_request_is_held_then_served_when_one_comes() -> N
         async with rig() as r:
             r.set_groups(g1=(False, False))
             held = asyncio.create_task(r.post(completion()))
-            await asyncio.sleep(0.2)
-            assert not held.done() and len(r.gateway.queue) == 1
+            await until(lambda: len(r.gateway.queue) == 1, "the request is held")
+            assert not held.done()
             r.set_groups(g1=(True, False))
             response = await held
             assert response.status == 200 and response.headers["X-Goodput-Reason"] == "NoReadyGroup"
@@ -266,7 +267,7 @@ def test_a_request_held_at_zero_groups_is_exported_by_class_for_the_autoscaler()
         async with rig() as r:
             r.set_groups()  # zero groups: a pool scaled to zero
             held = asyncio.create_task(r.post(completion(max_tokens=8), **{"X-Goodput-Class": "chat"}))
-            await asyncio.sleep(0.2)
+            await until(lambda: len(r.gateway.queue) == 1, "the request is held")
             r.gateway.publish_gauges()
             name = r.gateway.policy.model_group
             interactive = {"model_group": name, "slo_class": "chat"}
@@ -310,10 +311,7 @@ def test_a_client_disconnect_frees_its_slot_and_counters() -> None:
             # The disconnect frees the only slot, so the next request is served.
             response = await asyncio.wait_for(queued, timeout=10)
             assert response.status == 200
-            for _ in range(100):
-                if r.gateway.groups["g1"].book.in_flight == 0:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: r.gateway.groups["g1"].book.in_flight == 0, "the book frees the slot")
             book = r.gateway.groups["g1"].book
             assert book.in_flight == 0 and book.kv_used_tokens == 0
             assert r.upstreams["g1"].aborted == 1
@@ -331,13 +329,9 @@ def test_a_client_that_leaves_a_non_streamed_request_at_the_engine_is_counted_as
         gate = asyncio.Event()
         async with rig(gate=gate) as r:
             leaving = asyncio.create_task(r.post(completion()))
-            async with asyncio.timeout(10):
-                while r.upstreams["g1"].running == 0:
-                    await asyncio.sleep(0.01)
+            await until(lambda: r.upstreams["g1"].running == 1, "the request reaches the engine")
             leaving.cancel()
-            async with asyncio.timeout(10):
-                while r.upstreams["g1"].aborted == 0:
-                    await asyncio.sleep(0.01)
+            await until(lambda: r.upstreams["g1"].aborted == 1, "the engine's request is aborted")
             count = {
                 stage: sample(
                     r.gateway, "goodput_gateway_client_disconnects_total", model_group=MODEL, stage=stage
@@ -406,15 +400,11 @@ def test_a_queued_client_that_leaves_is_withdrawn() -> None:
         gate = asyncio.Event()
         async with rig(request_path_policy(max_num_seqs=1), gate=gate) as r:
             first = asyncio.create_task(r.post(completion()))
-            await asyncio.sleep(0.05)
+            await until(lambda: r.upstreams["g1"].running == 1, "the first request holds the slot")
             leaving = asyncio.create_task(r.post(completion()))
-            await asyncio.sleep(0.05)
-            assert len(r.gateway.queue) == 1
+            await until(lambda: len(r.gateway.queue) == 1, "the second request queues")
             leaving.cancel()
-            for _ in range(100):
-                if len(r.gateway.queue) == 0:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: len(r.gateway.queue) == 0, "the leaving client is withdrawn")
             assert len(r.gateway.queue) == 0 and r.gateway.queued_work_seconds == 0
             gate.set()
             assert (await first).status == 200
@@ -433,12 +423,12 @@ def test_contending_tenants_are_served_by_their_counters() -> None:
                 asyncio.create_task(r.post(completion(user="a"), **{"X-Goodput-Tenant": "a"}))
                 for _ in range(7)
             ]
-            await asyncio.sleep(0.1)
+            await until(lambda: len(r.gateway.queue) == 6, "a's requests: one served, six queued")
             tasks += [
                 asyncio.create_task(r.post(completion(user="b"), **{"X-Goodput-Tenant": "b"}))
                 for _ in range(2)
             ]
-            await asyncio.sleep(0.1)
+            await until(lambda: len(r.gateway.queue) == 8, "b's requests queued behind a's")
             gate.set()
             assert all(response.status == 200 for response in await asyncio.gather(*tasks))
             tenants = [received.body["user"] for received in r.upstreams["g1"].received]
@@ -461,10 +451,16 @@ def test_the_deadline_gate_prices_a_tenants_wait_by_its_place_in_the_fair_order(
         work = pricing.prefill_work_seconds(3) + pricing.decode_work_seconds(3, 4)
         policy = dataclasses.replace(base, capacity_work_seconds_per_second=work / 0.2)
         async with rig(policy, gate=gate) as r:
-            tasks = []
+            tasks: list[asyncio.Task[aiohttp.ClientResponse]] = []
+
+            def held(posted: list[asyncio.Task[aiohttp.ClientResponse]]) -> bool:
+                """Every request not yet answered is at the engine or in the gateway's queue."""
+                waiting = sum(not task.done() for task in posted)
+                return r.upstreams["g1"].running + len(r.gateway.queue) == waiting
+
             for _ in range(6):
                 tasks.append(asyncio.create_task(r.post(completion(user="a"), **{"X-Goodput-Tenant": "a"})))
-                await asyncio.sleep(0.05)
+                await until(lambda: tasks[-1].done() or held(tasks), "the request is refused or held")
             queued_for_a = [task for task in tasks if not task.done()]
             refused_a = [task.result() for task in tasks if task.done()]
             assert len(queued_for_a) == 4 and len(refused_a) == 2  # one running, three queued
@@ -472,7 +468,7 @@ def test_the_deadline_gate_prices_a_tenants_wait_by_its_place_in_the_fair_order(
                 one.status == 429 and one.headers["X-Goodput-Reason"] == "Deadline" for one in refused_a
             )
             light = asyncio.create_task(r.post(completion(user="b"), **{"X-Goodput-Tenant": "b"}))
-            await asyncio.sleep(0.05)
+            await until(lambda: light.done() or held([*tasks, light]), "b's request is refused or held")
             assert not light.done()  # admitted and waiting in the fair queue, not refused
             gate.set()
             answered = await light

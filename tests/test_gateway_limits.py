@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from urllib.parse import urlsplit
 
 import pytest
 from test_gateway import MODEL, Rig, completion, rig, run, sample
+from virtual_time import run_virtual
+from waiting import until
 
 from goodput.gateway.connections import ClientCounts, HeadDeadline
 from goodput.gateway.limits import MIB, BodyBudget, ClientLimits
@@ -56,6 +57,11 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]
     return int(status_line.split()[1]), headers, body
 
 
+def now() -> float:
+    """The running loop's clock: the one the gateway's timeouts count on (virtual under run_virtual)."""
+    return asyncio.get_running_loop().time()
+
+
 async def seconds_until_closed(reader: asyncio.StreamReader, started: float) -> float:
     """How long after `started` the gateway closed the connection (EOF or reset), reading and
     dropping anything it sent first; fails if it stays open for PATIENCE_SECONDS."""
@@ -67,7 +73,7 @@ async def seconds_until_closed(reader: asyncio.StreamReader, started: float) -> 
         pass
     except TimeoutError:
         raise AssertionError(f"still open after {PATIENCE_SECONDS}s") from None
-    return time.monotonic() - started
+    return now() - started
 
 
 async def trickle(writer: asyncio.StreamWriter, pieces: list[bytes], gap_seconds: float) -> None:
@@ -172,7 +178,7 @@ def test_a_client_address_holds_at_most_its_cap_and_gets_its_seats_back() -> Non
 def test_a_connection_without_a_whole_head_is_closed_at_the_header_timeout(sent: list[bytes]) -> None:
     async def main() -> None:
         async with rig(limits=SHORT) as r:
-            started = time.monotonic()
+            started = now()
             reader, writer = await connect(r)
             sender = asyncio.create_task(trickle(writer, sent, 0.05))
             elapsed = await seconds_until_closed(reader, started)
@@ -181,7 +187,7 @@ def test_a_connection_without_a_whole_head_is_closed_at_the_header_timeout(sent:
             await sender
             assert (await r.post(completion())).status == 200
 
-    run(main)
+    run_virtual(main)
 
 
 def test_a_kept_alive_connection_may_idle_past_the_header_timeout_and_closes_at_the_keepalive_timeout() -> (
@@ -194,16 +200,17 @@ def test_a_kept_alive_connection_may_idle_past_the_header_timeout_and_closes_at_
             reader, writer = await connect(r)
             writer.write(head("GET", "/healthz"))
             assert (await read_answer(reader))[0] == 200
-            await asyncio.sleep(0.3)  # past the header timeout, within the keep-alive timeout
+            # On the virtual clock: idle past the header timeout, within the keep-alive timeout.
+            await asyncio.sleep(0.3)
             writer.write(head("GET", "/healthz"))
             assert (await read_answer(reader))[0] == 200
-            answered = time.monotonic()
+            answered = now()
             elapsed = await seconds_until_closed(reader, answered)
             assert limits.keepalive_timeout_seconds - 0.05 <= elapsed < 1.5
             assert closed(r, "header_timeout") == 0
             writer.close()
 
-    run(main)
+    run_virtual(main)
 
 
 def test_connections_past_the_per_client_cap_are_closed_as_they_open_and_the_client_is_still_served() -> None:
@@ -211,7 +218,7 @@ def test_connections_past_the_per_client_cap_are_closed_as_they_open_and_the_cli
         async with rig(limits=ClientLimits(max_connections_per_client=2)) as r:
             held = [await connect(r) for _ in range(2)]
             reader, _ = await connect(r)
-            assert await seconds_until_closed(reader, time.monotonic()) < 0.5
+            assert await seconds_until_closed(reader, now()) < 0.5
             assert closed(r, "client_connection_limit") == 1
             assert not any(writer.is_closing() for _, writer in held)
             held[0][1].close()
@@ -228,9 +235,11 @@ def test_connections_past_the_per_client_cap_are_closed_as_they_open_and_the_cli
 
 async def seats_taken(r: Rig, count: int) -> None:
     """Wait until the gateway counts `count` connections open from 127.0.0.1."""
-    async with asyncio.timeout(PATIENCE_SECONDS):
-        while r.guard.clients.open.get("127.0.0.1", 0) != count:
-            await asyncio.sleep(0.01)
+    await until(
+        lambda: r.guard.clients.open.get("127.0.0.1", 0) == count,
+        f"{count} connections open from 127.0.0.1",
+        timeout_seconds=PATIENCE_SECONDS,
+    )
 
 
 # --- bodies ---------------------------------------------------------------------------------------
@@ -282,10 +291,10 @@ def test_a_body_not_whole_by_the_body_timeout_gets_408_and_its_connection_is_clo
             reader, writer = await connect(r)
             writer.write(head("POST", "/v1/completions", Content_Type="application/json", Content_Length=100))
             sender = asyncio.create_task(trickle(writer, [b" "] * pieces, gap_seconds))
-            started = time.monotonic()
+            started = now()
             status, headers, _ = await read_answer(reader)
             assert status == 408 and headers["connection"] == "close"
-            assert SHORT.body_timeout_seconds - 0.05 <= time.monotonic() - started < 1.0
+            assert SHORT.body_timeout_seconds - 0.05 <= now() - started < 1.0
             assert await seconds_until_closed(reader, started) < 1.0
             sender.cancel()
             assert refused(r, "BodyTimeout") == 1
@@ -313,9 +322,9 @@ def test_bodies_in_flight_share_one_budget_and_one_that_does_not_fit_gets_503_wi
             )
             writer.write(first[:900])
             await writer.drain()
-            async with asyncio.timeout(PATIENCE_SECONDS):
-                while r.gateway.bodies.held_bytes < 900:
-                    await asyncio.sleep(0.01)
+            await until(
+                lambda: r.gateway.bodies.held_bytes >= 900, "the gateway holds the first body's bytes"
+            )
             refused = await r.session.post(
                 r.url + "/v1/completions",
                 data=padded_completion(700),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import waiting
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -160,11 +161,7 @@ class FakeApi:
 
 
 async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
+    await waiting.until(condition, "the watch's expected state", timeout_seconds=seconds)
 
 
 async def with_api(api: FakeApi, body: Callable[[ApiServer], Awaitable[None]]) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from waiting import until
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import EngineConfig
@@ -328,7 +329,8 @@ def test_each_failure_is_classified(fault: str, outcome: str) -> None:
             run = asyncio.create_task(
                 generate(url, same_time(1, 10, 3000), model=model, request_timeout_seconds=3.0)
             )
-            await asyncio.sleep(0.3)
+            if fault in ("terminate", "close", "kill"):
+                await until(lambda: server.engine.in_flight > 0, "the request is in flight")
             if fault == "terminate":
                 await server.terminate(0.0)
             elif fault == "close":

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from waiting import until
 
 from goodput.operator.metrics_batch import BatchedMetricsSource, next_tick_delay_seconds
 from goodput.operator.metrics_source import (
@@ -292,15 +293,56 @@ def test_without_batching_each_read_is_its_own_query() -> None:
     assert all(isinstance(result, MetricsReading) and set(result.groups) == {"g0"} for result in results)
 
 
+class GatherWindows:
+    """The batches' gather windows, each closed when the test says (in place of asyncio.sleep)."""
+
+    def __init__(self) -> None:
+        self.open: list[asyncio.Event] = []
+
+    async def sleep(self, seconds: float) -> None:
+        assert seconds > 0
+        window = asyncio.Event()
+        self.open.append(window)
+        await window.wait()
+
+    async def close(self, index: int) -> None:
+        """Close the index-th batch's window, once that batch gathers."""
+        await until(lambda: len(self.open) > index, f"batch {index} gathers")
+        self.open[index].set()
+
+
+class HeldReader(Reader):
+    """A Reader whose first fleet query is held until the test releases it: a batch being answered."""
+
+    def __init__(self, answer: list[dict[str, Any]]) -> None:
+        super().__init__(answer)
+        self.answering, self.release = threading.Event(), threading.Event()
+
+    def read_fleet(
+        self, keys: Sequence[ModelGroupKey], windows: Windows
+    ) -> dict[ModelGroupKey, MetricsReading]:
+        if not self.answering.is_set():
+            self.answering.set()
+            assert self.release.wait(10), "the test released the first query"
+        return super().read_fleet(keys, windows)
+
+
 def test_a_read_arriving_while_a_batch_is_answered_waits_for_the_next_batch() -> None:
-    reader = Reader(ANSWER)
-    source = BatchedMetricsSource(reader, gather_seconds=0.05)
+    reader = HeldReader(ANSWER)
+    windows = GatherWindows()
+    source = BatchedMetricsSource(reader, gather_seconds=0.05, sleep=windows.sleep)
 
     async def late_joiner() -> None:
         first = asyncio.create_task(source.read("ml", "llama", WINDOWS))
-        await asyncio.sleep(0.08)  # the first batch has closed
-        second = await source.read("ml", "mistral", WINDOWS)
-        assert set((await first).groups) == {"g0"} and set(second.groups) == {"g0"}
+        await windows.close(0)
+        await until(reader.answering.is_set, "the first batch has closed and is being answered")
+        second = asyncio.create_task(source.read("ml", "mistral", WINDOWS))
+        try:
+            await until(lambda: len(windows.open) == 2, "the late read opens a batch of its own")
+        finally:
+            reader.release.set()
+        await windows.close(1)
+        assert set((await first).groups) == {"g0"} and set((await second).groups) == {"g0"}
 
     asyncio.run(late_joiner())
     assert reader.queries == [("fleet", WINDOWS), ("fleet", WINDOWS)]
@@ -308,15 +350,18 @@ def test_a_read_arriving_while_a_batch_is_answered_waits_for_the_next_batch() ->
 
 def test_a_tick_cancelled_while_waiting_leaves_the_batch_to_the_others() -> None:
     reader = Reader(ANSWER)
-    source = BatchedMetricsSource(reader, gather_seconds=0.05)
+    windows = GatherWindows()
+    source = BatchedMetricsSource(reader, gather_seconds=0.05, sleep=windows.sleep)
 
     async def one_cancelled() -> MetricsReading:
         doomed = asyncio.create_task(source.read("ml", "llama", WINDOWS))
         kept = asyncio.create_task(source.read("ml", "mistral", WINDOWS))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(windows.open) == 1, "the batch gathers both reads")
+        assert len(source._open[WINDOWS].waiters) == 2
         doomed.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await doomed
+        await windows.close(0)
         return await kept
 
     assert set(asyncio.run(one_cancelled()).groups) == {"g0"}
@@ -459,7 +504,7 @@ def test_an_unbatched_query_cancelled_with_its_executor_is_unavailable_not_a_can
 
     async def read_while_stopping() -> MetricsReading | BaseException:
         read = asyncio.create_task(source.read("ml", "llama", WINDOWS))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0)  # one turn of the loop: the read sends its query to the executor's queue
         executor.shutdown(wait=False, cancel_futures=True)
         busy.set()
         (result,) = await asyncio.gather(read, return_exceptions=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 import pytest
+from waiting import wait_until
 
 from goodput.controllers.leader_election import ElectionTiming, LeaseRecord
 from goodput.operator import main
@@ -152,8 +153,12 @@ def test_the_background_renewal_keeps_the_lease_and_the_watchdog_ends_a_partitio
     try:
         elector.acquire()
         elector.keep()
-        time.sleep(0.5)
-        assert leases.writes.count("a") >= 3 and not codes, "renewed every retry period"
+        wait_until(
+            lambda: leases.writes.count("a") >= 3,
+            "renewed every retry period, well within the renew deadline",
+            timeout_seconds=fast.renew_deadline_seconds,
+        )
+        assert not codes, "a holder that renews is not ended"
         leases.down = True
         assert ended.wait(8), "the watchdog ended the holder"
         assert codes[0] == EXIT_LEADERSHIP_LOST

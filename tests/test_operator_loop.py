@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 import pytest
+from waiting import until
 
 from goodput.controllers import naming
 from goodput.controllers.drain import LeaderSample, parse_progress
@@ -499,11 +500,13 @@ class Flag:
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
+        self.waits = 0
 
     def __bool__(self) -> bool:
         return self.event.is_set()
 
     async def wait(self, timeout: float | None = None) -> Flag:
+        self.waits += 1
         await self.event.wait()
         return self
 
@@ -521,8 +524,10 @@ def test_a_stopped_loop_returns_at_once_instead_of_sleeping_out_its_interval() -
     async def scenario() -> float:
         stopped = Flag()
         task = asyncio.create_task(run_model_group_loop(h.loop.runtime, h.loop, stopped))
-        while not h.loop.runtime.kube.calls:  # type: ignore[attr-defined]
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: bool(h.loop.runtime.kube.calls) and stopped.waits == 1,  # type: ignore[attr-defined]
+            "the first tick read and the loop waits out its interval",
+        )
         began = time.monotonic()
         stopped.event.set()
         await asyncio.wait_for(task, timeout=5)
@@ -538,7 +543,7 @@ def test_a_loop_cancelled_after_it_was_told_to_stop_ends_quietly() -> None:
     async def scenario() -> asyncio.Task[None]:
         stopped = Flag()
         task = asyncio.create_task(run_model_group_loop(h.loop.runtime, h.loop, stopped))
-        await asyncio.sleep(0.05)
+        await until(lambda: stopped.waits == 1, "the loop waits out its interval")
         stopped.event.set()
         task.cancel()
         await asyncio.wait([task], timeout=5)
