@@ -26,6 +26,23 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 HEADER_TIMEOUT = "header_timeout"
 CLIENT_CONNECTION_LIMIT = "client_connection_limit"
+# How long a connection cut off after its answer still takes (and drops) what the client sends.
+CUT_OFF_LINGER_SECONDS = 2.0
+
+
+def cut_off(transport: asyncio.BaseTransport | None) -> None:
+    """End a connection whose answer is written: the end of the stream now, the socket closed
+    CUT_OFF_LINGER_SECONDS later. Closing at once while the client is still writing (a body too slow
+    to arrive) resets the connection, and a reset can reach the client before it has read the
+    answer; a half close lets it read the answer whole and see the end, and the bytes it still sends
+    are taken and dropped until the socket closes."""
+    if transport is None or transport.is_closing():
+        return
+    if isinstance(transport, asyncio.WriteTransport) and transport.can_write_eof():
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(CUT_OFF_LINGER_SECONDS, transport.close)
+    else:
+        transport.close()
 
 
 @dataclass(slots=True)

@@ -51,6 +51,7 @@ from goodput.controllers.request_path import RequestPathPolicy
 from goodput.controllers.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
+from goodput.gateway.connections import cut_off
 from goodput.gateway.groups import GroupEndpoint, GroupSource
 from goodput.gateway.limits import BodyBudget, BodyLease, BodyRefusedError, ClientLimits, read_body
 from goodput.gateway.metrics import GatewayMetrics
@@ -432,7 +433,8 @@ class Gateway:
     async def _body_refusal(self, request: web.Request, refusal: BodyRefusedError) -> web.StreamResponse:
         """413, 503 or 408 for a body not read whole, and the connection not reused: aiohttp drains
         the rest of a refused body for at most its lingering time (10 s), so the client gets the answer
-        rather than a reset; a client too slow to send its body in time is cut off once it is written."""
+        rather than a reset. A client too slow to send its body in time gets its answer and the end of
+        the stream at once, and the connection is cut a little later (`connections.cut_off`)."""
         self.metrics.bodies_refused.labels(self.policy.model_group, refusal.code).inc()
         headers = {}
         if refusal.retry_after_seconds is not None:
@@ -443,8 +445,7 @@ class Gateway:
         if refusal.close:
             await response.prepare(request)
             await response.write_eof()
-            if request.transport is not None:
-                request.transport.close()
+            cut_off(request.transport)
         return response
 
     async def _proxy_parsed(
