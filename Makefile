@@ -86,7 +86,7 @@ demo-sim: venv
 # The fair benchmark suite: every trace under $(TRACES) and seeded flash crowds, both sample
 # ModelGroups, each policy tuned on the training window and reported on the test window, with the
 # hindsight oracle. Writes out/bench/table.md, results.json and the cost-versus-attainment plots.
-# SEED (default 0, the README's run) draws every case anew.
+# SEED (default 0, the run docs/benchmarks.md reports) draws every case anew.
 SEED ?= 0
 bench: venv
 	$(PY) bench/bench_suite.py --traces $(TRACES) --out out/bench --workers 2 --seed $(SEED)

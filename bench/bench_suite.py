@@ -6,7 +6,7 @@ Run: .venv/bin/python bench/bench_suite.py --traces ../shared/traces --out out/b
 
 --seed draws every case anew: the thinning or replication of each request trace, the arrivals and
 lengths of each rate series, every request's class and the step-time noise (a flash crowd's
-arrivals and lengths keep their own seed, the trace's). The default, 0, is the run the README
+arrivals and lengths keep their own seed, the trace's). The default, 0, is the run docs/benchmarks.md
 shows; another seed tells whether a case's verdict rests on one draw.
 
 With --gateway every run (each policy's sweep and test, and the oracle's search) has the gateway's

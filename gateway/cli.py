@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="how long to wait for the ModelGroup and SLOPolicy at start",
     )
-    _add_client_limits(parser.add_argument_group("client limits (README: The gateway)"))
+    _add_client_limits(parser.add_argument_group("client limits (docs/gateway.md)"))
     standalone = parser.add_argument_group("standalone mode")
     standalone.add_argument("--modelgroup", type=Path, help="ModelGroup YAML instead of the API server's")
     standalone.add_argument("--policy", type=Path, help="SLOPolicy YAML instead of the API server's")

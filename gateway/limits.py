@@ -22,7 +22,7 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class ClientLimits:
-    """The bounds on what clients hold; every one is a `goodput gateway` option (README: The gateway).
+    """The bounds on what clients hold; every one is a `goodput gateway` option (docs/gateway.md).
 
     `header_timeout_seconds`: a request's head (request line and headers) must arrive whole this long
     after the connection opened, or after its first byte on a kept-alive connection; else the

@@ -22,7 +22,7 @@ everywhere else). The sources and the settings replayed:
   reproduced.
 
 A point marked reproduced must stay within 25 % on every figure it compares; one marked not
-reproduced must stay outside, so that the README's account of where the model misses changes
+reproduced must stay outside, so that the account in docs/benchmarks.md of where the model misses changes
 when the model does.
 """
 
@@ -56,7 +56,7 @@ def test_the_model_is_within_a_quarter_of_the_published_figure(point: PublishedP
 def test_a_point_reported_as_missed_is_still_missed_and_says_why(point: PublishedPoint) -> None:
     assert point.why_not
     assert abs(worst_error(point, model_figures(point))) > TOLERANCE, (
-        f"{point.key} is now within {TOLERANCE:.0%}: mark it reproduced and update the README"
+        f"{point.key} is now within {TOLERANCE:.0%}: mark it reproduced and update docs/benchmarks.md"
     )
 
 
