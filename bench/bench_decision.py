@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     DecisionState,
     GroupMetrics,
     GroupObservation,

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from goodput.controllers.autoscale_model import SloTargets
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.autoscale.model import SloTargets
+from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B
 from goodput.simulator.baselines import FixedFleet

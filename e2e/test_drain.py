@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.controllers.observation import parse_time
+from goodput.controllers.groups.observation import parse_time
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.crash_points import CRASH_POINTS

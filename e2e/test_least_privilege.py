@@ -44,7 +44,7 @@ from test_chart_install import (
     workload_namespace,  # noqa: F401 (a fixture, used by name)
 )
 
-from goodput.controllers import agent_sidecar
+from goodput.controllers.groups import agent_sidecar
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 

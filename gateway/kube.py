@@ -28,8 +28,8 @@ from pydantic import ValidationError
 from goodput.api.labels import LEADER_RANK, MODEL_GROUP_LABEL, RANK_LABEL
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.observation import parse_pod
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.groups.observation import parse_pod
 from goodput.gateway.groups import GroupEndpoint, GroupsCallback, endpoint_of
 
 log = logging.getLogger("goodput.gateway.kube")

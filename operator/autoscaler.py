@@ -6,7 +6,7 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 1. takes the ModelGroup as the watch last delivered it (kopf's body: the count, the groups and the
    last records; with the autoscaler's own last status write laid over it until the watch shows
    it, `with_own_status`), and the SLOPolicies from an index; compiles them
-   (`controllers.policy_compile`; the capacity profile is rebuilt only when its inputs change);
+   (`controllers.compile.scaling`; the capacity profile is rebuilt only when its inputs change);
 2. reads the engine metrics of the ready groups from Prometheus (`metrics_source`), in one query
    shared with every ModelGroup ticking at the same moment (`metrics_batch`: ticks are aligned to
    the interval, so an interval costs one query per query shape, not one per ModelGroup). A
@@ -72,8 +72,9 @@ from goodput.api.base import GROUP, VERSION
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import Decision, DecisionState, Mode
-from goodput.controllers.decision_record import (
+from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict, snapshot_attainability
+from goodput.controllers.autoscale.model import Decision, DecisionState, Mode
+from goodput.controllers.autoscale.record import (
     FailureReason,
     MetricsHealth,
     attainability_conditions,
@@ -90,19 +91,18 @@ from goodput.controllers.decision_record import (
     persist_due,
     record_decisions,
 )
-from goodput.controllers.feasible_demand import AttainabilityVerdict, snapshot_attainability
-from goodput.controllers.groups import EventRecord
-from goodput.controllers.hardware import ReadConfig
-from goodput.controllers.ownership import AUTOSCALER_STATUS
-from goodput.controllers.policy import parse_slo_policy
-from goodput.controllers.policy_compile import (
+from goodput.controllers.compile.scaling import (
     DEFAULT_RATE_WINDOW_SECONDS,
     CompiledPolicy,
     capacity_profile,
     compile_policy,
     profile_key,
 )
-from goodput.controllers.template import parse_model_group
+from goodput.controllers.compile.slo_policy import parse_slo_policy
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.template import parse_model_group
+from goodput.controllers.hardware import ReadConfig
+from goodput.controllers.ownership import AUTOSCALER_STATUS
 from goodput.estimators.capacity import CapacityProfile
 from goodput.operator.kube import KubeError
 from goodput.operator.metrics_batch import BatchedMetricsSource, next_tick_delay_seconds

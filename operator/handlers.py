@@ -31,8 +31,12 @@ from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
 from goodput.controllers import naming
-from goodput.controllers.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
-from goodput.controllers.dynamic_resources import (
+from goodput.controllers.autoscale.snapshot import wanted_groups
+from goodput.controllers.compile.slo_policy import parse_slo_policy, reconcile_policy
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
+from goodput.controllers.groups.dynamic_resources import (
     NO_DEVICE_CLASS,
     DeviceClassView,
     DeviceKey,
@@ -43,15 +47,14 @@ from goodput.controllers.dynamic_resources import (
     parse_device_class,
     parse_resource_slice,
 )
-from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
-from goodput.controllers.groups import (
+from goodput.controllers.groups.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
+from goodput.controllers.groups.model import (
     APPLY_ORDER,
     DrainEnded,
     DrainMark,
     DrainOutcomeMark,
     DrainProgressMark,
     DrainStart,
-    EventRecord,
     GateChange,
     GateRelease,
     GroupCreation,
@@ -63,9 +66,8 @@ from goodput.controllers.groups import (
     World,
     parse_backoffs,
     parse_rollout,
-    plan_model_group,
 )
-from goodput.controllers.observation import (
+from goodput.controllers.groups.observation import (
     ConditionView,
     NodeView,
     PodView,
@@ -76,12 +78,9 @@ from goodput.controllers.observation import (
     parse_pod,
     pod_accelerator,
 )
-from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
-from goodput.controllers.placement import GpuClaim, Inventory
-from goodput.controllers.policy import parse_slo_policy, reconcile_policy
-from goodput.controllers.snapshot import wanted_groups
-from goodput.controllers.status import invalid_spec_status, model_group_status, with_others_conditions
-from goodput.controllers.template import (
+from goodput.controllers.groups.placement import GpuClaim, Inventory
+from goodput.controllers.groups.status import invalid_spec_status, model_group_status, with_others_conditions
+from goodput.controllers.groups.template import (
     ControllerTuning,
     group_template,
     parse_model_group,
@@ -89,6 +88,7 @@ from goodput.controllers.template import (
     readiness_rules,
     spec_problems,
 )
+from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
 from goodput.operator.engine import read_leader, warm_up
 from goodput.operator.kube import STRATEGIC_MERGE_PATCH, KubeApi, KubeError
 from goodput.operator.metrics import OperatorMetrics

@@ -11,7 +11,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from goodput.controllers.groups import DrainEnded
+from goodput.controllers.groups.model import DrainEnded
 
 GROUP_STATES = ("Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed")
 # Ready time spans seconds (a warm image on a small model) to an hour (a cold 405B load).

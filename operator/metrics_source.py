@@ -34,7 +34,7 @@ from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTime
 from urllib3.util.retry import Retry
 
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     GatewayClassFigures,
     GatewayObservation,
     GroupMetrics,
@@ -42,9 +42,7 @@ from goodput.controllers.autoscale_model import (
     GroupState,
     ModelGroupSnapshot,
 )
-from goodput.controllers.policy_compile import CompiledPolicy, drain_target_seconds
-from goodput.controllers.policy_compile import rate_window_seconds as rate_window
-from goodput.controllers.snapshot import (
+from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
     GroupCounts,
     aligned,
@@ -54,6 +52,8 @@ from goodput.controllers.snapshot import (
     model_group_snapshot,
     unplaceable,
 )
+from goodput.controllers.compile.scaling import CompiledPolicy, drain_target_seconds
+from goodput.controllers.compile.scaling import rate_window_seconds as rate_window
 from goodput.estimators.attainment import Histogram
 from goodput.operator.promql import (
     GATEWAY_CLASS_LABEL,

@@ -97,7 +97,7 @@ HISTOGRAM_QUANTITIES = frozenset(
 GATEWAY_QUANTITIES = frozenset(quantity for quantity in Quantity if quantity.value.startswith("gateway_"))
 """Answered by the gateway's series: one per SLO class (`slo_class`), or one for the ModelGroup."""
 GATEWAY_CLASS_LABEL = "slo_class"
-# The gateway's admission outcomes (controllers.admission.Outcome): these proceeded to a group.
+# The gateway's admission outcomes (controllers.requests.admission.Outcome): these proceeded to a group.
 PROCEEDED_OUTCOMES = "admitted|deferred|degraded"
 # vLLM's finished_reason values (vllm-contract §1.2): completed requests, and those that were not.
 FINISHED_REASONS = "stop|length|repetition"

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests, KnativeKpa, KpaSpec
 from goodput.simulator.config import SimulationSetup

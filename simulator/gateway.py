@@ -26,9 +26,11 @@ from enum import IntEnum
 
 import numpy as np
 
-from goodput.controllers.admission import (
+from goodput.api.reasons import AdmissionReason
+from goodput.controllers.autoscale.model import GatewayClassFigures, GatewayObservation
+from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.requests.admission import (
     AdmissionDecision,
-    AdmissionReason,
     DrainRateMeter,
     GroupLoad,
     Outcome,
@@ -36,10 +38,8 @@ from goodput.controllers.admission import (
     TokenBucket,
     admit,
 )
-from goodput.controllers.autoscale_model import GatewayClassFigures, GatewayObservation
-from goodput.controllers.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
-from goodput.controllers.request_path import RequestPathPolicy
-from goodput.controllers.routing import Candidate, GroupBook, RouteRequest, choose_group
+from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
+from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group
 from goodput.estimators.attainment import Histogram, histogram_delta
 from goodput.simulator.metrics import TTFT_BUCKETS_SECONDS, HistogramAccumulator
 from goodput.simulator.workload import Workload

@@ -16,7 +16,7 @@ import numpy as np
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GroupObservation,
@@ -25,21 +25,21 @@ from goodput.controllers.autoscale_model import (
     ScalingPolicy,
     SloTargets,
 )
-from goodput.controllers.policy_compile import (
-    DEFAULT_RATE_WINDOW_SECONDS,
-    GroupBounds,
-    bounded_scaling_policy,
-    drain_target_seconds,
-    metrics_window_seconds,
-    rate_window_seconds,
-)
-from goodput.controllers.snapshot import (
+from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
     GroupCounts,
     aligned,
     engine_metrics,
     expected_ready_seconds,
     model_group_snapshot,
+)
+from goodput.controllers.compile.scaling import (
+    DEFAULT_RATE_WINDOW_SECONDS,
+    GroupBounds,
+    bounded_scaling_policy,
+    drain_target_seconds,
+    metrics_window_seconds,
+    rate_window_seconds,
 )
 from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import (
     FixedFleet,

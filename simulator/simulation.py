@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from goodput.controllers.groups import GroupTransition
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.groups.lifecycle import GroupTransition
 from goodput.simulator.engine import Engine
 from goodput.simulator.fleet import Fleet, FleetConfig, FleetCounts, Group, GroupPhase, LifecycleEvent
 from goodput.simulator.gateway import SimGateway

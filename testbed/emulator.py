@@ -55,8 +55,8 @@ from goodput.agent.nccl import evaluate as evaluate_nccl
 from goodput.agent.publish import PodCondition
 from goodput.api.modelgroup import ModelGroupSpec
 from goodput.controllers import naming
+from goodput.controllers.groups.observation import pod_accelerator, pod_gpus
 from goodput.controllers.hardware import catalog_model_key, gpu_spec, model_shape
-from goodput.controllers.observation import pod_accelerator, pod_gpus
 from goodput.estimators.service_time import (
     GPUS,
     H100_80G,

@@ -12,9 +12,10 @@ import yaml
 
 from goodput.api import labels
 from goodput.api.modelgroup import ModelGroup
-from goodput.controllers import agent_sidecar, naming
-from goodput.controllers.pods import GroupTemplate, render_group
-from goodput.controllers.template import group_template
+from goodput.controllers import naming
+from goodput.controllers.groups import agent_sidecar
+from goodput.controllers.groups.pods import GroupTemplate, render_group
+from goodput.controllers.groups.template import group_template
 
 IMAGE = "ghcr.io/goodput/agent:0.1.0"
 SINGLE = GroupTemplate(

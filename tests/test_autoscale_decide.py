@@ -29,7 +29,7 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GroupMetrics,

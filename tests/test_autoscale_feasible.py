@@ -28,7 +28,8 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.feasible_demand import floor_model
+from goodput.controllers.autoscale.model import (
     ClassFeasibility,
     Decision,
     DecisionState,
@@ -38,8 +39,12 @@ from goodput.controllers.autoscale_model import (
     ScalingPolicy,
     SloTargets,
 )
-from goodput.controllers.feasible_demand import floor_model
-from goodput.controllers.snapshot import EngineFigures, GroupCounts, engine_metrics, model_group_snapshot
+from goodput.controllers.autoscale.snapshot import (
+    EngineFigures,
+    GroupCounts,
+    engine_metrics,
+    model_group_snapshot,
+)
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.queueing import QueuedRequest

@@ -27,7 +27,7 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GoodputSignal,
@@ -379,7 +379,7 @@ def test_goodput_trial_state(case: TrialCase) -> None:
 
 
 def test_an_advisory_goodput_scale_out_starts_no_trial() -> None:
-    from goodput.controllers.autoscale_model import Mode
+    from goodput.controllers.autoscale.model import Mode
 
     decision = decide(
         pool(QUEUED_LATE), dataclasses.replace(POLICY, mode=Mode.ADVISORY), DecisionState(), NOW

@@ -36,7 +36,7 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard, Reason, Signal, vocabulary
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     DecisionState,
     GoodputTrial,
     GroupMetrics,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     DecisionState,
     GroupMetrics,
     GroupObservation,

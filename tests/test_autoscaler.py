@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from server_side_apply import AppliedStatus
 
-from goodput.controllers.autoscale_model import GatewayObservation, GroupMetrics
-from goodput.controllers.groups import EventRecord
+from goodput.controllers.autoscale.model import GatewayObservation, GroupMetrics
+from goodput.controllers.events import EventRecord
 from goodput.controllers.ownership import GROUP_STATUS
 from goodput.estimators.attainment import Histogram
 from goodput.operator.autoscaler import (

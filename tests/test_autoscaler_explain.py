@@ -13,8 +13,8 @@ from test_autoscale_world import PERMISSIVE, group, load, ready_groups, world
 from goodput.api.base import wire_dict
 from goodput.api.modelgroup import ModelGroupStatus
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import DecisionState, Mode
-from goodput.controllers.decision_record import autoscaler_conditions, metrics_health, record_decisions
+from goodput.controllers.autoscale.model import DecisionState, Mode
+from goodput.controllers.autoscale.record import autoscaler_conditions, metrics_health, record_decisions
 from goodput.operator import cmd_explain
 from goodput.operator.cmd_explain import explain, parse_target, records
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.controllers.drain import (
+from goodput.controllers.groups.drain import (
     Candidate,
     DrainBaseline,
     DrainOutcomeRecord,
@@ -31,7 +31,7 @@ from goodput.controllers.drain import (
     step_drain,
     too_young,
 )
-from goodput.controllers.observation import RouteView, parse_endpoint_slice
+from goodput.controllers.groups.observation import RouteView, parse_endpoint_slice
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 LIFETIME = 300.0

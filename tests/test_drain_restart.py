@@ -25,16 +25,17 @@ from server_side_apply import AppliedStatus
 
 from goodput.api.reasons import EventReason
 from goodput.controllers import naming
-from goodput.controllers.drain import (
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.drain import (
     DrainProgress,
     LeaderSample,
     encode_progress,
     parse_outcome,
     parse_progress,
 )
-from goodput.controllers.groups import EventRecord, WarmupOutcome
-from goodput.controllers.observation import parse_node, parse_pod, parse_time
-from goodput.controllers.placement import GpuClaim
+from goodput.controllers.groups.model import WarmupOutcome
+from goodput.controllers.groups.observation import parse_node, parse_pod, parse_time
+from goodput.controllers.groups.placement import GpuClaim
 from goodput.operator.handlers import Indexes, ModelGroupLoop, PlanWrites, Runtime
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings

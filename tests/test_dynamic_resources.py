@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from goodput.api.modelgroup import ModelGroup
+from goodput.api.reasons import NoFitReason
 from goodput.controllers import naming
-from goodput.controllers.agent_sidecar import CONTAINER_NAME as AGENT_CONTAINER
-from goodput.controllers.dynamic_resources import (
+from goodput.controllers.groups.agent_sidecar import CONTAINER_NAME as AGENT_CONTAINER
+from goodput.controllers.groups.dynamic_resources import (
     DeviceClassView,
     ResourceSliceView,
     SliceDevice,
@@ -24,20 +25,19 @@ from goodput.controllers.dynamic_resources import (
     selects,
     with_class_devices,
 )
-from goodput.controllers.observation import gpu_claim, parse_pod, pod_accelerator, pod_gpus
-from goodput.controllers.placement import (
+from goodput.controllers.groups.observation import gpu_claim, parse_pod, pod_accelerator, pod_gpus
+from goodput.controllers.groups.placement import (
     GroupShape,
     Inventory,
     NodeInventory,
     NoFit,
-    NoFitReason,
     Placed,
     PlacementRules,
     place_group,
 )
-from goodput.controllers.pods import CONTAINER_NAME as ENGINE_CONTAINER
-from goodput.controllers.pods import render_group
-from goodput.controllers.template import group_template, placement_rules, spec_problems
+from goodput.controllers.groups.pods import CONTAINER_NAME as ENGINE_CONTAINER
+from goodput.controllers.groups.pods import render_group
+from goodput.controllers.groups.template import group_template, placement_rules, spec_problems
 
 DRIVER = "gpu.example.com"
 GPU_CLASS = DeviceClassView(

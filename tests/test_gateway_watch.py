@@ -20,7 +20,7 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.gateway.groups import StaticGroupSource
 from goodput.gateway.kube import (
     ApiServer,

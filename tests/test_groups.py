@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.api.modelgroup import RECENT_DRAINS
-from goodput.api.reasons import EventReason, Reason
+from goodput.api.reasons import EventReason, NoFitReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.drain import DrainBaseline, DrainOutcomeRecord, DrainProgress, LeaderSample
-from goodput.controllers.groups import (
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.drain import DrainBaseline, DrainOutcomeRecord, DrainProgress, LeaderSample
+from goodput.controllers.groups.model import (
     Backoff,
     Plan,
     ReadinessRules,
@@ -24,11 +25,10 @@ from goodput.controllers.groups import (
     World,
     encode_backoffs,
     parse_backoffs,
-    plan_model_group,
 )
-from goodput.controllers.observation import ConditionView, PodView, parse_pod
-from goodput.controllers.placement import GpuClaim, Inventory, NodeInventory, NoFitReason, PlacementRules
-from goodput.controllers.pods import GroupTemplate
+from goodput.controllers.groups.observation import ConditionView, PodView, parse_pod
+from goodput.controllers.groups.placement import GpuClaim, Inventory, NodeInventory, PlacementRules
+from goodput.controllers.groups.pods import GroupTemplate
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 CLIQUE = "nvidia.com/gpu.clique"

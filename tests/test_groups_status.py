@@ -11,18 +11,18 @@ import pytest
 from goodput.api.base import wire_dict
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
-from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.groups import Assessment, Backoff, DrainEnded, Plan
-from goodput.controllers.observation import ContainerWaiting, PodView
-from goodput.controllers.ownership import GROUP_STATUS
-from goodput.controllers.placement import NoFit, NoFitReason
-from goodput.controllers.status import (
+from goodput.api.reasons import ConditionType, NoFitReason, Reason
+from goodput.controllers.groups.model import Assessment, Backoff, DrainEnded, Plan
+from goodput.controllers.groups.observation import ContainerWaiting, PodView
+from goodput.controllers.groups.placement import NoFit
+from goodput.controllers.groups.status import (
     RECENT_DRAINS,
     drain_summary,
     invalid_spec_status,
     model_group_status,
     with_others_conditions,
 )
+from goodput.controllers.ownership import GROUP_STATUS
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=5)

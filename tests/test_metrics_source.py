@@ -26,8 +26,8 @@ from goodput.api.conditions import Condition
 from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus, Profile, ReadyTime
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import DecisionState, GroupState
-from goodput.controllers.policy_compile import CompiledPolicy, compile_policy
+from goodput.controllers.autoscale.model import DecisionState, GroupState
+from goodput.controllers.compile.scaling import CompiledPolicy, compile_policy
 from goodput.estimators.attainment import fraction_within
 from goodput.operator.metrics_source import (
     MetricsReading,

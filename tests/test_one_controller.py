@@ -21,7 +21,9 @@ from test_groups import NOW, RULES, apply, group, idle, world
 from test_sim_simulation import ENGINE, Scripted
 
 from goodput.api.modelgroup import ModelGroup
-from goodput.controllers.groups import GroupTransition, Plan, WarmupOutcome, World, plan_model_group
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.lifecycle import GroupTransition
+from goodput.controllers.groups.model import Plan, WarmupOutcome, World
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.group_world import GroupRules
 from goodput.simulator.records import Outcome

@@ -3,7 +3,7 @@ the same from the same observations.
 
 `test_one_controller.py` shows that both worlds run the same group lifecycle for the same desired
 counts; here the desired counts come from the real policy (`controllers.autoscale.decide` with the
-sample SLOPolicy compiled by `controllers.policy_compile`). Each control tick of a simulated run is
+sample SLOPolicy compiled by `controllers.compile.scaling`). Each control tick of a simulated run is
 observed twice:
 
 - as the simulator observes it: `GoodputPolicy` builds its snapshot from its scrape history;
@@ -31,8 +31,8 @@ import numpy as np
 
 from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import Decision, DecisionState
-from goodput.controllers.policy_compile import DEFAULT_RATE_WINDOW_SECONDS, CompiledPolicy, compile_policy
+from goodput.controllers.autoscale.model import Decision, DecisionState
+from goodput.controllers.compile.scaling import DEFAULT_RATE_WINDOW_SECONDS, CompiledPolicy, compile_policy
 from goodput.estimators.attainment import Histogram
 from goodput.operator.metrics_source import build_snapshot, metrics_by_group, query_windows
 from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels, Windows

@@ -16,7 +16,7 @@ import yaml
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Mode,
     ScalingRules,
     SelectPolicy,
@@ -24,8 +24,7 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
-from goodput.controllers.hardware import step_cost_model
-from goodput.controllers.policy_compile import (
+from goodput.controllers.compile.scaling import (
     CompiledPolicy,
     ReferenceMix,
     capacity_profile,
@@ -34,6 +33,7 @@ from goodput.controllers.policy_compile import (
     scaling_policy,
     scaling_rules,
 )
+from goodput.controllers.hardware import step_cost_model
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel
 
 SAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "samples"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Recommendation,
     ScaleEvent,
     ScalingRules,

@@ -16,9 +16,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.api.reasons import AdmissionReason
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.admission import AdmissionReason
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.operator.metrics_source import gateway_from_result
 from goodput.operator.promql import GATEWAY_CLASS_LABEL, QUERY_LABEL, Quantity
 from goodput.simulator.baselines import FixedFleet

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers import policy_compile
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     GroupState,
     Mode,
     ScalingPolicy,
@@ -18,6 +17,7 @@ from goodput.controllers.autoscale_model import (
     StaleMetricsAction,
     StepPolicyType,
 )
+from goodput.controllers.compile import scaling
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.config import build_setup, load_model_group, load_slo_policy
@@ -245,7 +245,7 @@ def test_the_simulator_compiles_a_sample_exactly_as_the_operator_does() -> None:
     simulated = scaling_policy(
         slo, spec.min_replicas, spec.max_replicas, spec.warm_replicas, fallback_classes=()
     )
-    assert simulated == policy_compile.scaling_policy(spec, slo.spec)
+    assert simulated == scaling.scaling_policy(spec, slo.spec)
 
 
 def bursts_around_a_lull(burst_seconds: float, lull_seconds: float) -> Workload:

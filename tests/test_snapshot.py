@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from goodput.api.conditions import Condition
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     GroupMetrics,
     GroupObservation,
     GroupState,
     ScalingPolicy,
     SloTargets,
 )
-from goodput.controllers.snapshot import (
+from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
     GroupCounts,
     aligned,

@@ -18,11 +18,12 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from goodput.api.modelgroup import DrainOutcome
 from goodput.controllers import naming
-from goodput.controllers.drain import (
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.drain import (
     DrainOutcomeRecord,
     DrainPolicy,
     DrainProgress,
@@ -31,13 +32,13 @@ from goodput.controllers.drain import (
     OnTimeout,
 )
 from goodput.controllers.groups.lifecycle import GroupEvent, GroupState, GroupTransition
-from goodput.controllers.observation import PodView, parse_time
-from goodput.controllers.placement import (
+from goodput.controllers.groups.observation import PodView, parse_time
+from goodput.controllers.groups.placement import (
     Inventory,
     NoFit,
     PlacementRules,
 )
-from goodput.controllers.pods import GroupTemplate
+from goodput.controllers.groups.pods import GroupTemplate
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,16 +361,6 @@ class LeaderProbe:
 
     group: str
     url: str
-
-
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-    group: str | None = None
-    """The group whose API writes this Event reports (its creation, deletion, gates or drain
-    marks): the operator posts it only once they all succeeded. None: an observation, posted as is."""
 
 
 # The order the operator applies a plan's actions in. Intent comes before the act it announces:

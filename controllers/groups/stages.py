@@ -15,9 +15,10 @@ from datetime import timedelta
 from typing import cast
 
 from goodput.api.modelgroup import RECENT_DRAINS
-from goodput.api.reasons import Reason
+from goodput.api.reasons import NoFitReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.drain import (
+from goodput.controllers.groups.assess import assess_group
+from goodput.controllers.groups.drain import (
     Candidate,
     CandidateState,
     DrainOutcomeRecord,
@@ -33,7 +34,6 @@ from goodput.controllers.drain import (
     stale_loads,
     step_drain,
 )
-from goodput.controllers.groups.assess import assess_group
 from goodput.controllers.groups.lifecycle import ACTIVE_STATES, GroupEvent, GroupTransition, transition
 from goodput.controllers.groups.model import (
     Assessment,
@@ -44,17 +44,16 @@ from goodput.controllers.groups.model import (
     group_key,
     seconds_between,
 )
-from goodput.controllers.observation import PodView, parse_pod
-from goodput.controllers.placement import (
+from goodput.controllers.groups.observation import PodView, parse_pod
+from goodput.controllers.groups.placement import (
     GroupShape,
     Inventory,
     NoFit,
-    NoFitReason,
     Placed,
     PlacementRules,
     place_group,
 )
-from goodput.controllers.pods import render_group
+from goodput.controllers.groups.pods import render_group
 
 
 @dataclass(frozen=True, slots=True)

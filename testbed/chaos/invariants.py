@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from goodput.controllers.observation import parse_time
+from goodput.controllers.groups.observation import parse_time
 from goodput.testbed.loadgen import FAILED_OUTCOMES
 
 

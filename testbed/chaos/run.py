@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from goodput.controllers import naming
-from goodput.controllers.observation import parse_time
+from goodput.controllers.groups.observation import parse_time
 from goodput.testbed.chaos import faults, manifests
 from goodput.testbed.chaos.faults import FaultRecord, Stage
 from goodput.testbed.chaos.invariants import (

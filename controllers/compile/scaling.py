@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
 from goodput.api.slopolicy import ScalingRules as ApiScalingRules
 from goodput.api.slopolicy import SloPolicy, SloPolicySpec
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     GoodputSignal,
     KvCacheSignal,
     MetricStaleness,
@@ -46,8 +46,8 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
+from goodput.controllers.compile.slo_policy import policy_problems
 from goodput.controllers.hardware import ReadConfig, batch_limits, step_cost_model
-from goodput.controllers.policy import policy_problems
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
 
 

@@ -30,7 +30,8 @@ from typing import Any, Literal
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
 from goodput.api.modelgroup import ClassFeasibilityStatus, ModelGroupStatus, Proposal, ScalingDecision
 from goodput.api.reasons import ConditionType, EventReason, Guard, Reason
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GoodputTrial,
@@ -41,8 +42,7 @@ from goodput.controllers.autoscale_model import (
     ScaleEvent,
     SloCheck,
 )
-from goodput.controllers.feasible_demand import AttainabilityVerdict
-from goodput.controllers.groups import EventRecord
+from goodput.controllers.events import EventRecord
 
 HISTORY_LIMIT = 10
 """Entries kept in `status.decisions` (the API's maximum)."""

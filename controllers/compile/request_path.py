@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.admission import AdmissionPolicy, admission_policy
-from goodput.controllers.fairness import FairnessPolicy, fairness_policy
+from goodput.controllers.compile.scaling import capacity_profile, compile_problems
 from goodput.controllers.hardware import ReadConfig
-from goodput.controllers.policy_compile import capacity_profile, compile_problems
-from goodput.controllers.routing import RoutingPolicy
+from goodput.controllers.requests.admission import AdmissionPolicy, admission_policy
+from goodput.controllers.requests.fairness import FairnessPolicy, fairness_policy
+from goodput.controllers.requests.routing import RoutingPolicy
 from goodput.estimators.feasibility import FloorModel
 
 # vLLM's context when `--max-model-len` is not set is the model's own; Llama 3.1 has 128k, but

@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from goodput.api.conditions import Condition, find_condition
-from goodput.api.reasons import ConditionType
-from goodput.controllers.autoscale_model import (
+from goodput.api.reasons import ConditionType, NoFitReason
+from goodput.controllers.autoscale.feasible_demand import prompt_evidence, snapshot_feasibility
+from goodput.controllers.autoscale.model import (
     COMING_STATES,
     GatewayObservation,
     GroupMetrics,
@@ -23,8 +24,6 @@ from goodput.controllers.autoscale_model import (
     ModelGroupSnapshot,
     ScalingPolicy,
 )
-from goodput.controllers.feasible_demand import prompt_evidence, snapshot_feasibility
-from goodput.controllers.placement import NoFitReason
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.capacity import CapacityProfile
 

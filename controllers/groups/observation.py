@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from goodput.controllers import naming
-from goodput.controllers.drain import DrainOutcomeRecord, DrainProgress, parse_outcome, parse_progress
-from goodput.controllers.placement import GpuClaim, NodeInventory, Taint
+from goodput.controllers.groups.drain import DrainOutcomeRecord, DrainProgress, parse_outcome, parse_progress
+from goodput.controllers.groups.placement import GpuClaim, NodeInventory, Taint
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 

@@ -35,7 +35,7 @@ from goodput.api.modelgroup import (
     VolumeMount,
 )
 from goodput.controllers import naming
-from goodput.controllers.agent_sidecar import AgentRank, AgentSidecar, add_agent
+from goodput.controllers.groups.agent_sidecar import AgentRank, AgentSidecar, add_agent
 
 # torch.distributed rendezvous port of vLLM's multi-node launch (vLLM's default).
 MASTER_PORT = 29501

@@ -17,8 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from goodput.controllers.autoscale_model import (
-    Attainability,
+from goodput.api.reasons import Attainability
+from goodput.controllers.autoscale.model import (
     ClassFeasibility,
     GroupMetrics,
     GroupObservation,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from goodput.api.reasons import Guard, Reason, Signal
+from goodput.api.reasons import Guard, Signal
 from goodput.estimators.attainment import GoodputReport, Histogram
 from goodput.estimators.capacity import CapacityProfile
 from goodput.estimators.queueing import QueuedRequest
@@ -58,16 +58,6 @@ class GroupState(StrEnum):
 
 
 COMING_STATES = frozenset({GroupState.PLACING, GroupState.PROVISIONING, GroupState.WARMING})
-
-
-class Attainability(StrEnum):
-    """The reason of the SLOAttainable verdict (`feasible_demand.attainability`): whether each
-    class's demand can meet its SLO on groups of this shape."""
-
-    DEMAND_FEASIBLE = Reason.DEMAND_FEASIBLE
-    INFEASIBLE_DEMAND = Reason.INFEASIBLE_DEMAND
-    CLASS_UNATTAINABLE = Reason.CLASS_UNATTAINABLE
-    FEASIBILITY_UNKNOWN = Reason.FEASIBILITY_UNKNOWN
 
 
 # --- Policy -----------------------------------------------------------------------------------------
@@ -466,11 +456,11 @@ class ModelGroupSnapshot:
 
     spec_replicas: the complete groups currently wanted (spec.replicas); the decision's current count.
     feasibility: per SLO class, the feasible threshold and the infeasible share of the demand
-    (`controllers.feasible_demand.assess`); a class without an entry has all its demand counted.
+    (`controllers.autoscale.feasible_demand.assess`); a class without an entry has all its demand counted.
     gateway: the gateway's figures when one fronts the ModelGroup; they replace what is inferred
     from engine metrics (queue, slack, attainment against offered requests).
     group_ready_seconds: how long a group asked for now takes to become capacity
-    (`controllers.snapshot.expected_ready_seconds`); None while unknown.
+    (`controllers.autoscale.snapshot.expected_ready_seconds`); None while unknown.
     """
 
     spec_replicas: int
