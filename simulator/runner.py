@@ -347,9 +347,9 @@ def request_path_for(setup: SimulationSetup) -> RequestPathPolicy:
 def analytic_rate_per_group(setup: SimulationSetup, workload: Workload, pricing: WorkPricing) -> float:
     """The service-time model's capacity of one group in requests per second: where the measured
     envelope's search starts."""
-    from goodput.simulator.goodput_policy import capacity_profile, scaling_policy_for
+    from goodput.simulator.goodput_policy import compile_for_setup
 
-    analytic = capacity_profile(setup, scaling_policy_for(setup), workload, None)
+    analytic = compile_for_setup(setup, workload, None).profile
     return float(analytic.reference.work_per_second / request_work_seconds(pricing, workload).mean())
 
 

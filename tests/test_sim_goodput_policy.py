@@ -23,7 +23,7 @@ from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.config import build_setup, load_model_group, load_slo_policy
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
+from goodput.simulator.goodput_policy import GoodputPolicy, snapshot_from, what_if_scaling_policy
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
@@ -197,7 +197,7 @@ SLO = SloPolicy.model_validate(
 
 
 def test_the_slo_policy_compiles_into_the_decision_pipelines_policy() -> None:
-    policy = scaling_policy(SLO, 1, 6, 2, fallback_classes=())
+    policy = what_if_scaling_policy(SLO, 1, 6, 2, fallback_classes=())
     assert (policy.min_groups, policy.max_groups, policy.warm_groups) == (1, 6, 2)
     assert policy.mode is Mode.ADVISORY and policy.interval_seconds == 10.0 and policy.revision == "r1"
     assert policy.classes == (SloTargets("chat", 1.0, 0.08, 0.99, 0.95),)
@@ -220,7 +220,7 @@ def test_goodput_scales_out_a_burst_through_the_decision_pipeline() -> None:
     )
     workload = assign_classes(synthetic_bursts(spec, seed=3), ClassRule(("chat",), (1.0,)), seed=3)
     classes = (SloTargets("chat", 1.0, 0.08, 0.99),)
-    policy = GoodputPolicy(scaling_policy(None, 1, 8, 0, classes), PROFILE)
+    policy = GoodputPolicy(what_if_scaling_policy(None, 1, 8, 0, classes), PROFILE)
     config = SimulationConfig(
         fleet=FleetConfig(engine=ENGINE, gpus_per_group=1, max_groups=8, ready_time_median_seconds=30.0),
         seed=3,
@@ -242,7 +242,7 @@ def test_the_simulator_compiles_a_sample_exactly_as_the_operator_does() -> None:
     group = load_model_group(SAMPLES / "modelgroup-llama-8b-tp1.yaml")
     slo = load_slo_policy(SAMPLES / "slopolicy-interactive.yaml")
     spec = group.spec
-    simulated = scaling_policy(
+    simulated = what_if_scaling_policy(
         slo, spec.min_replicas, spec.max_replicas, spec.warm_replicas, fallback_classes=()
     )
     assert simulated == scaling.scaling_policy(spec, slo.spec)
@@ -287,6 +287,6 @@ def test_what_only_the_operators_compile_had_holds_in_the_simulator() -> None:
     body = SLO.model_dump(mode="json", by_alias=True)
     body["spec"]["autoscaling"]["scaleUp"] = {"policies": []}
     no_steps = SloPolicy.model_validate(body)
-    policy = scaling_policy(no_steps, 1, 6, 9, fallback_classes=())
+    policy = what_if_scaling_policy(no_steps, 1, 6, 9, fallback_classes=())
     assert policy.warm_groups == 6
     assert [(p.type, p.value) for p in policy.scale_up.policies] == [(StepPolicyType.GROUPS, 6)]
