@@ -20,7 +20,6 @@ from goodput.controllers.autoscale.model import (
     DecisionState,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     RequestQueue,
     ScalingPolicy,
@@ -78,7 +77,7 @@ def snapshot(
     profile: CapacityProfile, rng: random.Random, groups_per_model: int, queued: int, index: int
 ) -> ModelGroupSnapshot:
     groups = tuple(
-        GroupObservation(f"g{number}", GroupState.READY, 0.0, metrics=group_metrics(rng))
+        GroupObservation(f"g{number}", "Ready", 0.0, metrics=group_metrics(rng))
         for number in range(groups_per_model)
     )
     queue = None

@@ -25,7 +25,7 @@ import aiohttp
 from kubernetes import client, config
 from pydantic import ValidationError
 
-from goodput.api.labels import LEADER_RANK, MODEL_GROUP_LABEL, RANK_LABEL
+from goodput.api.labels import LABEL_MODEL_GROUP, LABEL_RANK, LEADER_RANK
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
@@ -228,7 +228,7 @@ class KubeGroupSource:
         self.namespace = namespace
         self.model_group = model_group
         self.port = port
-        self.selector = f"{MODEL_GROUP_LABEL}={model_group},{RANK_LABEL}={LEADER_RANK}"
+        self.selector = f"{LABEL_MODEL_GROUP}={model_group},{LABEL_RANK}={LEADER_RANK}"
         self._on_change: GroupsCallback | None = None
         self.watch = ResourceWatch(
             server,

@@ -91,7 +91,7 @@ class Pending:
 
 
 @dataclass(slots=True)
-class GroupState:
+class RoutedGroup:
     """One group: where its endpoints are, and what the gateway sent there (`GroupBook`)."""
 
     endpoint: GroupEndpoint
@@ -167,7 +167,7 @@ class Gateway:
         self.clock = clock
         self.bytes_per_token = bytes_per_token
         self.upstream_timeout_seconds = upstream_timeout_seconds
-        self.groups: dict[str, GroupState] = {}
+        self.groups: dict[str, RoutedGroup] = {}
         self.queue: FairQueue[Pending] = FairQueue(policy.fairness)
         self.queued_work_seconds = 0.0
         self.ledger = IdempotencyLedger()
@@ -231,11 +231,11 @@ class Gateway:
 
     def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
         """Replace the group set; in-flight counts of a group that stays are kept."""
-        fresh: dict[str, GroupState] = {}
+        fresh: dict[str, RoutedGroup] = {}
         for name, endpoint in endpoints.items():
             state = self.groups.get(name)
             if state is None:
-                fresh[name] = GroupState(endpoint)
+                fresh[name] = RoutedGroup(endpoint)
             else:
                 state.endpoint = endpoint
                 fresh[name] = state

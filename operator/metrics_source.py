@@ -39,7 +39,6 @@ from goodput.controllers.autoscale.model import (
     GatewayObservation,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
 )
 from goodput.controllers.autoscale.snapshot import (
@@ -315,9 +314,9 @@ def _observed(status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics]) -> 
     return [
         GroupObservation(
             name=group.name,
-            state=GroupState(group.state),
+            state=group.state,
             created_at=group.created_at.timestamp(),
-            metrics=metrics.get(group.name) if group.state == GroupState.READY.value else None,
+            metrics=metrics.get(group.name) if group.state == "Ready" else None,
         )
         for group in status.groups
     ]

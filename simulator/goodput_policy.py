@@ -13,14 +13,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from goodput.api.modelgroup import ModelGroup
+from goodput.api.modelgroup import GroupState, ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
     SloTargets,
@@ -56,12 +55,12 @@ from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 
-_STATES = {
-    "Placing": GroupState.PLACING,
-    "Loading": GroupState.PROVISIONING,
-    "Ready": GroupState.READY,
-    "Draining": GroupState.DRAINING,
-    "Failed": GroupState.FAILED,
+_STATES: dict[str, GroupState] = {
+    "Placing": "Placing",
+    "Loading": "Provisioning",
+    "Ready": "Ready",
+    "Draining": "Draining",
+    "Failed": "Failed",
 }
 
 
@@ -248,7 +247,7 @@ def group_observations(
             info.name,
             _STATES[info.state],
             info.created_at,
-            metrics=metrics.get(info.name) if _STATES[info.state] is GroupState.READY else None,
+            metrics=metrics.get(info.name) if _STATES[info.state] == "Ready" else None,
         )
         for info in observation.groups
     ]

@@ -130,7 +130,7 @@ def test_verdicts(case: VerdictCase) -> None:
     condition = report.nccl_condition(verdict)
 
     assert (verdict.healthy, verdict.reason) == (case.healthy, case.reason)
-    assert condition.type == labels.NCCL_HEALTHY_CONDITION
+    assert condition.type == labels.CONDITION_NCCL_HEALTHY
     assert condition.status == ("True" if case.healthy else "False")
     for word in case.words:
         assert word in verdict.message

@@ -79,7 +79,7 @@ def test_the_agent_learns_its_identity_from_the_downward_api() -> None:
 
     assert leader["GOODPUT_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert leader["GOODPUT_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-    assert leader["GOODPUT_RANK"] == {"fieldRef": {"fieldPath": f"metadata.labels['{labels.RANK_LABEL}']"}}
+    assert leader["GOODPUT_RANK"] == {"fieldRef": {"fieldPath": f"metadata.labels['{labels.LABEL_RANK}']"}}
     assert leader["GOODPUT_LEADER_ADDRESS"] == follower["GOODPUT_LEADER_ADDRESS"] == service
     assert (leader["GOODPUT_GROUP_SIZE"], leader["GOODPUT_GPUS_PER_POD"]) == ("2", "8")
     assert leader["GOODPUT_ENGINE_URL"] == "http://127.0.0.1:8000"

@@ -33,7 +33,6 @@ from goodput.controllers.autoscale.model import (
     GoodputSignal,
     GoodputTrial,
     GroupMetrics,
-    GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
     Signal,
@@ -210,7 +209,7 @@ CASES = [
     ),
     Case(
         "the last goodput scale-out's groups are not all ready yet",
-        world(*(group(QUEUED_LATE, name=f"g{i}") for i in range(2)), group(None, GroupState.WARMING)),
+        world(*(group(QUEUED_LATE, name=f"g{i}") for i in range(2)), group(None, "Warming")),
         3,
         Guard.GOODPUT_AWAITING_EVIDENCE,
         trial=trial(groups=3, settled_at=None),
@@ -309,7 +308,7 @@ TRIAL_CASES = [
     ),
     TrialCase(
         "a trial with a group still warming has not settled",
-        world(group(QUEUED_LATE, name="g0"), group(None, GroupState.WARMING)),
+        world(group(QUEUED_LATE, name="g0"), group(None, "Warming")),
         trial(settled_at=None),
         trial(settled_at=None),
     ),
@@ -365,7 +364,7 @@ TRIAL_CASES = [
     ),
     TrialCase(
         "a trial whose group cannot be placed is abandoned",
-        world(group(load(0.7), name="g0"), group(None, GroupState.PLACING, unschedulable=True)),
+        world(group(load(0.7), name="g0"), group(None, "Placing", unschedulable=True)),
         trial(settled_at=None),
         None,
     ),

@@ -26,7 +26,6 @@ from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GoodputTrial,
-    GroupState,
     Mode,
     Recommendation,
     ScaleEvent,
@@ -311,7 +310,7 @@ def test_a_failure_is_announced_when_it_starts() -> None:
             ("False", "MetricsStale"),
             "g3 (90s)",
         ),
-        ((group(None, GroupState.WARMING),), ("True", "MetricsFresh"), "no ready group"),
+        ((group(None, "Warming"),), ("True", "MetricsFresh"), "no ready group"),
     ],
     ids=["fresh", "a group without metrics", "a group with old metrics", "nothing ready yet"],
 )

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from goodput.api import slopolicy as api
+from goodput.api.modelgroup import GroupState
 from goodput.api.reasons import Guard, Signal
 from goodput.estimators.attainment import GoodputReport, Histogram
 from goodput.estimators.capacity import CapacityProfile
@@ -47,18 +48,6 @@ class StaleMetricsAction(StrEnum):
 
     HOLD_SCALE_IN = "HoldScaleIn"
     FREEZE = "Freeze"
-
-
-class GroupState(StrEnum):
-    PLACING = "Placing"
-    PROVISIONING = "Provisioning"
-    WARMING = "Warming"
-    READY = "Ready"
-    DRAINING = "Draining"
-    FAILED = "Failed"
-
-
-COMING_STATES = frozenset({GroupState.PLACING, GroupState.PROVISIONING, GroupState.WARMING})
 
 
 # --- Policy -----------------------------------------------------------------------------------------

@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
+from goodput.api.modelgroup import COMING_STATES
 from goodput.controllers.autoscale.model import (
-    COMING_STATES,
     GatewayObservation,
     GroupCounts,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     RequestQueue,
     ScalingPolicy,
@@ -96,12 +95,12 @@ def _classify_groups(
         if group.unschedulable:
             states.unschedulable += 1
         state = group.state
-        if state is not GroupState.READY:
+        if state != "Ready":
             if state in COMING_STATES:
                 states.coming += 1
-            elif state is GroupState.DRAINING:
+            elif state == "Draining":
                 states.draining += 1
-            elif state is GroupState.FAILED:
+            elif state == "Failed":
                 states.failed += 1
             continue
         states.ready += 1

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from goodput.api.modelgroup import ACTIVE_STATES
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.events import EventRecord
 from goodput.controllers.groups.drain import DrainOutcomeRecord, KeepDraining
-from goodput.controllers.groups.lifecycle import ACTIVE_STATES, GroupEvent, GroupTransition
+from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
 from goodput.controllers.groups.model import (
     Assessment,
     DrainEnded,

@@ -136,7 +136,7 @@ def _env(rank: AgentRank) -> list[dict[str, Any]]:
     return [
         {"name": "GOODPUT_POD_NAME", **field("metadata.name")},
         {"name": "GOODPUT_POD_NAMESPACE", **field("metadata.namespace")},
-        {"name": "GOODPUT_RANK", **field(f"metadata.labels['{labels.RANK_LABEL}']")},
+        {"name": "GOODPUT_RANK", **field(f"metadata.labels['{labels.LABEL_RANK}']")},
         {"name": "GOODPUT_LEADER_ADDRESS", **leader},
         {"name": "GOODPUT_GROUP_SIZE", "value": str(rank.pods_per_group)},
         {"name": "GOODPUT_GPUS_PER_POD", "value": str(rank.gpus_per_pod)},

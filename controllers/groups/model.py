@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from goodput.api.modelgroup import DrainOutcome
+from goodput.api.modelgroup import DrainOutcome, GroupState
 from goodput.controllers import naming
 from goodput.controllers.events import EventRecord
 from goodput.controllers.groups.drain import (
@@ -31,7 +31,7 @@ from goodput.controllers.groups.drain import (
     LeaderSample,
     OnTimeout,
 )
-from goodput.controllers.groups.lifecycle import GroupEvent, GroupState, GroupTransition
+from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
 from goodput.controllers.groups.observation import PodView, parse_time
 from goodput.controllers.groups.placement import (
     Inventory,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import cast
 
-from goodput.api.modelgroup import RECENT_DRAINS
+from goodput.api.modelgroup import ACTIVE_STATES, RECENT_DRAINS
 from goodput.api.reasons import NoFitReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.groups.assess import assess_group
@@ -34,7 +34,7 @@ from goodput.controllers.groups.drain import (
     stale_loads,
     step_drain,
 )
-from goodput.controllers.groups.lifecycle import ACTIVE_STATES, GroupEvent, GroupTransition, transition
+from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition, transition
 from goodput.controllers.groups.model import (
     Assessment,
     Backoff,
