@@ -36,8 +36,8 @@ from goodput.simulator.batched import BatchedRunSettings, simulate_batched
 from goodput.simulator.config import build_setup
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.goodput_policy import GoodputPolicy, what_if_scaling_policy
-from goodput.simulator.policy import Autoscaler
 from goodput.simulator.report import ClassTargets, judge
 from goodput.simulator.runner import request_path_for
 from goodput.simulator.simulation import SimulationConfig, simulate
@@ -68,7 +68,7 @@ def measure(
     label: str,
     workload: Workload,
     groups: int,
-    autoscaler: Autoscaler,
+    autoscaler: FleetPolicy,
     engine: EngineConfig,
     *,
     request_path: RequestPathPolicy | None = None,

@@ -453,7 +453,7 @@ class TickOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class TickPlan:
     """Which policies decide this tick (None: it does not) and the interval of the next one."""
 
     interval_seconds: float
@@ -632,7 +632,7 @@ class Autoscaler:
 
     def _plan(
         self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory, referenced: ReadConfig = None
-    ) -> Plan:
+    ) -> TickPlan:
         """Which policies decide this tick, at which interval, and why the active one does not.
         `referenced`: the config.json of `profile.modelConfigRef`, as `model_configs` read it."""
         spec = parsed.spec
@@ -658,7 +658,7 @@ class Autoscaler:
             memory.active = DecisionState.initial()
         runs_active = isinstance(active, CompiledPolicy) and stopped is None
         runs_shadow = isinstance(shadow, CompiledPolicy) and shadow.policy.mode is not Mode.FROZEN
-        return Plan(
+        return TickPlan(
             interval_seconds=interval,
             active=active if runs_active and isinstance(active, CompiledPolicy) else None,
             shadow=shadow if runs_shadow and isinstance(shadow, CompiledPolicy) else None,
@@ -670,7 +670,7 @@ class Autoscaler:
         self,
         obj: Mapping[str, Any],
         status: ModelGroupStatus,
-        plan: Plan,
+        plan: TickPlan,
         post_events: PostEvents,
         memory: Memory,
         *,
@@ -701,7 +701,7 @@ class Autoscaler:
         self,
         parsed: ModelGroup,
         status: ModelGroupStatus,
-        plan: Plan,
+        plan: TickPlan,
         readings: Mapping[Windows, MetricsReading],
         *,
         memory: Memory,
@@ -741,7 +741,7 @@ class Autoscaler:
         self,
         obj: Mapping[str, Any],
         status: ModelGroupStatus,
-        plan: Plan,
+        plan: TickPlan,
         decided: Decided,
         *,
         post_events: PostEvents,
@@ -1105,7 +1105,7 @@ def _recorded_status(
     return new.model_copy(update={"conditions": conditions})
 
 
-def _tick_events(status: ModelGroupStatus, plan: Plan, decided: Decided) -> list[EventRecord]:
+def _tick_events(status: ModelGroupStatus, plan: TickPlan, decided: Decided) -> list[EventRecord]:
     """Events on transitions: a changed decision, attainability, or why the active policy stopped."""
     events: list[EventRecord] = []
     if decided.active is not None and plan.active is not None:

@@ -55,8 +55,8 @@ from goodput.controllers.autoscale.model import (
     StepPolicy,
     StepPolicyType,
 )
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.metrics import FleetSample, MetricsView
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
 
 # ---------------------------------------------------------------------------------------------- HPA
 

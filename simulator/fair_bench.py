@@ -40,6 +40,7 @@ from goodput.simulator.envelope import (
     request_work_seconds,
 )
 from goodput.simulator.feasible import Feasibility, assess, class_index_of, require_feasible_requests
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.oracle import (
     ScheduleFollower,
     ScheduleRules,
@@ -49,7 +50,6 @@ from goodput.simulator.oracle import (
     search_factor,
     shave_schedule,
 )
-from goodput.simulator.policy import Autoscaler
 from goodput.simulator.records import Outcome as RequestOutcome
 from goodput.simulator.report import ClassTargets, judge
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
@@ -209,7 +209,7 @@ class FairBench:
         groups = math.ceil(rate / self.envelope.work_seconds_per_second - 1e-9)
         return int(max(self.setup.min_groups, self.setup.warm_groups, min(self.setup.max_groups, groups)))
 
-    def policy(self, name: str, setting: float) -> Autoscaler:
+    def policy(self, name: str, setting: float) -> FleetPolicy:
         """A fresh policy with its knob at `setting`; goodput calibrated on the training window."""
         if name == "hpa":
             return HpaGpuUtilization(target_utilization=setting)
@@ -225,7 +225,7 @@ class FairBench:
 
     # ------------------------------------------------------------------ runs
     def run(
-        self, workload: Workload, feasibility: Feasibility, autoscaler: Autoscaler, horizon: float
+        self, workload: Workload, feasibility: Feasibility, autoscaler: FleetPolicy, horizon: float
     ) -> Outcome:
         config = SimulationConfig(
             fleet=self.fleet,

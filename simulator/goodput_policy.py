@@ -49,9 +49,9 @@ from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.gateway import gateway_observation
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 

@@ -38,8 +38,8 @@ from goodput.simulator.envelope import (
 )
 from goodput.simulator.feasible import Feasibility, assess, require_feasible_requests
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.oracle import ScheduleFollower, ScheduleRules, hindsight_schedule, interval_work
-from goodput.simulator.policy import Autoscaler
 from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE, meets_every_class, summarize
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, class_weights_from, load_trace, prepare
@@ -220,7 +220,7 @@ class Bench:
         )
 
     # ------------------------------------------------------------------ policies
-    def autoscaler(self, name: str) -> Autoscaler:
+    def autoscaler(self, name: str) -> FleetPolicy:
         if name == "hpa":
             return HpaGpuUtilization()
         if name == "keda":
@@ -288,7 +288,7 @@ class Bench:
         )
         return result, report
 
-    def _replay(self, name: str, config: SimulationConfig, autoscaler: Autoscaler) -> SimulationResult:
+    def _replay(self, name: str, config: SimulationConfig, autoscaler: FleetPolicy) -> SimulationResult:
         if self.options.engine == "event":
             return simulate(self.workload, config, autoscaler, progress=self.options.progress)
         self.check_batched(name)

@@ -22,9 +22,9 @@ from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.controllers.groups.lifecycle import GroupTransition
 from goodput.simulator.engine import Engine
 from goodput.simulator.fleet import Fleet, FleetConfig, FleetCounts, Group, GroupPhase, LifecycleEvent
+from goodput.simulator.fleet_policy import FleetObservation, FleetPolicy, GroupInfo
 from goodput.simulator.gateway import SimGateway
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsHistory
-from goodput.simulator.policy import Autoscaler, FleetObservation, GroupInfo
 from goodput.simulator.records import Outcome, RequestLog
 from goodput.simulator.workload import Workload
 
@@ -149,7 +149,7 @@ class _Progress:
 
 
 def simulate(
-    workload: Workload, config: SimulationConfig, autoscaler: Autoscaler, progress: bool = False
+    workload: Workload, config: SimulationConfig, autoscaler: FleetPolicy, progress: bool = False
 ) -> SimulationResult:
     """Replay `workload` through a fleet driven by `autoscaler`."""
     return _Run(workload, config, autoscaler, progress).run()
@@ -160,7 +160,7 @@ class _Run:
     failures), the arrivals merged into it in time order, and what the run records."""
 
     def __init__(
-        self, workload: Workload, config: SimulationConfig, autoscaler: Autoscaler, progress: bool
+        self, workload: Workload, config: SimulationConfig, autoscaler: FleetPolicy, progress: bool
     ) -> None:
         self.started = time.perf_counter()
         self.workload, self.config, self.autoscaler = workload, config, autoscaler

@@ -43,8 +43,8 @@ from goodput.simulator.fair_bench import SWEEPS, cheapest_meeting_target, swept
 from goodput.simulator.fair_bench import Outcome as FairOutcome
 from goodput.simulator.feasible import NoFeasibleRequestsError, assess
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.goodput_policy import GoodputPolicy
-from goodput.simulator.policy import Autoscaler
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import RequestVerdicts, judge
 from goodput.simulator.runner import measure_feasible_envelope
@@ -181,7 +181,7 @@ class SimulatedRun:
 
 def simulated_autoscaler(
     policy: str, run: SimulatedRun, setup: SimulationSetup, workload: Workload
-) -> Autoscaler:
+) -> FleetPolicy:
     if policy == "keda":
         return KedaWaitingRequests(
             target_waiting_per_group=run.thresholds["keda"],

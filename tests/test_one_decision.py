@@ -46,9 +46,9 @@ from goodput.estimators.attainment import Histogram
 from goodput.operator.metrics_source import build_snapshot, metrics_by_group, query_windows
 from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels, Windows
 from goodput.simulator.config import SimulationSetup, build_setup
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.goodput_policy import GoodputPolicy
 from goodput.simulator.metrics import GroupScrape
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, assign_classes
 

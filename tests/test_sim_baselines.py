@@ -29,6 +29,7 @@ from goodput.simulator.baselines import (
     plain_metric_replicas,
     reconcile_replicas,
 )
+from goodput.simulator.fleet_policy import FleetObservation
 from goodput.simulator.metrics import (
     TTFT_BUCKETS_SECONDS,
     FleetSample,
@@ -36,7 +37,6 @@ from goodput.simulator.metrics import (
     HistogramAccumulator,
     MetricsView,
 )
-from goodput.simulator.policy import FleetObservation
 
 # ----------------------------------------------------------------------------- HPA replica calculation
 

@@ -15,7 +15,7 @@ import pytest
 from goodput.simulator.config import build_setup
 from goodput.simulator.fair_bench import Outcome, cheapest_meeting_target, meets_target, swept
 from goodput.simulator.feasible import Feasibility
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 

@@ -26,6 +26,7 @@ from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.envelope import CapacityEnvelope
 from goodput.simulator.fair_bench import FairBench, outcome_record
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetObservation
 from goodput.simulator.gateway import (
     ADMISSION_NAMES,
     Admission,
@@ -42,7 +43,6 @@ from goodput.simulator.gateway_bench import (
 )
 from goodput.simulator.goodput_policy import GoodputPolicy, snapshot_from
 from goodput.simulator.metrics import FleetSample, MetricsView
-from goodput.simulator.policy import FleetObservation
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import judge, summarize
 from goodput.simulator.runner import Bench, RunOptions, request_path_for

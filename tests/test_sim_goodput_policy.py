@@ -22,6 +22,7 @@ from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.config import build_setup, load_model_group, load_slo_policy
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetObservation, GroupInfo
 from goodput.simulator.goodput_policy import GoodputPolicy, snapshot_from, what_if_scaling_policy
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
@@ -31,7 +32,6 @@ from goodput.simulator.metrics import (
     HistogramAccumulator,
     MetricsView,
 )
-from goodput.simulator.policy import FleetObservation, GroupInfo
 from goodput.simulator.report import judge
 from goodput.simulator.simulation import SimulationConfig, simulate
 from goodput.simulator.workload import BurstSpec, ClassRule, Workload, assign_classes, synthetic_bursts

@@ -11,8 +11,8 @@ import pytest
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.group_world import DRAIN_SETTLE_SECONDS
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.records import Outcome
 from goodput.simulator.report import ClassTargets, summarize
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate

@@ -54,8 +54,8 @@ class PolicyAnswer:
     detail: dict[str, float | str] = field(default_factory=dict)
 
 
-class Autoscaler(Protocol):
-    """A scaling policy as the simulation drives it."""
+class FleetPolicy(Protocol):
+    """A scaling policy as the simulated fleet drives it: goodput's own, or a baseline (HPA, KEDA)."""
 
     @property
     def name(self) -> str:
