@@ -14,10 +14,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from goodput.api.conditions import ConditionStatus
+from goodput.api.times import rfc3339_seconds
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,6 @@ class PodCondition:
     status: ConditionStatus
     reason: str
     message: str
-
-
-def _time(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition_changes(
@@ -60,8 +57,8 @@ def condition_changes(
                 "status": condition.status,
                 "reason": condition.reason,
                 "message": message,
-                "lastProbeTime": _time(now),
-                "lastTransitionTime": transition or _time(now),
+                "lastProbeTime": rfc3339_seconds(now),
+                "lastTransitionTime": transition or rfc3339_seconds(now),
             }
         )
     return changes

@@ -18,6 +18,8 @@ from typing import Annotated, Any, ClassVar, Final, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer, WithJsonSchema, model_validator
 
+from goodput.api.times import rfc3339_seconds
+
 GROUP: Final = "goodput.dev"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -157,14 +159,10 @@ def to_kubernetes_time(value: datetime) -> datetime:
     return value.astimezone(UTC).replace(microsecond=0)
 
 
-def _format_rfc3339(value: datetime) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 Timestamp = Annotated[
     datetime,
     AfterValidator(to_kubernetes_time),
-    PlainSerializer(_format_rfc3339, return_type=str, when_used="json"),
+    PlainSerializer(rfc3339_seconds, return_type=str, when_used="json"),
 ]
 """An RFC 3339 time in UTC with second precision, as metav1.Time."""
 

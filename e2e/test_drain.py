@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.controllers.groups.observation import parse_time
+from goodput.api.times import parse_rfc3339
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.crash_points import CRASH_POINTS
@@ -385,7 +385,7 @@ def test_restarting_the_operator_mid_drain_finishes_the_drain_without_losing_or_
     (record,) = drain["recent"]
     assert record["group"] == victim and record["outcome"] == "Drained"
     # The drain resumed from the cluster: its start is the one recorded before the restart.
-    recorded_start, annotated_start = parse_time(record["startedAt"]), parse_time(started)
+    recorded_start, annotated_start = parse_rfc3339(record["startedAt"]), parse_rfc3339(started)
     assert recorded_start is not None and annotated_start is not None
     assert recorded_start == annotated_start.replace(microsecond=0)
     assert record["durationSeconds"] >= 3

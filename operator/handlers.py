@@ -30,6 +30,7 @@ from goodput.api.base import GROUP, VERSION, wire_dict
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
+from goodput.api.times import rfc3339_millis, rfc3339_seconds
 from goodput.controllers import naming
 from goodput.controllers.autoscale.snapshot import wanted_groups
 from goodput.controllers.compile.slo_policy import parse_slo_policy, reconcile_policy
@@ -882,7 +883,7 @@ class PlanWrites:
             "status": "True" if change.ready else "False",
             "reason": change.reason,
             "message": change.message[:1024],
-            "lastTransitionTime": _rfc3339(self.now),
+            "lastTransitionTime": rfc3339_seconds(self.now),
         }
         await _gather(
             self.kube.patch_pod_status,
@@ -937,7 +938,7 @@ class PlanWrites:
         await self.set_gates(GateChange(start.group, start.pods, False, start.reason, start.message))
 
     async def mark_draining(self, start: DrainStart) -> None:
-        since = _rfc3339_millis(start.since)
+        since = rfc3339_millis(start.since)
         patch = {"metadata": {"annotations": {naming.ANNOTATION_DRAINING_SINCE: since}}}
         await _gather(self.kube.patch_pod, [(self.namespace, pod, patch) for pod in start.pods])
         for pod in start.pods:
@@ -955,7 +956,7 @@ class PlanWrites:
 
     async def mark_drain(self, mark: DrainMark) -> None:
         annotations: dict[str, str | None] = {
-            naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(mark.since) if mark.since else None
+            naming.ANNOTATION_DRAINING_SINCE: rfc3339_millis(mark.since) if mark.since else None
         }
         if mark.since is None:
             # Back in service: a later drain starts from scratch.
@@ -996,15 +997,6 @@ def _readable_status(model: type[StatusT], raw: Mapping[str, Any]) -> StatusT:
         return model.model_validate(dict(raw))
     except ValidationError:
         return model()
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _rfc3339_millis(moment: datetime) -> str:
-    """For annotations: a drain's timings are read back to the sub-second."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _record(metrics: OperatorMetrics, namespace: str, name: str, world: World, plan: Plan) -> None:

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from goodput.api.modelgroup import DrainOutcome, GroupState
+from goodput.api.times import parse_rfc3339, rfc3339_seconds
 from goodput.controllers import naming
 from goodput.controllers.events import EventRecord
 from goodput.controllers.groups.drain import (
@@ -32,7 +33,7 @@ from goodput.controllers.groups.drain import (
     OnTimeout,
 )
 from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
-from goodput.controllers.groups.observation import PodView, parse_time
+from goodput.controllers.groups.observation import PodView
 from goodput.controllers.groups.placement import (
     Inventory,
     NoFit,
@@ -426,7 +427,7 @@ def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
         return ()
     backoffs = []
     for item in raw if isinstance(raw, list) else ():
-        until = parse_time(item.get("until")) if isinstance(item, dict) else None
+        until = parse_rfc3339(item.get("until")) if isinstance(item, dict) else None
         if until is not None and isinstance(item.get("domain"), str):
             backoffs.append(Backoff(item["domain"], until, str(item.get("reason", ""))))
     return tuple(backoffs)
@@ -435,7 +436,7 @@ def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
 def encode_backoffs(backoffs: Iterable[Backoff]) -> str:
     return json.dumps(
         [
-            {"domain": b.domain, "until": b.until.strftime("%Y-%m-%dT%H:%M:%SZ"), "reason": b.reason}
+            {"domain": b.domain, "until": rfc3339_seconds(b.until), "reason": b.reason}
             for b in sorted(backoffs, key=lambda b: b.domain)
         ],
         separators=(",", ":"),
