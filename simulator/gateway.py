@@ -39,9 +39,10 @@ from goodput.controllers.requests.admission import (
     admit,
 )
 from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
+from goodput.controllers.requests.latency_buckets import GATEWAY_TTFT_BUCKETS_SECONDS
 from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group
 from goodput.estimators.attainment import Histogram, histogram_delta
-from goodput.simulator.metrics import TTFT_BUCKETS_SECONDS, HistogramAccumulator
+from goodput.simulator.metrics import HistogramAccumulator
 from goodput.simulator.workload import Workload
 
 
@@ -84,7 +85,9 @@ class _ClassCounters:
     infeasible: int = 0
     attaining: int = 0
     missed: int = 0
-    ttft: HistogramAccumulator = field(default_factory=lambda: HistogramAccumulator(TTFT_BUCKETS_SECONDS))
+    ttft: HistogramAccumulator = field(
+        default_factory=lambda: HistogramAccumulator(GATEWAY_TTFT_BUCKETS_SECONDS)
+    )
 
 
 @dataclass(frozen=True, slots=True)
