@@ -125,7 +125,7 @@ class Agent:
         specs = tuple(replace(spec, delay_seconds=c.nccl_delay_seconds, hang=c.nccl_hang) for spec in specs)
         expectation = nccl.expectation_for(c.pods)
         if c.expected_busbw_gb_per_s is not None:
-            expectation = nccl.Expectation(c.expected_busbw_gb_per_s, f"{expectation.path} (configured)")
+            expectation = nccl.NcclExpectation(c.expected_busbw_gb_per_s, f"{expectation.path} (configured)")
         log.info(
             "NCCL check: %d local rank(s) of %d, leader %s:%d",
             len(specs),

@@ -39,6 +39,8 @@ QUANTITY_PATTERN: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+"""The media type of a strategic merge patch, which the operator and the health agent both send."""
 
 
 def wire_name(python_name: str) -> str:

@@ -36,7 +36,7 @@ from goodput.simulator.gateway_bench import (
     run_fixed_fleet,
     tenant_figures,
 )
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.runner import request_path_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def overload(
         started = time.perf_counter()
         result = run_fixed_fleet(setup, workload, groups, path, horizon_seconds=seconds, seed=seed)
         met = sum(tenant_figures(result, setup, workload).slo_met.values())
-        refused = int((result.requests["outcome"] == Outcome.REJECTED_ADMISSION).sum())
+        refused = int((result.requests["outcome"] == RequestExit.REJECTED_ADMISSION).sum())
         figures[name] = met / seconds
         print(
             f"  {name:16s} SLO-met {met / seconds:7.2f} req/s  attainment of offered "

@@ -69,7 +69,7 @@ def api_server_from_environment() -> ApiServer:
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
+class WatchBackoff:
     """Delay before the n-th consecutive failed attempt: initial x factor^(n-1), at most max."""
 
     initial_seconds: float = 0.5
@@ -147,13 +147,13 @@ class ResourceWatch:
         on_change: ObjectsCallback,
         *,
         params: Mapping[str, str] | None = None,
-        backoff: Backoff | None = None,
+        backoff: WatchBackoff | None = None,
     ) -> None:
         self.server = server
         self.path = path
         self.on_change = on_change
         self.params = dict(params or {})
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or WatchBackoff()
         self.state = WatchedObjects()
         self.listed = False
         self.failures = 0
@@ -223,7 +223,7 @@ class KubeGroupSource:
         model_group: str,
         port: int,
         *,
-        backoff: Backoff | None = None,
+        backoff: WatchBackoff | None = None,
     ) -> None:
         self.namespace = namespace
         self.model_group = model_group
@@ -296,7 +296,7 @@ class KubePolicySource:
     the compiled request path, reports it (or, as a string, why it cannot be compiled)."""
 
     def __init__(
-        self, server: ApiServer, namespace: str, name: str, *, backoff: Backoff | None = None
+        self, server: ApiServer, namespace: str, name: str, *, backoff: WatchBackoff | None = None
     ) -> None:
         self.namespace = namespace
         self.name = name

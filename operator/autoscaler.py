@@ -104,7 +104,7 @@ from goodput.controllers.groups.template import parse_model_group
 from goodput.controllers.hardware import ReadConfig
 from goodput.controllers.ownership import AUTOSCALER_STATUS
 from goodput.estimators.capacity import CapacityProfile
-from goodput.operator.kube import KubeError
+from goodput.operator.kube import MODEL_GROUPS, SLO_POLICIES, KubeError
 from goodput.operator.metrics_batch import BatchedMetricsSource, next_tick_delay_seconds
 from goodput.operator.metrics_source import (
     MetricsReading,
@@ -121,8 +121,6 @@ from goodput.operator.settings import Settings
 log = logging.getLogger("goodput.autoscaler")
 decision_log = logging.getLogger("goodput.autoscaler.decisions")
 
-MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
-SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 # Where operators before `status.autoscalerState` kept the decision state; read, never written.
 STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
 # A tick that lost a race with another writer runs again this soon.

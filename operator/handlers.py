@@ -26,7 +26,7 @@ import aiohttp
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from goodput.api.base import GROUP, VERSION, wire_dict
+from goodput.api.base import STRATEGIC_MERGE_PATCH, wire_dict
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
@@ -91,16 +91,14 @@ from goodput.controllers.groups.template import (
 )
 from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
 from goodput.operator.engine import read_leader, warm_up
-from goodput.operator.kube import STRATEGIC_MERGE_PATCH, KubeApi, KubeError
+from goodput.operator.kube import MODEL_GROUPS, SLO_POLICIES, KubeApi, KubeError
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
 
-MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
 ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
 RESOURCE_SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RESOURCE_CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
 DEVICE_CLASSES = ("resource.k8s.io", "v1", "deviceclasses")
-SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 # Removes only our gate: another controller's scheduling gate stays.
 RELEASE_GANG = {"spec": {"schedulingGates": [{"$patch": "delete", "name": naming.SCHEDULING_GATE}]}}
 StatusT = TypeVar("StatusT", bound=BaseModel)

@@ -22,10 +22,10 @@ from goodput.controllers.autoscale.snapshot import wanted_groups
 from goodput.controllers.groups.controller import plan_model_group
 from goodput.controllers.groups.drain import LeaderSample
 from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
-from goodput.controllers.groups.model import Backoff, Plan, WarmupOutcome, World
+from goodput.controllers.groups.model import DomainBackoff, Plan, WarmupOutcome, World
 from goodput.controllers.groups.observation import PodView
 from goodput.controllers.groups.pods import render_group
-from goodput.simulator.engine import Engine, EngineConfig
+from goodput.simulator.engine import EngineConfig, SimulatedEngine
 from goodput.simulator.group_world import (
     GroupRules,
     bound,
@@ -114,7 +114,7 @@ class Group:
         "state",
     )
 
-    def __init__(self, index: int, created_at: float, engine: Engine, key: str = "") -> None:
+    def __init__(self, index: int, created_at: float, engine: SimulatedEngine, key: str = "") -> None:
         self.index = index
         self.name = f"group-{index}"
         # The group's name in the controller's world (its pods' group label).
@@ -178,7 +178,7 @@ class Fleet:
         self._pods: dict[str, PodView] = {}
         self._by_key: dict[str, Group] = {}
         self._counter = 0
-        self._backoffs: tuple[Backoff, ...] = ()
+        self._backoffs: tuple[DomainBackoff, ...] = ()
         self._warmups: dict[str, WarmupOutcome] = {}
         self._readings: dict[str, LeaderSample] = {}
         self._recorded_drains: set[str] = set()
@@ -229,7 +229,7 @@ class Fleet:
 
     def _new_group(self, key: str, now: float) -> Group:
         index = len(self.groups)
-        engine = Engine(
+        engine = SimulatedEngine(
             self.config.engine,
             self._log,
             self._group_rng(index, "engine"),

@@ -26,7 +26,7 @@ from goodput.controllers.autoscale.model import (
 )
 from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
-    GroupCounts,
+    ModelGroupCounts,
     aligned,
     engine_metrics,
     expected_ready_seconds,
@@ -271,7 +271,7 @@ def snapshot_from(
     operator counts it; the simulated cluster always has room, so it is never unschedulable, and it
     runs no rollout, so no group is outdated.
     """
-    counts = GroupCounts(observation.desired_groups, observation.min_groups, observation.max_groups)
+    counts = ModelGroupCounts(observation.desired_groups, observation.min_groups, observation.max_groups)
     scraped = [
         (sample.time, sample.gateway) for sample in observation.metrics.samples if sample.gateway is not None
     ]

@@ -15,7 +15,13 @@ import pytest
 from goodput.agent import main as agent_main
 from goodput.agent.emulated import EmulatedBackend
 from goodput.agent.metrics import AgentMetrics
-from goodput.agent.publish import Backoff, PodCondition, Publisher, annotation_changes, condition_changes
+from goodput.agent.publish import (
+    PodCondition,
+    PublishBackoff,
+    Publisher,
+    annotation_changes,
+    condition_changes,
+)
 from goodput.api import labels
 from goodput.api.reasons import Reason
 from goodput.testbed.cluster.controlplane import free_port
@@ -98,7 +104,7 @@ class FakePod:
         return next(c for c in self.pod["status"]["conditions"] if c["type"] == kind)
 
 
-FAST = Backoff(attempts=4, first_seconds=0.01, max_seconds=0.02)
+FAST = PublishBackoff(attempts=4, first_seconds=0.01, max_seconds=0.02)
 
 
 def test_a_refusing_api_server_is_retried_until_it_accepts() -> None:

@@ -44,7 +44,9 @@ MULTI = replace(SINGLE, tensor_parallel=8, pipeline_parallel=2, gpus_per_pod=8)
 
 
 def agent_of(pod: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod["spec"]["initContainers"] if c["name"] == agent_sidecar.CONTAINER_NAME]
+    (container,) = [
+        c for c in pod["spec"]["initContainers"] if c["name"] == agent_sidecar.AGENT_CONTAINER_NAME
+    ]
     return container
 
 
@@ -67,7 +69,7 @@ def test_every_rank_runs_the_agent_as_a_native_sidecar_with_the_only_token(templ
         assert agent["restartPolicy"] == "Always" and agent["image"] == IMAGE
         assert spec["automountServiceAccountToken"] is False
         assert spec["serviceAccountName"] == agent_sidecar.SERVICE_ACCOUNT
-        assert token_mounts == [(agent_sidecar.CONTAINER_NAME, agent_sidecar.TOKEN_VOLUME)]
+        assert token_mounts == [(agent_sidecar.AGENT_CONTAINER_NAME, agent_sidecar.TOKEN_VOLUME)]
         volume = next(v for v in spec["volumes"] if v["name"] == agent_sidecar.TOKEN_VOLUME)
         assert {"serviceAccountToken"} <= {key for source in volume["projected"]["sources"] for key in source}
         assert "nvidia.com/gpu" not in str(agent["resources"])  # the GPUs are the engine's

@@ -41,7 +41,7 @@ from goodput.controllers.autoscale.model import (
 )
 from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
-    GroupCounts,
+    ModelGroupCounts,
     engine_metrics,
     model_group_snapshot,
 )
@@ -158,7 +158,7 @@ def long_prompts_decoding(count: int, *, first_tokens_exported: bool = True) -> 
     )
     return model_group_snapshot(
         [group(engine_metrics(figures), name="g0")],
-        GroupCounts(spec_replicas=1, min_replicas=1, max_replicas=8),
+        ModelGroupCounts(spec_replicas=1, min_replicas=1, max_replicas=8),
         profile=PROFILE,
         policy=PERMISSIVE,
         name="default/chat",

@@ -79,7 +79,7 @@ def test_the_table_lists_the_latest_decision_then_the_changes() -> None:
     text = explain(model_group_with_history())
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("TIME"))
-    for column in cmd_explain.COLUMNS:
+    for column in cmd_explain.EXPLAIN_COLUMNS:
         assert column in lines[header]
     latest, change = lines[header + 1], lines[header + 2]
     assert latest.startswith("2027-01-15T08:00:15Z *")

@@ -44,7 +44,7 @@ from goodput.controllers.compile.scaling import (
 )
 from goodput.estimators.attainment import Histogram
 from goodput.operator.metrics_source import build_snapshot, metrics_by_group, query_windows
-from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels, Windows
+from goodput.operator.promql import QUERY_LABEL, QueryQuantity, SeriesLabels, Windows
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.goodput_policy import GoodputPolicy
@@ -113,12 +113,12 @@ def the_operators_policy() -> CompiledPolicy:
 # --- The operator's observation: Prometheus's answer to the snapshot query ---------------------------
 
 
-def _sample(group: str, quantity: Quantity, value: float, now: float, **labels: str) -> dict[str, Any]:
+def _sample(group: str, quantity: QueryQuantity, value: float, now: float, **labels: str) -> dict[str, Any]:
     metric = {QUERY_LABEL: quantity.value, LABELS.group: group, **labels}
     return {"metric": metric, "value": [now, repr(float(value))]}
 
 
-def _buckets(group: str, quantity: Quantity, increase: Histogram, now: float) -> list[dict[str, Any]]:
+def _buckets(group: str, quantity: QueryQuantity, increase: Histogram, now: float) -> list[dict[str, Any]]:
     bounds = [*(repr(bound) for bound in increase.upper_bounds), "+Inf"]
     return [
         _sample(group, quantity, count, now, le=bound)
@@ -137,19 +137,21 @@ def _rate_series(
     """What `rate()` and `increase()` answer over the rate window for one group."""
     finished = latest.request_success_total - earlier.request_success_total
     figures = {
-        Quantity.PROMPT_TOKENS_RATE: (latest.prompt_tokens_total - earlier.prompt_tokens_total) / span,
-        Quantity.GENERATION_TOKENS_RATE: (latest.generation_tokens_total - earlier.generation_tokens_total)
+        QueryQuantity.PROMPT_TOKENS_RATE: (latest.prompt_tokens_total - earlier.prompt_tokens_total) / span,
+        QueryQuantity.GENERATION_TOKENS_RATE: (
+            latest.generation_tokens_total - earlier.generation_tokens_total
+        )
         / span,
-        Quantity.PROMPT_TOKENS_SUM: latest.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
-        Quantity.PROMPT_TOKENS_COUNT: finished,
-        Quantity.PROMPTS_STARTED: latest.time_to_first_token_seconds.total
+        QueryQuantity.PROMPT_TOKENS_SUM: latest.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
+        QueryQuantity.PROMPT_TOKENS_COUNT: finished,
+        QueryQuantity.PROMPTS_STARTED: latest.time_to_first_token_seconds.total
         - earlier.time_to_first_token_seconds.total,
-        Quantity.PROMPT_TOKENS_STARTED: latest.prompt_tokens_total - earlier.prompt_tokens_total,
-        Quantity.GENERATION_TOKENS_SUM: latest.request_generation_tokens_sum
+        QueryQuantity.PROMPT_TOKENS_STARTED: latest.prompt_tokens_total - earlier.prompt_tokens_total,
+        QueryQuantity.GENERATION_TOKENS_SUM: latest.request_generation_tokens_sum
         - earlier.request_generation_tokens_sum,
-        Quantity.GENERATION_TOKENS_COUNT: finished,
-        Quantity.PREFIX_HITS: latest.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
-        Quantity.PREFIX_QUERIES: latest.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
+        QueryQuantity.GENERATION_TOKENS_COUNT: finished,
+        QueryQuantity.PREFIX_HITS: latest.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
+        QueryQuantity.PREFIX_QUERIES: latest.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
     }
     return [_sample(name, quantity, value, now) for quantity, value in figures.items()]
 
@@ -159,13 +161,18 @@ def _histogram_series(
 ) -> list[dict[str, Any]]:
     """What `increase()` answers over the goodput window: the outcomes and the bucket increases."""
     series = [
-        _sample(name, Quantity.FINISHED, latest.request_success_total - earlier.request_success_total, now)
+        _sample(
+            name, QueryQuantity.FINISHED, latest.request_success_total - earlier.request_success_total, now
+        )
     ]
     histograms = {
-        Quantity.TTFT_BUCKETS: (latest.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
-        Quantity.ITL_BUCKETS: (latest.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
-        Quantity.QUEUE_TIME_BUCKETS: (latest.request_queue_time_seconds, earlier.request_queue_time_seconds),
-        Quantity.TPOT_BUCKETS: (
+        QueryQuantity.TTFT_BUCKETS: (latest.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
+        QueryQuantity.ITL_BUCKETS: (latest.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
+        QueryQuantity.QUEUE_TIME_BUCKETS: (
+            latest.request_queue_time_seconds,
+            earlier.request_queue_time_seconds,
+        ),
+        QueryQuantity.TPOT_BUCKETS: (
             latest.request_time_per_output_token_seconds,
             earlier.request_time_per_output_token_seconds,
         ),
@@ -202,10 +209,10 @@ def prometheus_answer(observation: FleetObservation, windows: Windows) -> list[d
     for scraped in latest.groups:
         name = scraped.group
         series += [
-            _sample(name, Quantity.WAITING, scraped.num_requests_waiting, now),
-            _sample(name, Quantity.RUNNING, scraped.num_requests_running, now),
-            _sample(name, Quantity.KV_USAGE, scraped.kv_cache_usage_perc, now),
-            _sample(name, Quantity.SAMPLE_AGE, now - latest.time, now),
+            _sample(name, QueryQuantity.WAITING, scraped.num_requests_waiting, now),
+            _sample(name, QueryQuantity.RUNNING, scraped.num_requests_running, now),
+            _sample(name, QueryQuantity.KV_USAGE, scraped.kv_cache_usage_perc, now),
+            _sample(name, QueryQuantity.SAMPLE_AGE, now - latest.time, now),
         ]
         since, earlier = rate_starts.get(name, (latest.time, scraped))
         if latest.time > since:

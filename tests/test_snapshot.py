@@ -15,7 +15,7 @@ from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.autoscale.model import GroupMetrics, GroupObservation, ScalingPolicy, SloTargets
 from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
-    GroupCounts,
+    ModelGroupCounts,
     aligned,
     engine_metrics,
     expected_ready_seconds,
@@ -245,7 +245,7 @@ def test_the_snapshot_counts_wanted_groups_leaves_out_replacements_and_judges_fe
         GroupObservation("old", "Ready", 0.0, metrics=fresh),
         GroupObservation("surge", "Placing", 5.0),
     ]
-    counts = GroupCounts(spec_replicas=3, min_replicas=1, max_replicas=8, outdated=frozenset({"old"}))
+    counts = ModelGroupCounts(spec_replicas=3, min_replicas=1, max_replicas=8, outdated=frozenset({"old"}))
     snapshot = model_group_snapshot(
         observed, counts, profile=PROFILE, policy=POLICY, name="llama", metrics_window_seconds=120.0, now=9.0
     )

@@ -195,7 +195,7 @@ def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupCounts:
+class ModelGroupCounts:
     """What a ModelGroup says about its count: the groups wanted (`spec.replicas`) within their
     bounds, the groups a rollout replaces, and whether another group can be placed at all."""
 
@@ -207,7 +207,7 @@ class GroupCounts:
 
 
 def capacity_view(
-    observations: Iterable[GroupObservation], counts: GroupCounts, *, now: float
+    observations: Iterable[GroupObservation], counts: ModelGroupCounts, *, now: float
 ) -> tuple[GroupObservation, ...]:
     """The groups as the decision counts them: a rollout's replacements left out, the groups wanted
     but not created yet added as placing."""
@@ -233,7 +233,7 @@ def expected_ready_seconds(declared_seconds: float | None, measured_seconds: Seq
 
 def model_group_snapshot(
     observations: Iterable[GroupObservation],
-    counts: GroupCounts,
+    counts: ModelGroupCounts,
     *,
     profile: CapacityProfile,
     policy: ScalingPolicy,

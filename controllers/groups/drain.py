@@ -86,7 +86,7 @@ LeaderReading = LeaderSample | ProbeFailure
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class ScaleInCandidate:
     """A group that could be removed: not draining, not failed."""
 
     name: str
@@ -98,7 +98,7 @@ class Candidate:
     """The leader's latest reading; None when unknown (sorted after every known load)."""
 
 
-def victim_cost(candidate: Candidate) -> tuple[float, ...]:
+def victim_cost(candidate: ScaleInCandidate) -> tuple[float, ...]:
     """Sort key, cheapest to remove first (see the module docstring)."""
     if candidate.state != "Ready":
         return (0.0, float(NOT_READY_ORDER[candidate.state]), -float(candidate.ordinal))
@@ -124,7 +124,7 @@ def victim_cost(candidate: Candidate) -> tuple[float, ...]:
     )
 
 
-def too_young(candidate: Candidate, now: datetime, min_lifetime_seconds: float) -> bool:
+def too_young(candidate: ScaleInCandidate, now: datetime, min_lifetime_seconds: float) -> bool:
     """A ready group that became ready less than the minimum lifetime ago."""
     if candidate.state != "Ready" or candidate.ready_at is None:
         return False
@@ -132,13 +132,13 @@ def too_young(candidate: Candidate, now: datetime, min_lifetime_seconds: float) 
 
 
 def choose_victims(
-    candidates: Iterable[Candidate],
+    candidates: Iterable[ScaleInCandidate],
     count: int,
     *,
     now: datetime,
     min_lifetime_seconds: float,
     may_ignore_lifetime: int = 0,
-) -> tuple[Candidate, ...]:
+) -> tuple[ScaleInCandidate, ...]:
     """Up to `count` groups to remove, cheapest first.
 
     may_ignore_lifetime: how many of them may be younger than the minimum lifetime (all when the
@@ -155,7 +155,7 @@ def choose_victims(
 
 
 def stale_loads(
-    candidates: Iterable[Candidate], readings: Mapping[str, LeaderReading], now: datetime
+    candidates: Iterable[ScaleInCandidate], readings: Mapping[str, LeaderReading], now: datetime
 ) -> tuple[str, ...]:
     """Ready candidates whose leader has no reading fresh enough to compare them (probe them first)."""
     return tuple(

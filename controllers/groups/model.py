@@ -111,7 +111,7 @@ class WarmupOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
+class DomainBackoff:
     """A topology domain this ModelGroup avoids until `until`, because a group failed to schedule there."""
 
     domain: str
@@ -144,7 +144,7 @@ class World:
     inventory: Inventory
     ready_nodes: frozenset[str]
     group_counter: int = 0
-    backoffs: tuple[Backoff, ...] = ()
+    backoffs: tuple[DomainBackoff, ...] = ()
     warmups: Mapping[str, WarmupOutcome] = field(default_factory=dict)
     warmups_in_flight: frozenset[str] = frozenset()
     leader_readings: Mapping[str, LeaderReading] = field(default_factory=dict)
@@ -409,7 +409,7 @@ class Plan:
     placement_limit: NoFit | None = None
     became_ready: tuple[Assessment, ...] = ()
     # Domains avoided after a group failed to schedule there, still in force after this plan.
-    backoffs: tuple[Backoff, ...] = ()
+    backoffs: tuple[DomainBackoff, ...] = ()
     # Every group's move this tick, in the order decided (see `lifecycle`).
     transitions: tuple[GroupTransition, ...] = ()
     # Groups whose wait for readiness this plan reports with an Event, for the operator to remember.
@@ -417,7 +417,7 @@ class Plan:
     rollout: RolloutStatus | None = None
 
 
-def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
+def parse_backoffs(text: str | None) -> tuple[DomainBackoff, ...]:
     """The back-off list stored on the ModelGroup; an unreadable annotation counts as none."""
     if not text:
         return ()
@@ -429,11 +429,11 @@ def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
     for item in raw if isinstance(raw, list) else ():
         until = parse_rfc3339(item.get("until")) if isinstance(item, dict) else None
         if until is not None and isinstance(item.get("domain"), str):
-            backoffs.append(Backoff(item["domain"], until, str(item.get("reason", ""))))
+            backoffs.append(DomainBackoff(item["domain"], until, str(item.get("reason", ""))))
     return tuple(backoffs)
 
 
-def encode_backoffs(backoffs: Iterable[Backoff]) -> str:
+def encode_backoffs(backoffs: Iterable[DomainBackoff]) -> str:
     return json.dumps(
         [
             {"domain": b.domain, "until": rfc3339_seconds(b.until), "reason": b.reason}

@@ -34,8 +34,13 @@ from enum import StrEnum
 
 from goodput.api.reasons import AdmissionReason
 from goodput.api.slopolicy import SloPolicySpec
-from goodput.estimators.feasibility import FloorModel, prefill_floor_seconds, request_floors, unmet_targets
-from goodput.estimators.feasibility import SloTargets as FloorTargets
+from goodput.estimators.feasibility import (
+    FloorModel,
+    FloorTargets,
+    prefill_floor_seconds,
+    request_floors,
+    unmet_targets,
+)
 from goodput.estimators.queueing import predicted_queue_wait_seconds
 from goodput.estimators.work import WorkPricing
 
