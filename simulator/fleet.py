@@ -43,14 +43,14 @@ from goodput.simulator.records import RequestLog
 
 
 class GroupPhase(StrEnum):
-    """Where a simulated group is in its life: the engine's view (loading, serving, removed), not
-    the controllers' `GroupState` of a ModelGroup's status."""
+    """Where a simulated group is in its life, in the API's words (`GroupState`), and Deleted once it
+    is gone, as the group controller's lifecycle says it (`lifecycle.Phase`)."""
 
     PLACING = "Placing"
-    LOADING = "Loading"
+    PROVISIONING = "Provisioning"
     READY = "Ready"
     DRAINING = "Draining"
-    REMOVED = "Removed"
+    DELETED = "Deleted"
     FAILED = "Failed"
 
 
@@ -129,7 +129,7 @@ class Group:
 
     @property
     def live(self) -> bool:
-        return self.state in (GroupPhase.PLACING, GroupPhase.LOADING, GroupPhase.READY)
+        return self.state in (GroupPhase.PLACING, GroupPhase.PROVISIONING, GroupPhase.READY)
 
     def outstanding_work_tokens(self, expected_output_tokens: int) -> int:
         """What the router weighs: prompt tokens still to prefill plus a decode guess per request."""
@@ -152,7 +152,7 @@ class FleetCounts:
     time: float
     desired: int
     placing: int
-    loading: int
+    provisioning: int
     ready: int
     draining: int
 
@@ -195,7 +195,7 @@ class Fleet:
             now,
             self.desired,
             by_state[GroupPhase.PLACING],
-            by_state[GroupPhase.LOADING],
+            by_state[GroupPhase.PROVISIONING],
             by_state[GroupPhase.READY],
             by_state[GroupPhase.DRAINING],
         )
@@ -326,7 +326,7 @@ class Fleet:
                 self._pods[pod.name] = pod
             group = self._new_group(creation.group, now)
             events.append(
-                LifecycleEvent(now + self.config.placement_seconds, group.index, GroupPhase.LOADING)
+                LifecycleEvent(now + self.config.placement_seconds, group.index, GroupPhase.PROVISIONING)
             )
         for mark in plan.drain_marks:
             for name in mark.pods:
@@ -379,7 +379,7 @@ class Fleet:
             self._ready.remove(group)
         if any(step.group == key and step.event is GroupEvent.DRAIN_TIMED_OUT for step in plan.transitions):
             self.aborted.extend(group.engine.abort_all(now))
-        group.state = GroupPhase.REMOVED
+        group.state = GroupPhase.DELETED
         group.ended_at = now
 
     def _read_leader(self, group: Group, now: float) -> LeaderSample:
@@ -404,10 +404,10 @@ class Fleet:
         if not group.live:
             return []  # removed or failed before the transition
         pods = [name for name, pod in self._pods.items() if pod.group == group.key]
-        if state is GroupPhase.LOADING and group.state is GroupPhase.PLACING:
+        if state is GroupPhase.PROVISIONING and group.state is GroupPhase.PLACING:
             for name in pods:
                 self._pods[name] = bound(self._pods[name], instant(now))
-            group.state = GroupPhase.LOADING
+            group.state = GroupPhase.PROVISIONING
             group.loading_at = now
             rng = self._group_rng(index, "ready")
             loading = self.config.ready_time_median_seconds * math.exp(
@@ -415,7 +415,7 @@ class Fleet:
             )
             self._record(now)
             return [LifecycleEvent(now + loading, index, GroupPhase.READY)]
-        if state is GroupPhase.READY and group.state is GroupPhase.LOADING:
+        if state is GroupPhase.READY and group.state is GroupPhase.PROVISIONING:
             for name in pods:
                 self._pods[name] = started(self._pods[name], instant(now), self._rules.rules)
             return self.reconcile(now)

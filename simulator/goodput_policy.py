@@ -57,7 +57,7 @@ from goodput.simulator.workload import Workload
 
 _STATES: dict[str, GroupState] = {
     "Placing": "Placing",
-    "Loading": "Provisioning",
+    "Provisioning": "Provisioning",
     "Ready": "Ready",
     "Draining": "Draining",
     "Failed": "Failed",

@@ -156,7 +156,7 @@ def timeseries(
     times = np.array([c.time for c in result.timeline])
     series = {
         name: np.array([getattr(c, name) for c in result.timeline])
-        for name in ("desired", "placing", "loading", "ready", "draining")
+        for name in ("desired", "placing", "provisioning", "ready", "draining")
     }
     middle = starts + bin_seconds / 2
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -167,7 +167,7 @@ def timeseries(
         "token_rate_per_second": (tokens / bin_seconds).tolist(),
         "desired_groups": _step_value(times, series["desired"], middle).astype(float).tolist(),
         "ready_groups": _step_value(times, series["ready"], middle).astype(float).tolist(),
-        "starting_groups": _step_value(times, series["placing"] + series["loading"], middle)
+        "starting_groups": _step_value(times, series["placing"] + series["provisioning"], middle)
         .astype(float)
         .tolist(),
         "draining_groups": _step_value(times, series["draining"], middle).astype(float).tolist(),

@@ -310,7 +310,7 @@ class _Run:
             now=now,
             desired_groups=fleet.desired,
             placing_groups=counts.placing,
-            loading_groups=counts.loading,
+            provisioning_groups=counts.provisioning,
             ready_groups=counts.ready,
             draining_groups=counts.draining,
             min_groups=self.config.fleet.min_groups,

@@ -61,7 +61,7 @@ LABELS = SeriesLabels()
 PHASES = ((0.0, 4.0), (120.0, 40.0), (330.0, 2.0), (600.0, 40.0), (720.0, 0.0))
 FAILURE_AT = 240.0
 # The simulator's group states in the API's words (`status.groups[].state`).
-API_STATES = {"Placing": "Placing", "Loading": "Provisioning", "Ready": "Ready", "Draining": "Draining"}
+API_STATES = {"Placing": "Placing", "Provisioning": "Provisioning", "Ready": "Ready", "Draining": "Draining"}
 
 
 def phased_load() -> Workload:

@@ -381,7 +381,7 @@ def observe(
         now=now,
         desired_groups=desired,
         placing_groups=0,
-        loading_groups=starting,
+        provisioning_groups=starting,
         ready_groups=ready,
         draining_groups=0,
         min_groups=1,

@@ -356,7 +356,7 @@ def test_the_goodput_policys_snapshot_carries_the_gateways_figures_only_when_the
             now=history[-1].time + 5.0,
             desired_groups=2,
             placing_groups=0,
-            loading_groups=0,
+            provisioning_groups=0,
             ready_groups=2,
             draining_groups=0,
             min_groups=1,

@@ -97,7 +97,7 @@ def test_a_replacement_not_created_yet_counts_as_placing_as_the_operator_counts_
         now=30.0,
         desired_groups=3,
         placing_groups=0,
-        loading_groups=0,
+        provisioning_groups=0,
         ready_groups=2,
         draining_groups=0,
         min_groups=1,
@@ -124,7 +124,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
         now=72.0,
         desired_groups=3,
         placing_groups=1,
-        loading_groups=1,
+        provisioning_groups=1,
         ready_groups=1,
         draining_groups=1,
         min_groups=1,
@@ -133,7 +133,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
         groups=(
             GroupInfo("group-0", "Ready", 0.0, 0.0),
             GroupInfo("group-1", "Placing", 50.0, None),
-            GroupInfo("group-2", "Loading", 40.0, None),
+            GroupInfo("group-2", "Provisioning", 40.0, None),
             GroupInfo("group-3", "Draining", 0.0, 0.0),
         ),
     )

@@ -92,7 +92,7 @@ def test_a_new_group_costs_from_placement_and_serves_only_once_ready() -> None:
 def test_a_draining_group_takes_no_new_requests_and_leaves_when_empty() -> None:
     workload = poisson(6.0, 150.0)
     result = run(workload, [(0.0, 2), (60.0, 1)])
-    drained = next(g for g in result.groups if g.final_state == "Removed")
+    drained = next(g for g in result.groups if g.final_state == "Deleted")
     index = int(drained.name.split("-")[1])
     mine = result.requests["group"] == index
     assert result.requests["routed_at"][mine].max() <= 60.0
