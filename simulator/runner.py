@@ -345,11 +345,19 @@ def request_path_for(setup: SimulationSetup) -> RequestPathPolicy:
 
 
 def analytic_rate_per_group(setup: SimulationSetup, workload: Workload, pricing: WorkPricing) -> float:
-    """The service-time model's capacity of one group in requests per second: where the measured
-    envelope's search starts."""
-    from goodput.simulator.goodput_policy import compile_for_setup
+    """The service-time model's capacity of one group in requests per second, before any measured
+    figure calibrates it: where the measured envelope's search starts."""
+    from goodput.controllers.compile.scaling import model_capacity_profile
+    from goodput.simulator.goodput_policy import workload_mix
 
-    analytic = compile_for_setup(setup, workload, None).profile
+    engine, primary = setup.engine, setup.classes[0]
+    analytic = model_capacity_profile(
+        engine.cost,
+        (engine.max_num_seqs, engine.max_num_batched_tokens),
+        (primary.ttft_seconds, primary.itl_seconds),
+        workload_mix(workload),
+        None,
+    )
     return float(analytic.reference.work_per_second / request_work_seconds(pricing, workload).mean())
 
 
