@@ -125,7 +125,7 @@ class Agent:
         specs = tuple(replace(spec, delay_seconds=c.nccl_delay_seconds, hang=c.nccl_hang) for spec in specs)
         expectation = nccl.expectation_for(c.pods)
         if c.expected_busbw_gb_per_s is not None:
-            expectation = nccl.Expectation(c.expected_busbw_gb_per_s, f"{expectation.path} (configured)")
+            expectation = nccl.NcclExpectation(c.expected_busbw_gb_per_s, f"{expectation.path} (configured)")
         log.info(
             "NCCL check: %d local rank(s) of %d, leader %s:%d",
             len(specs),
@@ -154,11 +154,11 @@ class Agent:
         if self.config.rank == 0 and self.config.engine_url:
             conditions.append(self._engine_condition())
         revision_value = self._revision()
-        annotations = {labels.MODEL_REVISION_ANNOTATION: revision_value} if revision_value else {}
+        annotations = {labels.ANNOTATION_MODEL_REVISION: revision_value} if revision_value else {}
         pod = self.publisher.publish(conditions, annotations, datetime.now(UTC))
         requested = _request_value(pod)
         if requested is not None and requested != self.state.handled_request:
-            log.info("NCCL re-check requested (%s=%s)", labels.NCCL_CHECK_REQUEST_ANNOTATION, requested)
+            log.info("NCCL re-check requested (%s=%s)", labels.ANNOTATION_NCCL_CHECK_REQUEST, requested)
             self.state.handled_request = requested
             self.check_nccl()
             self.publisher.publish([self.state.nccl] if self.state.nccl else [], {}, datetime.now(UTC))
@@ -221,7 +221,7 @@ class Agent:
 def _request_value(pod: Mapping[str, Any] | None) -> str | None:
     if pod is None:
         return None
-    return ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.NCCL_CHECK_REQUEST_ANNOTATION)
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANNOTATION_NCCL_CHECK_REQUEST)
 
 
 def _http_get(url: str) -> str:

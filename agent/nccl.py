@@ -45,18 +45,18 @@ ITERATIONS = 5
 
 
 @dataclass(frozen=True, slots=True)
-class Expectation:
+class NcclExpectation:
     busbw_gb_per_s: float
     path: str
     """What the figure is for, named in the message ("NVLink within one node")."""
     min_fraction: float = FAR_BELOW_FRACTION
 
 
-def expectation_for(pods_per_group: int) -> Expectation:
+def expectation_for(pods_per_group: int) -> NcclExpectation:
     """A group of one pod talks over NVLink inside its node; a multi-pod group crosses the fabric."""
     if pods_per_group > 1:
-        return Expectation(FABRIC_BUSBW_GB_PER_S, "the inter-node fabric")
-    return Expectation(NVLINK_BUSBW_GB_PER_S, "NVLink within one node")
+        return NcclExpectation(FABRIC_BUSBW_GB_PER_S, "the inter-node fabric")
+    return NcclExpectation(NVLINK_BUSBW_GB_PER_S, "NVLink within one node")
 
 
 def bus_bandwidth_gb_per_s(size_bytes: int, seconds: float, ranks: int) -> float:
@@ -109,7 +109,7 @@ def not_run(why: str) -> NcclVerdict:
     return NcclVerdict(False, Reason.NCCL_CHECK_NOT_RUN, f"not run: {why}", ran=False)
 
 
-def evaluate(outcome: CheckOutcome, expectation: Expectation) -> NcclVerdict:
+def evaluate(outcome: CheckOutcome, expectation: NcclExpectation) -> NcclVerdict:
     """Timeout first (a hang says most), then errors, then the slowest rank against expectation."""
     if outcome.timed_out_ranks or outcome.rendezvous_failures:
         parts = list(outcome.rendezvous_failures)

@@ -14,14 +14,15 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
+from goodput.api.base import STRATEGIC_MERGE_PATCH
 from goodput.api.conditions import ConditionStatus
+from goodput.api.times import rfc3339_seconds
 
 log = logging.getLogger(__name__)
 
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 MAX_MESSAGE_CHARS = 4096
 
 
@@ -31,10 +32,6 @@ class PodCondition:
     status: ConditionStatus
     reason: str
     message: str
-
-
-def _time(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition_changes(
@@ -60,8 +57,8 @@ def condition_changes(
                 "status": condition.status,
                 "reason": condition.reason,
                 "message": message,
-                "lastProbeTime": _time(now),
-                "lastTransitionTime": transition or _time(now),
+                "lastProbeTime": rfc3339_seconds(now),
+                "lastTransitionTime": transition or rfc3339_seconds(now),
             }
         )
     return changes
@@ -122,7 +119,7 @@ class KubernetesPodApi:
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
+class PublishBackoff:
     attempts: int = 5
     first_seconds: float = 0.5
     max_seconds: float = 8.0
@@ -133,7 +130,9 @@ class Backoff:
         ]
 
 
-def with_backoff(call: Callable[[], Any], what: str, backoff: Backoff, stopped: threading.Event) -> bool:
+def with_backoff(
+    call: Callable[[], Any], what: str, backoff: PublishBackoff, stopped: threading.Event
+) -> bool:
     """Runs `call` until it succeeds or the attempts are spent; False (logged) if it never did."""
     for delay in [*backoff.delays(), None]:
         try:
@@ -151,7 +150,7 @@ def with_backoff(call: Callable[[], Any], what: str, backoff: Backoff, stopped: 
 
 class Publisher:
     def __init__(
-        self, api: PodApi, backoff: Backoff = Backoff(), stopped: threading.Event | None = None
+        self, api: PodApi, backoff: PublishBackoff = PublishBackoff(), stopped: threading.Event | None = None
     ) -> None:
         self._api = api
         self._backoff = backoff

@@ -20,7 +20,7 @@ _GPU_STATUS: dict[Severity, ConditionStatus] = {
 
 def gpu_condition(verdict: GpuVerdict) -> PodCondition:
     return PodCondition(
-        labels.GPU_HEALTHY_CONDITION, _GPU_STATUS[verdict.severity], verdict.reason, verdict.message
+        labels.CONDITION_GPU_HEALTHY, _GPU_STATUS[verdict.severity], verdict.reason, verdict.message
     )
 
 
@@ -28,11 +28,11 @@ def nccl_condition(verdict: NcclVerdict) -> PodCondition:
     status: ConditionStatus = "True" if verdict.healthy else "False"
     if not verdict.ran:
         status = "Unknown"  # not run: neither healthy nor a failed group
-    return PodCondition(labels.NCCL_HEALTHY_CONDITION, status, verdict.reason, verdict.message)
+    return PodCondition(labels.CONDITION_NCCL_HEALTHY, status, verdict.reason, verdict.message)
 
 
 def engine_condition(verdict: EngineVerdict) -> PodCondition:
     status: ConditionStatus = "False" if verdict.hung else "True"
     if not verdict.hung and verdict.reason != Reason.ENGINE_PROGRESSING:
         status = "Unknown"  # no metrics yet: no evidence either way
-    return PodCondition(labels.ENGINE_HEALTHY_CONDITION, status, verdict.reason, verdict.message)
+    return PodCondition(labels.CONDITION_ENGINE_HEALTHY, status, verdict.reason, verdict.message)

@@ -18,6 +18,8 @@ from typing import Annotated, Any, ClassVar, Final, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer, WithJsonSchema, model_validator
 
+from goodput.api.times import rfc3339_seconds
+
 GROUP: Final = "goodput.dev"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -37,6 +39,8 @@ QUANTITY_PATTERN: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+"""The media type of a strategic merge patch, which the operator and the health agent both send."""
 
 
 def wire_name(python_name: str) -> str:
@@ -157,14 +161,10 @@ def to_kubernetes_time(value: datetime) -> datetime:
     return value.astimezone(UTC).replace(microsecond=0)
 
 
-def _format_rfc3339(value: datetime) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 Timestamp = Annotated[
     datetime,
     AfterValidator(to_kubernetes_time),
-    PlainSerializer(_format_rfc3339, return_type=str, when_used="json"),
+    PlainSerializer(rfc3339_seconds, return_type=str, when_used="json"),
 ]
 """An RFC 3339 time in UTC with second precision, as metav1.Time."""
 

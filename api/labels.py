@@ -10,30 +10,30 @@ from typing import Final
 
 from goodput.api.base import GROUP
 
-MODEL_GROUP_LABEL: Final = f"{GROUP}/model-group"
+LABEL_MODEL_GROUP: Final = f"{GROUP}/model-group"
 """Name of the ModelGroup a pod serves."""
-GROUP_LABEL: Final = f"{GROUP}/group"
+LABEL_GROUP: Final = f"{GROUP}/group"
 """Name of the complete replica group the pod belongs to."""
-RANK_LABEL: Final = f"{GROUP}/rank"
+LABEL_RANK: Final = f"{GROUP}/rank"
 """Rank of the pod inside its group; '0' is the leader, the only pod that serves HTTP."""
 LEADER_RANK: Final = "0"
 
-GROUP_READY_CONDITION: Final = f"{GROUP}/group-ready"
+CONDITION_GROUP_READY: Final = f"{GROUP}/group-ready"
 """Pod readiness gate: True on every rank at once when the whole group is ready, False to drain."""
 
 # Written by the in-pod health agent (goodput.agent) on its own pod; read by the group controller.
-NCCL_HEALTHY_CONDITION: Final = f"{GROUP}/NCCLHealthy"
+CONDITION_NCCL_HEALTHY: Final = f"{GROUP}/NCCLHealthy"
 """Pod condition: an all-reduce across the group's ranks passed (True) or hung, failed or was far too
 slow (False); the message carries the measured latency and bus bandwidth."""
-GPU_HEALTHY_CONDITION: Final = f"{GROUP}/GPUHealthy"
+CONDITION_GPU_HEALTHY: Final = f"{GROUP}/GPUHealthy"
 """Pod condition: the pod's GPUs show no fault that needs a reset (True; throttling is reported in
 the reason and message), a critical fault (False), or no evidence could be read (Unknown)."""
-ENGINE_HEALTHY_CONDITION: Final = f"{GROUP}/EngineHealthy"
+CONDITION_ENGINE_HEALTHY: Final = f"{GROUP}/EngineHealthy"
 """Pod condition: the engine makes token progress while it has requests running (True), or it has
 held requests without progress for longer than the agent's bound (False)."""
-MODEL_REVISION_ANNOTATION: Final = f"{GROUP}/model-revision"
+ANNOTATION_MODEL_REVISION: Final = f"{GROUP}/model-revision"
 """Pod annotation: the model revision the rank's engine loaded, as evidenced by the agent."""
-NCCL_CHECK_REQUEST_ANNOTATION: Final = f"{GROUP}/nccl-check-requested"
+ANNOTATION_NCCL_CHECK_REQUEST: Final = f"{GROUP}/nccl-check-requested"
 """Pod annotation: set (to any new value, e.g. a timestamp) to make the agent re-run the NCCL check."""
 
 
@@ -42,4 +42,4 @@ def leader_label_selector(model_group: str) -> str:
 
     Selecting leaders only makes an external HPA's per-pod averages per-group averages.
     """
-    return f"{MODEL_GROUP_LABEL}={model_group},{RANK_LABEL}={LEADER_RANK}"
+    return f"{LABEL_MODEL_GROUP}={model_group},{LABEL_RANK}={LEADER_RANK}"

@@ -974,6 +974,13 @@ class ModelGroupSpec(SpecModel):
 
 
 GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]
+"""A group's state: `status.groups[].state`, the group controller's lifecycle and the autoscaler's
+counts alike."""
+GROUP_STATES: tuple[GroupState, ...] = ("Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed")
+ACTIVE_STATES: frozenset[GroupState] = frozenset({"Placing", "Provisioning", "Warming", "Ready"})
+"""Groups that count toward `replicas`: serving, or on their way to serving."""
+COMING_STATES: frozenset[GroupState] = frozenset({"Placing", "Provisioning", "Warming"})
+"""Groups on their way to serving: capacity that comes without a new decision."""
 
 
 class ReadyTime(StatusModel):

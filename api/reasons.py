@@ -114,6 +114,8 @@ class Reason:
     # Scaling (ScalingActive, ScalingLimited, decisions); HPA's words where the meaning is HPA's
     SIGNALS_COMPUTED: Final = "SignalsComputed"
     DESIRED_WITHIN_RANGE: Final = "DesiredWithinRange"
+    SCALING_DISABLED: Final = "ScalingDisabled"
+    """The HPA's word for a target at zero replicas: it is not scaled (the simulator's baselines)."""
     TOO_FEW_REPLICAS: Final = "TooFewReplicas"
     TOO_MANY_REPLICAS: Final = "TooManyReplicas"
     WITHIN_TOLERANCE: Final = "WithinTolerance"
@@ -234,6 +236,51 @@ class EventReason:
     """SLOAttainable went False: a share of the demand cannot meet its SLO on groups of this shape."""
     SLO_ATTAINABLE: Final = "SLOAttainable"
     """SLOAttainable went back to True (or unknown) after being False."""
+
+
+class NoFitReason(StrEnum):
+    """Why no domain can take a new group: `Reason`'s placement words, as one type."""
+
+    INSUFFICIENT_GPUS = Reason.INSUFFICIENT_GPUS
+    DOMAINS_BACKED_OFF = Reason.DOMAINS_BACKED_OFF
+    NO_ELIGIBLE_NODES = Reason.NO_ELIGIBLE_NODES
+    TOPOLOGY_LABEL_MISSING = Reason.TOPOLOGY_LABEL_MISSING
+
+
+class Attainability(StrEnum):
+    """The reason of the SLOAttainable verdict (`feasible_demand.attainability`): whether each
+    class's demand can meet its SLO on groups of this shape."""
+
+    DEMAND_FEASIBLE = Reason.DEMAND_FEASIBLE
+    INFEASIBLE_DEMAND = Reason.INFEASIBLE_DEMAND
+    CLASS_UNATTAINABLE = Reason.CLASS_UNATTAINABLE
+    FEASIBILITY_UNKNOWN = Reason.FEASIBILITY_UNKNOWN
+
+
+class AdmissionReason(StrEnum):
+    """One vocabulary for why a request got its outcome: metric label, log field and response header."""
+
+    ADMITTED = "Admitted"
+    UNKNOWN_CLASS = "UnknownClass"
+    PROMPT_OVER_CLASS_LIMIT = "PromptOverClassLimit"
+    OUTPUT_OVER_CLASS_LIMIT = "OutputOverClassLimit"
+    BEYOND_CONTEXT = "BeyondContext"
+    INFEASIBLE = "Infeasible"
+    KV_NEVER_FITS = "KvNeverFits"
+    KV_HEADROOM = "KvHeadroom"
+    DEADLINE = "Deadline"
+    NO_READY_GROUP = "NoReadyGroup"
+    TENANT_BUDGET = "TenantBudget"
+    RETRY_BUDGET = "RetryBudget"
+
+
+class RouteReason(StrEnum):
+    """Why the request path sent a request to the group it chose: a metric label and log field."""
+
+    SESSION = "Session"
+    PREFIX = "PrefixAffinity"
+    LEAST_WORK = "LeastWork"
+    OVER_BUDGET = "LeastWorkOverBudget"
 
 
 def vocabulary(namespace: type) -> dict[str, str]:

@@ -175,7 +175,7 @@ class Signals(SpecModel):
     """Measured attainment."""
 
 
-class ScalingPolicy(SpecModel):
+class StepPolicy(SpecModel):
     """A step limit: at most `value` groups (or percent of the current groups) per `periodSeconds`."""
 
     type: Literal["Groups", "Percent"]
@@ -193,7 +193,7 @@ class ScalingRules(SpecModel):
     """Ignore proposals within this fraction of the current groups (dead band against noise)."""
     stabilization_window_seconds: int = Field(default=0, ge=0, le=3600)
     """Act on the most conservative proposal of this trailing window."""
-    policies: tuple[ScalingPolicy, ...] = Field(default=(), max_length=8)
+    policies: tuple[StepPolicy, ...] = Field(default=(), max_length=8)
     """Step limits."""
     select_policy: Literal["Max", "Min", "Disabled"] = "Max"
     """Which step limit applies when several do: the one allowing the 'Max' change, the 'Min', or
@@ -203,10 +203,10 @@ class ScalingRules(SpecModel):
 class ScaleUpRules(ScalingRules):
     """Scale-up behaviour: act at once, add up to 100 % or 2 groups a minute, whichever is more."""
 
-    policies: tuple[ScalingPolicy, ...] = Field(
+    policies: tuple[StepPolicy, ...] = Field(
         default=(
-            ScalingPolicy(type="Percent", value=100, period_seconds=60),
-            ScalingPolicy(type="Groups", value=2, period_seconds=60),
+            StepPolicy(type="Percent", value=100, period_seconds=60),
+            StepPolicy(type="Groups", value=2, period_seconds=60),
         ),
         max_length=8,
     )
@@ -218,8 +218,8 @@ class ScaleDownRules(ScalingRules):
 
     stabilization_window_seconds: int = Field(default=300, ge=0, le=3600)
     """Act on the highest proposal of this trailing window."""
-    policies: tuple[ScalingPolicy, ...] = Field(
-        default=(ScalingPolicy(type="Groups", value=1, period_seconds=60),),
+    policies: tuple[StepPolicy, ...] = Field(
+        default=(StepPolicy(type="Groups", value=1, period_seconds=60),),
         max_length=8,
     )
     """Step limits."""

@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable
 
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     DecisionState,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     RequestQueue,
     ScalingPolicy,
@@ -78,7 +77,7 @@ def snapshot(
     profile: CapacityProfile, rng: random.Random, groups_per_model: int, queued: int, index: int
 ) -> ModelGroupSnapshot:
     groups = tuple(
-        GroupObservation(f"g{number}", GroupState.READY, 0.0, metrics=group_metrics(rng))
+        GroupObservation(f"g{number}", "Ready", 0.0, metrics=group_metrics(rng))
         for number in range(groups_per_model)
     )
     queue = None

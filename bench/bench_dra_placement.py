@@ -17,7 +17,7 @@ import argparse
 import statistics
 import time
 
-from goodput.controllers.dynamic_resources import (
+from goodput.controllers.groups.dynamic_resources import (
     DeviceClassView,
     ResourceSliceView,
     class_devices,

@@ -3,8 +3,8 @@
 Run: .venv/bin/python bench/bench_gateway_admission.py [--seconds 120] [--groups 2] [--seed 1]
 
 The fleet and the request path are `goodput simulate`'s (`simulator.simulation` with a
-`RequestPathPolicy`: `controllers.admission.admit`, `controllers.fairness.FairQueue`,
-`controllers.routing.choose_group` between the workload and the simulated vLLM engines), for
+`RequestPathPolicy`: `controllers.requests.admission.admit`, `controllers.requests.fairness.FairQueue`,
+`controllers.requests.routing.choose_group` between the workload and the simulated vLLM engines), for
 Llama-3.1-8B on one H100 per group with the sample ModelGroup and the sample interactive
 SLOPolicy's `chat` class (TTFT 1 s, ITL 75 ms, E2E 60 s), on a fixed number of ready groups (no
 autoscaler acts). Requests: Poisson arrivals, prompts and outputs log-normal around 1,024 and 256
@@ -27,7 +27,7 @@ import argparse
 import time
 from pathlib import Path
 
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.gateway_bench import (
     as_one_tenant,
@@ -36,7 +36,7 @@ from goodput.simulator.gateway_bench import (
     run_fixed_fleet,
     tenant_figures,
 )
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.runner import request_path_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def overload(
         started = time.perf_counter()
         result = run_fixed_fleet(setup, workload, groups, path, horizon_seconds=seconds, seed=seed)
         met = sum(tenant_figures(result, setup, workload).slo_met.values())
-        refused = int((result.requests["outcome"] == Outcome.REJECTED_ADMISSION).sum())
+        refused = int((result.requests["outcome"] == RequestExit.REJECTED_ADMISSION).sum())
         figures[name] = met / seconds
         print(
             f"  {name:16s} SLO-met {met / seconds:7.2f} req/s  attainment of offered "

@@ -33,7 +33,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from goodput.controllers.fairness import FairnessPolicy, FairQueue, QueuedItem
+from goodput.controllers.requests.fairness import FairnessPolicy, FairQueue, QueuedItem
 from goodput.testbed.cluster.controlplane import free_port
 from goodput.testbed.cluster.processes import stop_child
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from goodput.controllers.autoscale_model import SloTargets
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.autoscale.model import SloTargets
+from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B
 from goodput.simulator.baselines import FixedFleet
@@ -36,8 +36,8 @@ from goodput.simulator.batched import BatchedRunSettings, simulate_batched
 from goodput.simulator.config import build_setup
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy
-from goodput.simulator.policy import Autoscaler
+from goodput.simulator.fleet_policy import FleetPolicy
+from goodput.simulator.goodput_policy import GoodputPolicy, what_if_scaling_policy
 from goodput.simulator.report import ClassTargets, judge
 from goodput.simulator.runner import request_path_for
 from goodput.simulator.simulation import SimulationConfig, simulate
@@ -68,7 +68,7 @@ def measure(
     label: str,
     workload: Workload,
     groups: int,
-    autoscaler: Autoscaler,
+    autoscaler: FleetPolicy,
     engine: EngineConfig,
     *,
     request_path: RequestPathPolicy | None = None,
@@ -160,7 +160,7 @@ def main() -> None:
         itl_target_seconds=0.08,
         ttft_target_seconds=1.0,
     )
-    policy = GoodputPolicy(scaling_policy(None, 1, 16, 0, (SloTargets("chat", 1.0, 0.08),)), profile)
+    policy = GoodputPolicy(what_if_scaling_policy(None, 1, 16, 0, (SloTargets("chat", 1.0, 0.08),)), profile)
     measure("1 h, 10x trace rate, goodput's decision pipeline", busy, 8, policy, engine)
     samples = Path(__file__).resolve().parents[1] / "manifests" / "samples"
     setup = build_setup(

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from goodput.simulator.runner import sanitize
-from goodput.simulator.suite import MODELS, TRACES, run_suite
+from goodput.simulator.suite import SUITE_MODELS, TRACES, run_suite
 from goodput.simulator.suite_report import markdown, plot_curves
 
 
@@ -62,11 +62,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the draw of every case (default 0)")
     args = parser.parse_args()
     traces = [t for t in TRACES if args.only is None or t.name in args.only]
-    models = [m for m in MODELS if args.models is None or m.name in args.models]
+    models = [m for m in SUITE_MODELS if args.models is None or m.name in args.models]
     if not traces or not models:
         print(
             f"bench_suite: nothing to run; traces: {', '.join(t.name for t in TRACES)}; "
-            f"models: {', '.join(m.name for m in MODELS)}",
+            f"models: {', '.join(m.name for m in SUITE_MODELS)}",
             file=sys.stderr,
         )
         return 2

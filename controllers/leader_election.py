@@ -22,8 +22,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
+
+from goodput.api.times import parse_rfc3339, rfc3339_micros
 
 # A waiting candidate sleeps the retry period and up to this fraction more between reads, so that
 # candidates started together do not collide. The renew deadline must exceed that longest sleep
@@ -180,8 +182,8 @@ def record_of(lease: Mapping[str, Any]) -> LeaseRecord:
     return LeaseRecord(
         holder_identity=str(spec.get("holderIdentity") or ""),
         lease_duration_seconds=int(duration) if isinstance(duration, int) and duration > 0 else 1,
-        acquire_time=_parse_micro_time(spec.get("acquireTime")),
-        renew_time=_parse_micro_time(spec.get("renewTime")),
+        acquire_time=parse_rfc3339(spec.get("acquireTime")),
+        renew_time=parse_rfc3339(spec.get("renewTime")),
         lease_transitions=int(transitions) if isinstance(transitions, int) and transitions >= 0 else 0,
     )
 
@@ -199,21 +201,7 @@ def lease_object(
         "leaseTransitions": record.lease_transitions,
     }
     if record.acquire_time is not None:
-        spec["acquireTime"] = micro_time(record.acquire_time)
+        spec["acquireTime"] = rfc3339_micros(record.acquire_time)
     if record.renew_time is not None:
-        spec["renewTime"] = micro_time(record.renew_time)
+        spec["renewTime"] = rfc3339_micros(record.renew_time)
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
-
-
-def micro_time(moment: datetime) -> str:
-    """metav1.MicroTime: RFC 3339 in UTC with six fractional digits."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_micro_time(raw: object) -> datetime | None:
-    if not isinstance(raw, str) or not raw:
-        return None
-    try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None

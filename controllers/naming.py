@@ -11,15 +11,23 @@ import hashlib
 import re
 from typing import Final
 
-from goodput.api import labels, modelgroup
 from goodput.api.base import API_VERSION, GROUP
+from goodput.api.labels import (
+    ANNOTATION_MODEL_REVISION,
+    ANNOTATION_NCCL_CHECK_REQUEST,
+    CONDITION_ENGINE_HEALTHY,
+    CONDITION_GPU_HEALTHY,
+    CONDITION_GROUP_READY,
+    CONDITION_NCCL_HEALTHY,
+    LABEL_GROUP,
+    LABEL_MODEL_GROUP,
+    LABEL_RANK,
+)
+from goodput.api.modelgroup import GPU_RESOURCE
 
 DOMAIN: Final = GROUP
 
 # Labels on every pod of a group (and the group's Service).
-LABEL_MODEL_GROUP: Final = labels.MODEL_GROUP_LABEL
-LABEL_GROUP: Final = labels.GROUP_LABEL
-LABEL_RANK: Final = labels.RANK_LABEL
 # A hash of the pod template the group was created from: groups of an older spec are outdated.
 LABEL_REVISION: Final = f"{DOMAIN}/revision"
 # On leaders only: Prometheus scrapes pods with this label.
@@ -42,9 +50,7 @@ ANNOTATION_DRAIN_PROGRESS: Final = f"{DOMAIN}/drain-progress"
 # How a drain ended, on every rank before any is deleted: a restart records it from the pods.
 ANNOTATION_DRAIN_OUTCOME: Final = f"{DOMAIN}/drain-outcome"
 # Pod annotation written by the in-pod health agent: the model revision the rank loaded.
-ANNOTATION_MODEL_REVISION: Final = labels.MODEL_REVISION_ANNOTATION
 # Pod annotation an operator or a user sets to make the health agent re-run its NCCL check.
-ANNOTATION_NCCL_CHECK_REQUEST: Final = labels.NCCL_CHECK_REQUEST_ANNOTATION
 
 # ModelGroup annotations: state that must survive an operator restart.
 ANNOTATION_GROUP_COUNTER: Final = f"{DOMAIN}/group-counter"
@@ -54,14 +60,9 @@ ANNOTATION_ROLLOUT: Final = f"{DOMAIN}/rollout"
 # Held on every pod from creation until the whole group exists, so no rank binds GPUs alone.
 SCHEDULING_GATE: Final = f"{DOMAIN}/gang"
 # Readiness gate on every pod; the operator sets it on all ranks at once.
-CONDITION_GROUP_READY: Final = labels.GROUP_READY_CONDITION
 # Pod condition set by the in-pod health agent after an all-reduce across the group's ranks.
-CONDITION_NCCL_HEALTHY: Final = labels.NCCL_HEALTHY_CONDITION
 # Pod conditions set by the health agent: a critical GPU fault, a hung engine (False fails the group).
-CONDITION_GPU_HEALTHY: Final = labels.GPU_HEALTHY_CONDITION
-CONDITION_ENGINE_HEALTHY: Final = labels.ENGINE_HEALTHY_CONDITION
 
-GPU_RESOURCE: Final = modelgroup.GPU_RESOURCE
 # Placement counts devices under one name per kind; a DeviceClass's devices go under this prefix
 # (no device plugin can advertise it: the API server reserves the domain).
 DEVICE_CLASS_RESOURCE_PREFIX: Final = "deviceclass.resource.k8s.io/"
@@ -137,3 +138,52 @@ def claim_template_name(model_group: str, device_class: str, devices: int) -> st
     carries what it asks for: a new class or count is a new template, and pods of the old one keep it."""
     digest = hashlib.sha256(f"{device_class}/{devices}".encode()).hexdigest()[:8]
     return f"{model_group}-gpus-{digest}"
+
+
+# The labels, conditions and annotations that are API are defined once, in api/labels.py, and
+# listed here under the same names so the controllers find every name in one module.
+__all__ = [
+    "ANNOTATION_DEVICE_CLASS",
+    "ANNOTATION_DEVICE_COUNT",
+    "ANNOTATION_DRAINING_SINCE",
+    "ANNOTATION_DRAIN_OUTCOME",
+    "ANNOTATION_DRAIN_PROGRESS",
+    "ANNOTATION_GROUP_COUNTER",
+    "ANNOTATION_MODEL_REVISION",
+    "ANNOTATION_NCCL_CHECK_REQUEST",
+    "ANNOTATION_PLACEMENT_BACKOFF",
+    "ANNOTATION_REPLACES",
+    "ANNOTATION_ROLLOUT",
+    "ANNOTATION_TOPOLOGY_DOMAIN",
+    "ANNOTATION_TOPOLOGY_KEY",
+    "CONDITION_ENGINE_HEALTHY",
+    "CONDITION_GPU_HEALTHY",
+    "CONDITION_GROUP_READY",
+    "CONDITION_NCCL_HEALTHY",
+    "DEVICE_CLASS_RESOURCE_PREFIX",
+    "DOMAIN",
+    "GPU_RESOURCE",
+    "LABEL_GROUP",
+    "LABEL_MANAGED_BY",
+    "LABEL_METRICS",
+    "LABEL_MODEL_GROUP",
+    "LABEL_RANK",
+    "LABEL_REVISION",
+    "MANAGED_BY",
+    "MODEL_GROUP_API_VERSION",
+    "MODEL_GROUP_KIND",
+    "NODE_DOMAIN_PREFIX",
+    "POD_CLAIM_NAME",
+    "SCHEDULING_GATE",
+    "claim_template_name",
+    "device_class_of_resource",
+    "device_class_resource",
+    "group_name",
+    "group_ordinal",
+    "max_model_group_name_length",
+    "model_group_of_pod",
+    "node_domain",
+    "node_of_domain",
+    "pod_name",
+    "service_name",
+]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.controllers.observation import parse_time
+from goodput.api.times import parse_rfc3339
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.crash_points import CRASH_POINTS
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.e2e
 POOL_LABEL = "e2e.goodput.dev/pool"
 SERVED = "llama"
 PORT = 8000
-MODEL_GROUP_LABEL = "goodput.dev/model-group"
+LABEL_MODEL_GROUP = "goodput.dev/model-group"
 MODEL_GROUP_PATH = "/apis/goodput.dev/v1alpha1/namespaces/{namespace}/modelgroups/" + SERVED
 SETTLE_SECONDS = 5.0
 """The operator's default `drain_settle_seconds`."""
@@ -105,7 +105,7 @@ def model_group(namespace: str, replicas: int, *, max_seconds: int, shutdown_sec
         "kind": "Service",
         "metadata": {"name": SERVED, "namespace": namespace},
         "spec": {
-            "selector": {MODEL_GROUP_LABEL: SERVED, "goodput.dev/rank": "0"},
+            "selector": {LABEL_MODEL_GROUP: SERVED, "goodput.dev/rank": "0"},
             "ports": [{"name": "http", "port": PORT, "targetPort": PORT}],
         },
     }
@@ -161,7 +161,7 @@ def events(cluster: LocalCluster, namespace: str, reason: str) -> list[dict[str,
 
 
 def live_pods(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any]]:
-    answer = cluster.api.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={MODEL_GROUP_LABEL}")
+    answer = cluster.api.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={LABEL_MODEL_GROUP}")
     return {
         pod["metadata"]["name"]: pod
         for pod in (answer["items"] if answer else [])
@@ -385,7 +385,7 @@ def test_restarting_the_operator_mid_drain_finishes_the_drain_without_losing_or_
     (record,) = drain["recent"]
     assert record["group"] == victim and record["outcome"] == "Drained"
     # The drain resumed from the cluster: its start is the one recorded before the restart.
-    recorded_start, annotated_start = parse_time(record["startedAt"]), parse_time(started)
+    recorded_start, annotated_start = parse_rfc3339(record["startedAt"]), parse_rfc3339(started)
     assert recorded_start is not None and annotated_start is not None
     assert recorded_start == annotated_start.replace(microsecond=0)
     assert record["durationSeconds"] >= 3

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from goodput.operator.promql import Quantity, SeriesLabels, Windows, sub_queries
+from goodput.operator.promql import QueryQuantity, SeriesLabels, Windows, sub_queries
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import port_accepts, wait_for
 
@@ -249,13 +249,13 @@ def test_a_replayed_trace_reaches_emulated_leaders_and_prometheus_answers_goodpu
     # goodput's own PromQL, per group, over the scraped emulator metrics.
     queries = sub_queries(SeriesLabels(), namespace, SERVED, Windows(rate_seconds=60, histogram_seconds=120))
     for quantity in (
-        Quantity.WAITING,
-        Quantity.RUNNING,
-        Quantity.KV_USAGE,
-        Quantity.PROMPT_TOKENS_RATE,
-        Quantity.GENERATION_TOKENS_RATE,
-        Quantity.FINISHED,
-        Quantity.TTFT_BUCKETS,
+        QueryQuantity.WAITING,
+        QueryQuantity.RUNNING,
+        QueryQuantity.KV_USAGE,
+        QueryQuantity.PROMPT_TOKENS_RATE,
+        QueryQuantity.GENERATION_TOKENS_RATE,
+        QueryQuantity.FINISHED,
+        QueryQuantity.TTFT_BUCKETS,
     ):
         result = wait_for(
             functools.partial(prometheus, cluster, queries[quantity]),
@@ -263,7 +263,7 @@ def test_a_replayed_trace_reaches_emulated_leaders_and_prometheus_answers_goodpu
             describe=f"an answer to {quantity}: {queries[quantity]}",
         )
         assert {series["metric"]["group"] for series in result} == {"g0", "g1"}, (quantity, result)
-    rates = prometheus(cluster, queries[Quantity.GENERATION_TOKENS_RATE])
+    rates = prometheus(cluster, queries[QueryQuantity.GENERATION_TOKENS_RATE])
     assert all(float(series["value"][1]) > 0 for series in rates)
 
     # The labels every series carries, from the pod's labels and identity.

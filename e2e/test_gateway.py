@@ -44,7 +44,7 @@ from test_autoscaler import (
 )
 
 from goodput.api.labels import LEADER_RANK
-from goodput.controllers.observation import parse_pod
+from goodput.controllers.groups.observation import parse_pod
 from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.operator_process import GatewayProcess, operator_metric
 

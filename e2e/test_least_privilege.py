@@ -44,7 +44,7 @@ from test_chart_install import (
     workload_namespace,  # noqa: F401 (a fixture, used by name)
 )
 
-from goodput.controllers import agent_sidecar
+from goodput.controllers.groups import agent_sidecar
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 
@@ -383,7 +383,7 @@ def assert_token_only_in_the_agent(pod: Mapping[str, Any]) -> None:
         for container in [*spec.get("initContainers", []), *spec["containers"]]
     }
     holders = sorted(container for container, names in mounts.items() if names & token_volumes)
-    assert holders == [agent_sidecar.CONTAINER_NAME], f"{name}: the token is mounted in {holders}"
+    assert holders == [agent_sidecar.AGENT_CONTAINER_NAME], f"{name}: the token is mounted in {holders}"
     assert len(mounts) == 2, f"{name}: the engine and the agent, nothing else: {sorted(mounts)}"
 
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 POOL_LABEL = "e2e.goodput.dev/pool"
 CLIQUE = "nvidia.com/gpu.clique"
-MODEL_GROUP_LABEL = "goodput.dev/model-group"
+LABEL_MODEL_GROUP = "goodput.dev/model-group"
 
 
 @contextlib.contextmanager
@@ -55,7 +55,7 @@ def gpu_pool(
 
 
 def pods(cluster: LocalCluster, namespace: str) -> list[dict[str, Any]]:
-    answer = cluster.api.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={MODEL_GROUP_LABEL}")
+    answer = cluster.api.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={LABEL_MODEL_GROUP}")
     return list(answer["items"]) if answer else []
 
 
@@ -362,12 +362,12 @@ def test_deleting_a_model_group_removes_every_pod(
             describe=lambda: f"no pod left: {[p['metadata']['name'] for p in pods(cluster, namespace)]}",
         )
         services = cluster.api.get(
-            f"/api/v1/namespaces/{namespace}/services?labelSelector={MODEL_GROUP_LABEL}"
+            f"/api/v1/namespaces/{namespace}/services?labelSelector={LABEL_MODEL_GROUP}"
         )
         wait_for(
             lambda: (
                 not cluster.api.get(
-                    f"/api/v1/namespaces/{namespace}/services?labelSelector={MODEL_GROUP_LABEL}"
+                    f"/api/v1/namespaces/{namespace}/services?labelSelector={LABEL_MODEL_GROUP}"
                 )["items"]
             ),
             timeout_seconds=30,

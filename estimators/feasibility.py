@@ -62,7 +62,7 @@ class RequestFloors:
 
 
 @dataclass(frozen=True, slots=True)
-class SloTargets:
+class FloorTargets:
     """A class's targets; an absent end-to-end target is no constraint."""
 
     ttft_seconds: float
@@ -105,7 +105,7 @@ def request_floors(model: FloorModel, prompt_tokens: int, output_tokens: int) ->
     return RequestFloors(ttft_seconds=ttft, itl_seconds=itl, e2e_seconds=ttft + remaining_tokens * itl)
 
 
-def unmet_targets(floors: RequestFloors, targets: SloTargets) -> tuple[str, ...]:
+def unmet_targets(floors: RequestFloors, targets: FloorTargets) -> tuple[str, ...]:
     """The SLIs whose floor already exceeds the target (empty: the request is feasible)."""
     unmet: list[str] = []
     if floors.ttft_seconds > targets.ttft_seconds:
@@ -117,7 +117,7 @@ def unmet_targets(floors: RequestFloors, targets: SloTargets) -> tuple[str, ...]
     return tuple(unmet)
 
 
-def is_feasible(model: FloorModel, targets: SloTargets, prompt_tokens: int, output_tokens: int) -> bool:
+def is_feasible(model: FloorModel, targets: FloorTargets, prompt_tokens: int, output_tokens: int) -> bool:
     return not unmet_targets(request_floors(model, prompt_tokens, output_tokens), targets)
 
 

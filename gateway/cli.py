@@ -19,7 +19,7 @@ from prometheus_client import start_http_server
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.gateway.connections import start_serving
 from goodput.gateway.groups import GroupEndpoint, GroupSource, StaticGroupSource
 from goodput.gateway.kube import KubeGroupSource, KubePolicySource, api_server_from_environment

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from goodput.api.labels import LEADER_RANK
-from goodput.controllers.observation import PodView, parse_pod
+from goodput.controllers.groups.observation import PodView, parse_pod
 
 
 @dataclass(frozen=True, slots=True)

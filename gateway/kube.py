@@ -25,11 +25,11 @@ import aiohttp
 from kubernetes import client, config
 from pydantic import ValidationError
 
-from goodput.api.labels import LEADER_RANK, MODEL_GROUP_LABEL, RANK_LABEL
+from goodput.api.labels import LABEL_MODEL_GROUP, LABEL_RANK, LEADER_RANK
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.observation import parse_pod
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.groups.observation import parse_pod
 from goodput.gateway.groups import GroupEndpoint, GroupsCallback, endpoint_of
 
 log = logging.getLogger("goodput.gateway.kube")
@@ -69,7 +69,7 @@ def api_server_from_environment() -> ApiServer:
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
+class WatchBackoff:
     """Delay before the n-th consecutive failed attempt: initial x factor^(n-1), at most max."""
 
     initial_seconds: float = 0.5
@@ -147,13 +147,13 @@ class ResourceWatch:
         on_change: ObjectsCallback,
         *,
         params: Mapping[str, str] | None = None,
-        backoff: Backoff | None = None,
+        backoff: WatchBackoff | None = None,
     ) -> None:
         self.server = server
         self.path = path
         self.on_change = on_change
         self.params = dict(params or {})
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or WatchBackoff()
         self.state = WatchedObjects()
         self.listed = False
         self.failures = 0
@@ -223,12 +223,12 @@ class KubeGroupSource:
         model_group: str,
         port: int,
         *,
-        backoff: Backoff | None = None,
+        backoff: WatchBackoff | None = None,
     ) -> None:
         self.namespace = namespace
         self.model_group = model_group
         self.port = port
-        self.selector = f"{MODEL_GROUP_LABEL}={model_group},{RANK_LABEL}={LEADER_RANK}"
+        self.selector = f"{LABEL_MODEL_GROUP}={model_group},{LABEL_RANK}={LEADER_RANK}"
         self._on_change: GroupsCallback | None = None
         self.watch = ResourceWatch(
             server,
@@ -296,7 +296,7 @@ class KubePolicySource:
     the compiled request path, reports it (or, as a string, why it cannot be compiled)."""
 
     def __init__(
-        self, server: ApiServer, namespace: str, name: str, *, backoff: Backoff | None = None
+        self, server: ApiServer, namespace: str, name: str, *, backoff: WatchBackoff | None = None
     ) -> None:
         self.namespace = namespace
         self.name = name

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# vLLM's TTFT and E2E buckets reach minutes; ITL buckets are finer.
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0)
-ITL_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
-E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+from goodput.controllers.requests.latency_buckets import (
+    GATEWAY_E2E_BUCKETS_SECONDS,
+    GATEWAY_ITL_BUCKETS_SECONDS,
+    GATEWAY_TTFT_BUCKETS_SECONDS,
+)
 
 
 class GatewayMetrics:
@@ -74,21 +75,21 @@ class GatewayMetrics:
             "goodput_gateway_time_to_first_token_seconds",
             "Time to first token as the client sees it.",
             ["model_group", "slo_class"],
-            buckets=TTFT_BUCKETS,
+            buckets=GATEWAY_TTFT_BUCKETS_SECONDS,
             registry=r,
         )
         self.itl = Histogram(
             "goodput_gateway_inter_token_latency_seconds",
             "Gaps between streamed chunks.",
             ["model_group", "slo_class"],
-            buckets=ITL_BUCKETS,
+            buckets=GATEWAY_ITL_BUCKETS_SECONDS,
             registry=r,
         )
         self.e2e = Histogram(
             "goodput_gateway_e2e_request_latency_seconds",
             "Arrival to last byte.",
             ["model_group", "slo_class"],
-            buckets=E2E_BUCKETS,
+            buckets=GATEWAY_E2E_BUCKETS_SECONDS,
             registry=r,
         )
 

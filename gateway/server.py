@@ -1,11 +1,12 @@
 """The gateway: an OpenAI-compatible proxy in front of one ModelGroup's Ready leaders.
 
 Per request: read it (400 for anything unreadable), run the admission gates on the current load
-(`controllers.admission`), queue what proceeds in the fair queue (`controllers.fairness`), and when a
-group has a free slot, dispatch the request the counters choose to the group routing picks
-(`controllers.routing`); then proxy the engine's answer, streamed or not. The gateway keeps at most
-`max_in_flight_per_group` requests on each group, so contention is resolved here, by fairness and
-deadlines, rather than in the engine's first-come queue.
+(`controllers.requests.admission`), queue what proceeds in the fair queue
+(`controllers.requests.fairness`), and when a group has a free slot, dispatch the request the
+counters choose to the group routing picks (`controllers.requests.routing`); then proxy the
+engine's answer, streamed or not. The gateway keeps at most `max_in_flight_per_group` requests on
+each group, so contention is resolved here, by fairness and deadlines, rather than in the engine's
+first-come queue.
 
 Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason` and
 `X-Goodput-Group`; a degraded request also `X-Goodput-Max-Tokens` (the lowered budget). Status codes:
@@ -33,9 +34,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from goodput.controllers.admission import (
+from goodput.api.reasons import AdmissionReason
+from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.requests.admission import (
     AdmissionDecision,
-    AdmissionReason,
     DrainRateMeter,
     GroupLoad,
     IdempotencyLedger,
@@ -46,9 +48,8 @@ from goodput.controllers.admission import (
     TokenBucket,
     admit,
 )
-from goodput.controllers.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
-from goodput.controllers.request_path import RequestPathPolicy
-from goodput.controllers.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
+from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
+from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.connections import cut_off
@@ -91,7 +92,7 @@ class Pending:
 
 
 @dataclass(slots=True)
-class GroupState:
+class RoutedGroup:
     """One group: where its endpoints are, and what the gateway sent there (`GroupBook`)."""
 
     endpoint: GroupEndpoint
@@ -167,7 +168,7 @@ class Gateway:
         self.clock = clock
         self.bytes_per_token = bytes_per_token
         self.upstream_timeout_seconds = upstream_timeout_seconds
-        self.groups: dict[str, GroupState] = {}
+        self.groups: dict[str, RoutedGroup] = {}
         self.queue: FairQueue[Pending] = FairQueue(policy.fairness)
         self.queued_work_seconds = 0.0
         self.ledger = IdempotencyLedger()
@@ -231,11 +232,11 @@ class Gateway:
 
     def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
         """Replace the group set; in-flight counts of a group that stays are kept."""
-        fresh: dict[str, GroupState] = {}
+        fresh: dict[str, RoutedGroup] = {}
         for name, endpoint in endpoints.items():
             state = self.groups.get(name)
             if state is None:
-                fresh[name] = GroupState(endpoint)
+                fresh[name] = RoutedGroup(endpoint)
             else:
                 state.endpoint = endpoint
                 fresh[name] = state

@@ -6,7 +6,7 @@ active policy's `autoscaling.intervalSeconds`. Each tick (`Autoscaler.tick`):
 1. takes the ModelGroup as the watch last delivered it (kopf's body: the count, the groups and the
    last records; with the autoscaler's own last status write laid over it until the watch shows
    it, `with_own_status`), and the SLOPolicies from an index; compiles them
-   (`controllers.policy_compile`; the capacity profile is rebuilt only when its inputs change);
+   (`controllers.compile.scaling`; the capacity profile is rebuilt only when its inputs change);
 2. reads the engine metrics of the ready groups from Prometheus (`metrics_source`), in one query
    shared with every ModelGroup ticking at the same moment (`metrics_batch`: ticks are aligned to
    the interval, so an interval costs one query per query shape, not one per ModelGroup). A
@@ -42,75 +42,76 @@ interval. Measured with `bench/bench_operator_fleet.py` and `bench/bench_operato
 
 The decision state (recent recommendations and scale events) is kept in memory and in
 `status.autoscalerState`, so an operator restart keeps its stabilisation windows and step limits
-(`decision_record.encode_states`). The user's object is never annotated: an older operator's
+(`controllers.autoscale.record.encode_states`). The user's object is never annotated: an older operator's
 annotation `goodput.dev/autoscaler-state` is read once, when no status state exists yet.
 
-Wiring: `register_autoscaler(registry, AutoscalerSettings.from_settings(settings))` next to
-`handlers.register(registry, settings)`; it reads the kopf memo's `runtime` (the Kubernetes client,
-the metrics registry, the Event poster).
+Wiring: `autoscaler_daemon.register_autoscaler(registry, AutoscalerSettings.from_settings(settings))`
+next to `handlers.register(registry, settings)`; it reads the kopf memo's `runtime` (the Kubernetes
+client, the metrics registry, the Event poster). Beside this loop: `autoscaler_record` (the tick's
+plan and decisions, and the status record made of them), `autoscaler_metrics` (its Prometheus
+series) and `autoscaler_daemon` (its kopf daemon and index).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 import kopf
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from goodput.api.base import GROUP, VERSION
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import Decision, DecisionState, Mode
-from goodput.controllers.decision_record import (
-    FailureReason,
-    MetricsHealth,
-    attainability_conditions,
-    attainability_event,
-    autoscaler_conditions,
-    decision_events,
+from goodput.controllers.autoscale.feasible_demand import snapshot_attainability
+from goodput.controllers.autoscale.model import Decision, DecisionState, Mode
+from goodput.controllers.autoscale.record import (
     decode_states,
     encode_states,
     failed_rescale_event,
     failure_conditions,
     failure_event,
-    feasibility_status,
     metrics_health,
     persist_due,
-    record_decisions,
 )
-from goodput.controllers.feasible_demand import AttainabilityVerdict, snapshot_attainability
-from goodput.controllers.groups import EventRecord
-from goodput.controllers.hardware import ReadConfig
-from goodput.controllers.ownership import AUTOSCALER_STATUS
-from goodput.controllers.policy import parse_slo_policy
-from goodput.controllers.policy_compile import (
+from goodput.controllers.compile.scaling import (
     DEFAULT_RATE_WINDOW_SECONDS,
     CompiledPolicy,
     capacity_profile,
     compile_policy,
     profile_key,
 )
-from goodput.controllers.template import parse_model_group
+from goodput.controllers.compile.slo_policy import parse_slo_policy
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.template import parse_model_group
+from goodput.controllers.hardware import ReadConfig
+from goodput.controllers.ownership import AUTOSCALER_STATUS
 from goodput.estimators.capacity import CapacityProfile
+from goodput.operator.autoscaler_metrics import AutoscalerMetrics
+from goodput.operator.autoscaler_record import (
+    Decided,
+    TickPlan,
+    Unusable,
+    recorded_status,
+    repeats_recent_decision,
+    staggered_refresh_seconds,
+    tick_events,
+    with_own_status,
+)
 from goodput.operator.kube import KubeError
-from goodput.operator.metrics_batch import BatchedMetricsSource, next_tick_delay_seconds
+from goodput.operator.metrics_batch import next_tick_delay_seconds
 from goodput.operator.metrics_source import (
     MetricsReading,
     MetricsUnavailableError,
     PrometheusConnection,
-    PrometheusMetricsSource,
     build_snapshot,
     query_windows,
 )
@@ -121,8 +122,6 @@ from goodput.operator.settings import Settings
 log = logging.getLogger("goodput.autoscaler")
 decision_log = logging.getLogger("goodput.autoscaler.decisions")
 
-MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
-SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 # Where operators before `status.autoscalerState` kept the decision state; read, never written.
 STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
 # A tick that lost a race with another writer runs again this soon.
@@ -139,7 +138,6 @@ RECORD_CONCURRENCY = 2
 # one is trusted again (someone else rewrote those fields, or the write was lost).
 STATUS_ECHO_TIMEOUT_SECONDS = 30.0
 _T = TypeVar("_T")
-DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,191 +218,6 @@ class KubeCalls(Protocol):
     ) -> Any: ...
 
 
-class AutoscalerMetrics:
-    """The autoscaler's own series, on the operator's registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        labels = ["namespace", "model_group"]
-        self._decision_series(registry, labels)
-        self._estimate_series(registry, labels)
-        self._feasibility_series(registry, labels)
-        self._health_series(registry, labels)
-        self._seen: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
-
-    def _decision_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
-        """What each decision chose, and for which policy."""
-        self.decisions = Counter(
-            "goodput_autoscaler_decisions_total",
-            "Scaling decisions by policy (active or shadow), mode and reason.",
-            [*labels, "policy", "mode", "reason"],
-            registry=registry,
-        )
-        self.desired_groups = Gauge(
-            "goodput_autoscaler_desired_groups",
-            "Groups the latest decision asked for, by policy (active or shadow).",
-            [*labels, "policy"],
-            registry=registry,
-        )
-        self.ready_groups = Gauge(
-            "goodput_autoscaler_ready_groups",
-            "Ready groups the latest decision counted.",
-            labels,
-            registry=registry,
-        )
-        self.proposed_groups = Gauge(
-            "goodput_autoscaler_proposed_groups",
-            "Groups each signal proposed in the latest decision.",
-            [*labels, "policy", "signal"],
-            registry=registry,
-        )
-        self.policy_info = Gauge(
-            "goodput_autoscaler_policy_info",
-            "The SLOPolicy revision and mode behind the latest decision (value 1).",
-            [*labels, "policy", "slopolicy", "revision", "mode"],
-            registry=registry,
-        )
-
-    def _estimate_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
-        """The estimates the latest active decision read."""
-        self.metric_age = Gauge(
-            "goodput_autoscaler_metric_age_seconds",
-            "Age of the oldest ready group's engine metrics at the latest decision.",
-            labels,
-            registry=registry,
-        )
-        self.queue_work = Gauge(
-            "goodput_autoscaler_queue_work_seconds",
-            "Estimated remaining work of waiting and running requests, in work-seconds.",
-            labels,
-            registry=registry,
-        )
-        self.arrival_work_rate = Gauge(
-            "goodput_autoscaler_arrival_work_rate",
-            "Estimated arriving work, in work-seconds per second.",
-            labels,
-            registry=registry,
-        )
-        self.earliest_slack = Gauge(
-            "goodput_autoscaler_earliest_slack_seconds",
-            "Estimated first-token slack of a request arriving now.",
-            labels,
-            registry=registry,
-        )
-        self.kv_free = Gauge(
-            "goodput_autoscaler_kv_free_ratio",
-            "Free fraction of the ready groups' KV caches.",
-            labels,
-            registry=registry,
-        )
-
-    def _feasibility_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
-        """What no number of groups can serve, and attainment against offered and attainable load."""
-        self.infeasible_share = Gauge(
-            "goodput_autoscaler_infeasible_share",
-            "Share of the window's prompts longer than the class's feasible threshold: requests no "
-            "number of groups can serve within the class's TTFT target (not scaled for).",
-            [*labels, "class"],
-            registry=registry,
-        )
-        self.feasible_prompt_tokens = Gauge(
-            "goodput_autoscaler_feasible_prompt_tokens",
-            "The longest prompt whose idle-group TTFT floor fits the class's target (0: none).",
-            [*labels, "class"],
-            registry=registry,
-        )
-        self.attainment = Gauge(
-            "goodput_autoscaler_attainment_ratio",
-            "Requests within the primary class's SLO over the goodput window, against offered requests "
-            "(basis 'offered') and against those that could meet it at all (basis 'attainable').",
-            [*labels, "basis"],
-            registry=registry,
-        )
-
-    def _health_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
-        """The autoscaler's own work: queries, failures, time per decision."""
-        self.prometheus_queries = Counter(
-            "goodput_autoscaler_prometheus_queries_total",
-            "Prometheus queries sent by the autoscaler, by scope ('fleet': one for every ModelGroup due, "
-            "'model_group': one ModelGroup's) and whether Prometheus answered.",
-            ["scope", "answered"],
-            registry=registry,
-        )
-        self.metrics_failures = Counter(
-            "goodput_autoscaler_metrics_query_failures_total",
-            "Ticks that could not read the metrics from Prometheus.",
-            labels,
-            registry=registry,
-        )
-        self.duration = Histogram(
-            "goodput_autoscaler_decision_duration_seconds",
-            "Time per decision: reading Prometheus ('metrics', with the wait for the batched query), the "
-            "pure decision ('decide'), and the whole tick with its API writes ('total').",
-            ["stage"],
-            registry=registry,
-            buckets=DECISION_BUCKETS,
-        )
-
-    def count_query(self, scope: str, answered: bool) -> None:
-        self.prometheus_queries.labels(scope, str(answered).lower()).inc()
-
-    def _set(self, gauge: Gauge, values: tuple[str, ...], value: float) -> None:
-        gauge.labels(*values).set(value)
-        self._seen.setdefault((values[0], values[1]), set()).add((gauge, values))
-
-    def record(self, namespace: str, name: str, decision: Decision, *, policy: str, slo_policy: str) -> None:
-        key = (namespace, name)
-        self.decisions.labels(namespace, name, policy, decision.mode.value, decision.reason).inc()
-        self._set(self.desired_groups, (*key, policy), decision.desired_groups)
-        for proposal in decision.proposals:
-            self._set(self.proposed_groups, (*key, policy, str(proposal.signal)), proposal.groups)
-        for gauge, values in list(self._seen.get(key, ())):
-            if gauge is self.policy_info and values[2] == policy:
-                gauge.remove(*values)
-                self._seen[key].discard((gauge, values))
-        self._set(
-            self.policy_info, (*key, policy, slo_policy, decision.policy_revision, decision.mode.value), 1.0
-        )
-        if policy != "active":
-            return
-        self._set(self.ready_groups, key, decision.counts.ready)
-        estimates = decision.estimates
-        for gauge, value in (
-            (self.queue_work, estimates.queue_work_seconds),
-            (self.arrival_work_rate, estimates.arrival_work_rate),
-            (self.earliest_slack, estimates.earliest_slack_seconds),
-            (self.kv_free, estimates.kv_free_fraction),
-        ):
-            if value is not None and abs(value) != float("inf"):
-                self._set(gauge, key, value)
-        self._record_feasibility(key, decision)
-
-    def _record_feasibility(self, key: tuple[str, str], decision: Decision) -> None:
-        for entry in decision.estimates.feasibility:
-            self._set(
-                self.feasible_prompt_tokens, (*key, entry.class_name), entry.longest_feasible_prompt_tokens
-            )
-            if entry.infeasible_request_share is not None:
-                self._set(self.infeasible_share, (*key, entry.class_name), entry.infeasible_request_share)
-        goodput = decision.estimates.goodput
-        if goodput is None:
-            return
-        for basis, value in (
-            ("offered", goodput.attainment_offered),
-            ("attainable", goodput.attainment_attainable),
-        ):
-            if value is not None:
-                self._set(self.attainment, (*key, basis), value)
-
-    def record_age(self, namespace: str, name: str, age_seconds: float | None) -> None:
-        if age_seconds is not None:
-            self._set(self.metric_age, (namespace, name), age_seconds)
-
-    def forget(self, namespace: str, name: str) -> None:
-        for gauge, values in self._seen.pop((namespace, name), set()):
-            with contextlib.suppress(KeyError):
-                gauge.remove(*values)
-
-
 @dataclass
 class Memory:
     """What the autoscaler remembers about one ModelGroup between ticks (and daemon restarts)."""
@@ -421,14 +234,6 @@ class Memory:
     written_at: float = 0.0
     written_version: int | None = None
     """The resourceVersion the API server gave that write, when it is a number."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unusable:
-    """A bound policy the autoscaler cannot use, and why."""
-
-    reason: FailureReason
-    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,33 +255,6 @@ class TickOutcome:
         if not self.aligned:
             return self.interval_seconds
         return next_tick_delay_seconds(self.interval_seconds, now, started=self.started)
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Which policies decide this tick (None: it does not) and the interval of the next one."""
-
-    interval_seconds: float
-    active: CompiledPolicy | None = None
-    shadow: CompiledPolicy | None = None
-    stopped: Unusable | None = None
-    """Why the active policy does not decide: it cannot be used, or it is Frozen."""
-    shadow_bound: bool = False
-    """The ModelGroup names a shadow policy (else its status keeps no shadow decision)."""
-
-    @property
-    def deciding(self) -> list[CompiledPolicy]:
-        return [policy for policy in (self.active, self.shadow) if policy is not None]
-
-
-@dataclass(frozen=True, slots=True)
-class Decided:
-    """One tick's decisions, with what the active one's conditions are computed from."""
-
-    active: Decision | None = None
-    shadow: Decision | None = None
-    health: MetricsHealth | None = None
-    verdict: AttainabilityVerdict | None = None
 
 
 PolicyIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
@@ -632,7 +410,7 @@ class Autoscaler:
 
     def _plan(
         self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory, referenced: ReadConfig = None
-    ) -> Plan:
+    ) -> TickPlan:
         """Which policies decide this tick, at which interval, and why the active one does not.
         `referenced`: the config.json of `profile.modelConfigRef`, as `model_configs` read it."""
         spec = parsed.spec
@@ -658,7 +436,7 @@ class Autoscaler:
             memory.active = DecisionState.initial()
         runs_active = isinstance(active, CompiledPolicy) and stopped is None
         runs_shadow = isinstance(shadow, CompiledPolicy) and shadow.policy.mode is not Mode.FROZEN
-        return Plan(
+        return TickPlan(
             interval_seconds=interval,
             active=active if runs_active and isinstance(active, CompiledPolicy) else None,
             shadow=shadow if runs_shadow and isinstance(shadow, CompiledPolicy) else None,
@@ -670,7 +448,7 @@ class Autoscaler:
         self,
         obj: Mapping[str, Any],
         status: ModelGroupStatus,
-        plan: Plan,
+        plan: TickPlan,
         post_events: PostEvents,
         memory: Memory,
         *,
@@ -701,7 +479,7 @@ class Autoscaler:
         self,
         parsed: ModelGroup,
         status: ModelGroupStatus,
-        plan: Plan,
+        plan: TickPlan,
         readings: Mapping[Windows, MetricsReading],
         *,
         memory: Memory,
@@ -741,7 +519,7 @@ class Autoscaler:
         self,
         obj: Mapping[str, Any],
         status: ModelGroupStatus,
-        plan: Plan,
+        plan: TickPlan,
         decided: Decided,
         *,
         post_events: PostEvents,
@@ -761,14 +539,14 @@ class Autoscaler:
                 self._log(namespace, decision, shadow=role == "shadow")
                 self.metrics.record(namespace, name, decision, policy=role, slo_policy=policy.policy_name)
         recorded = functools.partial(
-            _recorded_status,
+            recorded_status,
             decided=decided,
             stopped=plan.stopped,
             generation=int(metadata.get("generation") or 0),
             when=datetime.fromtimestamp(now, UTC),
         )
         await self._write_status(obj, recorded, memory=memory, clear_shadow=not plan.shadow_bound)
-        post_events(_tick_events(status, plan, decided))
+        post_events(tick_events(status, plan, decided))
 
     def _memory(self, namespace: str, name: str, obj: Mapping[str, Any], now: float) -> Memory:
         """This ModelGroup's memory; on first sight, the decision states its status saved (or, for an
@@ -997,58 +775,6 @@ class Autoscaler:
         await self._write_status(obj, recorded, memory=None, clear_shadow=True)
 
 
-def with_own_status(watched: Mapping[str, Any], written: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The watched status with the autoscaler's part as it last applied it (`written`, wire form),
-    and whether the watch shows that part already (then the watched status is returned as it is).
-
-    The watch may deliver the object a moment after the apply landed; deciding on the older copy
-    would record the decision history from before the last decision. Only the autoscaler's own
-    fields and conditions are taken from `written`: the group controller's are the watched ones."""
-    if AUTOSCALER_STATUS.owned(watched) == dict(written):
-        return dict(watched), True
-    status = {
-        key: value
-        for key, value in watched.items()
-        if key not in AUTOSCALER_STATUS.fields and key != "conditions"
-    }
-    status.update({key: value for key, value in written.items() if key != "conditions"})
-    conditions = [
-        c for c in watched.get("conditions") or () if not AUTOSCALER_STATUS.owns(str(c.get("type")))
-    ]
-    conditions += list(written.get("conditions") or ())
-    if conditions:
-        status["conditions"] = conditions
-    return status, False
-
-
-def repeats_recent_decision(
-    previous: ModelGroupStatus, new: ModelGroupStatus, *, now: float, refresh_seconds: float
-) -> bool:
-    """Whether `new` differs from `previous` only in the time of the same decisions, recorded less
-    than `refresh_seconds` ago: such a write would say only "decided again, the same", and at fleet
-    size one per ModelGroup per interval is most of the operator's API traffic at rest. The record
-    (and the decision state beside it, `persist_due`) is refreshed at least every `refresh_seconds`."""
-    stamps: list[float] = []
-    same_times: dict[str, Any] = {}
-    for name in ("last_decision", "shadow_decision"):
-        old, fresh = getattr(previous, name), getattr(new, name)
-        if old is not None and fresh is not None:
-            same_times[name] = fresh.model_copy(update={"time": old.time})
-            stamps.append(old.time.timestamp())
-    if not stamps or new.model_copy(update=same_times) != previous:
-        return False
-    return all(now - stamp < refresh_seconds for stamp in stamps)
-
-
-def staggered_refresh_seconds(namespace: str, name: str, refresh_seconds: float) -> float:
-    """How often one ModelGroup's unchanged record and state are rewritten: between half and all of
-    `refresh_seconds`, fixed per ModelGroup. ModelGroups created together would otherwise all come
-    due in the same interval and queue a thousand writes behind one another."""
-    digest = hashlib.blake2b(f"{namespace}/{name}".encode(), digest_size=8).digest()
-    spread = int.from_bytes(digest) / 2**64
-    return refresh_seconds * (0.5 + 0.5 * spread)
-
-
 def _version(obj: Mapping[str, Any]) -> int | None:
     """An object's resourceVersion as a number; None when it is not one (it is opaque by contract)."""
     text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
@@ -1074,158 +800,3 @@ def _why_no_decision(active: CompiledPolicy | Unusable | None) -> Unusable | Non
             Reason.MODE_FROZEN, f"SLOPolicy {active.policy_name} revision {active.policy.revision} is Frozen"
         )
     return None
-
-
-def _recorded_status(
-    previous: ModelGroupStatus,
-    *,
-    decided: Decided,
-    stopped: Unusable | None,
-    generation: int,
-    when: datetime,
-) -> ModelGroupStatus:
-    """The autoscaler's part of the status after this tick: the decisions, and the conditions of the
-    active one (or of why there was none)."""
-    new = record_decisions(previous, active=decided.active, shadow=decided.shadow)
-    if decided.active is not None and decided.health is not None:
-        conditions = autoscaler_conditions(
-            new.conditions, decided.active, decided.health, generation=generation, now=when
-        )
-        if decided.verdict is not None:
-            conditions = attainability_conditions(
-                conditions, decided.verdict, generation=generation, now=when
-            )
-            new = new.model_copy(update={"feasibility": feasibility_status(decided.active)})
-    elif stopped is not None:
-        conditions = failure_conditions(
-            new.conditions, reason=stopped.reason, message=stopped.message, generation=generation, now=when
-        )
-    else:
-        return new
-    return new.model_copy(update={"conditions": conditions})
-
-
-def _tick_events(status: ModelGroupStatus, plan: Plan, decided: Decided) -> list[EventRecord]:
-    """Events on transitions: a changed decision, attainability, or why the active policy stopped."""
-    events: list[EventRecord] = []
-    if decided.active is not None and plan.active is not None:
-        events += decision_events(status.last_decision, decided.active, policy_name=plan.active.policy_name)
-        if decided.verdict is not None and (event := attainability_event(status.conditions, decided.verdict)):
-            events.append(event)
-    elif plan.stopped is not None and (
-        event := failure_event(status.conditions, plan.stopped.reason, plan.stopped.message)
-    ):
-        events.append(event)
-    if decided.shadow is not None and plan.shadow is not None:
-        events += decision_events(
-            status.shadow_decision, decided.shadow, policy_name=plan.shadow.policy_name, shadow=True
-        )
-    return events
-
-
-def is_bound(spec: Mapping[str, Any]) -> bool:
-    return bool(spec.get("policyRef") or spec.get("shadowPolicyRef"))
-
-
-def register_autoscaler(registry: kopf.OperatorRegistry, settings: AutoscalerSettings) -> None:
-    """Register the autoscaler's handlers: start and stop, the SLOPolicy index, the daemon."""
-    _register_lifecycle(registry, settings)
-    _register_policy_index(registry)
-    _register_daemon(registry)
-
-
-def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSettings) -> None:
-    @kopf.on.startup(id="autoscaler_start", registry=registry)
-    async def start(*, memo: Any, **_: Any) -> None:
-        runtime = memo.runtime
-        metrics = AutoscalerMetrics(runtime.metrics.registry)
-        reader = PrometheusMetricsSource(
-            settings.prometheus_url,
-            settings.labels,
-            timeout_seconds=settings.prometheus_timeout_seconds,
-            connection=settings.prometheus_connection,
-        )
-        acts = ThreadPoolExecutor(ACT_CONCURRENCY, thread_name_prefix="autoscaler-act")
-        records = ThreadPoolExecutor(RECORD_CONCURRENCY, thread_name_prefix="autoscaler-record")
-        queries = ThreadPoolExecutor(1, thread_name_prefix="autoscaler-prometheus")
-        source = BatchedMetricsSource(
-            reader,
-            gather_seconds=settings.prometheus_batch_seconds,
-            on_query=metrics.count_query,
-            executor=queries,
-        )
-        memo.autoscaler = Autoscaler(
-            runtime.kube, source, metrics, settings, executor=acts, record_executor=records
-        )
-        memo.autoscaler_executors = (acts, records, queries)
-        log.info("autoscaler reading Prometheus at %s", settings.prometheus_url)
-
-    @kopf.on.cleanup(id="autoscaler_stop", registry=registry)
-    async def stop(*, memo: Any, **_: Any) -> None:
-        autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
-        if autoscaler is not None and isinstance(autoscaler.source, BatchedMetricsSource):
-            reader = autoscaler.source.reader
-            if isinstance(reader, PrometheusMetricsSource):
-                reader.close()
-        for executor in getattr(memo, "autoscaler_executors", ()):
-            executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _register_policy_index(registry: kopf.OperatorRegistry) -> None:
-    @kopf.index(*SLO_POLICIES, id="autoscaler_slo_policies", registry=registry)
-    async def slo_policies(
-        *, body: kopf.Body, name: str, namespace: str | None, **_: Any
-    ) -> dict[tuple[str, str], dict[str, Any]]:
-        return {
-            (namespace or "", name): {
-                "apiVersion": body.get("apiVersion"),
-                "kind": body.get("kind"),
-                "metadata": {"name": name, "namespace": namespace, "generation": body.meta.get("generation")},
-                "spec": dict(body.get("spec") or {}),
-            }
-        }
-
-
-def _register_daemon(registry: kopf.OperatorRegistry) -> None:
-    @kopf.daemon(
-        *MODEL_GROUPS,
-        id="autoscaler",
-        when=lambda spec, **_: is_bound(spec),
-        cancellation_timeout=10,
-        registry=registry,
-    )
-    async def autoscale(
-        *,
-        body: kopf.Body,
-        name: str,
-        namespace: str | None,
-        memo: Any,
-        stopped: kopf.DaemonStopped,
-        **kwargs: Any,
-    ) -> None:
-        autoscaler: Autoscaler = memo.autoscaler
-        policies: PolicyIndex = kwargs["autoscaler_slo_policies"]
-        where = namespace or ""
-
-        def post(events: Sequence[EventRecord]) -> None:
-            memo.runtime.post_events(body, events)
-
-        try:
-            while not stopped:
-                outcome = await autoscaler.tick(where, name, policies, post, watched=body)
-                await stopped.wait(outcome.delay_seconds(autoscaler.clock()))
-        finally:
-            await _stop_daemon(autoscaler, where, name, stopped.reason)
-
-
-async def _stop_daemon(
-    autoscaler: Autoscaler, namespace: str, name: str, reason: kopf.DaemonStoppingReason | None
-) -> None:
-    """A deleted ModelGroup is forgotten; one that no longer names a policy is also told so."""
-    reason = reason or kopf.DaemonStoppingReason.DONE
-    if kopf.DaemonStoppingReason.RESOURCE_DELETED in reason:
-        autoscaler.forget(namespace, name)
-    elif kopf.DaemonStoppingReason.FILTERS_MISMATCH in reason:
-        autoscaler.forget(namespace, name)
-        with contextlib.suppress(kopf.TemporaryError, KubeError, OSError):
-            await autoscaler.unbind(namespace, name)

@@ -20,7 +20,7 @@ from goodput.operator.kube import KubeApi, KubeError
 
 RESOURCE_NAMES = ("mg", "modelgroup", "modelgroups", f"modelgroup.{GROUP}", f"modelgroups.{GROUP}")
 CONDITIONS = ("ScalingActive", "MetricsAvailable", "DecisionLimited", "ScalingLimited", "SLOAttainable")
-COLUMNS = ("TIME", "FROM→TO", "MODE", "REASON", "SIGNAL", "PROPOSALS", "GUARDS", "REVISION")
+EXPLAIN_COLUMNS = ("TIME", "FROM→TO", "MODE", "REASON", "SIGNAL", "PROPOSALS", "GUARDS", "REVISION")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +64,7 @@ def decision_row(entry: Mapping[str, Any], *, latest: bool = False) -> tuple[str
     )
 
 
-def table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS) -> str:
+def table(rows: Sequence[Sequence[str]], header: Sequence[str] = EXPLAIN_COLUMNS) -> str:
     widths = [max(len(row[index]) for row in (header, *rows)) for index in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()

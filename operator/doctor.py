@@ -22,7 +22,7 @@ from typing import Any
 from goodput.api.base import VERSION
 from goodput.api.crd import MODEL_GROUP, SLO_POLICY
 from goodput.controllers import naming
-from goodput.controllers.dynamic_resources import (
+from goodput.controllers.groups.dynamic_resources import (
     class_devices,
     parse_device_class,
     parse_resource_slice,
@@ -313,7 +313,7 @@ def label_selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str
 
 
 def leader_labels(model_group: str) -> dict[str, str]:
-    """The labels the operator gives a group leader (`controllers.pods`), as a monitor sees them."""
+    """The labels the operator gives a group leader (`controllers.groups.pods`), as a monitor sees them."""
     return {
         naming.LABEL_METRICS: "true",
         naming.LABEL_MODEL_GROUP: model_group,

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from goodput.controllers.drain import LeaderReading, LeaderSample, ProbeFailure
-from goodput.controllers.groups import WarmupOutcome, WarmupRequest
+from goodput.controllers.groups.drain import LeaderReading, LeaderSample, ProbeFailure
+from goodput.controllers.groups.model import WarmupOutcome, WarmupRequest
 
 PROBE_TIMEOUT_SECONDS = 3.0
 # vLLM's metric names (vllm-contract §1.2); every series is summed over the engines (DP ranks).

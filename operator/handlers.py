@@ -26,13 +26,18 @@ import aiohttp
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from goodput.api.base import GROUP, VERSION, wire_dict
+from goodput.api.base import STRATEGIC_MERGE_PATCH, wire_dict
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
 from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
+from goodput.api.times import rfc3339_millis, rfc3339_seconds
 from goodput.controllers import naming
-from goodput.controllers.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
-from goodput.controllers.dynamic_resources import (
+from goodput.controllers.autoscale.snapshot import wanted_groups
+from goodput.controllers.compile.slo_policy import parse_slo_policy, reconcile_policy
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.drain import LeaderReading, LeaderSample, encode_outcome, encode_progress
+from goodput.controllers.groups.dynamic_resources import (
     NO_DEVICE_CLASS,
     DeviceClassView,
     DeviceKey,
@@ -43,15 +48,14 @@ from goodput.controllers.dynamic_resources import (
     parse_device_class,
     parse_resource_slice,
 )
-from goodput.controllers.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
-from goodput.controllers.groups import (
+from goodput.controllers.groups.expectations import EXISTS, Expectation, expect, expect_deleted, overlay
+from goodput.controllers.groups.model import (
     APPLY_ORDER,
     DrainEnded,
     DrainMark,
     DrainOutcomeMark,
     DrainProgressMark,
     DrainStart,
-    EventRecord,
     GateChange,
     GateRelease,
     GroupCreation,
@@ -63,9 +67,8 @@ from goodput.controllers.groups import (
     World,
     parse_backoffs,
     parse_rollout,
-    plan_model_group,
 )
-from goodput.controllers.observation import (
+from goodput.controllers.groups.observation import (
     ConditionView,
     NodeView,
     PodView,
@@ -76,12 +79,9 @@ from goodput.controllers.observation import (
     parse_pod,
     pod_accelerator,
 )
-from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
-from goodput.controllers.placement import GpuClaim, Inventory
-from goodput.controllers.policy import parse_slo_policy, reconcile_policy
-from goodput.controllers.snapshot import wanted_groups
-from goodput.controllers.status import invalid_spec_status, model_group_status, with_others_conditions
-from goodput.controllers.template import (
+from goodput.controllers.groups.placement import GpuClaim, Inventory
+from goodput.controllers.groups.status import invalid_spec_status, model_group_status, with_others_conditions
+from goodput.controllers.groups.template import (
     ControllerTuning,
     group_template,
     parse_model_group,
@@ -89,17 +89,16 @@ from goodput.controllers.template import (
     readiness_rules,
     spec_problems,
 )
+from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
 from goodput.operator.engine import read_leader, warm_up
-from goodput.operator.kube import STRATEGIC_MERGE_PATCH, KubeApi, KubeError
+from goodput.operator.kube import MODEL_GROUPS, SLO_POLICIES, KubeApi, KubeError
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
 
-MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
 ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
 RESOURCE_SLICES = ("resource.k8s.io", "v1", "resourceslices")
 RESOURCE_CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
 DEVICE_CLASSES = ("resource.k8s.io", "v1", "deviceclasses")
-SLO_POLICIES = (GROUP, VERSION, "slopolicies")
 # Removes only our gate: another controller's scheduling gate stays.
 RELEASE_GANG = {"spec": {"schedulingGates": [{"$patch": "delete", "name": naming.SCHEDULING_GATE}]}}
 StatusT = TypeVar("StatusT", bound=BaseModel)
@@ -882,7 +881,7 @@ class PlanWrites:
             "status": "True" if change.ready else "False",
             "reason": change.reason,
             "message": change.message[:1024],
-            "lastTransitionTime": _rfc3339(self.now),
+            "lastTransitionTime": rfc3339_seconds(self.now),
         }
         await _gather(
             self.kube.patch_pod_status,
@@ -937,7 +936,7 @@ class PlanWrites:
         await self.set_gates(GateChange(start.group, start.pods, False, start.reason, start.message))
 
     async def mark_draining(self, start: DrainStart) -> None:
-        since = _rfc3339_millis(start.since)
+        since = rfc3339_millis(start.since)
         patch = {"metadata": {"annotations": {naming.ANNOTATION_DRAINING_SINCE: since}}}
         await _gather(self.kube.patch_pod, [(self.namespace, pod, patch) for pod in start.pods])
         for pod in start.pods:
@@ -955,7 +954,7 @@ class PlanWrites:
 
     async def mark_drain(self, mark: DrainMark) -> None:
         annotations: dict[str, str | None] = {
-            naming.ANNOTATION_DRAINING_SINCE: _rfc3339_millis(mark.since) if mark.since else None
+            naming.ANNOTATION_DRAINING_SINCE: rfc3339_millis(mark.since) if mark.since else None
         }
         if mark.since is None:
             # Back in service: a later drain starts from scratch.
@@ -996,15 +995,6 @@ def _readable_status(model: type[StatusT], raw: Mapping[str, Any]) -> StatusT:
         return model.model_validate(dict(raw))
     except ValidationError:
         return model()
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _rfc3339_millis(moment: datetime) -> str:
-    """For annotations: a drain's timings are read back to the sub-second."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _record(metrics: OperatorMetrics, namespace: str, name: str, world: World, plan: Plan) -> None:

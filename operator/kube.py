@@ -18,11 +18,14 @@ from typing import Any, Protocol
 from kubernetes import client, config
 from urllib3.exceptions import HTTPError
 
-from goodput.api.base import GROUP, VERSION
+from goodput.api.base import GROUP, STRATEGIC_MERGE_PATCH, VERSION
 from goodput.controllers.ownership import status_owner, upgrade_patch
 
+# goodput's own resources, as (group, version, plural): the handlers and the autoscaler name them alike.
+MODEL_GROUPS = (GROUP, VERSION, "modelgroups")
+SLO_POLICIES = (GROUP, VERSION, "slopolicies")
+
 MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
 FIELD_MANAGER = "goodput"

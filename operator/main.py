@@ -27,7 +27,8 @@ import kopf
 
 from goodput.operator import leader_election
 from goodput.operator import settings as settings_module
-from goodput.operator.autoscaler import AutoscalerSettings, register_autoscaler
+from goodput.operator.autoscaler import AutoscalerSettings
+from goodput.operator.autoscaler_daemon import register_autoscaler
 from goodput.operator.handlers import Runtime, register
 from goodput.operator.kube import KubeApi
 from goodput.operator.metrics import OperatorMetrics

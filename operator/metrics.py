@@ -11,9 +11,9 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from goodput.controllers.groups import DrainEnded
+from goodput.api.modelgroup import GROUP_STATES
+from goodput.controllers.groups.model import DrainEnded
 
-GROUP_STATES = ("Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed")
 # Ready time spans seconds (a warm image on a small model) to an hour (a cold 405B load).
 READY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 # A drain lasts from one settle period (an idle group) to drain.maxSeconds (default 600 s).

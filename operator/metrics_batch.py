@@ -77,7 +77,7 @@ class _Batch:
     task: asyncio.Task[None] | None = None
 
 
-Outcome = MetricsReading | MetricsUnavailableError
+QueryOutcome = MetricsReading | MetricsUnavailableError
 EXECUTOR_STOPPED = "the operator is stopping: its Prometheus queries are no longer sent"
 
 
@@ -146,7 +146,7 @@ class BatchedMetricsSource:
 
     async def _answer(self, batch: _Batch) -> None:
         """Gather, close the batch to newcomers, ask once, hand each waiter its reading."""
-        outcomes: dict[ModelGroupKey, Outcome] = {}
+        outcomes: dict[ModelGroupKey, QueryOutcome] = {}
         try:
             await self._sleep(self.gather_seconds)
             if self._open.get(batch.windows) is batch:
@@ -170,7 +170,9 @@ class BatchedMetricsSource:
                 else:
                     future.set_result(outcome)
 
-    def _read_batch(self, keys: Sequence[ModelGroupKey], windows: Windows) -> dict[ModelGroupKey, Outcome]:
+    def _read_batch(
+        self, keys: Sequence[ModelGroupKey], windows: Windows
+    ) -> dict[ModelGroupKey, QueryOutcome]:
         """Blocking: the fleet query, or after its failure each ModelGroup alone."""
         try:
             readings = self.reader.read_fleet(keys, windows)
@@ -182,9 +184,11 @@ class BatchedMetricsSource:
         self._on_query("fleet", True)
         return dict(readings)
 
-    def _read_each(self, keys: Sequence[ModelGroupKey], windows: Windows) -> dict[ModelGroupKey, Outcome]:
+    def _read_each(
+        self, keys: Sequence[ModelGroupKey], windows: Windows
+    ) -> dict[ModelGroupKey, QueryOutcome]:
         """The fallback: one query per ModelGroup, until one shows Prometheus itself is out of reach."""
-        outcomes: dict[ModelGroupKey, Outcome] = {}
+        outcomes: dict[ModelGroupKey, QueryOutcome] = {}
         for key in keys:
             try:
                 outcomes[key] = self._read_alone(key, windows)

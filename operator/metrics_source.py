@@ -34,19 +34,16 @@ from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTime
 from urllib3.util.retry import Retry
 
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     GatewayClassFigures,
     GatewayObservation,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
 )
-from goodput.controllers.policy_compile import CompiledPolicy, drain_target_seconds
-from goodput.controllers.policy_compile import rate_window_seconds as rate_window
-from goodput.controllers.snapshot import (
+from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
-    GroupCounts,
+    ModelGroupCounts,
     aligned,
     capacity_view,
     engine_metrics,
@@ -54,13 +51,15 @@ from goodput.controllers.snapshot import (
     model_group_snapshot,
     unplaceable,
 )
+from goodput.controllers.compile.scaling import CompiledPolicy, drain_target_seconds
+from goodput.controllers.compile.scaling import rate_window_seconds as rate_window
 from goodput.estimators.attainment import Histogram
 from goodput.operator.promql import (
     GATEWAY_CLASS_LABEL,
     GATEWAY_QUANTITIES,
     HISTOGRAM_QUANTITIES,
     QUERY_LABEL,
-    Quantity,
+    QueryQuantity,
     SeriesLabels,
     Windows,
     fleet_snapshot_query,
@@ -68,7 +67,12 @@ from goodput.operator.promql import (
 )
 
 # Without these a group has no engine metrics: the gauges every decision reads, and their age.
-REQUIRED_QUANTITIES = (Quantity.WAITING, Quantity.RUNNING, Quantity.KV_USAGE, Quantity.SAMPLE_AGE)
+REQUIRED_QUANTITIES = (
+    QueryQuantity.WAITING,
+    QueryQuantity.RUNNING,
+    QueryQuantity.KV_USAGE,
+    QueryQuantity.SAMPLE_AGE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +102,8 @@ ModelGroupKey = tuple[str, str]
 class GroupSeries:
     """One group's answers: a value per quantity, and (le, count) pairs per histogram."""
 
-    values: dict[Quantity, float] = field(default_factory=dict)
-    buckets: dict[Quantity, list[tuple[float, float]]] = field(default_factory=dict)
+    values: dict[QueryQuantity, float] = field(default_factory=dict)
+    buckets: dict[QueryQuantity, list[tuple[float, float]]] = field(default_factory=dict)
 
 
 def _number(text: object) -> float | None:
@@ -119,7 +123,7 @@ def parse_query_result(result: Sequence[Mapping[str, Any]], labels: SeriesLabels
         metric = series.get("metric") or {}
         group = metric.get(labels.group)
         try:
-            quantity = Quantity(str(metric.get(QUERY_LABEL, "")))
+            quantity = QueryQuantity(str(metric.get(QUERY_LABEL, "")))
         except ValueError:
             continue
         sample = series.get("value") or (None, None)
@@ -159,35 +163,35 @@ def group_metrics(series: GroupSeries) -> GroupMetrics | None:
     if any(quantity not in values for quantity in REQUIRED_QUANTITIES):
         return None
 
-    def histogram(quantity: Quantity) -> Histogram | None:
+    def histogram(quantity: QueryQuantity) -> Histogram | None:
         pairs = series.buckets.get(quantity)
         return histogram_from_buckets(pairs) if pairs else None
 
     return engine_metrics(
         EngineFigures(
-            age_seconds=values[Quantity.SAMPLE_AGE],
-            waiting_requests=values[Quantity.WAITING],
-            running_requests=values[Quantity.RUNNING],
-            kv_usage_fraction=values[Quantity.KV_USAGE],
-            prompt_tokens_per_second=values.get(Quantity.PROMPT_TOKENS_RATE, 0.0),
-            generation_tokens_per_second=values.get(Quantity.GENERATION_TOKENS_RATE, 0.0),
-            prompt_tokens_sum=values.get(Quantity.PROMPT_TOKENS_SUM, 0.0),
-            prompt_tokens_count=values.get(Quantity.PROMPT_TOKENS_COUNT, 0.0),
-            prompts_started=values.get(Quantity.PROMPTS_STARTED, 0.0),
-            prompt_tokens_started=values.get(Quantity.PROMPT_TOKENS_STARTED, 0.0),
-            generation_tokens_sum=values.get(Quantity.GENERATION_TOKENS_SUM, 0.0),
-            generation_tokens_count=values.get(Quantity.GENERATION_TOKENS_COUNT, 0.0),
-            prefix_hits=values.get(Quantity.PREFIX_HITS, 0.0),
-            prefix_queries=values.get(Quantity.PREFIX_QUERIES, 0.0),
-            finished_requests=values.get(Quantity.FINISHED, 0.0),
-            aborted_requests=values.get(Quantity.ABORTED, 0.0),
-            rejected_requests=values.get(Quantity.REJECTED, 0.0),
-            ttft=histogram(Quantity.TTFT_BUCKETS),
-            itl=histogram(Quantity.ITL_BUCKETS),
-            queue_time=histogram(Quantity.QUEUE_TIME_BUCKETS),
-            tpot=histogram(Quantity.TPOT_BUCKETS),
-            prompt_tokens=histogram(Quantity.PROMPT_TOKENS_BUCKETS),
-            prompt_tokens_lookback=histogram(Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS),
+            age_seconds=values[QueryQuantity.SAMPLE_AGE],
+            waiting_requests=values[QueryQuantity.WAITING],
+            running_requests=values[QueryQuantity.RUNNING],
+            kv_usage_fraction=values[QueryQuantity.KV_USAGE],
+            prompt_tokens_per_second=values.get(QueryQuantity.PROMPT_TOKENS_RATE, 0.0),
+            generation_tokens_per_second=values.get(QueryQuantity.GENERATION_TOKENS_RATE, 0.0),
+            prompt_tokens_sum=values.get(QueryQuantity.PROMPT_TOKENS_SUM, 0.0),
+            prompt_tokens_count=values.get(QueryQuantity.PROMPT_TOKENS_COUNT, 0.0),
+            prompts_started=values.get(QueryQuantity.PROMPTS_STARTED, 0.0),
+            prompt_tokens_started=values.get(QueryQuantity.PROMPT_TOKENS_STARTED, 0.0),
+            generation_tokens_sum=values.get(QueryQuantity.GENERATION_TOKENS_SUM, 0.0),
+            generation_tokens_count=values.get(QueryQuantity.GENERATION_TOKENS_COUNT, 0.0),
+            prefix_hits=values.get(QueryQuantity.PREFIX_HITS, 0.0),
+            prefix_queries=values.get(QueryQuantity.PREFIX_QUERIES, 0.0),
+            finished_requests=values.get(QueryQuantity.FINISHED, 0.0),
+            aborted_requests=values.get(QueryQuantity.ABORTED, 0.0),
+            rejected_requests=values.get(QueryQuantity.REJECTED, 0.0),
+            ttft=histogram(QueryQuantity.TTFT_BUCKETS),
+            itl=histogram(QueryQuantity.ITL_BUCKETS),
+            queue_time=histogram(QueryQuantity.QUEUE_TIME_BUCKETS),
+            tpot=histogram(QueryQuantity.TPOT_BUCKETS),
+            prompt_tokens=histogram(QueryQuantity.PROMPT_TOKENS_BUCKETS),
+            prompt_tokens_lookback=histogram(QueryQuantity.PROMPT_TOKENS_LOOKBACK_BUCKETS),
         )
     )
 
@@ -200,14 +204,14 @@ def metrics_by_group(result: Sequence[Mapping[str, Any]], labels: SeriesLabels) 
 
 def _gateway_series(
     result: Sequence[Mapping[str, Any]],
-) -> tuple[dict[Quantity, float], dict[str, GroupSeries]]:
+) -> tuple[dict[QueryQuantity, float], dict[str, GroupSeries]]:
     """The gateway's answers: the ModelGroup-wide values, and per SLO class a `GroupSeries`."""
-    overall: dict[Quantity, float] = {}
+    overall: dict[QueryQuantity, float] = {}
     classes: dict[str, GroupSeries] = {}
     for series in result:
         metric = series.get("metric") or {}
         try:
-            quantity = Quantity(str(metric.get(QUERY_LABEL, "")))
+            quantity = QueryQuantity(str(metric.get(QUERY_LABEL, "")))
         except ValueError:
             continue
         sample = series.get("value") or (None, None)
@@ -231,32 +235,32 @@ def _gateway_series(
 def _class_figures(class_name: str, series: GroupSeries) -> GatewayClassFigures:
     values = series.values
 
-    def count(quantity: Quantity) -> float:
+    def count(quantity: QueryQuantity) -> float:
         value = values.get(quantity, 0.0)
         return max(0.0, value) if math.isfinite(value) else 0.0
 
-    def histogram(quantity: Quantity) -> Histogram | None:
+    def histogram(quantity: QueryQuantity) -> Histogram | None:
         pairs = series.buckets.get(quantity)
         return histogram_from_buckets(pairs) if pairs else None
 
-    slack = values.get(Quantity.GATEWAY_EARLIEST_SLACK)
-    admitted, rejected = count(Quantity.GATEWAY_ADMITTED), count(Quantity.GATEWAY_REJECTED)
-    waiting = count(Quantity.GATEWAY_QUEUED_REQUESTS)
+    slack = values.get(QueryQuantity.GATEWAY_EARLIEST_SLACK)
+    admitted, rejected = count(QueryQuantity.GATEWAY_ADMITTED), count(QueryQuantity.GATEWAY_REJECTED)
+    waiting = count(QueryQuantity.GATEWAY_QUEUED_REQUESTS)
     return GatewayClassFigures(
         class_name=class_name,
         waiting_requests=waiting,
-        waiting_prompt_tokens=count(Quantity.GATEWAY_QUEUED_PROMPT_TOKENS),
-        waiting_work_seconds=count(Quantity.GATEWAY_QUEUED_WORK),
+        waiting_prompt_tokens=count(QueryQuantity.GATEWAY_QUEUED_PROMPT_TOKENS),
+        waiting_work_seconds=count(QueryQuantity.GATEWAY_QUEUED_WORK),
         # +Inf is the gateway's "nothing waits"; -Inf (nothing serves what waits) is kept.
         earliest_slack_seconds=None if slack is None or waiting == 0 or slack == math.inf else slack,
         offered_requests=admitted + rejected,
         admitted_requests=admitted,
         rejected_requests=rejected,
-        infeasible_requests=count(Quantity.GATEWAY_INFEASIBLE),
-        attaining_requests=count(Quantity.GATEWAY_ATTAINING),
-        missed_requests=count(Quantity.GATEWAY_MISSED),
-        ttft=histogram(Quantity.GATEWAY_TTFT_BUCKETS),
-        itl=histogram(Quantity.GATEWAY_ITL_BUCKETS),
+        infeasible_requests=count(QueryQuantity.GATEWAY_INFEASIBLE),
+        attaining_requests=count(QueryQuantity.GATEWAY_ATTAINING),
+        missed_requests=count(QueryQuantity.GATEWAY_MISSED),
+        ttft=histogram(QueryQuantity.GATEWAY_TTFT_BUCKETS),
+        itl=histogram(QueryQuantity.GATEWAY_ITL_BUCKETS),
     )
 
 
@@ -264,20 +268,20 @@ def gateway_from_result(result: Sequence[Mapping[str, Any]]) -> GatewayObservati
     """The gateway's view in a `snapshot_query` answer; None when no gateway exports the
     ModelGroup's series (its sample age, read from a gauge every gateway writes, is absent)."""
     overall, classes = _gateway_series(result)
-    age = overall.get(Quantity.GATEWAY_SAMPLE_AGE)
+    age = overall.get(QueryQuantity.GATEWAY_SAMPLE_AGE)
     if age is None or not math.isfinite(age):
         return None
 
-    def value(quantity: Quantity) -> float:
+    def value(quantity: QueryQuantity) -> float:
         number = overall.get(quantity, 0.0)
         return max(0.0, number) if math.isfinite(number) else 0.0
 
     return GatewayObservation(
         age_seconds=max(0.0, age),
         classes=tuple(_class_figures(name, series) for name, series in sorted(classes.items())),
-        running_requests=value(Quantity.GATEWAY_RUNNING_REQUESTS),
-        running_work_seconds=value(Quantity.GATEWAY_RUNNING_WORK),
-        routable_groups=round(value(Quantity.GATEWAY_ROUTABLE_GROUPS)),
+        running_requests=value(QueryQuantity.GATEWAY_RUNNING_REQUESTS),
+        running_work_seconds=value(QueryQuantity.GATEWAY_RUNNING_WORK),
+        routable_groups=round(value(QueryQuantity.GATEWAY_ROUTABLE_GROUPS)),
     )
 
 
@@ -315,18 +319,18 @@ def _observed(status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics]) -> 
     return [
         GroupObservation(
             name=group.name,
-            state=GroupState(group.state),
+            state=group.state,
             created_at=group.created_at.timestamp(),
-            metrics=metrics.get(group.name) if group.state == GroupState.READY.value else None,
+            metrics=metrics.get(group.name) if group.state == "Ready" else None,
         )
         for group in status.groups
     ]
 
 
-def group_counts(model_group: ModelGroup, status: ModelGroupStatus) -> GroupCounts:
+def group_counts(model_group: ModelGroup, status: ModelGroupStatus) -> ModelGroupCounts:
     """The ModelGroup's counts as its spec and the group controller's status say."""
     spec = model_group.spec
-    return GroupCounts(
+    return ModelGroupCounts(
         spec_replicas=spec.replicas,
         min_replicas=spec.min_replicas,
         max_replicas=spec.max_replicas,

@@ -3,7 +3,7 @@
 A platform team keeps the checkpoint's config.json in a ConfigMap (`kubectl create configmap NAME
 --from-file=config.json`) rather than inline in every ModelGroup. The pricing layers do no I/O, so
 the autoscaler reads it here and hands the parsed object (or why it could not be read, naming the
-ConfigMap, the key and what to do) to `policy_compile.capacity_profile`, whose key includes the
+ConfigMap, the key and what to do) to `compile.scaling.capacity_profile`, whose key includes the
 content: an edited ConfigMap rebuilds the profile at the next reading.
 
 One GET per referenced ConfigMap and `refresh_seconds` (five minutes), not per tick, so the fleet's

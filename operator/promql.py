@@ -38,7 +38,7 @@ POD_LABEL = "pod"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
-class Quantity(StrEnum):
+class QueryQuantity(StrEnum):
     """What each sub-query measures, per group. Gauges are instant; the rest cover a window."""
 
     WAITING = "waiting"
@@ -84,20 +84,22 @@ class Quantity(StrEnum):
 
 HISTOGRAM_QUANTITIES = frozenset(
     {
-        Quantity.TTFT_BUCKETS,
-        Quantity.ITL_BUCKETS,
-        Quantity.QUEUE_TIME_BUCKETS,
-        Quantity.TPOT_BUCKETS,
-        Quantity.PROMPT_TOKENS_BUCKETS,
-        Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS,
-        Quantity.GATEWAY_TTFT_BUCKETS,
-        Quantity.GATEWAY_ITL_BUCKETS,
+        QueryQuantity.TTFT_BUCKETS,
+        QueryQuantity.ITL_BUCKETS,
+        QueryQuantity.QUEUE_TIME_BUCKETS,
+        QueryQuantity.TPOT_BUCKETS,
+        QueryQuantity.PROMPT_TOKENS_BUCKETS,
+        QueryQuantity.PROMPT_TOKENS_LOOKBACK_BUCKETS,
+        QueryQuantity.GATEWAY_TTFT_BUCKETS,
+        QueryQuantity.GATEWAY_ITL_BUCKETS,
     }
 )
-GATEWAY_QUANTITIES = frozenset(quantity for quantity in Quantity if quantity.value.startswith("gateway_"))
+GATEWAY_QUANTITIES = frozenset(
+    quantity for quantity in QueryQuantity if quantity.value.startswith("gateway_")
+)
 """Answered by the gateway's series: one per SLO class (`slo_class`), or one for the ModelGroup."""
 GATEWAY_CLASS_LABEL = "slo_class"
-# The gateway's admission outcomes (controllers.admission.Outcome): these proceeded to a group.
+# The gateway's admission outcomes (controllers.requests.admission.Outcome): these proceeded to a group.
 PROCEEDED_OUTCOMES = "admitted|deferred|degraded"
 # vLLM's finished_reason values (vllm-contract §1.2): completed requests, and those that were not.
 FINISHED_REASONS = "stop|length|repetition"
@@ -183,12 +185,12 @@ def model_group_selector(labels: SeriesLabels, namespace: str, model_group: str,
 
 def sub_queries(
     labels: SeriesLabels, namespace: str, model_group: str, windows: Windows
-) -> dict[Quantity, str]:
+) -> dict[QueryQuantity, str]:
     """One ModelGroup's engine sub-queries (`scoped_sub_queries`)."""
     return scoped_sub_queries(labels, model_group_scope(labels, namespace, model_group), windows)
 
 
-def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> dict[Quantity, str]:
+def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> dict[QueryQuantity, str]:
     """One expression per quantity, each aggregated to one series per group (per group and `le` for
     histogram buckets) of each ModelGroup in the scope."""
     selector = scope.selector()
@@ -215,47 +217,47 @@ def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> 
         return f"sum {by_bucket} (increase({metric}{selector}[{span}]))"
 
     return {
-        Quantity.WAITING: capacity_waiting(),
-        Quantity.RUNNING: f"sum {by_group} ({RUNNING_METRIC}{selector})",
-        Quantity.KV_USAGE: f"max {by_group} (vllm:kv_cache_usage_perc{selector})",
-        Quantity.SAMPLE_AGE: f"time() - max {by_group} (timestamp({RUNNING_METRIC}{selector}))",
-        Quantity.PROMPT_TOKENS_RATE: rate_of("vllm:prompt_tokens_total"),
-        Quantity.GENERATION_TOKENS_RATE: rate_of("vllm:generation_tokens_total"),
-        Quantity.PROMPT_TOKENS_SUM: increase("vllm:request_prompt_tokens_sum", rate),
-        Quantity.PROMPT_TOKENS_COUNT: increase("vllm:request_prompt_tokens_count", rate),
+        QueryQuantity.WAITING: capacity_waiting(),
+        QueryQuantity.RUNNING: f"sum {by_group} ({RUNNING_METRIC}{selector})",
+        QueryQuantity.KV_USAGE: f"max {by_group} (vllm:kv_cache_usage_perc{selector})",
+        QueryQuantity.SAMPLE_AGE: f"time() - max {by_group} (timestamp({RUNNING_METRIC}{selector}))",
+        QueryQuantity.PROMPT_TOKENS_RATE: rate_of("vllm:prompt_tokens_total"),
+        QueryQuantity.GENERATION_TOKENS_RATE: rate_of("vllm:generation_tokens_total"),
+        QueryQuantity.PROMPT_TOKENS_SUM: increase("vllm:request_prompt_tokens_sum", rate),
+        QueryQuantity.PROMPT_TOKENS_COUNT: increase("vllm:request_prompt_tokens_count", rate),
         # The requests whose first token fell in the rate window, and their prompt tokens: the same
         # moment the prompt-token counter counts them, long before their length reaches the histogram.
-        Quantity.PROMPTS_STARTED: increase("vllm:time_to_first_token_seconds_count", rate),
-        Quantity.PROMPT_TOKENS_STARTED: increase("vllm:prompt_tokens_total", rate),
-        Quantity.GENERATION_TOKENS_SUM: increase("vllm:request_generation_tokens_sum", rate),
-        Quantity.GENERATION_TOKENS_COUNT: increase("vllm:request_generation_tokens_count", rate),
-        Quantity.PREFIX_HITS: increase("vllm:prefix_cache_hits_total", rate),
-        Quantity.PREFIX_QUERIES: increase("vllm:prefix_cache_queries_total", rate),
-        Quantity.FINISHED: increase(
+        QueryQuantity.PROMPTS_STARTED: increase("vllm:time_to_first_token_seconds_count", rate),
+        QueryQuantity.PROMPT_TOKENS_STARTED: increase("vllm:prompt_tokens_total", rate),
+        QueryQuantity.GENERATION_TOKENS_SUM: increase("vllm:request_generation_tokens_sum", rate),
+        QueryQuantity.GENERATION_TOKENS_COUNT: increase("vllm:request_generation_tokens_count", rate),
+        QueryQuantity.PREFIX_HITS: increase("vllm:prefix_cache_hits_total", rate),
+        QueryQuantity.PREFIX_QUERIES: increase("vllm:prefix_cache_queries_total", rate),
+        QueryQuantity.FINISHED: increase(
             "vllm:request_success_total", window, f'finished_reason=~"{FINISHED_REASONS}"'
         ),
-        Quantity.ABORTED: increase(
+        QueryQuantity.ABORTED: increase(
             "vllm:request_success_total", window, f'finished_reason=~"{ABORTED_REASONS}"'
         ),
-        Quantity.REJECTED: increase("vllm:admission_rejections_total", window),
-        Quantity.TTFT_BUCKETS: buckets("vllm:time_to_first_token_seconds_bucket"),
-        Quantity.ITL_BUCKETS: buckets("vllm:inter_token_latency_seconds_bucket"),
-        Quantity.QUEUE_TIME_BUCKETS: buckets("vllm:request_queue_time_seconds_bucket"),
-        Quantity.TPOT_BUCKETS: buckets("vllm:request_time_per_output_token_seconds_bucket"),
+        QueryQuantity.REJECTED: increase("vllm:admission_rejections_total", window),
+        QueryQuantity.TTFT_BUCKETS: buckets("vllm:time_to_first_token_seconds_bucket"),
+        QueryQuantity.ITL_BUCKETS: buckets("vllm:inter_token_latency_seconds_bucket"),
+        QueryQuantity.QUEUE_TIME_BUCKETS: buckets("vllm:request_queue_time_seconds_bucket"),
+        QueryQuantity.TPOT_BUCKETS: buckets("vllm:request_time_per_output_token_seconds_bucket"),
         # Prompt lengths of the window's finished requests: the infeasible share is read from them.
-        Quantity.PROMPT_TOKENS_BUCKETS: buckets("vllm:request_prompt_tokens_bucket"),
-        Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS: buckets("vllm:request_prompt_tokens_bucket", lookback),
+        QueryQuantity.PROMPT_TOKENS_BUCKETS: buckets("vllm:request_prompt_tokens_bucket"),
+        QueryQuantity.PROMPT_TOKENS_LOOKBACK_BUCKETS: buckets("vllm:request_prompt_tokens_bucket", lookback),
     }
 
 
 def gateway_sub_queries(
     labels: SeriesLabels, namespace: str, model_group: str, windows: Windows
-) -> dict[Quantity, str]:
+) -> dict[QueryQuantity, str]:
     """One ModelGroup's gateway sub-queries (`scoped_gateway_sub_queries`)."""
     return scoped_gateway_sub_queries(model_group_scope(labels, namespace, model_group), windows)
 
 
-def scoped_gateway_sub_queries(scope: Scope, windows: Windows) -> dict[Quantity, str]:
+def scoped_gateway_sub_queries(scope: Scope, windows: Windows) -> dict[QueryQuantity, str]:
     """The gateway's figures per ModelGroup in the scope, summed over gateway replicas: the queue per
     class now, and per class over the goodput window the outcomes and the client-side TTFT and ITL.
 
@@ -279,29 +281,29 @@ def scoped_gateway_sub_queries(scope: Scope, windows: Windows) -> dict[Quantity,
         return f"{how} {whole} ({inner})" if whole else f"{how}({inner})"
 
     return {
-        Quantity.GATEWAY_SAMPLE_AGE: (
+        QueryQuantity.GATEWAY_SAMPLE_AGE: (
             f"time() - {overall('max', f'timestamp(goodput_gateway_running_requests{selector})')}"
         ),
-        Quantity.GATEWAY_RUNNING_REQUESTS: overall("sum", f"goodput_gateway_running_requests{selector}"),
-        Quantity.GATEWAY_RUNNING_WORK: overall("sum", f"goodput_gateway_running_work_seconds{selector}"),
-        Quantity.GATEWAY_ROUTABLE_GROUPS: overall("max", f"goodput_gateway_routable_groups{selector}"),
-        Quantity.GATEWAY_QUEUED_REQUESTS: f"sum {by_class} (goodput_gateway_queued_requests{selector})",
-        Quantity.GATEWAY_QUEUED_WORK: f"sum {by_class} (goodput_gateway_queued_work_seconds{selector})",
-        Quantity.GATEWAY_QUEUED_PROMPT_TOKENS: (
+        QueryQuantity.GATEWAY_RUNNING_REQUESTS: overall("sum", f"goodput_gateway_running_requests{selector}"),
+        QueryQuantity.GATEWAY_RUNNING_WORK: overall("sum", f"goodput_gateway_running_work_seconds{selector}"),
+        QueryQuantity.GATEWAY_ROUTABLE_GROUPS: overall("max", f"goodput_gateway_routable_groups{selector}"),
+        QueryQuantity.GATEWAY_QUEUED_REQUESTS: f"sum {by_class} (goodput_gateway_queued_requests{selector})",
+        QueryQuantity.GATEWAY_QUEUED_WORK: f"sum {by_class} (goodput_gateway_queued_work_seconds{selector})",
+        QueryQuantity.GATEWAY_QUEUED_PROMPT_TOKENS: (
             f"sum {by_class} (goodput_gateway_queued_prompt_tokens{selector})"
         ),
-        Quantity.GATEWAY_EARLIEST_SLACK: (
+        QueryQuantity.GATEWAY_EARLIEST_SLACK: (
             f"min {by_class} (goodput_gateway_earliest_slack_seconds{selector})"
         ),
-        Quantity.GATEWAY_ADMITTED: counted(
+        QueryQuantity.GATEWAY_ADMITTED: counted(
             "goodput_gateway_requests_total", f'outcome=~"{PROCEEDED_OUTCOMES}"'
         ),
-        Quantity.GATEWAY_REJECTED: counted("goodput_gateway_requests_total", 'outcome="rejected"'),
-        Quantity.GATEWAY_INFEASIBLE: counted("goodput_gateway_requests_infeasible_total"),
-        Quantity.GATEWAY_ATTAINING: counted("goodput_gateway_requests_finished_total", 'slo_met="true"'),
-        Quantity.GATEWAY_MISSED: counted("goodput_gateway_requests_finished_total", 'slo_met="false"'),
-        Quantity.GATEWAY_TTFT_BUCKETS: buckets("goodput_gateway_time_to_first_token_seconds_bucket"),
-        Quantity.GATEWAY_ITL_BUCKETS: buckets("goodput_gateway_inter_token_latency_seconds_bucket"),
+        QueryQuantity.GATEWAY_REJECTED: counted("goodput_gateway_requests_total", 'outcome="rejected"'),
+        QueryQuantity.GATEWAY_INFEASIBLE: counted("goodput_gateway_requests_infeasible_total"),
+        QueryQuantity.GATEWAY_ATTAINING: counted("goodput_gateway_requests_finished_total", 'slo_met="true"'),
+        QueryQuantity.GATEWAY_MISSED: counted("goodput_gateway_requests_finished_total", 'slo_met="false"'),
+        QueryQuantity.GATEWAY_TTFT_BUCKETS: buckets("goodput_gateway_time_to_first_token_seconds_bucket"),
+        QueryQuantity.GATEWAY_ITL_BUCKETS: buckets("goodput_gateway_inter_token_latency_seconds_bucket"),
     }
 
 

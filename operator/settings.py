@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from goodput.controllers.compile.scaling import DEFAULT_RATE_WINDOW_SECONDS
 from goodput.controllers.leader_election import ElectionTiming
-from goodput.controllers.policy_compile import DEFAULT_RATE_WINDOW_SECONDS
 
 LogFormat = Literal["json", "plain", "full"]
 # GOODPUT_PRIORITY / --priority value asking for a priority derived from the pod's name.

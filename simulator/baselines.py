@@ -6,7 +6,7 @@
   immediate scale-up, and the default rate policies (up: max(+100 %, +4) per 15 s; down: −100 % per
   15 s). A target at zero replicas is not scaled (minReplicas > 0), one outside [min, max] is set to
   the bound without limits. Synced every 15 s. The stabilisation and step policies are the
-  controllers' (`controllers.scaling_behavior`), the same functions goodput's decision calls.
+  controllers' (`controllers.autoscale.behavior`), the same functions goodput's decision calls.
 - KEDA: a ScaledObject on `sum(vllm:num_requests_waiting)` is an HPA External metric with an
   AverageValue target: desired = ceil(total / target) against `status.replicas` (ready groups),
   same tolerance and behaviour; KEDA itself, not the HPA, scales a target from zero on activation.
@@ -45,7 +45,9 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from goodput.controllers.autoscale_model import (
+from goodput.api.reasons import Reason
+from goodput.controllers.autoscale.behavior import clamp, limit_rate, stabilize
+from goodput.controllers.autoscale.model import (
     Recommendation,
     ScaleEvent,
     ScalingRules,
@@ -53,9 +55,8 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
-from goodput.controllers.scaling_behavior import clamp, limit_rate, stabilize
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.metrics import FleetSample, MetricsView
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
 
 # ---------------------------------------------------------------------------------------------- HPA
 
@@ -202,10 +203,10 @@ def reconcile_replicas(
     recommendation goes through `normalize`.
     """
     if current == 0 and min_replicas != 0:
-        return current, "ScalingDisabled", state
+        return current, Reason.SCALING_DISABLED, state
     if current > max_replicas or current < min_replicas:
         desired = min(max(current, min_replicas), max_replicas)
-        reason = "TooManyReplicas" if current > max_replicas else "TooFewReplicas"
+        reason = Reason.TOO_MANY_REPLICAS if current > max_replicas else Reason.TOO_FEW_REPLICAS
         return desired, reason, _record(state, behavior, current, desired, now)
     return normalize(
         recommended,
@@ -232,7 +233,7 @@ def normalize(
 
     On its first sync the controller seeds the recommendations with the current count
     (`maybeInitScaleDownStabilizationWindow`), so a fresh HPA never scales in before one window.
-    The stabilisation and step limits are the controllers' (`controllers.scaling_behavior`).
+    The stabilisation and step limits are the controllers' (`controllers.autoscale.behavior`).
     Bounding before the step limit gives the HPA's reasons: "ScaleUpLimit" only when the step limit
     is below maxReplicas, "TooManyReplicas" otherwise (and alike downwards).
     """
@@ -246,7 +247,7 @@ def normalize(
         scale_down=behavior.scale_down,
         now=now,
     )
-    reason = str(stabilize_guard) if stabilize_guard is not None else "DesiredWithinRange"
+    reason = str(stabilize_guard) if stabilize_guard is not None else Reason.DESIRED_WITHIN_RANGE
     desired = stabilized
     if stabilized != current:
         desired, bound_guard = clamp(stabilized, min_replicas, max_replicas)

@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig, FleetCounts, GroupPhase
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.simulation import GroupRecord, SimulationResult
 from goodput.simulator.workload import Workload
 
@@ -173,7 +173,7 @@ class _BatchedRun:
         self.prompt = workload.input_tokens.astype(np.float64)
         self.output = workload.output_tokens.astype(np.float64)
         self.group = np.full(count, -1, dtype=np.int64)
-        self.outcome = np.full(count, int(Outcome.PENDING), dtype=np.int64)
+        self.outcome = np.full(count, int(RequestExit.PENDING), dtype=np.int64)
         self.routed_at, self.scheduled_at, self.first_token_at, self.finished_at = (
             np.full(count, np.nan) for _ in range(4)
         )
@@ -220,7 +220,7 @@ class _BatchedRun:
         arrivals = np.arange(first, last)
         blocks = np.ceil(self.prompt[arrivals] / self.engine.block_tokens)
         too_long = arrivals[blocks > self.engine.kv_capacity_blocks]
-        self.outcome[too_long] = int(Outcome.REJECTED_TOO_LONG)
+        self.outcome[too_long] = int(RequestExit.REJECTED_TOO_LONG)
         self.finished_at[too_long] = self.arrival[too_long]
         routed = arrivals[blocks <= self.engine.kv_capacity_blocks]
         if not routed.size:
@@ -359,7 +359,7 @@ class _BatchedRun:
         self.decoder_finish_steps = finish[decoding]
         at = plan.time_of_step(finished_groups, finish_steps)
         self.finished_at[finished] = np.maximum(at, self.first_token_at[finished])
-        self.outcome[finished] = int(Outcome.FINISHED)
+        self.outcome[finished] = int(RequestExit.FINISHED)
         state.decoding -= np.bincount(finished_groups, minlength=size)
         state.decoding_prompt_sum -= np.bincount(finished_groups, self.prompt[finished], size)
         state.decoding_start_steps_sum -= np.bincount(finished_groups, start_steps, size)
@@ -367,7 +367,7 @@ class _BatchedRun:
 
     # ------------------------------------------------------------------ the result
     def result(self, end: float) -> SimulationResult:
-        self.outcome[self.outcome == int(Outcome.PENDING)] = int(Outcome.UNFINISHED)
+        self.outcome[self.outcome == int(RequestExit.PENDING)] = int(RequestExit.UNFINISHED)
         groups, gpus = self.settings.groups, self.fleet.gpus_per_group
         count = len(self.arrival)
         requests = {
@@ -381,7 +381,7 @@ class _BatchedRun:
             "preemptions": np.zeros(count, dtype=np.int64),
             "cached_tokens": np.zeros(count, dtype=np.int64),
         }
-        finished = self.outcome == int(Outcome.FINISHED)
+        finished = self.outcome == int(RequestExit.FINISHED)
         return SimulationResult(
             workload=self.workload,
             requests=requests,

@@ -15,7 +15,7 @@ from typing import Any
 from goodput.simulator.cli_simulate import add_common_arguments, bench_from
 from goodput.simulator.runner import POLICIES, optional_plots, sanitize, write_report
 
-COLUMNS: tuple[tuple[str, str, str], ...] = (
+BENCH_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # (header, report key, format)
     ("goodput req/s", "goodput_rps", "{:.2f}"),
     ("attain(offered)", "attainment_offered", "{:.3f}"),
@@ -51,7 +51,7 @@ def _cell(report: Mapping[str, Any], key: str, pattern: str) -> str:
 def comparison_table(reports: Mapping[str, Mapping[str, Any]]) -> str:
     """One row per policy; the figures a platform team and its finance team compare."""
     gateway = any("gateway" in report for report in reports.values())
-    columns = COLUMNS + GATEWAY_COLUMNS if gateway else COLUMNS
+    columns = BENCH_COLUMNS + GATEWAY_COLUMNS if gateway else BENCH_COLUMNS
     headers = ("policy", *(header for header, _, _ in columns))
     rows = [
         (name, *(_cell(report, key, pattern) for _, key, pattern in columns))
@@ -91,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     table = comparison_table(reports)
     print(_preamble(bench, reports))
     print(table)
-    summary = {name: {key: report.get(key) for _, key, _ in COLUMNS} for name, report in reports.items()}
+    summary = {
+        name: {key: report.get(key) for _, key, _ in BENCH_COLUMNS} for name, report in reports.items()
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(
         json.dumps(sanitize({"policies": summary, "table": table}), indent=2) + "\n"

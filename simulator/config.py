@@ -15,8 +15,8 @@ import yaml
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.hardware import batch_limits, gpu_spec, resolve_model_shape
-from goodput.estimators.service_time import GPUS, H100_80G, LLAMA_3_1_8B, StepCostModel, default_batch_limits
+from goodput.controllers.hardware import batch_limits, gpu_spec, resolve_model_shape, step_cost_model
+from goodput.estimators.service_time import GPUS, H100_80G, LLAMA_3_1_8B, default_batch_limits
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.group_world import GroupRules
@@ -139,20 +139,24 @@ class _FleetShape:
 def _model_group_fleet(model_group: ModelGroup, path: Path, step_noise_sigma: float) -> _FleetShape:
     """The engine a ModelGroup's model, GPU and parallelism price, and its bounds and profile."""
     spec = model_group.spec
-    shape = resolve_model_shape(spec)
     profile = spec.profile
-    gpu = gpu_spec(profile)
+    shape = resolve_model_shape(spec)
     if isinstance(shape, str):
         raise ValueError(f"{path}: the simulator cannot price its steps: {shape}")
+    gpu = gpu_spec(profile)
     if gpu is None:
         raise ValueError(
             f"{path}: the simulator needs profile.gpu from goodput's catalogue ({', '.join(GPUS)}) or "
             "profile.accelerator to price steps"
         )
+    # The operator's step model of the group (its measured KV size included), so both worlds price
+    # the same steps.
+    cost = step_cost_model(spec)
+    if isinstance(cost, str):
+        raise ValueError(f"{path}: the simulator cannot price its steps: {cost}")
     tensor, pipeline = spec.parallelism.tensor, spec.parallelism.pipeline
-    cost = StepCostModel.from_hardware(shape, gpu, tensor, pipeline)
     seqs, tokens = batch_limits(spec) or default_batch_limits(gpu)
-    kv_tokens = (profile.kv_capacity_tokens if profile is not None else None) or cost.kv_capacity_tokens
+    kv_tokens = cost.kv_capacity_tokens
     engine = EngineConfig(
         cost=cost,
         max_num_seqs=seqs,

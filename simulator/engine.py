@@ -36,7 +36,7 @@ from goodput.simulator.metrics import (
     TTFT_BUCKETS_SECONDS,
     HistogramAccumulator,
 )
-from goodput.simulator.records import Outcome, RequestLog
+from goodput.simulator.records import RequestExit, RequestLog
 
 BLOCK_TOKENS = 16
 
@@ -159,7 +159,7 @@ class _Seq:
 _IDLE, _MIXED, _DECODE, _WAKE = 0, 1, 2, 3
 
 
-class Engine:
+class SimulatedEngine:
     """The scheduler and KV state of one group; the fleet drives it by time.
 
     Protocol with the event loop: `enqueue` and `complete_step` return nothing; afterwards
@@ -443,7 +443,7 @@ class Engine:
         if self.ended_log is not None:
             self.ended_log.append(seq.index)
         log.finished_at[seq.index] = now
-        log.outcome[seq.index] = Outcome.FINISHED
+        log.outcome[seq.index] = RequestExit.FINISHED
         log.slow_gaps[seq.index] = seq.slow_gaps
         self.request_success_total += 1
         self.request_prompt_tokens_sum += seq.prompt
@@ -620,7 +620,7 @@ class Engine:
         self.waiting.popleft()
         self._count_in_flight(now)
         self.waiting_prompt_tokens -= seq.target
-        self._log.outcome[seq.index] = Outcome.REJECTED_TOO_LONG
+        self._log.outcome[seq.index] = RequestExit.REJECTED_TOO_LONG
         self._log.finished_at[seq.index] = now
         if self.ended_log is not None:
             self.ended_log.append(seq.index)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests, KnativeKpa, KpaSpec
 from goodput.simulator.config import SimulationSetup
@@ -40,6 +40,7 @@ from goodput.simulator.envelope import (
     request_work_seconds,
 )
 from goodput.simulator.feasible import Feasibility, assess, class_index_of, require_feasible_requests
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.oracle import (
     ScheduleFollower,
     ScheduleRules,
@@ -49,8 +50,7 @@ from goodput.simulator.oracle import (
     search_factor,
     shave_schedule,
 )
-from goodput.simulator.policy import Autoscaler
-from goodput.simulator.records import Outcome as RequestOutcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.report import ClassTargets, judge
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import Workload, window
@@ -82,7 +82,7 @@ KNOBS = {
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class FairnessRunFigures:
     """One run's figures."""
 
     setting: float
@@ -114,16 +114,16 @@ class Outcome:
 @dataclass(frozen=True, slots=True)
 class PolicyResult:
     name: str
-    sweep: tuple[Outcome, ...]
-    chosen: Outcome
+    sweep: tuple[FairnessRunFigures, ...]
+    chosen: FairnessRunFigures
     chosen_met_target_on_train: bool
-    test: Outcome
+    test: FairnessRunFigures
 
 
 @dataclass(frozen=True, slots=True)
 class OracleResult:
     fluid_bound_gpu_hours: float
-    searched: Outcome
+    searched: FairnessRunFigures
     searched_factor: float
     searched_met_target: bool
     shave_trials: int = 0
@@ -209,7 +209,7 @@ class FairBench:
         groups = math.ceil(rate / self.envelope.work_seconds_per_second - 1e-9)
         return int(max(self.setup.min_groups, self.setup.warm_groups, min(self.setup.max_groups, groups)))
 
-    def policy(self, name: str, setting: float) -> Autoscaler:
+    def policy(self, name: str, setting: float) -> FleetPolicy:
         """A fresh policy with its knob at `setting`; goodput calibrated on the training window."""
         if name == "hpa":
             return HpaGpuUtilization(target_utilization=setting)
@@ -225,8 +225,8 @@ class FairBench:
 
     # ------------------------------------------------------------------ runs
     def run(
-        self, workload: Workload, feasibility: Feasibility, autoscaler: Autoscaler, horizon: float
-    ) -> Outcome:
+        self, workload: Workload, feasibility: Feasibility, autoscaler: FleetPolicy, horizon: float
+    ) -> FairnessRunFigures:
         config = SimulationConfig(
             fleet=self.fleet,
             seed=self.seed,
@@ -239,16 +239,18 @@ class FairBench:
         result = simulate(workload, config, autoscaler)
         return self.outcome(result, feasibility, 0.0)
 
-    def outcome(self, result: SimulationResult, feasibility: Feasibility, setting: float) -> Outcome:
+    def outcome(
+        self, result: SimulationResult, feasibility: Feasibility, setting: float
+    ) -> FairnessRunFigures:
         met = judge(result, self.setup.classes).met
-        return Outcome(
+        return FairnessRunFigures(
             setting=setting,
             gpu_hours=result.gpu_seconds / 3600.0,
             offered=len(result.workload),
             feasible=int(feasibility.feasible.sum()),
             met=int(met.sum()),
             meets_target=meets_target(met, feasibility, result.workload, self.setup.classes),
-            refused=int((result.requests["outcome"] == RequestOutcome.REJECTED_ADMISSION).sum())
+            refused=int((result.requests["outcome"] == RequestExit.REJECTED_ADMISSION).sum())
             if "admission" in result.requests
             else None,
             scale_outs=sum(1 for change in result.scale_events if change.to_groups > change.from_groups),
@@ -258,7 +260,7 @@ class FairBench:
     def tune(self, name: str, settings: Sequence[float] | None = None) -> PolicyResult:
         """Sweep on the training window, pick by the rule, run the pick on the test window."""
 
-        def on_training(setting: float) -> Outcome:
+        def on_training(setting: float) -> FairnessRunFigures:
             run = self.run(self.train, self.train_feasibility, self.policy(name, setting), self.split_seconds)
             return replace(run, setting=setting)
 
@@ -286,9 +288,9 @@ class FairBench:
             min_groups=self.setup.min_groups,
             gpus_per_group=self.setup.gpus_per_group,
         )
-        runs: dict[bytes, Outcome] = {}
+        runs: dict[bytes, FairnessRunFigures] = {}
 
-        def run(schedule: np.ndarray, factor: float) -> Outcome:
+        def run(schedule: np.ndarray, factor: float) -> FairnessRunFigures:
             key = schedule.tobytes()
             if key not in runs:
                 follower = ScheduleFollower(schedule, rules, factor)
@@ -303,7 +305,7 @@ class FairBench:
         # When no schedule of the family met the target, aim at what its largest one reached.
         aim = None if found.passed else run(scaled(found.factor), found.factor).met
 
-        def good_enough(outcome: Outcome) -> bool:
+        def good_enough(outcome: FairnessRunFigures) -> bool:
             return outcome.meets_target if aim is None else outcome.met >= aim
 
         factor = found.factor
@@ -335,12 +337,12 @@ def meets_target(
 
 def swept(
     grid: Sequence[float],
-    run: Callable[[float], Outcome],
+    run: Callable[[float], FairnessRunFigures],
     *,
     knob: Callable[[float], float] = float,
     extra_steps: int = SAFE_END_STEPS,
     bisections: int = EDGE_BISECTIONS,
-) -> tuple[Outcome, ...]:
+) -> tuple[FairnessRunFigures, ...]:
     """The sweep: `run` at every setting of the grid, then, while none has met the target, past the
     grid's safe end (its first setting) by the ratio of its first two, until a setting buys neither
     more GPU-hours nor more attainment than the one before it (`_holds_no_more`), at most
@@ -356,12 +358,12 @@ def swept(
 
 
 def _past_the_safe_end(
-    outcomes: Sequence[Outcome],
-    run: Callable[[float], Outcome],
+    outcomes: Sequence[FairnessRunFigures],
+    run: Callable[[float], FairnessRunFigures],
     knob: Callable[[float], float],
     ratio: float,
     steps: int,
-) -> list[Outcome]:
+) -> list[FairnessRunFigures]:
     if any(outcome.meets_target for outcome in outcomes):
         return []
     safest, added = outcomes[0], []
@@ -373,7 +375,7 @@ def _past_the_safe_end(
     return added
 
 
-def _holds_no_more(step: Outcome, before: Outcome) -> bool:
+def _holds_no_more(step: FairnessRunFigures, before: FairnessRunFigures) -> bool:
     """A step past the safe end that buys neither more GPU-hours nor more attainment: the policy
     already holds all it can. A step that costs less but meets more is not the end: asking for
     groups earlier can save the groups a late scale-out holds."""
@@ -381,8 +383,11 @@ def _holds_no_more(step: Outcome, before: Outcome) -> bool:
 
 
 def _edge_bisected(
-    outcomes: list[Outcome], run: Callable[[float], Outcome], knob: Callable[[float], float], steps: int
-) -> tuple[Outcome, ...]:
+    outcomes: list[FairnessRunFigures],
+    run: Callable[[float], FairnessRunFigures],
+    knob: Callable[[float], float],
+    steps: int,
+) -> tuple[FairnessRunFigures, ...]:
     """Geometric bisection between the largest setting that met the target below the edge and the
     smallest above the cheapest pick that did not (a larger setting asks for fewer groups in every
     policy), each middle at two significant figures, as a person tuning it would write it. It stops
@@ -399,7 +404,7 @@ def _edge_bisected(
     return tuple(outcomes)
 
 
-def _edge(outcomes: Sequence[Outcome]) -> tuple[float, float] | None:
+def _edge(outcomes: Sequence[FairnessRunFigures]) -> tuple[float, float] | None:
     chosen, met = cheapest_meeting_target(outcomes)
     failed_above = [o.setting for o in outcomes if not o.meets_target and o.setting > chosen.setting]
     if not met or not failed_above:
@@ -408,7 +413,7 @@ def _edge(outcomes: Sequence[Outcome]) -> tuple[float, float] | None:
     return max(o.setting for o in outcomes if o.meets_target and o.setting < upper), upper
 
 
-def cheapest_meeting_target(sweep: Sequence[Outcome]) -> tuple[Outcome, bool]:
+def cheapest_meeting_target(sweep: Sequence[FairnessRunFigures]) -> tuple[FairnessRunFigures, bool]:
     """The sweep rule: the fewest GPU-hours among the settings that met the target; when none did,
     the best attainment (False says so)."""
     if not sweep:
@@ -419,7 +424,7 @@ def cheapest_meeting_target(sweep: Sequence[Outcome]) -> tuple[Outcome, bool]:
     return max(sweep, key=lambda outcome: (outcome.attainment_feasible, -outcome.gpu_hours)), False
 
 
-def outcome_record(outcome: Outcome) -> dict[str, Any]:
+def outcome_record(outcome: FairnessRunFigures) -> dict[str, Any]:
     refused = {} if outcome.refused is None else {"refused": outcome.refused}
     return {
         "setting": outcome.setting,

@@ -15,7 +15,7 @@ import numpy as np
 
 from goodput.estimators.feasibility import (
     FloorModel,
-    SloTargets,
+    FloorTargets,
     longest_feasible_prompt_tokens,
     request_floors,
     unmet_targets,
@@ -30,7 +30,7 @@ class NoFeasibleRequestsError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class ClassFeasibility:
+class ClassFloorCheck:
     """One class's requests against its floors."""
 
     name: str
@@ -50,7 +50,7 @@ class Feasibility:
     """Per request, whether its floors fit its class's targets; per class, the counts."""
 
     feasible: np.ndarray
-    classes: tuple[ClassFeasibility, ...]
+    classes: tuple[ClassFloorCheck, ...]
 
     @property
     def feasible_share(self) -> float:
@@ -86,9 +86,9 @@ def assess(workload: Workload, engine: EngineConfig, classes: Sequence[ClassTarg
     model = floor_model(engine)
     index = class_index_of(workload)
     feasible = np.zeros(len(workload), dtype=bool)
-    summaries: list[ClassFeasibility] = []
+    summaries: list[ClassFloorCheck] = []
     for number, targets in enumerate(classes):
-        slo = SloTargets(targets.ttft_seconds, targets.itl_seconds, targets.e2e_seconds)
+        slo = FloorTargets(targets.ttft_seconds, targets.itl_seconds, targets.e2e_seconds)
         members = np.flatnonzero(index == number)
         pairs = np.stack((workload.input_tokens[members], workload.output_tokens[members]), axis=1)
         unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
@@ -102,7 +102,7 @@ def assess(workload: Workload, engine: EngineConfig, classes: Sequence[ClassTarg
             for reason in reasons:
                 counts[reason] += int(weight)
         summaries.append(
-            ClassFeasibility(
+            ClassFloorCheck(
                 targets.name,
                 int(members.size),
                 int(members.size - feasible[members].sum()),

@@ -18,20 +18,14 @@ from datetime import datetime
 from enum import StrEnum
 
 from goodput.controllers import naming
-from goodput.controllers.drain import LeaderSample
-from goodput.controllers.groups import (
-    Backoff,
-    GroupEvent,
-    GroupTransition,
-    Plan,
-    WarmupOutcome,
-    World,
-    plan_model_group,
-)
-from goodput.controllers.observation import PodView
-from goodput.controllers.pods import render_group
-from goodput.controllers.snapshot import wanted_groups
-from goodput.simulator.engine import Engine, EngineConfig
+from goodput.controllers.autoscale.snapshot import wanted_groups
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.drain import LeaderSample
+from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
+from goodput.controllers.groups.model import DomainBackoff, Plan, WarmupOutcome, World
+from goodput.controllers.groups.observation import PodView
+from goodput.controllers.groups.pods import render_group
+from goodput.simulator.engine import EngineConfig, SimulatedEngine
 from goodput.simulator.group_world import (
     GroupRules,
     bound,
@@ -49,14 +43,14 @@ from goodput.simulator.records import RequestLog
 
 
 class GroupPhase(StrEnum):
-    """Where a simulated group is in its life: the engine's view (loading, serving, removed), not
-    the controllers' `GroupState` of a ModelGroup's status."""
+    """Where a simulated group is in its life, in the API's words (`GroupState`), and Deleted once it
+    is gone, as the group controller's lifecycle says it (`lifecycle.Phase`)."""
 
     PLACING = "Placing"
-    LOADING = "Loading"
+    PROVISIONING = "Provisioning"
     READY = "Ready"
     DRAINING = "Draining"
-    REMOVED = "Removed"
+    DELETED = "Deleted"
     FAILED = "Failed"
 
 
@@ -120,7 +114,7 @@ class Group:
         "state",
     )
 
-    def __init__(self, index: int, created_at: float, engine: Engine, key: str = "") -> None:
+    def __init__(self, index: int, created_at: float, engine: SimulatedEngine, key: str = "") -> None:
         self.index = index
         self.name = f"group-{index}"
         # The group's name in the controller's world (its pods' group label).
@@ -135,7 +129,7 @@ class Group:
 
     @property
     def live(self) -> bool:
-        return self.state in (GroupPhase.PLACING, GroupPhase.LOADING, GroupPhase.READY)
+        return self.state in (GroupPhase.PLACING, GroupPhase.PROVISIONING, GroupPhase.READY)
 
     def outstanding_work_tokens(self, expected_output_tokens: int) -> int:
         """What the router weighs: prompt tokens still to prefill plus a decode guess per request."""
@@ -158,7 +152,7 @@ class FleetCounts:
     time: float
     desired: int
     placing: int
-    loading: int
+    provisioning: int
     ready: int
     draining: int
 
@@ -184,7 +178,7 @@ class Fleet:
         self._pods: dict[str, PodView] = {}
         self._by_key: dict[str, Group] = {}
         self._counter = 0
-        self._backoffs: tuple[Backoff, ...] = ()
+        self._backoffs: tuple[DomainBackoff, ...] = ()
         self._warmups: dict[str, WarmupOutcome] = {}
         self._readings: dict[str, LeaderSample] = {}
         self._recorded_drains: set[str] = set()
@@ -201,7 +195,7 @@ class Fleet:
             now,
             self.desired,
             by_state[GroupPhase.PLACING],
-            by_state[GroupPhase.LOADING],
+            by_state[GroupPhase.PROVISIONING],
             by_state[GroupPhase.READY],
             by_state[GroupPhase.DRAINING],
         )
@@ -235,7 +229,7 @@ class Fleet:
 
     def _new_group(self, key: str, now: float) -> Group:
         index = len(self.groups)
-        engine = Engine(
+        engine = SimulatedEngine(
             self.config.engine,
             self._log,
             self._group_rng(index, "engine"),
@@ -332,7 +326,7 @@ class Fleet:
                 self._pods[pod.name] = pod
             group = self._new_group(creation.group, now)
             events.append(
-                LifecycleEvent(now + self.config.placement_seconds, group.index, GroupPhase.LOADING)
+                LifecycleEvent(now + self.config.placement_seconds, group.index, GroupPhase.PROVISIONING)
             )
         for mark in plan.drain_marks:
             for name in mark.pods:
@@ -385,7 +379,7 @@ class Fleet:
             self._ready.remove(group)
         if any(step.group == key and step.event is GroupEvent.DRAIN_TIMED_OUT for step in plan.transitions):
             self.aborted.extend(group.engine.abort_all(now))
-        group.state = GroupPhase.REMOVED
+        group.state = GroupPhase.DELETED
         group.ended_at = now
 
     def _read_leader(self, group: Group, now: float) -> LeaderSample:
@@ -410,10 +404,10 @@ class Fleet:
         if not group.live:
             return []  # removed or failed before the transition
         pods = [name for name, pod in self._pods.items() if pod.group == group.key]
-        if state is GroupPhase.LOADING and group.state is GroupPhase.PLACING:
+        if state is GroupPhase.PROVISIONING and group.state is GroupPhase.PLACING:
             for name in pods:
                 self._pods[name] = bound(self._pods[name], instant(now))
-            group.state = GroupPhase.LOADING
+            group.state = GroupPhase.PROVISIONING
             group.loading_at = now
             rng = self._group_rng(index, "ready")
             loading = self.config.ready_time_median_seconds * math.exp(
@@ -421,7 +415,7 @@ class Fleet:
             )
             self._record(now)
             return [LifecycleEvent(now + loading, index, GroupPhase.READY)]
-        if state is GroupPhase.READY and group.state is GroupPhase.LOADING:
+        if state is GroupPhase.READY and group.state is GroupPhase.PROVISIONING:
             for name in pods:
                 self._pods[name] = started(self._pods[name], instant(now), self._rules.rules)
             return self.reconcile(now)

@@ -26,9 +26,11 @@ from enum import IntEnum
 
 import numpy as np
 
-from goodput.controllers.admission import (
+from goodput.api.reasons import AdmissionReason
+from goodput.controllers.autoscale.model import GatewayClassFigures, GatewayObservation
+from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.requests.admission import (
     AdmissionDecision,
-    AdmissionReason,
     DrainRateMeter,
     GroupLoad,
     Outcome,
@@ -36,16 +38,15 @@ from goodput.controllers.admission import (
     TokenBucket,
     admit,
 )
-from goodput.controllers.autoscale_model import GatewayClassFigures, GatewayObservation
-from goodput.controllers.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
-from goodput.controllers.request_path import RequestPathPolicy
-from goodput.controllers.routing import Candidate, GroupBook, RouteRequest, choose_group
+from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
+from goodput.controllers.requests.latency_buckets import GATEWAY_TTFT_BUCKETS_SECONDS
+from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group
 from goodput.estimators.attainment import Histogram, histogram_delta
-from goodput.simulator.metrics import TTFT_BUCKETS_SECONDS, HistogramAccumulator
+from goodput.simulator.metrics import HistogramAccumulator
 from goodput.simulator.workload import Workload
 
 
-class Admission(IntEnum):
+class GatewayTreatment(IntEnum):
     """What the request path did with one request (0: it ran without a gateway)."""
 
     NONE = 0
@@ -60,17 +61,17 @@ class Admission(IntEnum):
 
 
 ADMISSION_NAMES: dict[int, str] = {
-    Admission.ADMITTED: "admitted",
-    Admission.DEFERRED: "deferred",
-    Admission.DEGRADED: "degraded",
-    Admission.REJECTED: "rejected",
-    Admission.HOLD_EXPIRED: "hold_expired",
+    GatewayTreatment.ADMITTED: "admitted",
+    GatewayTreatment.DEFERRED: "deferred",
+    GatewayTreatment.DEGRADED: "degraded",
+    GatewayTreatment.REJECTED: "rejected",
+    GatewayTreatment.HOLD_EXPIRED: "hold_expired",
 }
 
 _OUTCOME_CODES = {
-    Outcome.ADMIT: Admission.ADMITTED,
-    Outcome.DEFER: Admission.DEFERRED,
-    Outcome.DEGRADE: Admission.DEGRADED,
+    Outcome.ADMIT: GatewayTreatment.ADMITTED,
+    Outcome.DEFER: GatewayTreatment.DEFERRED,
+    Outcome.DEGRADE: GatewayTreatment.DEGRADED,
 }
 
 
@@ -84,7 +85,9 @@ class _ClassCounters:
     infeasible: int = 0
     attaining: int = 0
     missed: int = 0
-    ttft: HistogramAccumulator = field(default_factory=lambda: HistogramAccumulator(TTFT_BUCKETS_SECONDS))
+    ttft: HistogramAccumulator = field(
+        default_factory=lambda: HistogramAccumulator(GATEWAY_TTFT_BUCKETS_SECONDS)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +131,7 @@ class _Held:
 
 
 @dataclass(frozen=True, slots=True)
-class Dispatch:
+class SimulatedDispatch:
     """A request the gateway sends to a group now, with the output budget it is served with."""
 
     index: int
@@ -157,7 +160,7 @@ class SimGateway:
         self._budgets: dict[str, TokenBucket] = {}
         self.meter = DrainRateMeter()
         self._counters = {name: _ClassCounters() for name in policy.admission.classes}
-        self.admission: list[int] = [Admission.NONE] * count
+        self.admission: list[int] = [GatewayTreatment.NONE] * count
         self.reason: list[str] = [""] * count
         self.infeasible: list[bool] = [False] * count
         self.best_effort: list[bool] = [False] * count
@@ -232,7 +235,7 @@ class SimGateway:
         counters.infeasible += int(decision.infeasible)
         if not decision.proceeds:
             counters.rejected += 1
-            self.admission[index] = Admission.REJECTED
+            self.admission[index] = GatewayTreatment.REJECTED
             return None
         counters.admitted += 1
         self.admission[index] = _OUTCOME_CODES[decision.outcome]
@@ -291,13 +294,13 @@ class SimGateway:
         if bucket is not None:
             self._budgets[item.tenant] = bucket.refund(item.input_tokens + item.expected_output_tokens, now)
         # Its admission outcome was counted when it proceeded; the 503 is counted here only.
-        self.admission[index] = Admission.HOLD_EXPIRED
+        self.admission[index] = GatewayTreatment.HOLD_EXPIRED
         return True
 
     # ------------------------------------------------------------------ dispatch
-    def pump(self, now: float, serving: Sequence[int]) -> list[Dispatch]:
-        """Dispatch queued requests while some serving group has a free slot (`Gateway._pump`)."""
-        dispatches: list[Dispatch] = []
+    def pump(self, now: float, serving: Sequence[int]) -> list[SimulatedDispatch]:
+        """SimulatedDispatch queued requests while some serving group has a free slot (`Gateway._pump`)."""
+        dispatches: list[SimulatedDispatch] = []
         limit = self.policy.max_in_flight_per_group
         chunk = self.policy.admission.floor_model.chunk_tokens
         while len(self.queue) and serving:
@@ -335,7 +338,7 @@ class SimGateway:
             self._groups[group].dispatched(held.work_seconds, held.kv_tokens, int(self._prompt[held.index]))
             self._dispatched[held.index] = (group, held)
             self._unstarted.add(held.index)
-            dispatches.append(Dispatch(held.index, group, self.served_output_tokens[held.index]))
+            dispatches.append(SimulatedDispatch(held.index, group, self.served_output_tokens[held.index]))
         return dispatches
 
     # ------------------------------------------------------------------ answers

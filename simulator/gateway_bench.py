@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from goodput.controllers.fairness import jain_index
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.requests.fairness import jain_index
 from goodput.simulator.baselines import FixedFleet
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.report import judge

@@ -13,50 +13,54 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from goodput.api.modelgroup import ModelGroup
+from goodput.api.modelgroup import GroupState, ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
     SloTargets,
 )
-from goodput.controllers.policy_compile import (
-    DEFAULT_RATE_WINDOW_SECONDS,
-    GroupBounds,
-    bounded_scaling_policy,
-    drain_target_seconds,
-    metrics_window_seconds,
-    rate_window_seconds,
-)
-from goodput.controllers.snapshot import (
+from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
-    GroupCounts,
+    ModelGroupCounts,
     aligned,
     engine_metrics,
     expected_ready_seconds,
     model_group_snapshot,
 )
+from goodput.controllers.compile.scaling import (
+    DEFAULT_RATE_WINDOW_SECONDS,
+    CompiledPolicy,
+    GroupBounds,
+    ReferenceMix,
+    bounded_scaling_policy,
+    compile_policy,
+    drain_target_seconds,
+    metrics_window_seconds,
+    model_capacity_profile,
+    rate_window_seconds,
+)
+from goodput.controllers.compile.slo_policy import policy_problems
 from goodput.estimators.attainment import histogram_delta
-from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
+from goodput.estimators.capacity import CapacityProfile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.gateway import gateway_observation
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 
-_STATES = {
-    "Placing": GroupState.PLACING,
-    "Loading": GroupState.PROVISIONING,
-    "Ready": GroupState.READY,
-    "Draining": GroupState.DRAINING,
-    "Failed": GroupState.FAILED,
+_STATES: dict[str, GroupState] = {
+    "Placing": "Placing",
+    "Provisioning": "Provisioning",
+    "Ready": "Ready",
+    "Draining": "Draining",
+    "Failed": "Failed",
 }
 
 
@@ -71,16 +75,16 @@ def _targets(slo_class: ClassTargets) -> SloTargets:
     )
 
 
-def scaling_policy(
+def what_if_scaling_policy(
     slo: SloPolicy | None,
     min_groups: int,
     max_groups: int,
     warm_groups: int,
     fallback_classes: tuple[SloTargets, ...],
 ) -> ScalingPolicy:
-    """The decision pipeline's policy: the operator's compile of the SLOPolicy within the run's
-    bounds, or the default policy with the fallback classes when the run has no SLOPolicy."""
-    bounds = GroupBounds(min_groups, max_groups, warm_groups)
+    """The decision pipeline's policy within a run's bounds: the operator's compile of the SLOPolicy
+    (refused, with the operator's words, where the operator would not accept it), or the API's
+    defaults with the fallback classes when the run has no SLOPolicy."""
     if slo is None:
         return ScalingPolicy(
             min_groups=min_groups,
@@ -88,36 +92,60 @@ def scaling_policy(
             warm_groups=min(warm_groups, max_groups),
             classes=fallback_classes,
         )
-    return bounded_scaling_policy(bounds, slo.spec)
+    problems = policy_problems(slo.spec)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return bounded_scaling_policy(GroupBounds(min_groups, max_groups, warm_groups), slo.spec)
 
 
-def scaling_policy_for(setup: SimulationSetup) -> ScalingPolicy:
-    fallback = tuple(_targets(c) for c in setup.classes)
-    return scaling_policy(setup.slo_policy, setup.min_groups, setup.max_groups, setup.warm_groups, fallback)
-
-
-def capacity_profile(
-    setup: SimulationSetup, policy: ScalingPolicy, workload: Workload, envelope: CapacityEnvelope | None
-) -> CapacityProfile:
-    """The group's capacity profile for the decision: the service-time model, calibrated to the
-    measured envelope when there is one (as a ModelGroup's profile records a benchmark)."""
-    engine = setup.engine
+def workload_mix(workload: Workload) -> ReferenceMix:
+    """The request mix a trace measures: the reference a simulated run prices its capacity at."""
     inputs = workload.input_tokens
     outputs = workload.output_tokens
-    profile = build_capacity_profile(
-        engine.cost,
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        itl_target_seconds=policy.primary_class.itl_seconds,
-        ttft_target_seconds=policy.primary_class.ttft_seconds,
-        reference_input_tokens=float(inputs.mean()),
-        reference_output_tokens=float(outputs.mean()),
+    return ReferenceMix(
+        input_tokens=float(inputs.mean()),
+        output_tokens=float(outputs.mean()),
         input_tokens_p90=float(np.percentile(inputs, 90)),
         output_tokens_p90_over_mean=float(np.percentile(outputs, 90) / max(1.0, outputs.mean())),
     )
-    if envelope is not None:
-        profile = profile.calibrated(envelope.work_seconds_per_second)
-    return profile
+
+
+def compile_for_setup(
+    setup: SimulationSetup, workload: Workload, envelope: CapacityEnvelope | None
+) -> CompiledPolicy:
+    """The run's policy and capacity profile through the operator's own compile (`compile_policy`),
+    with what the benchmark measures in place of what the API says: the run's bounds, the trace's
+    mix and, when there is one, the measured envelope. A policy the operator rejects is refused
+    here with the same words (ValueError). A what-if run without a ModelGroup prices the simulated
+    engine with the same profile builder."""
+    envelope_capacity = envelope.work_seconds_per_second if envelope is not None else None
+    mix = workload_mix(workload)
+    if setup.model_group is not None and setup.slo_policy is not None:
+        compiled = compile_policy(
+            setup.model_group,
+            setup.slo_policy,
+            bounds=GroupBounds(setup.min_groups, setup.max_groups, setup.warm_groups),
+            mix=mix,
+            envelope_work_seconds_per_second=envelope_capacity,
+        )
+        if isinstance(compiled, str):
+            raise ValueError(compiled)
+        return compiled
+    fallback = tuple(_targets(c) for c in setup.classes)
+    policy = what_if_scaling_policy(
+        setup.slo_policy, setup.min_groups, setup.max_groups, setup.warm_groups, fallback
+    )
+    engine = setup.engine
+    profile = model_capacity_profile(
+        engine.cost,
+        (engine.max_num_seqs, engine.max_num_batched_tokens),
+        (policy.primary_class.ttft_seconds, policy.primary_class.itl_seconds),
+        mix,
+        envelope_capacity,
+    )
+    window = 60.0 if setup.slo_policy is None else metrics_window_seconds(setup.slo_policy.spec)
+    name = "" if setup.slo_policy is None else setup.slo_policy.metadata.name or ""
+    return CompiledPolicy(policy=policy, profile=profile, policy_name=name, metrics_window_seconds=window)
 
 
 def _group_figures(
@@ -219,7 +247,7 @@ def group_observations(
             info.name,
             _STATES[info.state],
             info.created_at,
-            metrics=metrics.get(info.name) if _STATES[info.state] is GroupState.READY else None,
+            metrics=metrics.get(info.name) if _STATES[info.state] == "Ready" else None,
         )
         for info in observation.groups
     ]
@@ -243,7 +271,7 @@ def snapshot_from(
     operator counts it; the simulated cluster always has room, so it is never unschedulable, and it
     runs no rollout, so no group is outdated.
     """
-    counts = GroupCounts(observation.desired_groups, observation.min_groups, observation.max_groups)
+    counts = ModelGroupCounts(observation.desired_groups, observation.min_groups, observation.max_groups)
     scraped = [
         (sample.time, sample.gateway) for sample in observation.metrics.samples if sample.gateway is not None
     ]
@@ -295,17 +323,17 @@ class GoodputPolicy:
     def for_setup(
         cls, setup: SimulationSetup, workload: Workload, envelope: CapacityEnvelope | None
     ) -> GoodputPolicy:
-        policy = scaling_policy_for(setup)
+        compiled = compile_for_setup(setup, workload, envelope)
         group: ModelGroup | None = setup.model_group
         name = (group.metadata.name if group is not None else None) or "simulated"
-        profile = capacity_profile(setup, policy, workload, envelope)
         declared = group.spec.profile.ready_time_seconds if group and group.spec.profile else None
         ready = None if declared is None else float(declared)
-        if setup.slo_policy is None:
-            return cls(policy, profile, model_group=name, declared_ready_seconds=ready)
-        window = metrics_window_seconds(setup.slo_policy.spec)
         return cls(
-            policy, profile, model_group=name, metrics_window_seconds=window, declared_ready_seconds=ready
+            compiled.policy,
+            compiled.profile,
+            model_group=name,
+            metrics_window_seconds=compiled.metrics_window_seconds,
+            declared_ready_seconds=ready,
         )
 
     def describe(self) -> dict[str, float | str]:

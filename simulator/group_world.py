@@ -19,11 +19,11 @@ from typing import Any
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.controllers import naming
-from goodput.controllers.groups import ReadinessRules
-from goodput.controllers.observation import ConditionView, PodView, parse_pod
-from goodput.controllers.placement import GpuClaim, Inventory, NodeInventory, PlacementRules
-from goodput.controllers.pods import GroupTemplate
-from goodput.controllers.template import group_template, placement_rules, readiness_rules
+from goodput.controllers.groups.model import ReadinessRules
+from goodput.controllers.groups.observation import ConditionView, PodView, parse_pod
+from goodput.controllers.groups.placement import GpuClaim, Inventory, NodeInventory, PlacementRules
+from goodput.controllers.groups.pods import GroupTemplate
+from goodput.controllers.groups.template import group_template, placement_rules, readiness_rules
 
 # Simulated seconds are counted from this instant in the controller's world.
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

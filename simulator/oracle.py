@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 
 
 def interval_work(

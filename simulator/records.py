@@ -10,7 +10,7 @@ import numpy as np
 from goodput.simulator.workload import Workload
 
 
-class Outcome(IntEnum):
+class RequestExit(IntEnum):
     """How a request left the system. Only FINISHED requests can attain their SLO."""
 
     PENDING = 0
@@ -59,7 +59,7 @@ class RequestLog:
         self.scheduled_at: list[float] = [NOT_YET] * count
         self.first_token_at: list[float] = [NOT_YET] * count
         self.finished_at: list[float] = [NOT_YET] * count
-        self.outcome: list[int] = [Outcome.PENDING] * count
+        self.outcome: list[int] = [RequestExit.PENDING] * count
         self.preemptions: list[int] = [0] * count
         self.cached_tokens: list[int] = [0] * count
         self.slow_gaps: list[int] = [0] * count

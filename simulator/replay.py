@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goodput.simulator.engine import Engine, EngineConfig
-from goodput.simulator.records import Outcome, RequestLog
+from goodput.simulator.engine import EngineConfig, SimulatedEngine
+from goodput.simulator.records import RequestExit, RequestLog
 from goodput.simulator.workload import Workload
 
 
@@ -65,7 +65,7 @@ def replay(config: EngineConfig, run: BenchmarkRun) -> ReplayResult:
         np.asarray(run.output_tokens, dtype=np.int64),
     )
     log = RequestLog(workload)
-    engine = Engine(config, log, random.Random(0))
+    engine = SimulatedEngine(config, log, random.Random(0))
     waiting = deque(range(count))
     in_flight: set[int] = set()
 
@@ -91,7 +91,7 @@ def replay(config: EngineConfig, run: BenchmarkRun) -> ReplayResult:
 def _result(log: RequestLog, run: BenchmarkRun) -> ReplayResult:
     """vLLM's benchmark arithmetic: TPOT of a request = (E2E - TTFT) / (output - 1), averaged over
     the requests with more than one output token."""
-    if any(outcome != Outcome.FINISHED for outcome in log.outcome):
+    if any(outcome != RequestExit.FINISHED for outcome in log.outcome):
         raise ValueError("replay: a request never finished (it does not fit the engine's KV cache)")
     duration = max(log.finished_at)
     ttfts = [first - arrival for first, arrival in zip(log.first_token_at, log.arrival, strict=True)]

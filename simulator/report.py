@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from goodput.simulator.gateway import ADMISSION_NAMES
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.simulation import SimulationResult
 
 DEFAULT_GPU_HOUR_PRICE = 2.5
@@ -64,7 +64,7 @@ def judge(result: SimulationResult, classes: tuple[ClassTargets, ...]) -> Reques
     workload = result.workload
     outcome = requests["outcome"]
     arrival = requests["arrival"]
-    finished = outcome == Outcome.FINISHED
+    finished = outcome == RequestExit.FINISHED
     admitted = requests["group"] >= 0
     ttft = requests["first_token_at"] - arrival
     e2e = requests["finished_at"] - arrival
@@ -156,7 +156,7 @@ def timeseries(
     times = np.array([c.time for c in result.timeline])
     series = {
         name: np.array([getattr(c, name) for c in result.timeline])
-        for name in ("desired", "placing", "loading", "ready", "draining")
+        for name in ("desired", "placing", "provisioning", "ready", "draining")
     }
     middle = starts + bin_seconds / 2
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -167,7 +167,7 @@ def timeseries(
         "token_rate_per_second": (tokens / bin_seconds).tolist(),
         "desired_groups": _step_value(times, series["desired"], middle).astype(float).tolist(),
         "ready_groups": _step_value(times, series["ready"], middle).astype(float).tolist(),
-        "starting_groups": _step_value(times, series["placing"] + series["loading"], middle)
+        "starting_groups": _step_value(times, series["placing"] + series["provisioning"], middle)
         .astype(float)
         .tolist(),
         "draining_groups": _step_value(times, series["draining"], middle).astype(float).tolist(),
@@ -246,16 +246,16 @@ def _population(result: SimulationResult, verdicts: RequestVerdicts) -> dict[str
         "offered_requests": offered,
         "admitted_requests": admitted,
         "rejected_requests": {
-            "no_ready_group": int((outcome == Outcome.REJECTED_NO_CAPACITY).sum()),
-            "too_long": int((outcome == Outcome.REJECTED_TOO_LONG).sum()),
+            "no_ready_group": int((outcome == RequestExit.REJECTED_NO_CAPACITY).sum()),
+            "too_long": int((outcome == RequestExit.REJECTED_TOO_LONG).sum()),
             **(
-                {"admission": int((outcome == Outcome.REJECTED_ADMISSION).sum())}
+                {"admission": int((outcome == RequestExit.REJECTED_ADMISSION).sum())}
                 if "admission" in result.requests
                 else {}
             ),
         },
-        "failed_requests": int((outcome == Outcome.FAILED).sum()),
-        "unfinished_requests": int((outcome == Outcome.UNFINISHED).sum()),
+        "failed_requests": int((outcome == RequestExit.FAILED).sum()),
+        "unfinished_requests": int((outcome == RequestExit.UNFINISHED).sum()),
         "finished_requests": int(verdicts.finished.sum()),
         "slo_met_requests": met,
         "attainment_offered": met / offered if offered else None,

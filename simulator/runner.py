@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import (
     FixedFleet,
@@ -38,8 +38,8 @@ from goodput.simulator.envelope import (
 )
 from goodput.simulator.feasible import Feasibility, assess, require_feasible_requests
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.oracle import ScheduleFollower, ScheduleRules, hindsight_schedule, interval_work
-from goodput.simulator.policy import Autoscaler
 from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE, meets_every_class, summarize
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, class_weights_from, load_trace, prepare
@@ -220,7 +220,7 @@ class Bench:
         )
 
     # ------------------------------------------------------------------ policies
-    def autoscaler(self, name: str) -> Autoscaler:
+    def autoscaler(self, name: str) -> FleetPolicy:
         if name == "hpa":
             return HpaGpuUtilization()
         if name == "keda":
@@ -288,7 +288,7 @@ class Bench:
         )
         return result, report
 
-    def _replay(self, name: str, config: SimulationConfig, autoscaler: Autoscaler) -> SimulationResult:
+    def _replay(self, name: str, config: SimulationConfig, autoscaler: FleetPolicy) -> SimulationResult:
         if self.options.engine == "event":
             return simulate(self.workload, config, autoscaler, progress=self.options.progress)
         self.check_batched(name)
@@ -345,11 +345,19 @@ def request_path_for(setup: SimulationSetup) -> RequestPathPolicy:
 
 
 def analytic_rate_per_group(setup: SimulationSetup, workload: Workload, pricing: WorkPricing) -> float:
-    """The service-time model's capacity of one group in requests per second: where the measured
-    envelope's search starts."""
-    from goodput.simulator.goodput_policy import capacity_profile, scaling_policy_for
+    """The service-time model's capacity of one group in requests per second, before any measured
+    figure calibrates it: where the measured envelope's search starts."""
+    from goodput.controllers.compile.scaling import model_capacity_profile
+    from goodput.simulator.goodput_policy import workload_mix
 
-    analytic = capacity_profile(setup, scaling_policy_for(setup), workload, None)
+    engine, primary = setup.engine, setup.classes[0]
+    analytic = model_capacity_profile(
+        engine.cost,
+        (engine.max_num_seqs, engine.max_num_batched_tokens),
+        (primary.ttft_seconds, primary.itl_seconds),
+        workload_mix(workload),
+        None,
+    )
     return float(analytic.reference.work_per_second / request_work_seconds(pricing, workload).mean())
 
 

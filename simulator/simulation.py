@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from goodput.controllers.groups import GroupTransition
-from goodput.controllers.request_path import RequestPathPolicy
-from goodput.simulator.engine import Engine
+from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.groups.lifecycle import GroupTransition
+from goodput.simulator.engine import SimulatedEngine
 from goodput.simulator.fleet import Fleet, FleetConfig, FleetCounts, Group, GroupPhase, LifecycleEvent
+from goodput.simulator.fleet_policy import FleetObservation, FleetPolicy, GroupInfo
 from goodput.simulator.gateway import SimGateway
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsHistory
-from goodput.simulator.policy import Autoscaler, FleetObservation, GroupInfo
-from goodput.simulator.records import Outcome, RequestLog
+from goodput.simulator.records import RequestExit, RequestLog
 from goodput.simulator.workload import Workload
 
 _STEP, _LIFECYCLE, _FAIL, _REPLACE, _SCHEDULED_FAIL, _SCRAPE, _CONTROL, _GROUPS, _HOLD = range(9)
@@ -99,7 +99,7 @@ class SimulationResult:
 
 def scrape(group: Group, now: float) -> GroupScrape:
     """The group leader's `/metrics` at `now`."""
-    engine: Engine = group.engine
+    engine: SimulatedEngine = group.engine
     engine.advance_to(now)
     return GroupScrape(
         group=group.name,
@@ -149,7 +149,7 @@ class _Progress:
 
 
 def simulate(
-    workload: Workload, config: SimulationConfig, autoscaler: Autoscaler, progress: bool = False
+    workload: Workload, config: SimulationConfig, autoscaler: FleetPolicy, progress: bool = False
 ) -> SimulationResult:
     """Replay `workload` through a fleet driven by `autoscaler`."""
     return _Run(workload, config, autoscaler, progress).run()
@@ -160,7 +160,7 @@ class _Run:
     failures), the arrivals merged into it in time order, and what the run records."""
 
     def __init__(
-        self, workload: Workload, config: SimulationConfig, autoscaler: Autoscaler, progress: bool
+        self, workload: Workload, config: SimulationConfig, autoscaler: FleetPolicy, progress: bool
     ) -> None:
         self.started = time.perf_counter()
         self.workload, self.config, self.autoscaler = workload, config, autoscaler
@@ -223,7 +223,7 @@ class _Run:
 
     def lose(self, indices: list[int], at: float) -> None:
         for index in indices:
-            self.log.outcome[index] = Outcome.FAILED
+            self.log.outcome[index] = RequestExit.FAILED
             self.log.finished_at[index] = at
             if self.gateway is not None:
                 self.gateway.release(index)
@@ -310,7 +310,7 @@ class _Run:
             now=now,
             desired_groups=fleet.desired,
             placing_groups=counts.placing,
-            loading_groups=counts.loading,
+            provisioning_groups=counts.provisioning,
             ready_groups=counts.ready,
             draining_groups=counts.draining,
             min_groups=self.config.fleet.min_groups,
@@ -371,12 +371,12 @@ class _Run:
             return
         target = self.fleet.route()
         if target is None:
-            log.outcome[index] = Outcome.REJECTED_NO_CAPACITY
+            log.outcome[index] = RequestExit.REJECTED_NO_CAPACITY
             log.finished_at[index] = now
             return
         engine = target.engine
         if not engine.fits(self.inputs[index]):
-            log.outcome[index] = Outcome.REJECTED_TOO_LONG
+            log.outcome[index] = RequestExit.REJECTED_TOO_LONG
             log.finished_at[index] = now
             return
         log.group[index] = target.index
@@ -407,7 +407,7 @@ class _Run:
         assert self.gateway is not None
         hold_until = self.gateway.arrive(index, now, self.serving())
         if hold_until is None:
-            self.log.outcome[index] = Outcome.REJECTED_ADMISSION
+            self.log.outcome[index] = RequestExit.REJECTED_ADMISSION
             self.log.finished_at[index] = now
             return
         self.push(hold_until, _HOLD, index)
@@ -416,7 +416,7 @@ class _Run:
     def on_hold_expired(self, index: int, now: float) -> None:
         assert self.gateway is not None
         if self.gateway.expire(index, now):
-            self.log.outcome[index] = Outcome.REJECTED_ADMISSION
+            self.log.outcome[index] = RequestExit.REJECTED_ADMISSION
             self.log.finished_at[index] = now
 
     def dispatch(self, now: float) -> None:
@@ -429,7 +429,7 @@ class _Run:
             index, group = sent.index, self.fleet.groups[sent.group]
             if not group.engine.fits(self.inputs[index]):
                 self.gateway.release(index)
-                log.outcome[index] = Outcome.REJECTED_TOO_LONG
+                log.outcome[index] = RequestExit.REJECTED_TOO_LONG
                 log.finished_at[index] = now
                 continue
             log.group[index] = group.index
@@ -455,7 +455,7 @@ class _Run:
             engine.started_log.clear()
         if engine.ended_log:
             for index in engine.ended_log:
-                if log.outcome[index] == Outcome.FINISHED:
+                if log.outcome[index] == RequestExit.FINISHED:
                     gateway.finished(
                         index, log.arrival[index], log.first_token_at[index], log.finished_at[index]
                     )
@@ -466,8 +466,8 @@ class _Run:
     def result(self) -> SimulationResult:
         log, fleet = self.log, self.fleet
         for index, outcome in enumerate(log.outcome):
-            if outcome == Outcome.PENDING:
-                log.outcome[index] = Outcome.UNFINISHED
+            if outcome == RequestExit.PENDING:
+                log.outcome[index] = RequestExit.UNFINISHED
         requests = log.arrays()
         gateway = self.gateway
         if gateway is not None:

@@ -92,7 +92,7 @@ TRACES: tuple[TraceCase, ...] = (
     TraceCase("flash-crowd-2", "flash", "", seed=2),
 )
 
-MODELS: tuple[ModelCase, ...] = (
+SUITE_MODELS: tuple[ModelCase, ...] = (
     ModelCase("llama-8b-tp1", "modelgroup-llama-8b-tp1.yaml", "slopolicy-interactive.yaml", 1000.0, 2.0),
     ModelCase("llama-70b-tp8pp2", "modelgroup-llama-70b-tp8-pp2.yaml", "slopolicy-batch.yaml", 2000.0, 1.2),
 )
@@ -286,7 +286,7 @@ def run_suite(
     samples_dir: Path,
     *,
     traces: Sequence[TraceCase] = TRACES,
-    models: Sequence[ModelCase] = MODELS,
+    models: Sequence[ModelCase] = SUITE_MODELS,
     workers: int = 2,
     seed: int = 0,
     gateway: bool = False,

@@ -48,7 +48,7 @@ ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (
 REQUEST_PARAMS_N_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20)
 REQUEST_NUM_PREEMPTIONS_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 5, 10, 20)
 
-FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+VLLM_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 """`vllm:request_success_total{finished_reason}` values; every one is exported, zero until it happens."""
 ADMISSION_REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 WAITING_REASONS = ("capacity", "deferred")
@@ -357,7 +357,7 @@ def _token_counters(out: _Families, snapshot: EngineSnapshot) -> None:
         "vllm:request_success",
         "Finished requests by finish reason.",
         "finished_reason",
-        {reason: snapshot.request_success.get(reason, 0) for reason in FINISHED_REASONS},
+        {reason: snapshot.request_success.get(reason, 0) for reason in VLLM_FINISHED_REASONS},
     )
 
 

@@ -39,13 +39,12 @@ from goodput.estimators.work import WorkPricing
 from goodput.simulator.baselines import HpaGpuUtilization, KedaWaitingRequests
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
-from goodput.simulator.fair_bench import SWEEPS, cheapest_meeting_target, swept
-from goodput.simulator.fair_bench import Outcome as FairOutcome
+from goodput.simulator.fair_bench import SWEEPS, FairnessRunFigures, cheapest_meeting_target, swept
 from goodput.simulator.feasible import NoFeasibleRequestsError, assess
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.goodput_policy import GoodputPolicy
-from goodput.simulator.policy import Autoscaler
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.report import RequestVerdicts, judge
 from goodput.simulator.runner import measure_feasible_envelope
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
@@ -181,7 +180,7 @@ class SimulatedRun:
 
 def simulated_autoscaler(
     policy: str, run: SimulatedRun, setup: SimulationSetup, workload: Workload
-) -> Autoscaler:
+) -> FleetPolicy:
     if policy == "keda":
         return KedaWaitingRequests(
             target_waiting_per_group=run.thresholds["keda"],
@@ -238,7 +237,7 @@ def simulated_row(
     start = run.burst_start_seconds
     burst = None if start is None else burst_to_capacity(samples, start)
     # No group fails in these runs, so every request lost in flight was lost by a drain that ran out.
-    lost = int((result.requests["outcome"] == Outcome.FAILED).sum())
+    lost = int((result.requests["outcome"] == RequestExit.FAILED).sum())
     return AbRow(
         policy=policy, offered=offered, slo_met=slo_met, gpu_hours=result.gpu_seconds / 3600.0,
         attainment_offered=slo_met / offered if offered else None, scale_outs=ups, scale_ins=downs,
@@ -282,7 +281,9 @@ def tune_policies(training: SimulatedRun, target_attainment: float) -> dict[str,
             continue
         rows: dict[float, AbRow] = {}
 
-        def on_training(setting: float, policy: str = policy, rows: dict[float, AbRow] = rows) -> FairOutcome:
+        def on_training(
+            setting: float, policy: str = policy, rows: dict[float, AbRow] = rows
+        ) -> FairnessRunFigures:
             rows[setting] = _simulated_with(training, policy, setting)
             return _fair_outcome(setting, rows[setting], target_attainment)
 
@@ -298,9 +299,9 @@ def _simulated_with(run: SimulatedRun, policy: str, setting: float) -> AbRow:
     return row
 
 
-def _fair_outcome(setting: float, row: AbRow, target_attainment: float) -> FairOutcome:
+def _fair_outcome(setting: float, row: AbRow, target_attainment: float) -> FairnessRunFigures:
     met_target = row.offered > 0 and row.slo_met / row.offered >= target_attainment
-    return FairOutcome(setting, row.gpu_hours, row.offered, row.offered, row.slo_met, met_target)
+    return FairnessRunFigures(setting, row.gpu_hours, row.offered, row.offered, row.slo_met, met_target)
 
 
 def render_tuning(tunings: Mapping[str, Tuning], envelope: CapacityEnvelope | str | None = None) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from goodput.controllers.groups import GroupDeletion
+from goodput.controllers.groups.model import GroupDeletion
 from goodput.operator import cli
 from goodput.operator.handlers import PlanWrites
 

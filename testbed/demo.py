@@ -100,7 +100,7 @@ SYNTHETIC_FALLBACK = "synthetic:rate=4,duration={duration:g},burst_multiplier=1"
 """The trace when the public one is absent: Poisson arrivals at about the Azure trace's rate (the
 demo's phases make the burst), lognormal lengths around its medians."""
 API = "/apis/goodput.dev/v1alpha1"
-GROUP_LABEL = "goodput.dev/group"
+LABEL_GROUP = "goodput.dev/group"
 SAMPLE_INTERVAL_SECONDS = 1.0
 PROCESS_STOP_SECONDS = 20.0
 
@@ -996,9 +996,9 @@ class Demo:
             f"goodput.dev/model-group%3D{self.objects.model_group},goodput.dev/rank%3D0"
         )
         leaders = {
-            pod["metadata"]["labels"][GROUP_LABEL]: pod["status"]["podIP"]
+            pod["metadata"]["labels"][LABEL_GROUP]: pod["status"]["podIP"]
             for pod in (pods or {}).get("items", [])
-            if (pod.get("status") or {}).get("podIP") and GROUP_LABEL in pod["metadata"].get("labels", {})
+            if (pod.get("status") or {}).get("podIP") and LABEL_GROUP in pod["metadata"].get("labels", {})
         }
         return fleet_sample(model_group, leaders, offset), decision_records(model_group, started_wall)
 

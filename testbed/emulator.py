@@ -54,9 +54,10 @@ from goodput.agent.nccl import NCCL_CHECK_BYTES, CheckOutcome, RankMeasurement, 
 from goodput.agent.nccl import evaluate as evaluate_nccl
 from goodput.agent.publish import PodCondition
 from goodput.api.modelgroup import ModelGroupSpec
+from goodput.api.times import parse_rfc3339
 from goodput.controllers import naming
+from goodput.controllers.groups.observation import pod_accelerator, pod_gpus
 from goodput.controllers.hardware import catalog_model_key, gpu_spec, model_shape
-from goodput.controllers.observation import pod_accelerator, pod_gpus
 from goodput.estimators.service_time import (
     GPUS,
     H100_80G,
@@ -428,12 +429,8 @@ def _seconds(text: object, default: float) -> float:
 
 
 def _parse_time(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
-    except ValueError:
-        return None
+    moment = parse_rfc3339(text)
+    return None if moment is None else moment.timestamp()
 
 
 def _container_started_at(status: Mapping[str, Any], container_name: str) -> float | None:

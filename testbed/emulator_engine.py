@@ -1,20 +1,20 @@
 """The simulator's engine model (`simulator.engine.Engine`) driven in wall-clock time, for a live server.
 
-The discrete-event `Engine` already decides everything a vLLM engine decides: continuous batching,
+The discrete-event `SimulatedEngine` already decides everything a vLLM engine decides: continuous batching,
 chunked prefill, KV blocks, preemption, the prefix cache, and each step's duration from the shared
 `StepCostModel`. This adapter runs it against the event loop's clock instead of an event queue:
 
-- One timer per engine. It fires when the step in flight ends (`Engine.step_end`), completes it
+- One timer per engine. It fires when the step in flight ends (`SimulatedEngine.step_end`), completes it
   at its planned end time (so a late wake-up never stretches the model's time), and re-arms. An
   idle engine has no timer: a thousand idle servers cost nothing.
 - A run of pure decode steps is one macro-step in the model. While a streaming request is
   decoding, the timer also ticks every `stream_interval_seconds` and commits the decode steps that
-  have ended (`Engine.advance_to`), so tokens reach clients in small batches, as vLLM's
+  have ended (`SimulatedEngine.advance_to`), so tokens reach clients in small batches, as vLLM's
   `--stream-interval` would send them, without a wake-up per token.
 - The model reports per-request events by writing its `RequestLog`. The log's columns here are
   lists that note which request a write was for (first scheduling, first token, preemption,
   finish), and a request's token count while decoding is `1 + decode steps since its first token`
-  (`Engine.clock` counts decode steps). Requests get recycled log slots, so memory stays bounded.
+  (`SimulatedEngine.clock` counts decode steps). Requests get recycled log slots, so memory stays bounded.
 
 Engine time is the loop's monotonic clock minus time spent hung: a hang fault freezes the model,
 and on resumption it continues where it stopped instead of replaying the missed steps at once.
@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from goodput.estimators.attainment import Histogram
-from goodput.simulator.engine import Engine, EngineConfig
+from goodput.simulator.engine import EngineConfig, SimulatedEngine
 from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, HistogramAccumulator
-from goodput.simulator.records import NOT_YET, Outcome, RequestLog
+from goodput.simulator.records import NOT_YET, RequestExit, RequestLog
 from goodput.simulator.vllm_metrics import (
     CacheConfig,
     EngineSnapshot,
@@ -142,7 +142,7 @@ class LiveRequest:
         self.changed = asyncio.Event()
         self.decoding = False
         self.c0 = 0
-        """`Engine.clock` at which this request would have produced exactly one token."""
+        """`SimulatedEngine.clock` at which this request would have produced exactly one token."""
         self.detached = False
 
     @property
@@ -207,7 +207,7 @@ class RealtimeEngine:
             column = _WatchedColumn([], kind, self._events)
             setattr(self._log, name, column)
             self._watched[name] = column
-        self.engine = Engine(
+        self.engine = SimulatedEngine(
             profile.engine,
             self._log,
             random.Random(profile.seed),
@@ -329,7 +329,7 @@ class RealtimeEngine:
         counts: tuple[list[int], ...] = (log.group, log.preemptions, log.cached_tokens, log.slow_gaps)
         for counter in counts:
             counter.append(0)
-        log.outcome.append(Outcome.PENDING)
+        log.outcome.append(RequestExit.PENDING)
         return slot
 
     def _release(self, request: LiveRequest) -> None:
@@ -342,7 +342,7 @@ class RealtimeEngine:
             self._watched[name].reset(slot, NOT_YET)
         self._watched["preemptions"].reset(slot, 0)
         log.routed_at[slot] = log.arrival[slot] = NOT_YET
-        log.outcome[slot] = Outcome.PENDING
+        log.outcome[slot] = RequestExit.PENDING
         log.cached_tokens[slot] = log.slow_gaps[slot] = 0
         self._free_slots.append(slot)
 
@@ -468,7 +468,7 @@ class RealtimeEngine:
                     if self._streaming_decoders.pop(slot, None) is not None:
                         self._preempted[slot] = request
             elif kind == _FINISHED:
-                if log.outcome[slot] == Outcome.FINISHED:
+                if log.outcome[slot] == RequestExit.FINISHED:
                     request.tokens_ready = request.max_tokens
                     self._finish(request, "length", finished_wall=self._wall(log.finished_at[slot]))
                 else:  # refused by the model as too long for its KV cache

@@ -1,4 +1,4 @@
-"""Admission gates of the request path (goodput.controllers.admission)."""
+"""Admission gates of the request path (goodput.controllers.requests.admission)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from goodput.api.reasons import AdmissionReason
 from goodput.api.slopolicy import SloPolicySpec
-from goodput.controllers.admission import (
+from goodput.controllers.requests.admission import (
     AdmissionPolicy,
-    AdmissionReason,
     ClassContract,
     Gate,
     GroupLoad,
@@ -450,7 +450,7 @@ def test_retry_after_is_whole_seconds_at_least_one() -> None:
 
 
 def test_drain_meter_measures_the_pace_of_saturated_dispatches() -> None:
-    from goodput.controllers.admission import DrainRateMeter
+    from goodput.controllers.requests.admission import DrainRateMeter
 
     meter = DrainRateMeter(max_samples=8, min_samples=4)
     for step in range(3):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.controllers import agent_sidecar
+from goodput.controllers.groups import agent_sidecar
 from goodput.operator.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -98,7 +98,7 @@ def test_a_hang_names_its_evidence_and_makes_the_condition_false() -> None:
     condition = report.engine_condition(verdict)
 
     assert "3 request(s) running" in verdict.message and "90s" in verdict.message and "42" in verdict.message
-    assert (condition.type, condition.status) == (labels.ENGINE_HEALTHY_CONDITION, "False")
+    assert (condition.type, condition.status) == (labels.CONDITION_ENGINE_HEALTHY, "False")
     assert report.engine_condition(engine.judge([], BOUND)).status == "Unknown"
 
 

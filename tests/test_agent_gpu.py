@@ -180,7 +180,7 @@ def test_only_a_critical_verdict_makes_the_condition_false(severity: Severity, s
     condition = report.gpu_condition(verdict)
 
     assert verdict.severity is severity
-    assert (condition.type, condition.status) == (labels.GPU_HEALTHY_CONDITION, status)
+    assert (condition.type, condition.status) == (labels.CONDITION_GPU_HEALTHY, status)
 
 
 @given(

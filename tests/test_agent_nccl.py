@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from goodput.agent import nccl, report
-from goodput.agent.nccl import CheckOutcome, Expectation, RankMeasurement, RankSpec
+from goodput.agent.nccl import CheckOutcome, NcclExpectation, RankMeasurement, RankSpec
 from goodput.api import labels
 from goodput.api.reasons import Reason
 from goodput.testbed.cluster.controlplane import free_port
@@ -70,7 +70,7 @@ class VerdictCase:
     words: tuple[str, ...]
 
 
-EXPECT = Expectation(40.0, "the inter-node fabric")
+EXPECT = NcclExpectation(40.0, "the inter-node fabric")
 VERDICTS = [
     VerdictCase(
         "at expectation", CheckOutcome(measured(38.0)), True, Reason.ALL_REDUCE_PASSED, ("38.00 GB/s", "20us")
@@ -130,7 +130,7 @@ def test_verdicts(case: VerdictCase) -> None:
     condition = report.nccl_condition(verdict)
 
     assert (verdict.healthy, verdict.reason) == (case.healthy, case.reason)
-    assert condition.type == labels.NCCL_HEALTHY_CONDITION
+    assert condition.type == labels.CONDITION_NCCL_HEALTHY
     assert condition.status == ("True" if case.healthy else "False")
     for word in case.words:
         assert word in verdict.message
@@ -146,7 +146,7 @@ def test_a_real_all_reduce_across_processes_sums_and_measures(world: int) -> Non
     assert outcome.errors == () and outcome.timed_out_ranks == ()
     assert sorted(m.rank for m in outcome.measurements) == list(range(world))
     assert all(m.world_size == world and m.bandwidth_seconds > 0 for m in outcome.measurements)
-    assert nccl.evaluate(outcome, Expectation(1e-6, "loopback")).healthy
+    assert nccl.evaluate(outcome, NcclExpectation(1e-6, "loopback")).healthy
 
 
 @pytest.mark.timeout(120)
@@ -181,7 +181,7 @@ def test_a_slow_link_lowers_the_measured_bandwidth_and_fails_against_expectation
     outcome = nccl.run_check(specs, timeout_seconds=60, size_bytes=SMALL_BYTES, iterations=2)
     # What the same buffer would reach in a tenth of the injected delay.
     fast = nccl.bus_bandwidth_gb_per_s(SMALL_BYTES, delay / 10, 2)
-    verdict = nccl.evaluate(outcome, Expectation(fast, "loopback"))
+    verdict = nccl.evaluate(outcome, NcclExpectation(fast, "loopback"))
 
     assert all(m.bandwidth_seconds >= delay for m in outcome.measurements)
     assert (verdict.healthy, verdict.reason) == (False, Reason.ALL_REDUCE_SLOW)

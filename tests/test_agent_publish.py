@@ -15,13 +15,19 @@ import pytest
 from goodput.agent import main as agent_main
 from goodput.agent.emulated import EmulatedBackend
 from goodput.agent.metrics import AgentMetrics
-from goodput.agent.publish import Backoff, PodCondition, Publisher, annotation_changes, condition_changes
+from goodput.agent.publish import (
+    PodCondition,
+    PublishBackoff,
+    Publisher,
+    annotation_changes,
+    condition_changes,
+)
 from goodput.api import labels
 from goodput.api.reasons import Reason
 from goodput.testbed.cluster.controlplane import free_port
 
 NOW = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
-GPU = labels.GPU_HEALTHY_CONDITION
+GPU = labels.CONDITION_GPU_HEALTHY
 
 
 def pod_with(*conditions: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -56,11 +62,11 @@ def test_a_new_message_keeps_the_transition_time_and_a_flip_moves_it() -> None:
 
 
 def test_annotation_changes_are_only_the_differences() -> None:
-    pod = pod_with(annotations={labels.MODEL_REVISION_ANNOTATION: "main", "other": "x"})
+    pod = pod_with(annotations={labels.ANNOTATION_MODEL_REVISION: "main", "other": "x"})
 
-    assert annotation_changes(pod, {labels.MODEL_REVISION_ANNOTATION: "main"}) == {}
-    assert annotation_changes(pod, {labels.MODEL_REVISION_ANNOTATION: "v2"}) == {
-        labels.MODEL_REVISION_ANNOTATION: "v2"
+    assert annotation_changes(pod, {labels.ANNOTATION_MODEL_REVISION: "main"}) == {}
+    assert annotation_changes(pod, {labels.ANNOTATION_MODEL_REVISION: "v2"}) == {
+        labels.ANNOTATION_MODEL_REVISION: "v2"
     }
 
 
@@ -98,7 +104,7 @@ class FakePod:
         return next(c for c in self.pod["status"]["conditions"] if c["type"] == kind)
 
 
-FAST = Backoff(attempts=4, first_seconds=0.01, max_seconds=0.02)
+FAST = PublishBackoff(attempts=4, first_seconds=0.01, max_seconds=0.02)
 
 
 def test_a_refusing_api_server_is_retried_until_it_accepts() -> None:
@@ -122,8 +128,8 @@ def test_publishing_the_same_verdict_twice_writes_once() -> None:
     publisher = Publisher(fake, FAST)
     wanted = [PodCondition(GPU, "True", "GpuHealthy", "ok")]
 
-    publisher.publish(wanted, {labels.MODEL_REVISION_ANNOTATION: "main"}, NOW)
-    publisher.publish(wanted, {labels.MODEL_REVISION_ANNOTATION: "main"}, NOW + timedelta(seconds=10))
+    publisher.publish(wanted, {labels.ANNOTATION_MODEL_REVISION: "main"}, NOW)
+    publisher.publish(wanted, {labels.ANNOTATION_MODEL_REVISION: "main"}, NOW + timedelta(seconds=10))
 
     assert len(fake.writes) == 2  # one condition patch, one annotation patch
 
@@ -158,7 +164,7 @@ def test_an_agent_shown_the_nodes_gpus_touches_none_and_says_why(
     agent.round()
 
     assert joined == [], "no rank joined the rendezvous: no buffer on a GPU that may be a neighbour's"
-    nccl_condition = fake.condition(labels.NCCL_HEALTHY_CONDITION)
+    nccl_condition = fake.condition(labels.CONDITION_NCCL_HEALTHY)
     assert (nccl_condition["status"], nccl_condition["reason"]) == ("Unknown", Reason.NCCL_CHECK_NOT_RUN)
     assert "sees 8 GPUs but the pod was allocated 2" in nccl_condition["message"]
     gpu = fake.condition(GPU)
@@ -172,8 +178,8 @@ def test_the_agent_publishes_its_checks_and_re_runs_nccl_on_request(tmp_path: Pa
 
     agent.check_nccl()
     agent.round()
-    assert fake.condition(labels.NCCL_HEALTHY_CONDITION)["reason"] == Reason.ALL_REDUCE_PASSED
-    assert "all-reduce over 2 GPU(s)" in fake.condition(labels.NCCL_HEALTHY_CONDITION)["message"]
+    assert fake.condition(labels.CONDITION_NCCL_HEALTHY)["reason"] == Reason.ALL_REDUCE_PASSED
+    assert "all-reduce over 2 GPU(s)" in fake.condition(labels.CONDITION_NCCL_HEALTHY)["message"]
     assert fake.condition(GPU)["status"] == "True"
 
     (tmp_path / "faults.json").write_text(json.dumps({"xids": {"1": [79]}}))
@@ -189,11 +195,11 @@ def test_the_agent_publishes_its_checks_and_re_runs_nccl_on_request(tmp_path: Pa
     checks: list[int] = []
     run_check = agent.check_nccl
     agent.check_nccl = lambda: (checks.append(1), run_check())[1]  # type: ignore[method-assign]
-    fake.pod["metadata"]["annotations"][labels.NCCL_CHECK_REQUEST_ANNOTATION] = "2026-07-01T12:00:00Z"
+    fake.pod["metadata"]["annotations"][labels.ANNOTATION_NCCL_CHECK_REQUEST] = "2026-07-01T12:00:00Z"
     agent.round()
     agent.round()
     assert len(checks) == 1  # one re-check per new value of the annotation
-    assert fake.condition(labels.NCCL_HEALTHY_CONDITION)["reason"] == Reason.ALL_REDUCE_PASSED
+    assert fake.condition(labels.CONDITION_NCCL_HEALTHY)["reason"] == Reason.ALL_REDUCE_PASSED
 
 
 def test_nvml_missing_is_published_as_unknown_with_the_evidence(tmp_path: Path) -> None:

@@ -12,9 +12,10 @@ import yaml
 
 from goodput.api import labels
 from goodput.api.modelgroup import ModelGroup
-from goodput.controllers import agent_sidecar, naming
-from goodput.controllers.pods import GroupTemplate, render_group
-from goodput.controllers.template import group_template
+from goodput.controllers import naming
+from goodput.controllers.groups import agent_sidecar
+from goodput.controllers.groups.pods import GroupTemplate, render_group
+from goodput.controllers.groups.template import group_template
 
 IMAGE = "ghcr.io/goodput/agent:0.1.0"
 SINGLE = GroupTemplate(
@@ -43,7 +44,9 @@ MULTI = replace(SINGLE, tensor_parallel=8, pipeline_parallel=2, gpus_per_pod=8)
 
 
 def agent_of(pod: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod["spec"]["initContainers"] if c["name"] == agent_sidecar.CONTAINER_NAME]
+    (container,) = [
+        c for c in pod["spec"]["initContainers"] if c["name"] == agent_sidecar.AGENT_CONTAINER_NAME
+    ]
     return container
 
 
@@ -66,7 +69,7 @@ def test_every_rank_runs_the_agent_as_a_native_sidecar_with_the_only_token(templ
         assert agent["restartPolicy"] == "Always" and agent["image"] == IMAGE
         assert spec["automountServiceAccountToken"] is False
         assert spec["serviceAccountName"] == agent_sidecar.SERVICE_ACCOUNT
-        assert token_mounts == [(agent_sidecar.CONTAINER_NAME, agent_sidecar.TOKEN_VOLUME)]
+        assert token_mounts == [(agent_sidecar.AGENT_CONTAINER_NAME, agent_sidecar.TOKEN_VOLUME)]
         volume = next(v for v in spec["volumes"] if v["name"] == agent_sidecar.TOKEN_VOLUME)
         assert {"serviceAccountToken"} <= {key for source in volume["projected"]["sources"] for key in source}
         assert "nvidia.com/gpu" not in str(agent["resources"])  # the GPUs are the engine's
@@ -78,7 +81,7 @@ def test_the_agent_learns_its_identity_from_the_downward_api() -> None:
 
     assert leader["GOODPUT_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert leader["GOODPUT_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-    assert leader["GOODPUT_RANK"] == {"fieldRef": {"fieldPath": f"metadata.labels['{labels.RANK_LABEL}']"}}
+    assert leader["GOODPUT_RANK"] == {"fieldRef": {"fieldPath": f"metadata.labels['{labels.LABEL_RANK}']"}}
     assert leader["GOODPUT_LEADER_ADDRESS"] == follower["GOODPUT_LEADER_ADDRESS"] == service
     assert (leader["GOODPUT_GROUP_SIZE"], leader["GOODPUT_GPUS_PER_POD"]) == ("2", "8")
     assert leader["GOODPUT_ENGINE_URL"] == "http://127.0.0.1:8000"

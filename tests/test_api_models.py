@@ -21,8 +21,8 @@ from goodput.api.modelgroup import (
     ScalingDecision,
 )
 from goodput.api.slopolicy import SloPolicySpec
-from goodput.controllers.autoscale_model import ScalingPolicy
-from goodput.controllers.policy_compile import GroupBounds, bounded_scaling_policy
+from goodput.controllers.autoscale.model import ScalingPolicy
+from goodput.controllers.compile.scaling import GroupBounds, bounded_scaling_policy
 
 
 def minimal_model_group_spec(**overrides: Any) -> dict[str, Any]:

@@ -8,13 +8,44 @@ from enum import StrEnum
 
 import pytest
 
+from goodput.api import reasons
 from goodput.api.conditions import CONDITION_REASON_PATTERN, CONDITION_TYPE_PATTERN
-from goodput.api.reasons import ConditionType, EventReason, Guard, Reason, Signal, vocabulary
+from goodput.api.reasons import (
+    AdmissionReason,
+    Attainability,
+    ConditionType,
+    EventReason,
+    Guard,
+    NoFitReason,
+    Reason,
+    RouteReason,
+    Signal,
+    vocabulary,
+)
 from goodput.api.slopolicy import Signals
-from goodput.controllers.autoscale_model import Attainability
-from goodput.controllers.placement import NoFitReason
 
-NAMESPACES = [ConditionType, Reason, Signal, Guard, EventReason]
+NAMESPACES = [
+    ConditionType,
+    Reason,
+    Signal,
+    Guard,
+    EventReason,
+    NoFitReason,
+    Attainability,
+    AdmissionReason,
+    RouteReason,
+]
+
+
+def test_every_namespace_of_the_module_is_checked() -> None:
+    """A namespace added to api.reasons without a place in NAMESPACES would escape every test here."""
+    defined = {
+        value
+        for name, value in vars(reasons).items()
+        if isinstance(value, type) and value.__module__ == reasons.__name__ and not name.startswith("_")
+    }
+
+    assert defined == set(NAMESPACES)
 
 
 @pytest.mark.parametrize("namespace", NAMESPACES, ids=lambda namespace: namespace.__name__)
@@ -28,7 +59,7 @@ def test_values_are_unique_within_a_namespace(namespace: type) -> None:
 def test_condition_types_and_reasons_pass_the_api_servers_condition_validation() -> None:
     for value in vocabulary(ConditionType).values():
         assert re.fullmatch(CONDITION_TYPE_PATTERN, value), value
-    for namespace in (Reason, EventReason, Guard):
+    for namespace in (Reason, EventReason, Guard, AdmissionReason, RouteReason):
         for value in vocabulary(namespace).values():
             assert re.fullmatch(CONDITION_REASON_PATTERN, value), value
             assert value[0].isupper(), f"{value} must be CamelCase"

@@ -1,5 +1,5 @@
 """The HPA-shaped pipeline stages: tolerance, stabilisation, step policies, bounds
-(goodput.controllers.scaling_behavior)."""
+(goodput.controllers.autoscale.behavior)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from goodput.api.reasons import Guard
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.behavior import clamp, limit_rate, stabilize, tolerated_groups
+from goodput.controllers.autoscale.model import (
     Recommendation,
     ScaleEvent,
     ScalingPolicy,
@@ -18,7 +19,6 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
-from goodput.controllers.scaling_behavior import clamp, limit_rate, stabilize, tolerated_groups
 
 NOW = 1000.0
 

@@ -29,11 +29,10 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GroupMetrics,
-    GroupState,
     MetricStaleness,
     Mode,
     ModelGroupSnapshot,
@@ -149,7 +148,7 @@ CASES = [
         "groups on their way are capacity: a backlog does not stack decisions",
         world(
             *ready_groups(2, 0.9, waiting=waiting_requests_for(6.0, 2) / 2),
-            group(None, GroupState.WARMING),
+            group(None, "Warming"),
         ),
         PERMISSIVE,
         3,
@@ -158,14 +157,14 @@ CASES = [
     ),
     Case(
         "groups on their way do not hold back a rising arrival rate",
-        world(*ready_groups(2, 2.4), group(None, GroupState.WARMING)),
+        world(*ready_groups(2, 2.4), group(None, "Warming")),
         PERMISSIVE,
         6,
         "queueWork",
     ),
     Case(
         "an unschedulable group holds scale-out",
-        world(*ready_groups(2, 2.0), group(None, GroupState.PLACING, unschedulable=True)),
+        world(*ready_groups(2, 2.0), group(None, "Placing", unschedulable=True)),
         PERMISSIVE,
         3,
         Guard.UNSCHEDULABLE,
@@ -242,9 +241,7 @@ CASES = [
     ),
     Case(
         "draining and failed groups are not capacity",
-        world(
-            *ready_groups(1, 1.5), group(None, GroupState.DRAINING), group(None, GroupState.FAILED), spec=2
-        ),
+        world(*ready_groups(1, 1.5), group(None, "Draining"), group(None, "Failed"), spec=2),
         PERMISSIVE,
         2,
         "queueWork",
@@ -313,7 +310,7 @@ def test_active_scale_out_is_remembered_for_the_step_policies() -> None:
 
 def test_metrics_of_groups_that_are_not_ready_are_ignored() -> None:
     busy = load(5.0, waiting=500.0, kv_usage=0.99)
-    decision = _decide(world(*ready_groups(1, 0.7), group(busy, GroupState.DRAINING), spec=1))
+    decision = _decide(world(*ready_groups(1, 0.7), group(busy, "Draining"), spec=1))
     assert decision.desired_groups == 1
     assert decision.counts.fresh_metrics == 1
 
@@ -328,7 +325,7 @@ def test_exact_queue_slack_uses_each_requests_deadline() -> None:
 
 def test_record_is_json_in_the_decision_log_shape() -> None:
     decision = _decide(
-        world(group(None, GroupState.WARMING), queue=ONE_WAITING * 3, spec=1),
+        world(group(None, "Warming"), queue=ONE_WAITING * 3, spec=1),
         _policy(min_groups=0, revision="slo-2026-07-16.3"),
     )
     record = json.loads(json.dumps(decision.to_record(), allow_nan=False))

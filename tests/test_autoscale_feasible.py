@@ -28,7 +28,8 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.feasible_demand import floor_model
+from goodput.controllers.autoscale.model import (
     ClassFeasibility,
     Decision,
     DecisionState,
@@ -38,8 +39,12 @@ from goodput.controllers.autoscale_model import (
     ScalingPolicy,
     SloTargets,
 )
-from goodput.controllers.feasible_demand import floor_model
-from goodput.controllers.snapshot import EngineFigures, GroupCounts, engine_metrics, model_group_snapshot
+from goodput.controllers.autoscale.snapshot import (
+    EngineFigures,
+    ModelGroupCounts,
+    engine_metrics,
+    model_group_snapshot,
+)
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.queueing import QueuedRequest
@@ -153,7 +158,7 @@ def long_prompts_decoding(count: int, *, first_tokens_exported: bool = True) -> 
     )
     return model_group_snapshot(
         [group(engine_metrics(figures), name="g0")],
-        GroupCounts(spec_replicas=1, min_replicas=1, max_replicas=8),
+        ModelGroupCounts(spec_replicas=1, min_replicas=1, max_replicas=8),
         profile=PROFILE,
         policy=PERMISSIVE,
         name="default/chat",

@@ -25,7 +25,7 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import ConditionType, Guard, Signal
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GatewayClassFigures,
@@ -33,7 +33,7 @@ from goodput.controllers.autoscale_model import (
     ModelGroupSnapshot,
     ScalingPolicy,
 )
-from goodput.controllers.decision_record import autoscaler_conditions, metrics_health
+from goodput.controllers.autoscale.record import autoscaler_conditions, metrics_health
 from goodput.estimators.attainment import Histogram
 
 NOW = 1000.0

@@ -27,13 +27,12 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GoodputSignal,
     GoodputTrial,
     GroupMetrics,
-    GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
     Signal,
@@ -210,7 +209,7 @@ CASES = [
     ),
     Case(
         "the last goodput scale-out's groups are not all ready yet",
-        world(*(group(QUEUED_LATE, name=f"g{i}") for i in range(2)), group(None, GroupState.WARMING)),
+        world(*(group(QUEUED_LATE, name=f"g{i}") for i in range(2)), group(None, "Warming")),
         3,
         Guard.GOODPUT_AWAITING_EVIDENCE,
         trial=trial(groups=3, settled_at=None),
@@ -309,7 +308,7 @@ TRIAL_CASES = [
     ),
     TrialCase(
         "a trial with a group still warming has not settled",
-        world(group(QUEUED_LATE, name="g0"), group(None, GroupState.WARMING)),
+        world(group(QUEUED_LATE, name="g0"), group(None, "Warming")),
         trial(settled_at=None),
         trial(settled_at=None),
     ),
@@ -365,7 +364,7 @@ TRIAL_CASES = [
     ),
     TrialCase(
         "a trial whose group cannot be placed is abandoned",
-        world(group(load(0.7), name="g0"), group(None, GroupState.PLACING, unschedulable=True)),
+        world(group(load(0.7), name="g0"), group(None, "Placing", unschedulable=True)),
         trial(settled_at=None),
         None,
     ),
@@ -379,7 +378,7 @@ def test_goodput_trial_state(case: TrialCase) -> None:
 
 
 def test_an_advisory_goodput_scale_out_starts_no_trial() -> None:
-    from goodput.controllers.autoscale_model import Mode
+    from goodput.controllers.autoscale.model import Mode
 
     decision = decide(
         pool(QUEUED_LATE), dataclasses.replace(POLICY, mode=Mode.ADVISORY), DecisionState(), NOW

@@ -36,12 +36,11 @@ from test_autoscale_world import (
 
 from goodput.api.reasons import Guard, Reason, Signal, vocabulary
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     DecisionState,
     GoodputTrial,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     Mode,
     ModelGroupSnapshot,
     Recommendation,
@@ -109,13 +108,11 @@ def groups(draw: st.DrawFn, unknown: str = "any") -> list[GroupObservation]:
         kind = draw(st.sampled_from(["stale", "missing"]))
         observed.append(group(None if kind == "missing" else draw(metrics(fresh=False)), name="g-unknown"))
     for index in range(draw(st.integers(0, 2))):
-        state = draw(st.sampled_from([GroupState.PLACING, GroupState.PROVISIONING, GroupState.WARMING]))
-        unschedulable = state is GroupState.PLACING and draw(st.booleans())
+        state = draw(st.sampled_from(["Placing", "Provisioning", "Warming"]))
+        unschedulable = state == "Placing" and draw(st.booleans())
         observed.append(group(None, state, unschedulable=unschedulable, name=f"c{index}"))
     for index in range(draw(st.integers(0, 1))):
-        observed.append(
-            group(None, draw(st.sampled_from([GroupState.DRAINING, GroupState.FAILED])), name=f"x{index}")
-        )
+        observed.append(group(None, draw(st.sampled_from(["Draining", "Failed"])), name=f"x{index}"))
     return observed
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from goodput.api.modelgroup import GroupState
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     DecisionState,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     RequestQueue,
     ScalingPolicy,
@@ -98,7 +98,7 @@ def load(
 
 def group(
     metrics: GroupMetrics | None,
-    state: GroupState = GroupState.READY,
+    state: GroupState = "Ready",
     *,
     unschedulable: bool = False,
     name: str = "",
@@ -113,7 +113,7 @@ def world(
 ) -> ModelGroupSnapshot:
     """A ModelGroup whose spec counts every group that is not draining, unless told otherwise."""
     if spec is None:
-        spec = sum(1 for observed in groups if observed.state is not GroupState.DRAINING)
+        spec = sum(1 for observed in groups if observed.state != "Draining")
     return ModelGroupSnapshot(
         spec_replicas=spec,
         groups=tuple(groups),

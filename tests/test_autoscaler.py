@@ -26,19 +26,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from server_side_apply import AppliedStatus
 
-from goodput.controllers.autoscale_model import GatewayObservation, GroupMetrics
-from goodput.controllers.groups import EventRecord
+from goodput.controllers.autoscale.model import GatewayObservation, GroupMetrics
+from goodput.controllers.events import EventRecord
 from goodput.controllers.ownership import GROUP_STATUS
 from goodput.estimators.attainment import Histogram
-from goodput.operator.autoscaler import (
-    STATE_ANNOTATION,
-    Autoscaler,
-    AutoscalerMetrics,
-    AutoscalerSettings,
-    is_bound,
-    staggered_refresh_seconds,
-    with_own_status,
-)
+from goodput.operator.autoscaler import STATE_ANNOTATION, Autoscaler, AutoscalerSettings
+from goodput.operator.autoscaler_daemon import is_bound
+from goodput.operator.autoscaler_metrics import AutoscalerMetrics
+from goodput.operator.autoscaler_record import staggered_refresh_seconds, with_own_status
 from goodput.operator.kube import KubeError, KubeUnreachableError
 from goodput.operator.metrics_source import MetricsReading, MetricsUnavailableError
 from goodput.operator.promql import SeriesLabels, Windows

@@ -13,8 +13,8 @@ from test_autoscale_world import PERMISSIVE, group, load, ready_groups, world
 from goodput.api.base import wire_dict
 from goodput.api.modelgroup import ModelGroupStatus
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import DecisionState, Mode
-from goodput.controllers.decision_record import autoscaler_conditions, metrics_health, record_decisions
+from goodput.controllers.autoscale.model import DecisionState, Mode
+from goodput.controllers.autoscale.record import autoscaler_conditions, metrics_health, record_decisions
 from goodput.operator import cmd_explain
 from goodput.operator.cmd_explain import explain, parse_target, records
 
@@ -79,7 +79,7 @@ def test_the_table_lists_the_latest_decision_then_the_changes() -> None:
     text = explain(model_group_with_history())
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("TIME"))
-    for column in cmd_explain.COLUMNS:
+    for column in cmd_explain.EXPLAIN_COLUMNS:
         assert column in lines[header]
     latest, change = lines[header + 1], lines[header + 2]
     assert latest.startswith("2027-01-15T08:00:15Z *")

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.controllers import naming
-from goodput.operator.autoscaler import AutoscalerMetrics
+from goodput.operator.autoscaler_metrics import AutoscalerMetrics
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
 

@@ -18,7 +18,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.api.labels import LEADER_RANK, MODEL_GROUP_LABEL, RANK_LABEL
+from goodput.api.labels import LABEL_MODEL_GROUP, LABEL_RANK, LEADER_RANK
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.simulator.workload import Workload
@@ -177,7 +177,7 @@ def test_the_demo_manifests_fit_the_story_of_the_default_run() -> None:
     args = parser.parse_args([])
 
     selector = documents["Service"]["spec"]["selector"]
-    assert selector == {MODEL_GROUP_LABEL: objects.model_group, RANK_LABEL: LEADER_RANK}
+    assert selector == {LABEL_MODEL_GROUP: objects.model_group, LABEL_RANK: LEADER_RANK}
     assert model_group.spec.max_replicas > objects.min_groups, "the burst must be able to add groups"
     autoscaling = policy.spec.autoscaling
     assert policy.spec.goodput.window_seconds < args.burst_seconds

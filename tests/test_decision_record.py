@@ -17,15 +17,15 @@ from test_autoscale_world import DEFAULT, PERMISSIVE, TTFT_BUCKETS, group, load,
 
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import GroupStatus, ModelGroupStatus
-from goodput.api.reasons import Guard
+from goodput.api.reasons import Attainability, Guard
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import (
-    Attainability,
+from goodput.controllers.autoscale.behavior import stabilize
+from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
+from goodput.controllers.autoscale.model import (
     ClassFeasibility,
     Decision,
     DecisionState,
     GoodputTrial,
-    GroupState,
     Mode,
     Recommendation,
     ScaleEvent,
@@ -35,7 +35,7 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
-from goodput.controllers.decision_record import (
+from goodput.controllers.autoscale.record import (
     HISTORY_LIMIT,
     attainability_conditions,
     attainability_event,
@@ -51,9 +51,7 @@ from goodput.controllers.decision_record import (
     persist_due,
     record_decisions,
 )
-from goodput.controllers.feasible_demand import AttainabilityVerdict
 from goodput.controllers.ownership import AUTOSCALER_STATUS, GROUP_STATUS
-from goodput.controllers.scaling_behavior import stabilize
 from goodput.estimators.attainment import Histogram
 
 NOW = 1_800_000_000.0
@@ -312,7 +310,7 @@ def test_a_failure_is_announced_when_it_starts() -> None:
             ("False", "MetricsStale"),
             "g3 (90s)",
         ),
-        ((group(None, GroupState.WARMING),), ("True", "MetricsFresh"), "no ready group"),
+        ((group(None, "Warming"),), ("True", "MetricsFresh"), "no ready group"),
     ],
     ids=["fresh", "a group without metrics", "a group with old metrics", "nothing ready yet"],
 )

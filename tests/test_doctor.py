@@ -49,7 +49,7 @@ from goodput.operator.doctor import (
     render as render_results,
 )
 from goodput.operator.metrics_source import REQUIRED_QUANTITIES
-from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels
+from goodput.operator.promql import QUERY_LABEL, QueryQuantity, SeriesLabels
 
 LABELS = SeriesLabels()
 OPERATOR = OperatorInstall("goodput-system", "goodput", "goodput")
@@ -86,7 +86,9 @@ def model_group(
     }
 
 
-def gauges(group: str, quantities: tuple[Quantity, ...] = REQUIRED_QUANTITIES) -> tuple[dict[str, Any], ...]:
+def gauges(
+    group: str, quantities: tuple[QueryQuantity, ...] = REQUIRED_QUANTITIES
+) -> tuple[dict[str, Any], ...]:
     """A snapshot answer holding `quantities` for one group, as Prometheus returns them."""
     return tuple({"metric": {"group": group, QUERY_LABEL: q.value}, "value": [0, "1"]} for q in quantities)
 
@@ -339,7 +341,7 @@ SERIES_CASES = [
         "an engine without the KV-cache gauge",
         model_group(),
         LeaderSeries(
-            gauges("g1", (Quantity.WAITING, Quantity.RUNNING, Quantity.SAMPLE_AGE)),
+            gauges("g1", (QueryQuantity.WAITING, QueryQuantity.RUNNING, QueryQuantity.SAMPLE_AGE)),
             labelled=(pod_row(LEADER, model_group="llama", group="g1"),),
         ),
         Verdict.FAIL,

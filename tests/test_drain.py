@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.controllers.drain import (
-    Candidate,
+from goodput.controllers.groups.drain import (
     DrainBaseline,
     DrainOutcomeRecord,
     DrainPolicy,
@@ -20,6 +19,7 @@ from goodput.controllers.drain import (
     LeaderSample,
     ProbeFailure,
     RemoveGroup,
+    ScaleInCandidate,
     canonical_outcome,
     choose_victims,
     drain_deadline,
@@ -31,14 +31,14 @@ from goodput.controllers.drain import (
     step_drain,
     too_young,
 )
-from goodput.controllers.observation import RouteView, parse_endpoint_slice
+from goodput.controllers.groups.observation import RouteView, parse_endpoint_slice
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 LIFETIME = 300.0
 OLD = NOW - timedelta(hours=1)
 
 
-def ready(name: str, ordinal: int, *, ready_at: datetime = OLD, **load: float) -> Candidate:
+def ready(name: str, ordinal: int, *, ready_at: datetime = OLD, **load: float) -> ScaleInCandidate:
     sample = None
     if load:
         sample = LeaderSample(
@@ -48,7 +48,7 @@ def ready(name: str, ordinal: int, *, ready_at: datetime = OLD, **load: float) -
             kv_cache_usage=load.get("kv"),
             prefix_cache_hit_ratio=load.get("hits"),
         )
-    return Candidate(name, "Ready", ordinal, ready_at=ready_at, load=sample)
+    return ScaleInCandidate(name, "Ready", ordinal, ready_at=ready_at, load=sample)
 
 
 # Victim choice.
@@ -57,7 +57,7 @@ def ready(name: str, ordinal: int, *, ready_at: datetime = OLD, **load: float) -
 @dataclass(frozen=True)
 class VictimCase:
     name: str
-    candidates: tuple[Candidate, ...]
+    candidates: tuple[ScaleInCandidate, ...]
     count: int
     chosen: tuple[str, ...]
     may_ignore_lifetime: int = 0
@@ -68,16 +68,16 @@ VICTIM_CASES = [
         "not-ready groups first, cheapest state first",
         (
             ready("g0", 0, running=0),
-            Candidate("g1", "Warming", 1),
-            Candidate("g2", "Placing", 2),
-            Candidate("g3", "Provisioning", 3),
+            ScaleInCandidate("g1", "Warming", 1),
+            ScaleInCandidate("g2", "Placing", 2),
+            ScaleInCandidate("g3", "Provisioning", 3),
         ),
         2,
         ("g2", "g3"),
     ),
     VictimCase(
         "among equal states the latest created first",
-        (Candidate("g1", "Placing", 1), Candidate("g4", "Placing", 4)),
+        (ScaleInCandidate("g1", "Placing", 1), ScaleInCandidate("g4", "Placing", 4)),
         1,
         ("g4",),
     ),
@@ -142,7 +142,7 @@ VICTIM_CASES = [
     ),
     VictimCase(
         "not-ready groups are never too young",
-        (Candidate("g5", "Placing", 5),),
+        (ScaleInCandidate("g5", "Placing", 5),),
         1,
         ("g5",),
     ),
@@ -173,7 +173,7 @@ states = st.sampled_from(["Placing", "Provisioning", "Warming", "Ready"])
 
 
 @st.composite
-def candidate_sets(draw: st.DrawFn) -> list[Candidate]:
+def candidate_sets(draw: st.DrawFn) -> list[ScaleInCandidate]:
     count = draw(st.integers(min_value=0, max_value=8))
     candidates = []
     for ordinal in range(count):
@@ -181,7 +181,7 @@ def candidate_sets(draw: st.DrawFn) -> list[Candidate]:
         age = draw(st.integers(min_value=0, max_value=1000))
         load = draw(st.none() | st.tuples(st.integers(0, 50), st.integers(0, 50)))
         candidates.append(
-            Candidate(
+            ScaleInCandidate(
                 f"g{ordinal}",
                 state,
                 ordinal,
@@ -195,7 +195,7 @@ def candidate_sets(draw: st.DrawFn) -> list[Candidate]:
 
 @settings(max_examples=300, deadline=None)
 @given(candidates=candidate_sets(), count=st.integers(0, 8), override=st.integers(0, 8))
-def test_victim_choice_invariants(candidates: list[Candidate], count: int, override: int) -> None:
+def test_victim_choice_invariants(candidates: list[ScaleInCandidate], count: int, override: int) -> None:
     chosen = choose_victims(
         candidates, count, now=NOW, min_lifetime_seconds=LIFETIME, may_ignore_lifetime=override
     )
@@ -217,7 +217,9 @@ def test_victim_choice_invariants(candidates: list[Candidate], count: int, overr
 
 @settings(max_examples=200, deadline=None)
 @given(candidates=candidate_sets(), count=st.integers(0, 8))
-def test_victim_choice_does_not_depend_on_the_listing_order(candidates: list[Candidate], count: int) -> None:
+def test_victim_choice_does_not_depend_on_the_listing_order(
+    candidates: list[ScaleInCandidate], count: int
+) -> None:
     forward = choose_victims(candidates, count, now=NOW, min_lifetime_seconds=LIFETIME)
     backward = choose_victims(list(reversed(candidates)), count, now=NOW, min_lifetime_seconds=LIFETIME)
     assert forward == backward
@@ -228,7 +230,7 @@ def test_only_ready_groups_without_a_recent_reading_need_one() -> None:
         ready("g0", 0),
         ready("g1", 1),
         ready("g2", 2),
-        Candidate("g3", "Warming", 3),
+        ScaleInCandidate("g3", "Warming", 3),
     ]
     readings = {
         "g0": LeaderSample(NOW - timedelta(seconds=3), 0, 0),

@@ -24,17 +24,19 @@ import pytest
 from server_side_apply import AppliedStatus
 
 from goodput.api.reasons import EventReason
+from goodput.api.times import parse_rfc3339
 from goodput.controllers import naming
-from goodput.controllers.drain import (
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.drain import (
     DrainProgress,
     LeaderSample,
     encode_progress,
     parse_outcome,
     parse_progress,
 )
-from goodput.controllers.groups import EventRecord, WarmupOutcome
-from goodput.controllers.observation import parse_node, parse_pod, parse_time
-from goodput.controllers.placement import GpuClaim
+from goodput.controllers.groups.model import WarmupOutcome
+from goodput.controllers.groups.observation import parse_node, parse_pod
+from goodput.controllers.groups.placement import GpuClaim
 from goodput.operator.handlers import Indexes, ModelGroupLoop, PlanWrites, Runtime
 from goodput.operator.metrics import OperatorMetrics
 from goodput.operator.settings import Settings
@@ -383,7 +385,7 @@ def shift_drain_back(api: FakeApiServer, seconds: float) -> None:
     """The drain's marks as they read `seconds` later: the time nobody acted on it."""
     for pod in api.pods.values():
         annotations = pod["metadata"].get("annotations", {})
-        since = parse_time(annotations.get(naming.ANNOTATION_DRAINING_SINCE))
+        since = parse_rfc3339(annotations.get(naming.ANNOTATION_DRAINING_SINCE))
         if since is not None:
             annotations[naming.ANNOTATION_DRAINING_SINCE] = _rfc3339(since - timedelta(seconds=seconds))
         progress = parse_progress(annotations.get(naming.ANNOTATION_DRAIN_PROGRESS))

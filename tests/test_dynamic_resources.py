@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from goodput.api.modelgroup import ModelGroup
+from goodput.api.reasons import NoFitReason
 from goodput.controllers import naming
-from goodput.controllers.agent_sidecar import CONTAINER_NAME as AGENT_CONTAINER
-from goodput.controllers.dynamic_resources import (
+from goodput.controllers.groups.agent_sidecar import AGENT_CONTAINER_NAME
+from goodput.controllers.groups.dynamic_resources import (
     DeviceClassView,
     ResourceSliceView,
     SliceDevice,
@@ -24,20 +25,18 @@ from goodput.controllers.dynamic_resources import (
     selects,
     with_class_devices,
 )
-from goodput.controllers.observation import gpu_claim, parse_pod, pod_accelerator, pod_gpus
-from goodput.controllers.placement import (
+from goodput.controllers.groups.observation import gpu_claim, parse_pod, pod_accelerator, pod_gpus
+from goodput.controllers.groups.placement import (
     GroupShape,
     Inventory,
     NodeInventory,
     NoFit,
-    NoFitReason,
     Placed,
     PlacementRules,
     place_group,
 )
-from goodput.controllers.pods import CONTAINER_NAME as ENGINE_CONTAINER
-from goodput.controllers.pods import render_group
-from goodput.controllers.template import group_template, placement_rules, spec_problems
+from goodput.controllers.groups.pods import ENGINE_CONTAINER_NAME, render_group
+from goodput.controllers.groups.template import group_template, placement_rules, spec_problems
 
 DRIVER = "gpu.example.com"
 GPU_CLASS = DeviceClassView(
@@ -238,8 +237,8 @@ def test_every_rank_claims_its_gpus_and_shares_the_claim_with_its_agent() -> Non
         assert spec["resourceClaims"] == [
             {"name": naming.POD_CLAIM_NAME, "resourceClaimTemplateName": template.claim_template_name}
         ]
-        engine = next(c for c in spec["containers"] if c["name"] == ENGINE_CONTAINER)
-        agent = next(c for c in spec["initContainers"] if c["name"] == AGENT_CONTAINER)
+        engine = next(c for c in spec["containers"] if c["name"] == ENGINE_CONTAINER_NAME)
+        agent = next(c for c in spec["initContainers"] if c["name"] == AGENT_CONTAINER_NAME)
         assert (
             engine["resources"]["claims"] == agent["resources"]["claims"] == [{"name": naming.POD_CLAIM_NAME}]
         )

@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from virtual_time import run_virtual
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
-from goodput.simulator.engine import Engine, EngineConfig
-from goodput.simulator.records import Outcome, RequestLog
+from goodput.simulator.engine import EngineConfig, SimulatedEngine
+from goodput.simulator.records import RequestExit, RequestLog
 from goodput.simulator.vllm_metrics import SnapshotCollector, engine_registry
 from goodput.simulator.workload import Workload
 from goodput.testbed.emulator_engine import (
@@ -89,7 +89,7 @@ def offline_finish_times(config: EngineConfig, arrivals: list[Arrival]) -> list[
         np.array([a.output for a in arrivals]),
     )
     log = RequestLog(workload)
-    engine = Engine(config, log, random.Random(0), prefix_block_tokens=256)
+    engine = SimulatedEngine(config, log, random.Random(0), prefix_block_tokens=256)
     for index, arrival in enumerate(arrivals):
         while engine.step_end is not None and engine.step_end <= arrival.at + SAME_INSTANT_SECONDS:
             engine.complete_step(engine.step_end)
@@ -97,7 +97,7 @@ def offline_finish_times(config: EngineConfig, arrivals: list[Arrival]) -> list[
         engine.enqueue(index, arrival.prompt, arrival.output, None, arrival.at)
     while engine.step_end is not None:
         engine.complete_step(engine.step_end)
-    assert all(outcome == Outcome.FINISHED for outcome in log.outcome)
+    assert all(outcome == RequestExit.FINISHED for outcome in log.outcome)
     return list(log.finished_at)
 
 

@@ -17,8 +17,8 @@ import yaml
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.reasons import Reason
 from goodput.controllers import naming
-from goodput.controllers.pods import render_group
-from goodput.controllers.template import group_template
+from goodput.controllers.groups.pods import render_group
+from goodput.controllers.groups.template import group_template
 from goodput.estimators.service_time import A100_80G, H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B, StepCostModel
 from goodput.testbed.emulator import (
     ANNOTATION_GPU_FAULTS,

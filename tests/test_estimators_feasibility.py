@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.feasibility import (
     FloorModel,
-    SloTargets,
+    FloorTargets,
     infeasible_share,
     infeasible_token_share,
     is_feasible,
@@ -27,7 +27,7 @@ from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70
 H100_8B = StepCostModel.from_hardware(LLAMA_3_1_8B, H100_80G)
 H100_70B_TP8 = StepCostModel.from_hardware(LLAMA_3_1_70B, H100_80G, 8)
 CHUNK_2K = FloorModel(H100_8B, chunk_tokens=2048)
-CHAT = SloTargets(ttft_seconds=1.0, itl_seconds=0.05)
+CHAT = FloorTargets(ttft_seconds=1.0, itl_seconds=0.05)
 
 
 def test_a_prompt_within_one_chunk_is_one_step() -> None:
@@ -61,16 +61,16 @@ class FeasibilityCase:
     name: str
     prompt_tokens: int
     output_tokens: int
-    targets: SloTargets
+    targets: FloorTargets
     unmet: tuple[str, ...]
 
 
 CASES = [
     FeasibilityCase("short chat fits every target", 500, 200, CHAT, ()),
     FeasibilityCase("128k prompt cannot reach a 1 s TTFT", 128_000, 200, CHAT, ("ttft",)),
-    FeasibilityCase("ITL of 1 ms is below one decode step", 500, 200, SloTargets(1.0, 0.001), ("itl",)),
+    FeasibilityCase("ITL of 1 ms is below one decode step", 500, 200, FloorTargets(1.0, 0.001), ("itl",)),
     FeasibilityCase(
-        "long answer cannot finish in 2 s", 500, 4000, SloTargets(1.0, 0.05, e2e_seconds=2.0), ("e2e",)
+        "long answer cannot finish in 2 s", 500, 4000, FloorTargets(1.0, 0.05, e2e_seconds=2.0), ("e2e",)
     ),
 ]
 

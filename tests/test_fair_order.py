@@ -1,5 +1,5 @@
 """A newcomer's place in the fair order: the work the fair queue serves before it
-(goodput.controllers.fairness: FairQueue.work_ahead_seconds, expected_work_ahead_seconds)."""
+(goodput.controllers.requests.fairness: FairQueue.work_ahead_seconds, expected_work_ahead_seconds)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.controllers import fairness
-from goodput.controllers.fairness import (
+from goodput.controllers.requests import fairness
+from goodput.controllers.requests.fairness import (
     CostWeights,
     FairnessPolicy,
     FairQueue,

@@ -1,4 +1,4 @@
-"""Weighted virtual token counters (goodput.controllers.fairness)."""
+"""Weighted virtual token counters (goodput.controllers.requests.fairness)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.api.slopolicy import Fairness
-from goodput.controllers.fairness import (
+from goodput.controllers.requests.fairness import (
     CostWeights,
     FairnessPolicy,
     FairQueue,

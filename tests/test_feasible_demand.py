@@ -1,18 +1,19 @@
-"""The snapshot's feasibility and the SLOAttainable verdict (goodput.controllers.feasible_demand)."""
+"""The snapshot's feasibility and the SLOAttainable verdict (controllers.autoscale.feasible_demand)."""
 
 from __future__ import annotations
 
 import pytest
 from test_autoscale_world import PROFILE
 
-from goodput.controllers.autoscale_model import Attainability, ClassFeasibility, GroupMetrics, SloTargets
-from goodput.controllers.feasible_demand import (
+from goodput.api.reasons import Attainability
+from goodput.controllers.autoscale.feasible_demand import (
     TOLERATED_INFEASIBLE_SHARE,
     assess,
     attainability,
     floor_model,
     with_unfinished_prompts,
 )
+from goodput.controllers.autoscale.model import ClassFeasibility, GroupMetrics, SloTargets
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.feasibility import longest_feasible_prompt_tokens, ttft_floor_seconds
 

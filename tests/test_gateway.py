@@ -20,7 +20,7 @@ from waiting import until
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.gateway.connections import CONNECTION_GUARD, ConnectionGuard, start_serving
 from goodput.gateway.groups import GroupEndpoint, StaticGroupSource, endpoints_from_pods
 from goodput.gateway.limits import ClientLimits
@@ -384,7 +384,7 @@ def test_a_class_or_context_refusal_names_the_field(
 
 
 def test_class_limit_refusals_name_the_prompt_or_the_output_field_and_overload_names_none() -> None:
-    from goodput.controllers.admission import AdmissionReason
+    from goodput.api.reasons import AdmissionReason
     from goodput.gateway.requests import CHAT_PATH, parse_request
     from goodput.gateway.server import refusal_field
 
@@ -586,7 +586,7 @@ def test_the_watch_applies_pod_events_and_relists_on_error() -> None:
     [((), 8192), (("--max-model-len=32768",), 32768), (("--max-model-len", "4096"), 4096)],
 )
 def test_the_context_comes_from_the_engine_arguments(args: tuple[str, ...], expected: int) -> None:
-    from goodput.controllers.request_path import context_tokens
+    from goodput.controllers.compile.request_path import context_tokens
 
     doc = yaml.safe_load((SAMPLES / "modelgroup-llama-8b-tp1.yaml").read_text())
     doc["spec"]["engine"]["args"] = list(args)
@@ -594,7 +594,7 @@ def test_the_context_comes_from_the_engine_arguments(args: tuple[str, ...], expe
 
 
 def test_kv_byte_seconds_are_charged_to_the_tenant_when_the_policy_prices_them() -> None:
-    from goodput.controllers.fairness import CostWeights, FairnessPolicy
+    from goodput.controllers.requests.fairness import CostWeights, FairnessPolicy
 
     async def main() -> None:
         kv_only = request_path_policy(fairness=FairnessPolicy(cost_weights=CostWeights(0.0, 0.0, 1.0)))

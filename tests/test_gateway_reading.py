@@ -19,7 +19,7 @@ from goodput.operator.promql import (
     GATEWAY_QUANTITIES,
     HISTOGRAM_QUANTITIES,
     QUERY_LABEL,
-    Quantity,
+    QueryQuantity,
     SeriesLabels,
     Windows,
     gateway_sub_queries,
@@ -34,45 +34,45 @@ CUSTOM = SeriesLabels(namespace="kubernetes_namespace", model_group="app", group
     ("quantity", "expected"),
     [
         (
-            Quantity.GATEWAY_QUEUED_REQUESTS,
+            QueryQuantity.GATEWAY_QUEUED_REQUESTS,
             'sum by (slo_class) (goodput_gateway_queued_requests{namespace="ml",model_group="chat"})',
         ),
         (
-            Quantity.GATEWAY_EARLIEST_SLACK,
+            QueryQuantity.GATEWAY_EARLIEST_SLACK,
             'min by (slo_class) (goodput_gateway_earliest_slack_seconds{namespace="ml",model_group="chat"})',
         ),
         (
-            Quantity.GATEWAY_ADMITTED,
+            QueryQuantity.GATEWAY_ADMITTED,
             "sum by (slo_class) (increase(goodput_gateway_requests_total"
             '{namespace="ml",model_group="chat",outcome=~"admitted|deferred|degraded"}[120s]))',
         ),
         (
-            Quantity.GATEWAY_REJECTED,
+            QueryQuantity.GATEWAY_REJECTED,
             "sum by (slo_class) (increase(goodput_gateway_requests_total"
             '{namespace="ml",model_group="chat",outcome="rejected"}[120s]))',
         ),
         (
-            Quantity.GATEWAY_ATTAINING,
+            QueryQuantity.GATEWAY_ATTAINING,
             "sum by (slo_class) (increase(goodput_gateway_requests_finished_total"
             '{namespace="ml",model_group="chat",slo_met="true"}[120s]))',
         ),
         (
-            Quantity.GATEWAY_TTFT_BUCKETS,
+            QueryQuantity.GATEWAY_TTFT_BUCKETS,
             "sum by (slo_class, le) (increase(goodput_gateway_time_to_first_token_seconds_bucket"
             '{namespace="ml",model_group="chat"}[120s]))',
         ),
         (
-            Quantity.GATEWAY_SAMPLE_AGE,
+            QueryQuantity.GATEWAY_SAMPLE_AGE,
             'time() - max(timestamp(goodput_gateway_running_requests{namespace="ml",model_group="chat"}))',
         ),
         (
-            Quantity.GATEWAY_RUNNING_WORK,
+            QueryQuantity.GATEWAY_RUNNING_WORK,
             'sum(goodput_gateway_running_work_seconds{namespace="ml",model_group="chat"})',
         ),
     ],
     ids=lambda value: str(value)[:40],
 )
-def test_gateway_sub_query(quantity: Quantity, expected: str) -> None:
+def test_gateway_sub_query(quantity: QueryQuantity, expected: str) -> None:
     assert gateway_sub_queries(SeriesLabels(), "ml", "chat", WINDOWS)[quantity] == expected
 
 
@@ -103,32 +103,32 @@ def _metric_names(expression: str) -> list[str]:
     return [word.split("{")[0] for word in expression.replace("(", " ").split() if "goodput_gateway_" in word]
 
 
-def sample(quantity: Quantity, value: float | str, **labels: str) -> dict[str, Any]:
+def sample(quantity: QueryQuantity, value: float | str, **labels: str) -> dict[str, Any]:
     return {"metric": {QUERY_LABEL: quantity.value, **labels}, "value": [1700000000.0, str(value)]}
 
 
-def buckets(quantity: Quantity, cls: str, pairs: list[tuple[str, float]]) -> list[dict[str, Any]]:
+def buckets(quantity: QueryQuantity, cls: str, pairs: list[tuple[str, float]]) -> list[dict[str, Any]]:
     return [sample(quantity, count, slo_class=cls, le=bound) for bound, count in pairs]
 
 
 ANSWER: list[dict[str, Any]] = [
-    sample(Quantity.GATEWAY_SAMPLE_AGE, 1.5),
-    sample(Quantity.GATEWAY_RUNNING_REQUESTS, 3),
-    sample(Quantity.GATEWAY_RUNNING_WORK, 4.5),
-    sample(Quantity.GATEWAY_ROUTABLE_GROUPS, 2),
-    sample(Quantity.GATEWAY_QUEUED_REQUESTS, 2, slo_class="interactive"),
-    sample(Quantity.GATEWAY_QUEUED_WORK, 1.25, slo_class="interactive"),
-    sample(Quantity.GATEWAY_QUEUED_PROMPT_TOKENS, 2048, slo_class="interactive"),
-    sample(Quantity.GATEWAY_EARLIEST_SLACK, -0.5, slo_class="interactive"),
-    sample(Quantity.GATEWAY_ADMITTED, 90, slo_class="interactive"),
-    sample(Quantity.GATEWAY_REJECTED, 10, slo_class="interactive"),
-    sample(Quantity.GATEWAY_INFEASIBLE, 4, slo_class="interactive"),
-    sample(Quantity.GATEWAY_ATTAINING, 80, slo_class="interactive"),
-    sample(Quantity.GATEWAY_MISSED, 8, slo_class="interactive"),
-    *buckets(Quantity.GATEWAY_TTFT_BUCKETS, "interactive", [("0.5", 70), ("1.0", 86), ("+Inf", 88)]),
-    sample(Quantity.GATEWAY_QUEUED_REQUESTS, 0, slo_class="batch"),
-    sample(Quantity.GATEWAY_EARLIEST_SLACK, "+Inf", slo_class="batch"),
-    sample(Quantity.GATEWAY_ADMITTED, "NaN", slo_class="batch"),
+    sample(QueryQuantity.GATEWAY_SAMPLE_AGE, 1.5),
+    sample(QueryQuantity.GATEWAY_RUNNING_REQUESTS, 3),
+    sample(QueryQuantity.GATEWAY_RUNNING_WORK, 4.5),
+    sample(QueryQuantity.GATEWAY_ROUTABLE_GROUPS, 2),
+    sample(QueryQuantity.GATEWAY_QUEUED_REQUESTS, 2, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_QUEUED_WORK, 1.25, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_QUEUED_PROMPT_TOKENS, 2048, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_EARLIEST_SLACK, -0.5, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_ADMITTED, 90, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_REJECTED, 10, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_INFEASIBLE, 4, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_ATTAINING, 80, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_MISSED, 8, slo_class="interactive"),
+    *buckets(QueryQuantity.GATEWAY_TTFT_BUCKETS, "interactive", [("0.5", 70), ("1.0", 86), ("+Inf", 88)]),
+    sample(QueryQuantity.GATEWAY_QUEUED_REQUESTS, 0, slo_class="batch"),
+    sample(QueryQuantity.GATEWAY_EARLIEST_SLACK, "+Inf", slo_class="batch"),
+    sample(QueryQuantity.GATEWAY_ADMITTED, "NaN", slo_class="batch"),
     # An engine series in the same answer is the engines' business.
     {"metric": {QUERY_LABEL: "waiting", "group": "g0"}, "value": [1700000000.0, "1"]},
 ]
@@ -170,8 +170,11 @@ def test_an_idle_class_has_no_slack_and_nan_counts_nothing() -> None:
             "no gateway series at all",
             [{"metric": {QUERY_LABEL: "waiting", "group": "g0"}, "value": [0, "1"]}],
         ),
-        ("queue gauges without the sample age", [sample(Quantity.GATEWAY_QUEUED_REQUESTS, 3, slo_class="a")]),
-        ("a sample age that is not a number", [sample(Quantity.GATEWAY_SAMPLE_AGE, "NaN")]),
+        (
+            "queue gauges without the sample age",
+            [sample(QueryQuantity.GATEWAY_QUEUED_REQUESTS, 3, slo_class="a")],
+        ),
+        ("a sample age that is not a number", [sample(QueryQuantity.GATEWAY_SAMPLE_AGE, "NaN")]),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -182,9 +185,9 @@ def test_no_gateway_view_without_its_sample_age(name: str, answer: list[dict[str
 def test_negative_extrapolations_are_clipped_to_zero() -> None:
     gateway = gateway_from_result(
         [
-            sample(Quantity.GATEWAY_SAMPLE_AGE, -0.2),
-            sample(Quantity.GATEWAY_ADMITTED, -0.4, slo_class="a"),
-            sample(Quantity.GATEWAY_RUNNING_REQUESTS, "-Inf"),
+            sample(QueryQuantity.GATEWAY_SAMPLE_AGE, -0.2),
+            sample(QueryQuantity.GATEWAY_ADMITTED, -0.4, slo_class="a"),
+            sample(QueryQuantity.GATEWAY_RUNNING_REQUESTS, "-Inf"),
         ]
     )
     assert gateway is not None
@@ -198,4 +201,4 @@ def test_one_answer_gives_both_views() -> None:
     reading = reading_from_result(ANSWER, SeriesLabels())
     assert reading.gateway is not None
     assert reading.groups == {}  # g0's engine gauges are incomplete: no metrics, as before
-    assert Quantity.GATEWAY_TTFT_BUCKETS in HISTOGRAM_QUANTITIES
+    assert QueryQuantity.GATEWAY_TTFT_BUCKETS in HISTOGRAM_QUANTITIES

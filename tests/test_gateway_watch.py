@@ -21,13 +21,13 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from goodput.controllers.request_path import RequestPathPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.gateway.groups import StaticGroupSource
 from goodput.gateway.kube import (
     ApiServer,
-    Backoff,
     KubePolicySource,
     ResourceWatch,
+    WatchBackoff,
     WatchedObjects,
     WatchError,
     WatchGoneError,
@@ -39,7 +39,7 @@ from goodput.gateway.server import Gateway
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
 MODEL_GROUP = yaml.safe_load((SAMPLES / "modelgroup-llama-8b-tp1.yaml").read_text())
 SLO_POLICY = yaml.safe_load((SAMPLES / "slopolicy-interactive.yaml").read_text())
-FAST = Backoff(initial_seconds=0.01, max_seconds=0.05)
+FAST = WatchBackoff(initial_seconds=0.01, max_seconds=0.05)
 
 
 def obj(name: str, version: str, **extra: Any) -> dict[str, Any]:
@@ -112,7 +112,7 @@ def test_event_lines() -> None:
 
 
 def test_backoff_grows_and_is_capped() -> None:
-    backoff = Backoff(initial_seconds=0.5, max_seconds=4.0)
+    backoff = WatchBackoff(initial_seconds=0.5, max_seconds=4.0)
     assert [backoff.delay_seconds(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
 
 

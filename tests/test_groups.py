@@ -13,22 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.api.modelgroup import RECENT_DRAINS
-from goodput.api.reasons import EventReason, Reason
+from goodput.api.reasons import EventReason, NoFitReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.drain import DrainBaseline, DrainOutcomeRecord, DrainProgress, LeaderSample
-from goodput.controllers.groups import (
-    Backoff,
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.drain import DrainBaseline, DrainOutcomeRecord, DrainProgress, LeaderSample
+from goodput.controllers.groups.model import (
+    DomainBackoff,
     Plan,
     ReadinessRules,
     WarmupOutcome,
     World,
     encode_backoffs,
     parse_backoffs,
-    plan_model_group,
 )
-from goodput.controllers.observation import ConditionView, PodView, parse_pod
-from goodput.controllers.placement import GpuClaim, Inventory, NodeInventory, NoFitReason, PlacementRules
-from goodput.controllers.pods import GroupTemplate
+from goodput.controllers.groups.observation import ConditionView, PodView, parse_pod
+from goodput.controllers.groups.placement import GpuClaim, Inventory, NodeInventory, PlacementRules
+from goodput.controllers.groups.pods import GroupTemplate
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 CLIQUE = "nvidia.com/gpu.clique"
@@ -512,8 +512,8 @@ def test_a_missing_volume_claim_names_the_claim_and_the_field_while_placing_and_
 
 def test_expired_backoffs_are_dropped_and_active_ones_avoided() -> None:
     backoffs = (
-        Backoff("a", NOW - timedelta(seconds=1), "old"),
-        Backoff("c", NOW + timedelta(seconds=60), "new"),
+        DomainBackoff("a", NOW - timedelta(seconds=1), "old"),
+        DomainBackoff("c", NOW + timedelta(seconds=60), "new"),
     )
     plan = plan_model_group(world(desired=2, backoffs=backoffs))
     assert [c.domain for c in plan.creations] == ["a", "d"]
@@ -806,7 +806,7 @@ def test_a_draining_group_that_lost_a_rank_is_replaced_not_reused() -> None:
 
 
 def test_backoffs_round_trip_and_tolerate_garbage() -> None:
-    backoffs = (Backoff("a", NOW, "ScheduleTimeout"),)
+    backoffs = (DomainBackoff("a", NOW, "ScheduleTimeout"),)
     assert parse_backoffs(encode_backoffs(backoffs)) == backoffs
     assert parse_backoffs("not json") == ()
     assert parse_backoffs(json.dumps([{"domain": 3}])) == ()

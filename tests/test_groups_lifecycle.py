@@ -10,18 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_groups import NOW, RULES, STAGES, TEMPLATE, apply, group, idle, world
 
-from goodput.controllers.drain import LeaderSample
-from goodput.controllers.groups import (
-    TRANSITIONS,
-    GroupEvent,
-    IllegalTransitionError,
-    Plan,
-    WarmupOutcome,
-    World,
-    next_phase,
-    plan_model_group,
-)
-from goodput.controllers.groups.lifecycle import ACTIVE_STATES
+from goodput.api.modelgroup import ACTIVE_STATES
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.drain import LeaderSample
+from goodput.controllers.groups.lifecycle import TRANSITIONS, GroupEvent, IllegalTransitionError, next_phase
+from goodput.controllers.groups.model import Plan, WarmupOutcome, World
 
 LEGAL = [
     (None, GroupEvent.CREATED, "Placing"),

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from goodput.controllers import naming
-from goodput.controllers.expectations import EXISTS, expect, expect_deleted, overlay
-from goodput.controllers.observation import ConditionView, gpu_claim, parse_node, parse_pod
-from goodput.controllers.placement import GpuClaim, Taint
+from goodput.controllers.groups.expectations import EXISTS, expect, expect_deleted, overlay
+from goodput.controllers.groups.observation import ConditionView, gpu_claim, parse_node, parse_pod
+from goodput.controllers.groups.placement import GpuClaim, Taint
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

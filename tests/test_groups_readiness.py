@@ -11,9 +11,10 @@ from test_groups import NOW, RULES, group, world
 
 from goodput.api.modelgroup import ModelGroupStatus
 from goodput.api.reasons import ConditionType, EventReason
-from goodput.controllers.groups import WarmupOutcome, plan_model_group
-from goodput.controllers.observation import ConditionView, ContainerWaiting, PodView
-from goodput.controllers.status import model_group_status
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.model import WarmupOutcome
+from goodput.controllers.groups.observation import ConditionView, ContainerWaiting, PodView
+from goodput.controllers.groups.status import model_group_status
 
 
 @dataclass(frozen=True)

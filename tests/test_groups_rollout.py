@@ -14,9 +14,10 @@ from test_groups_lifecycle import moves
 from goodput.api.modelgroup import ModelGroupSpec, ModelGroupStatus
 from goodput.api.reasons import ConditionType, EventReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.groups import RolloutProgress, RolloutRules, parse_rollout, plan_model_group
-from goodput.controllers.observation import PodView
-from goodput.controllers.status import model_group_status
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.model import RolloutProgress, RolloutRules, parse_rollout
+from goodput.controllers.groups.observation import PodView
+from goodput.controllers.groups.status import model_group_status
 
 HOUR_AGO = NOW - timedelta(hours=1)
 RECENT = NOW - timedelta(seconds=200)

@@ -11,18 +11,18 @@ import pytest
 from goodput.api.base import wire_dict
 from goodput.api.conditions import Condition, find_condition
 from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
-from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.groups import Assessment, Backoff, DrainEnded, Plan
-from goodput.controllers.observation import ContainerWaiting, PodView
-from goodput.controllers.ownership import GROUP_STATUS
-from goodput.controllers.placement import NoFit, NoFitReason
-from goodput.controllers.status import (
+from goodput.api.reasons import ConditionType, NoFitReason, Reason
+from goodput.controllers.groups.model import Assessment, DomainBackoff, DrainEnded, Plan
+from goodput.controllers.groups.observation import ContainerWaiting, PodView
+from goodput.controllers.groups.placement import NoFit
+from goodput.controllers.groups.status import (
     RECENT_DRAINS,
     drain_summary,
     invalid_spec_status,
     model_group_status,
     with_others_conditions,
 )
+from goodput.controllers.ownership import GROUP_STATUS
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=5)
@@ -220,7 +220,7 @@ def test_invalid_spec_is_reported_on_ready_and_progressing() -> None:
 
 
 def test_a_backed_off_domain_keeps_scaling_limited_until_it_expires() -> None:
-    backoff = Backoff("clique-a", NOW + timedelta(minutes=5), "InsufficientGPUs")
+    backoff = DomainBackoff("clique-a", NOW + timedelta(minutes=5), "InsufficientGPUs")
     plan = Plan(annotations={}, groups=(assessment("g1", "Placing"),), backoffs=(backoff,))
     status = model_group_status(
         ModelGroupStatus(), name="llama", generation=1, desired_groups=1, plan=plan, now=NOW

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from goodput.controllers.placement import NodeInventory
-from goodput.controllers.pods import render_group
-from goodput.controllers.template import (
+from goodput.controllers.groups.placement import NodeInventory
+from goodput.controllers.groups.pods import render_group
+from goodput.controllers.groups.template import (
     IMAGE_REFERENCE,
     group_template,
     parse_model_group,

@@ -21,10 +21,12 @@ from test_groups import NOW, RULES, apply, group, idle, world
 from test_sim_simulation import ENGINE, Scripted
 
 from goodput.api.modelgroup import ModelGroup
-from goodput.controllers.groups import GroupTransition, Plan, WarmupOutcome, World, plan_model_group
+from goodput.controllers.groups.controller import plan_model_group
+from goodput.controllers.groups.lifecycle import GroupTransition
+from goodput.controllers.groups.model import Plan, WarmupOutcome, World
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.group_world import GroupRules
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, assign_classes
 
@@ -196,7 +198,7 @@ def test_a_drain_past_its_time_limit_aborts_what_is_in_flight_in_the_simulator_t
         <= timed_out[0] - started
         <= 10.0 + FleetConfig(engine=ENGINE, gpus_per_group=1).reconcile_interval_seconds
     )
-    assert (result.requests["outcome"] == Outcome.FAILED).sum() > 0
+    assert (result.requests["outcome"] == RequestExit.FAILED).sum() > 0
 
 
 def test_the_minimum_lifetime_holds_in_the_simulator() -> None:

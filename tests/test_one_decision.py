@@ -1,10 +1,12 @@
 """One decision, two worlds: the goodput policy the operator runs and the one the simulator runs decide
 the same from the same observations.
 
-`test_one_controller.py` shows that both worlds run the same group lifecycle for the same desired
-counts; here the desired counts come from the real policy (`controllers.autoscale.decide` with the
-sample SLOPolicy compiled by `controllers.policy_compile`). Each control tick of a simulated run is
-observed twice:
+Neither world is handed the other's capacity profile: each compiles the manifests its own way in
+(`compile_policy`, the simulator told the trace's mix as a benchmark would measure it), and the
+profiles must come out equal. `test_one_controller.py` shows that both worlds run the same group
+lifecycle for the same desired counts; here the desired counts come from the real policy
+(`controllers.autoscale.decide` with the sample SLOPolicy compiled by `controllers.compile.scaling`).
+Each control tick of a simulated run is observed twice:
 
 - as the simulator observes it: `GoodputPolicy` builds its snapshot from its scrape history;
 - as the operator observes it: the same scrapes rendered as the answer Prometheus gives to the
@@ -28,18 +30,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus
+from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
-from goodput.controllers.autoscale_model import Decision, DecisionState
-from goodput.controllers.policy_compile import DEFAULT_RATE_WINDOW_SECONDS, CompiledPolicy, compile_policy
+from goodput.controllers.autoscale.model import Decision, DecisionState
+from goodput.controllers.compile.scaling import (
+    DEFAULT_RATE_WINDOW_SECONDS,
+    CompiledPolicy,
+    ReferenceMix,
+    compile_policy,
+)
 from goodput.estimators.attainment import Histogram
 from goodput.operator.metrics_source import build_snapshot, metrics_by_group, query_windows
-from goodput.operator.promql import QUERY_LABEL, Quantity, SeriesLabels, Windows
+from goodput.operator.promql import QUERY_LABEL, QueryQuantity, SeriesLabels, Windows
 from goodput.simulator.config import SimulationSetup, build_setup
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.goodput_policy import GoodputPolicy
 from goodput.simulator.metrics import GroupScrape
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, assign_classes
 
@@ -52,7 +61,7 @@ LABELS = SeriesLabels()
 PHASES = ((0.0, 4.0), (120.0, 40.0), (330.0, 2.0), (600.0, 40.0), (720.0, 0.0))
 FAILURE_AT = 240.0
 # The simulator's group states in the API's words (`status.groups[].state`).
-API_STATES = {"Placing": "Placing", "Loading": "Provisioning", "Ready": "Ready", "Draining": "Draining"}
+API_STATES = {"Placing": "Placing", "Provisioning": "Provisioning", "Ready": "Ready", "Draining": "Draining"}
 
 
 def phased_load() -> Workload:
@@ -79,12 +88,24 @@ def the_simulators_policy() -> GoodputPolicy:
     return GoodputPolicy.for_setup(model_group_setup(), WORKLOAD, None)
 
 
-def the_operators_policy(simulated: GoodputPolicy) -> CompiledPolicy:
-    """The operator's compile of the same manifests, with the capacity profile the simulator derived
-    (a ModelGroup's profile is what a benchmark measured; here both worlds price work alike)."""
+def the_traces_mix() -> ReferenceMix:
+    """What a benchmark of this trace measures, the one thing the API cannot say: the request mix a
+    capacity is priced at. Computed here from the trace itself, so neither world's code supplies it."""
+    inputs, outputs = WORKLOAD.input_tokens, WORKLOAD.output_tokens
+    return ReferenceMix(
+        input_tokens=float(inputs.mean()),
+        output_tokens=float(outputs.mean()),
+        input_tokens_p90=float(np.percentile(inputs, 90)),
+        output_tokens_p90_over_mean=float(np.percentile(outputs, 90) / max(1.0, outputs.mean())),
+    )
+
+
+def the_operators_policy() -> CompiledPolicy:
+    """The operator's compile of the same manifests, told only what the benchmark measured (the mix);
+    the capacity profile is its own, built from the ModelGroup as the operator builds it."""
     setup = model_group_setup()
     assert setup.model_group is not None and setup.slo_policy is not None
-    compiled = compile_policy(setup.model_group, setup.slo_policy, profile=simulated.profile)
+    compiled = compile_policy(setup.model_group, setup.slo_policy, mix=the_traces_mix())
     assert isinstance(compiled, CompiledPolicy), compiled
     return compiled
 
@@ -92,12 +113,12 @@ def the_operators_policy(simulated: GoodputPolicy) -> CompiledPolicy:
 # --- The operator's observation: Prometheus's answer to the snapshot query ---------------------------
 
 
-def _sample(group: str, quantity: Quantity, value: float, now: float, **labels: str) -> dict[str, Any]:
+def _sample(group: str, quantity: QueryQuantity, value: float, now: float, **labels: str) -> dict[str, Any]:
     metric = {QUERY_LABEL: quantity.value, LABELS.group: group, **labels}
     return {"metric": metric, "value": [now, repr(float(value))]}
 
 
-def _buckets(group: str, quantity: Quantity, increase: Histogram, now: float) -> list[dict[str, Any]]:
+def _buckets(group: str, quantity: QueryQuantity, increase: Histogram, now: float) -> list[dict[str, Any]]:
     bounds = [*(repr(bound) for bound in increase.upper_bounds), "+Inf"]
     return [
         _sample(group, quantity, count, now, le=bound)
@@ -116,19 +137,21 @@ def _rate_series(
     """What `rate()` and `increase()` answer over the rate window for one group."""
     finished = latest.request_success_total - earlier.request_success_total
     figures = {
-        Quantity.PROMPT_TOKENS_RATE: (latest.prompt_tokens_total - earlier.prompt_tokens_total) / span,
-        Quantity.GENERATION_TOKENS_RATE: (latest.generation_tokens_total - earlier.generation_tokens_total)
+        QueryQuantity.PROMPT_TOKENS_RATE: (latest.prompt_tokens_total - earlier.prompt_tokens_total) / span,
+        QueryQuantity.GENERATION_TOKENS_RATE: (
+            latest.generation_tokens_total - earlier.generation_tokens_total
+        )
         / span,
-        Quantity.PROMPT_TOKENS_SUM: latest.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
-        Quantity.PROMPT_TOKENS_COUNT: finished,
-        Quantity.PROMPTS_STARTED: latest.time_to_first_token_seconds.total
+        QueryQuantity.PROMPT_TOKENS_SUM: latest.request_prompt_tokens_sum - earlier.request_prompt_tokens_sum,
+        QueryQuantity.PROMPT_TOKENS_COUNT: finished,
+        QueryQuantity.PROMPTS_STARTED: latest.time_to_first_token_seconds.total
         - earlier.time_to_first_token_seconds.total,
-        Quantity.PROMPT_TOKENS_STARTED: latest.prompt_tokens_total - earlier.prompt_tokens_total,
-        Quantity.GENERATION_TOKENS_SUM: latest.request_generation_tokens_sum
+        QueryQuantity.PROMPT_TOKENS_STARTED: latest.prompt_tokens_total - earlier.prompt_tokens_total,
+        QueryQuantity.GENERATION_TOKENS_SUM: latest.request_generation_tokens_sum
         - earlier.request_generation_tokens_sum,
-        Quantity.GENERATION_TOKENS_COUNT: finished,
-        Quantity.PREFIX_HITS: latest.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
-        Quantity.PREFIX_QUERIES: latest.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
+        QueryQuantity.GENERATION_TOKENS_COUNT: finished,
+        QueryQuantity.PREFIX_HITS: latest.prefix_cache_hits_total - earlier.prefix_cache_hits_total,
+        QueryQuantity.PREFIX_QUERIES: latest.prefix_cache_queries_total - earlier.prefix_cache_queries_total,
     }
     return [_sample(name, quantity, value, now) for quantity, value in figures.items()]
 
@@ -138,13 +161,18 @@ def _histogram_series(
 ) -> list[dict[str, Any]]:
     """What `increase()` answers over the goodput window: the outcomes and the bucket increases."""
     series = [
-        _sample(name, Quantity.FINISHED, latest.request_success_total - earlier.request_success_total, now)
+        _sample(
+            name, QueryQuantity.FINISHED, latest.request_success_total - earlier.request_success_total, now
+        )
     ]
     histograms = {
-        Quantity.TTFT_BUCKETS: (latest.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
-        Quantity.ITL_BUCKETS: (latest.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
-        Quantity.QUEUE_TIME_BUCKETS: (latest.request_queue_time_seconds, earlier.request_queue_time_seconds),
-        Quantity.TPOT_BUCKETS: (
+        QueryQuantity.TTFT_BUCKETS: (latest.time_to_first_token_seconds, earlier.time_to_first_token_seconds),
+        QueryQuantity.ITL_BUCKETS: (latest.inter_token_latency_seconds, earlier.inter_token_latency_seconds),
+        QueryQuantity.QUEUE_TIME_BUCKETS: (
+            latest.request_queue_time_seconds,
+            earlier.request_queue_time_seconds,
+        ),
+        QueryQuantity.TPOT_BUCKETS: (
             latest.request_time_per_output_token_seconds,
             earlier.request_time_per_output_token_seconds,
         ),
@@ -181,10 +209,10 @@ def prometheus_answer(observation: FleetObservation, windows: Windows) -> list[d
     for scraped in latest.groups:
         name = scraped.group
         series += [
-            _sample(name, Quantity.WAITING, scraped.num_requests_waiting, now),
-            _sample(name, Quantity.RUNNING, scraped.num_requests_running, now),
-            _sample(name, Quantity.KV_USAGE, scraped.kv_cache_usage_perc, now),
-            _sample(name, Quantity.SAMPLE_AGE, now - latest.time, now),
+            _sample(name, QueryQuantity.WAITING, scraped.num_requests_waiting, now),
+            _sample(name, QueryQuantity.RUNNING, scraped.num_requests_running, now),
+            _sample(name, QueryQuantity.KV_USAGE, scraped.kv_cache_usage_perc, now),
+            _sample(name, QueryQuantity.SAMPLE_AGE, now - latest.time, now),
         ]
         since, earlier = rate_starts.get(name, (latest.time, scraped))
         if latest.time > since:
@@ -306,8 +334,9 @@ def moves(result: SimulationResult) -> list[tuple[float, str, str, str | None, s
 
 def test_both_worlds_compile_the_same_policy_and_read_the_same_window() -> None:
     simulated = the_simulators_policy()
-    compiled = the_operators_policy(simulated)
+    compiled = the_operators_policy()
     assert simulated.policy == compiled.policy
+    assert simulated.profile == compiled.profile
     assert simulated.metrics_window_seconds == compiled.metrics_window_seconds
     windows = query_windows(compiled, DEFAULT_RATE_WINDOW_SECONDS)
     assert windows.rate_seconds < windows.histogram_seconds
@@ -323,9 +352,7 @@ def test_both_worlds_read_arrivals_over_a_drain_target_longer_than_the_rate_wind
     )
     policy = dataclasses.replace(simulated.policy, signals=signals)
     simulated = dataclasses.replace(simulated, policy=policy, metrics_window_seconds=900.0)
-    compiled = dataclasses.replace(
-        the_operators_policy(simulated), policy=policy, metrics_window_seconds=900.0
-    )
+    compiled = dataclasses.replace(the_operators_policy(), policy=policy, metrics_window_seconds=900.0)
     windows = query_windows(compiled, DEFAULT_RATE_WINDOW_SECONDS)
     assert windows.rate_seconds == 600
     assert simulated.describe()["rate_window_seconds"] == windows.rate_seconds
@@ -333,7 +360,7 @@ def test_both_worlds_read_arrivals_over_a_drain_target_longer_than_the_rate_wind
 
 def test_the_same_observations_give_the_same_decisions_at_every_interval() -> None:
     simulated = the_simulators_policy()
-    watcher = ThroughTheOperator(the_operators_policy(simulated))
+    watcher = ThroughTheOperator(the_operators_policy())
     recorded = Recorded(simulated, watcher)
     run(recorded)
     ours = [(at, summary(d)) for at, d in recorded.decisions]
@@ -346,10 +373,42 @@ def test_the_same_observations_give_the_same_decisions_at_every_interval() -> No
 def test_acting_on_either_worlds_decisions_gives_the_same_scale_events_and_group_transitions() -> None:
     simulated = the_simulators_policy()
     recorded = Recorded(simulated)
-    operator = ThroughTheOperator(the_operators_policy(simulated))
+    operator = ThroughTheOperator(the_operators_policy())
     offline, deployed = run(recorded), run(operator)
     assert [summary(d) for _, d in recorded.decisions] == [summary(d) for _, d in operator.decisions]
     assert scale_events(offline) == scale_events(deployed)
     assert moves(offline) == moves(deployed)
     events = {event for _, _, event, _, _ in moves(offline)}
     assert {"Created", "WarmedUp", "Replaced", "ScaledIn"} <= events
+
+
+def test_both_worlds_build_the_same_capacity_profile_from_the_model_group() -> None:
+    """Neither side is handed the other's profile: a step model, batch limit, target or calibration
+    that differed between the two would show here as two profiles."""
+    simulated = the_simulators_policy().profile
+    deployed = the_operators_policy().profile
+
+    assert simulated.step_model == deployed.step_model
+    assert (simulated.max_num_seqs, simulated.max_num_batched_tokens) == (
+        deployed.max_num_seqs,
+        deployed.max_num_batched_tokens,
+    )
+    assert simulated.reference == deployed.reference
+    assert simulated == deployed
+
+
+def test_the_simulator_refuses_a_policy_the_operator_rejects_with_the_same_words() -> None:
+    setup = model_group_setup()
+    assert setup.model_group is not None and setup.slo_policy is not None
+    body = setup.slo_policy.model_dump(by_alias=True, mode="json")
+    # A scale-down window shorter than the interval passes the API server but not the operator.
+    body["spec"]["autoscaling"]["intervalSeconds"] = 30
+    body["spec"]["autoscaling"]["scaleDown"]["stabilizationWindowSeconds"] = 10
+    rejected = SloPolicy.model_validate(body)
+    operators_answer = compile_policy(setup.model_group, rejected)
+    assert isinstance(operators_answer, str)
+
+    with pytest.raises(ValueError) as refused:
+        GoodputPolicy.for_setup(dataclasses.replace(setup, slo_policy=rejected), WORKLOAD, None)
+
+    assert str(refused.value) == operators_answer

@@ -19,11 +19,12 @@ import pytest
 from waiting import until
 
 from goodput.controllers import naming
-from goodput.controllers.drain import LeaderSample, parse_progress
-from goodput.controllers.groups import APPLY_ORDER, EventRecord, Plan
-from goodput.controllers.observation import RouteView, parse_node, parse_pod
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.drain import LeaderSample, parse_progress
+from goodput.controllers.groups.model import APPLY_ORDER, Plan
+from goodput.controllers.groups.observation import RouteView, parse_node, parse_pod
+from goodput.controllers.groups.placement import GpuClaim
 from goodput.controllers.ownership import GROUP_STATUS
-from goodput.controllers.placement import GpuClaim
 from goodput.operator.handlers import (
     GROUP_WRITES,
     OWN_STEPS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from goodput.controllers.groups import DrainEnded
+from goodput.controllers.groups.model import DrainEnded
 from goodput.operator.metrics import OperatorMetrics
 
 

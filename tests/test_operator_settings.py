@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from goodput.controllers.drain import LeaderSample
+from goodput.controllers.groups.drain import LeaderSample
 from goodput.operator.engine import generated_tokens, parse_leader_metrics
 from goodput.operator.settings import Settings, add_arguments, auto_priority, settings_from_args
 

@@ -11,8 +11,8 @@ import pytest
 from goodput.api.conditions import find_condition
 from goodput.api.reasons import ConditionType, EventReason, Reason
 from goodput.api.slopolicy import SloPolicyStatus
+from goodput.controllers.compile.slo_policy import parse_slo_policy, policy_problems, reconcile_policy
 from goodput.controllers.ownership import POLICY_STATUS
-from goodput.controllers.policy import parse_slo_policy, policy_problems, reconcile_policy
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 POLICY: dict[str, Any] = {

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.api.modelgroup import NodeAffinityTerm, Toleration
-from goodput.controllers.placement import (
+from goodput.api.reasons import NoFitReason
+from goodput.controllers.groups.placement import (
     GpuClaim,
     GroupShape,
     Inventory,
     NodeInventory,
     NoFit,
-    NoFitReason,
     Placed,
     PlacementRules,
     Taint,

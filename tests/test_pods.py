@@ -20,7 +20,7 @@ from goodput.api.modelgroup import (
     Warmup,
 )
 from goodput.controllers import naming
-from goodput.controllers.pods import GroupTemplate, render_group, vllm_args
+from goodput.controllers.groups.pods import GroupTemplate, render_group, vllm_args
 
 LLAMA_8B = GroupTemplate(
     model_group="llama-8b",

@@ -15,25 +15,29 @@ import pytest
 import yaml
 
 from goodput.api.modelgroup import ModelGroup
-from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.autoscale_model import (
+from goodput.api.slopolicy import SloPolicy, SloPolicySpec
+from goodput.controllers.autoscale.model import (
     Mode,
+    ScalingPolicy,
     ScalingRules,
     SelectPolicy,
+    SloTargets,
     StaleMetricsAction,
     StepPolicy,
     StepPolicyType,
 )
-from goodput.controllers.hardware import step_cost_model
-from goodput.controllers.policy_compile import (
+from goodput.controllers.compile.scaling import (
     CompiledPolicy,
+    GroupBounds,
     ReferenceMix,
+    bounded_scaling_policy,
     capacity_profile,
     compile_policy,
     profile_key,
     scaling_policy,
     scaling_rules,
 )
+from goodput.controllers.hardware import step_cost_model
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, StepCostModel
 
 SAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "samples"
@@ -313,3 +317,15 @@ def test_a_prebuilt_profile_is_used_as_given() -> None:
     assert not isinstance(profile, str)
     compiled = compile_policy(group, policy, profile=profile)
     assert isinstance(compiled, CompiledPolicy) and compiled.profile is profile
+
+
+def test_goodputs_defaults_are_written_once_in_the_api() -> None:
+    """A policy that says nothing compiles to the decision's own defaults: both read api/slopolicy.py."""
+    spec = SloPolicySpec.model_validate(
+        {"revision": "r1", "classes": [{"name": "chat", "ttftSeconds": 1.0, "itlSeconds": 0.08}]}
+    )
+
+    compiled = bounded_scaling_policy(GroupBounds(1, 16, 0), spec)
+
+    assert compiled == ScalingPolicy(min_groups=1, max_groups=16, revision="r1", classes=compiled.classes)
+    assert compiled.classes == (SloTargets("chat", 1.0, 0.08),)

@@ -14,7 +14,7 @@ from goodput.operator.metrics_source import metrics_by_group
 from goodput.operator.promql import (
     HISTOGRAM_QUANTITIES,
     QUERY_LABEL,
-    Quantity,
+    QueryQuantity,
     SeriesLabels,
     Windows,
     label_value,
@@ -30,8 +30,8 @@ CUSTOM = SeriesLabels(namespace="kubernetes_namespace", model_group="app", group
 def test_every_quantity_is_asked_once_and_tagged() -> None:
     query = snapshot_query(SeriesLabels(), "serving", "llama", WINDOWS)
     tags = re.findall(rf'"{QUERY_LABEL}", "([a-z_]+)", "", ""\)', query)
-    assert sorted(tags) == sorted(quantity.value for quantity in Quantity)
-    assert query.count("\n  or label_replace(") == len(Quantity) - 1
+    assert sorted(tags) == sorted(quantity.value for quantity in QueryQuantity)
+    assert query.count("\n  or label_replace(") == len(QueryQuantity) - 1
 
 
 def test_each_sub_query_selects_one_model_group_and_keeps_one_series_per_group() -> None:
@@ -52,25 +52,27 @@ def test_the_users_label_names_are_used_everywhere() -> None:
 @pytest.mark.parametrize(
     ("quantity", "window"),
     [
-        (Quantity.PROMPT_TOKENS_RATE, "[45s]"),
-        (Quantity.GENERATION_TOKENS_RATE, "[45s]"),
-        (Quantity.PROMPT_TOKENS_SUM, "[45s]"),
-        (Quantity.PREFIX_QUERIES, "[45s]"),
-        (Quantity.FINISHED, "[300s]"),
-        (Quantity.REJECTED, "[300s]"),
-        (Quantity.TTFT_BUCKETS, "[300s]"),
-        (Quantity.QUEUE_TIME_BUCKETS, "[300s]"),
-        (Quantity.PROMPT_TOKENS_BUCKETS, "[300s]"),
+        (QueryQuantity.PROMPT_TOKENS_RATE, "[45s]"),
+        (QueryQuantity.GENERATION_TOKENS_RATE, "[45s]"),
+        (QueryQuantity.PROMPT_TOKENS_SUM, "[45s]"),
+        (QueryQuantity.PREFIX_QUERIES, "[45s]"),
+        (QueryQuantity.FINISHED, "[300s]"),
+        (QueryQuantity.REJECTED, "[300s]"),
+        (QueryQuantity.TTFT_BUCKETS, "[300s]"),
+        (QueryQuantity.QUEUE_TIME_BUCKETS, "[300s]"),
+        (QueryQuantity.PROMPT_TOKENS_BUCKETS, "[300s]"),
     ],
     ids=str,
 )
-def test_rates_follow_the_recent_window_and_counts_the_policy_window(quantity: Quantity, window: str) -> None:
+def test_rates_follow_the_recent_window_and_counts_the_policy_window(
+    quantity: QueryQuantity, window: str
+) -> None:
     expression = sub_queries(SeriesLabels(), "serving", "llama", WINDOWS)[quantity]
     assert re.findall(r"\[\d+s\]", expression) == [window]
 
 
 def test_the_backlog_is_the_capacity_backlog_and_falls_back_to_the_total() -> None:
-    waiting = sub_queries(SeriesLabels(), "serving", "llama", WINDOWS)[Quantity.WAITING]
+    waiting = sub_queries(SeriesLabels(), "serving", "llama", WINDOWS)[QueryQuantity.WAITING]
     by_reason, fallback = waiting.split(" or ")
     assert (
         'vllm:num_requests_waiting_by_reason{namespace="serving",model_group="llama",reason="capacity"}'
@@ -81,8 +83,8 @@ def test_the_backlog_is_the_capacity_backlog_and_falls_back_to_the_total() -> No
 
 def test_finished_and_aborted_split_vllms_finish_reasons() -> None:
     queries = sub_queries(SeriesLabels(), "serving", "llama", WINDOWS)
-    assert 'finished_reason=~"stop|length|repetition"' in queries[Quantity.FINISHED]
-    assert 'finished_reason=~"abort|error"' in queries[Quantity.ABORTED]
+    assert 'finished_reason=~"stop|length|repetition"' in queries[QueryQuantity.FINISHED]
+    assert 'finished_reason=~"abort|error"' in queries[QueryQuantity.ABORTED]
 
 
 def test_label_values_are_quoted() -> None:
@@ -111,10 +113,10 @@ def test_an_answer_under_the_users_labels_is_read_under_them() -> None:
 
 
 def test_prompt_lengths_are_read_per_bucket_from_vllms_histogram() -> None:
-    expression = sub_queries(SeriesLabels(), "serving", "llama", WINDOWS)[Quantity.PROMPT_TOKENS_BUCKETS]
+    expression = sub_queries(SeriesLabels(), "serving", "llama", WINDOWS)[QueryQuantity.PROMPT_TOKENS_BUCKETS]
     assert "vllm:request_prompt_tokens_bucket" in expression
     assert "by (group, le)" in expression
-    assert Quantity.PROMPT_TOKENS_BUCKETS in HISTOGRAM_QUANTITIES
+    assert QueryQuantity.PROMPT_TOKENS_BUCKETS in HISTOGRAM_QUANTITIES
 
 
 @pytest.mark.parametrize(
@@ -131,7 +133,7 @@ def test_prompt_lengths_are_read_per_bucket_from_vllms_histogram() -> None:
 )
 def test_the_prompt_lookback_spans_at_least_the_goodput_window(windows: Windows, span: str) -> None:
     expression = sub_queries(SeriesLabels(), "serving", "llama", windows)[
-        Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS
+        QueryQuantity.PROMPT_TOKENS_LOOKBACK_BUCKETS
     ]
     assert "increase(vllm:request_prompt_tokens_bucket{" in expression and expression.endswith(f"{span}))")
-    assert Quantity.PROMPT_TOKENS_LOOKBACK_BUCKETS in HISTOGRAM_QUANTITIES
+    assert QueryQuantity.PROMPT_TOKENS_LOOKBACK_BUCKETS in HISTOGRAM_QUANTITIES

@@ -1,4 +1,4 @@
-"""Routing by predicted work, prefix affinity and session stickiness (goodput.controllers.routing)."""
+"""Routing by predicted work, prefix affinity and session stickiness (controllers.requests.routing)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.controllers.admission import GroupLoad
-from goodput.controllers.routing import (
+from goodput.api.reasons import RouteReason
+from goodput.controllers.requests.admission import GroupLoad
+from goodput.controllers.requests.routing import (
     Candidate,
     GroupBook,
-    RouteReason,
     RouteRequest,
     RoutingPolicy,
     choose_group,
@@ -203,7 +203,7 @@ def test_choice_is_always_serving_and_least_loaded_when_no_preference(
     ],
 )
 def test_free_dispatch_slots(seats: int, unstarted: int, expected: int) -> None:
-    from goodput.controllers.routing import free_dispatch_slots
+    from goodput.controllers.requests.routing import free_dispatch_slots
 
     assert free_dispatch_slots(seats, unstarted, chunk_tokens=2048) == expected
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Recommendation,
     ScaleEvent,
     ScalingRules,
@@ -29,6 +29,7 @@ from goodput.simulator.baselines import (
     plain_metric_replicas,
     reconcile_replicas,
 )
+from goodput.simulator.fleet_policy import FleetObservation
 from goodput.simulator.metrics import (
     TTFT_BUCKETS_SECONDS,
     FleetSample,
@@ -36,7 +37,6 @@ from goodput.simulator.metrics import (
     HistogramAccumulator,
     MetricsView,
 )
-from goodput.simulator.policy import FleetObservation
 
 # ----------------------------------------------------------------------------- HPA replica calculation
 
@@ -381,7 +381,7 @@ def observe(
         now=now,
         desired_groups=desired,
         placing_groups=0,
-        loading_groups=starting,
+        provisioning_groups=starting,
         ready_groups=ready,
         draining_groups=0,
         min_groups=1,

@@ -13,7 +13,7 @@ from goodput.simulator.baselines import FixedFleet
 from goodput.simulator.batched import BatchedRunSettings, simulate_batched, water_fill
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.report import ClassTargets, judge, summarize
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, assign_classes
@@ -101,7 +101,7 @@ def test_every_request_ends_once_in_order_and_on_a_group_of_the_fleet() -> None:
     workload = conversation_like(30.0, 120.0)
     result = simulate_batched(workload, fleet(ENGINE_8B, 3), BatchedRunSettings(3))
     requests = result.requests
-    finished = requests["outcome"] == Outcome.FINISHED
+    finished = requests["outcome"] == RequestExit.FINISHED
     assert finished.all()
     assert (requests["first_token_at"] >= requests["arrival"]).all()
     assert (requests["scheduled_at"] >= requests["arrival"]).all()
@@ -117,7 +117,11 @@ def test_a_prompt_larger_than_the_kv_cache_is_rejected_and_the_rest_served() -> 
         "one too long", np.array([0.0, 0.5, 1.0]), np.array([200, too_long, 300]), np.array([20, 20, 20])
     )
     outcome = simulate_batched(workload, fleet(ENGINE_8B, 2), BatchedRunSettings(2)).requests["outcome"]
-    assert outcome.tolist() == [Outcome.FINISHED, Outcome.REJECTED_TOO_LONG, Outcome.FINISHED]
+    assert outcome.tolist() == [
+        RequestExit.FINISHED,
+        RequestExit.REJECTED_TOO_LONG,
+        RequestExit.FINISHED,
+    ]
 
 
 def test_a_request_on_an_idle_group_waits_only_for_its_own_prefill_and_decode() -> None:
@@ -134,8 +138,8 @@ def test_requests_still_in_flight_when_the_tail_ends_are_unfinished() -> None:
     workload = conversation_like(200.0, 30.0)  # far beyond one group
     result = simulate_batched(workload, fleet(ENGINE_8B, 1), BatchedRunSettings(1, tail_seconds=5.0))
     outcome = result.requests["outcome"]
-    assert (outcome == Outcome.UNFINISHED).sum() > 0
-    assert set(np.unique(outcome)) <= {Outcome.FINISHED, Outcome.UNFINISHED}
+    assert (outcome == RequestExit.UNFINISHED).sum() > 0
+    assert set(np.unique(outcome)) <= {RequestExit.FINISHED, RequestExit.UNFINISHED}
     assert result.end_seconds <= workload.span_seconds + 5.0 + 0.1
 
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B, LLAMA_3_1_70B
-from goodput.simulator.engine import Engine, EngineConfig, _count_above, _Seq
-from goodput.simulator.records import Outcome, RequestLog
+from goodput.simulator.engine import EngineConfig, SimulatedEngine, _count_above, _Seq
+from goodput.simulator.records import RequestExit, RequestLog
 from goodput.simulator.workload import Workload
 
 CONFIG = EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G)
@@ -31,17 +31,17 @@ class Arrival:
 
 def make_engine(
     arrivals: list[Arrival], config: EngineConfig = CONFIG, itl_targets: tuple[float, ...] = ()
-) -> tuple[Engine, RequestLog]:
+) -> tuple[SimulatedEngine, RequestLog]:
     times = np.array([a.time for a in arrivals])
     workload = Workload(
         "test", times, np.array([a.prompt for a in arrivals]), np.array([a.output for a in arrivals])
     )
     log = RequestLog(workload)
-    return Engine(config, log, random.Random(0), itl_targets_seconds=itl_targets), log
+    return SimulatedEngine(config, log, random.Random(0), itl_targets_seconds=itl_targets), log
 
 
 def drive(
-    engine: Engine,
+    engine: SimulatedEngine,
     log: RequestLog,
     arrivals: list[Arrival],
     observe_at: tuple[float, ...] = (),
@@ -89,7 +89,7 @@ def test_single_request_on_an_idle_engine(profile: str) -> None:
     decodes = sum(cost.step_seconds(1, 0.0, 1000 + generated, 1) for generated in range(1, 5))
     assert log.first_token_at[0] == pytest.approx(prefill, rel=1e-12)
     assert log.finished_at[0] == pytest.approx(prefill + decodes, rel=1e-12)
-    assert log.outcome[0] == Outcome.FINISHED
+    assert log.outcome[0] == RequestExit.FINISHED
     assert engine.generation_tokens_total == 5
     assert engine.steps_total == 5
     assert engine.used_blocks == 0
@@ -136,7 +136,7 @@ def test_kv_exhaustion_preempts_the_newest_request_which_recomputes_later() -> N
     arrivals = [Arrival(0.0, 400, 400), Arrival(0.001, 400, 400)]  # 25 blocks each, growing to 50
     engine, log = make_engine(arrivals, small)
     drive(engine, log, arrivals)
-    assert log.outcome == [Outcome.FINISHED, Outcome.FINISHED]
+    assert log.outcome == [RequestExit.FINISHED, RequestExit.FINISHED]
     assert log.preemptions[0] == 0
     assert log.preemptions[1] >= 1
     assert engine.num_preemptions_total == log.preemptions[1]
@@ -150,7 +150,7 @@ def test_a_request_that_can_never_fit_the_kv_cache_is_rejected() -> None:
     engine, log = make_engine(arrivals, small)
     assert engine.fits(1000) and not engine.fits(2000)
     drive(engine, log, arrivals)
-    assert log.outcome[0] == Outcome.REJECTED_TOO_LONG
+    assert log.outcome[0] == RequestExit.REJECTED_TOO_LONG
     assert engine.step_end is None and engine.in_flight == 0
 
 

@@ -13,23 +13,23 @@ import numpy as np
 import pytest
 
 from goodput.simulator.config import build_setup
-from goodput.simulator.fair_bench import Outcome, cheapest_meeting_target, meets_target, swept
+from goodput.simulator.fair_bench import FairnessRunFigures, cheapest_meeting_target, meets_target, swept
 from goodput.simulator.feasible import Feasibility
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.report import ClassTargets
 from goodput.simulator.workload import Workload
 
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
 
 
-def outcome(setting: float, gpu_hours: float, met: int, meets: bool) -> Outcome:
-    return Outcome(setting, gpu_hours, offered=100, feasible=100, met=met, meets_target=meets)
+def outcome(setting: float, gpu_hours: float, met: int, meets: bool) -> FairnessRunFigures:
+    return FairnessRunFigures(setting, gpu_hours, offered=100, feasible=100, met=met, meets_target=meets)
 
 
 @dataclass(frozen=True)
 class SweepCase:
     name: str
-    sweep: tuple[Outcome, ...]
+    sweep: tuple[FairnessRunFigures, ...]
     chosen_setting: float
     met_target: bool
 
@@ -98,7 +98,7 @@ EXTENSION_CASES = [
 
 @pytest.mark.parametrize("case", EXTENSION_CASES, ids=lambda case: case.name)
 def test_the_sweep_goes_past_the_safe_end_only_while_nothing_meets_the_target(case: ExtensionCase) -> None:
-    def run(setting: float) -> Outcome:
+    def run(setting: float) -> FairnessRunFigures:
         meets = any(abs(setting - m) < 1e-9 for m in case.meeting)
         return outcome(setting, 1.0 / max(setting, case.held_from), 99 if meets else 50, meets)
 
@@ -111,7 +111,7 @@ def test_a_step_past_the_safe_end_that_costs_less_but_meets_more_does_not_end_th
     # but meets more, and 0.125 meets the target.
     figures = {0.5: (2.0, 80), 1.0: (1.5, 70), 3.0: (1.0, 60), 0.25: (1.8, 90), 0.125: (1.9, 99)}
 
-    def run(setting: float) -> Outcome:
+    def run(setting: float) -> FairnessRunFigures:
         gpu_hours, met = figures[setting]
         return outcome(setting, gpu_hours, met, met >= 99)
 
@@ -168,7 +168,7 @@ EDGE_CASES = [
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda case: case.name)
 def test_the_sweep_bisects_the_edge_where_settings_stop_meeting_the_target(case: EdgeCase) -> None:
-    def run(setting: float) -> Outcome:
+    def run(setting: float) -> FairnessRunFigures:
         meets = setting <= case.meets_up_to + 1e-9
         return outcome(setting, 1.0 / setting, 99 if meets else 50, meets)
 

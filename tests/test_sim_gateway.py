@@ -16,20 +16,21 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.api.reasons import AdmissionReason
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.admission import AdmissionReason
-from goodput.controllers.request_path import RequestPathPolicy, compile_request_path
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.operator.metrics_source import gateway_from_result
-from goodput.operator.promql import GATEWAY_CLASS_LABEL, QUERY_LABEL, Quantity
+from goodput.operator.promql import GATEWAY_CLASS_LABEL, QUERY_LABEL, QueryQuantity
 from goodput.simulator.baselines import FixedFleet
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.envelope import CapacityEnvelope
 from goodput.simulator.fair_bench import FairBench, outcome_record
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetObservation
 from goodput.simulator.gateway import (
     ADMISSION_NAMES,
-    Admission,
     GatewaySample,
+    GatewayTreatment,
     SimGateway,
     gateway_observation,
 )
@@ -42,8 +43,7 @@ from goodput.simulator.gateway_bench import (
 )
 from goodput.simulator.goodput_policy import GoodputPolicy, snapshot_from
 from goodput.simulator.metrics import FleetSample, MetricsView
-from goodput.simulator.policy import FleetObservation
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.report import judge, summarize
 from goodput.simulator.runner import Bench, RunOptions, request_path_for
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
@@ -86,9 +86,9 @@ def test_under_overload_the_gateway_refuses_some_and_the_admitted_meet_their_slo
     met_without, met_with = judge(without, setup().classes).met, judge(with_gateway, setup().classes).met
     sent_without = without.requests["group"] >= 0
     sent_with = with_gateway.requests["group"] >= 0
-    refused = with_gateway.requests["outcome"] == Outcome.REJECTED_ADMISSION
+    refused = with_gateway.requests["outcome"] == RequestExit.REJECTED_ADMISSION
     assert refused.sum() > 0
-    assert not (without.requests["outcome"] == Outcome.REJECTED_ADMISSION).any()
+    assert not (without.requests["outcome"] == RequestExit.REJECTED_ADMISSION).any()
     attained_with = met_with[sent_with].mean()
     attained_without = met_without[sent_without].mean()
     assert attained_with >= 0.8
@@ -117,7 +117,7 @@ def test_every_offered_request_has_exactly_one_outcome_at_the_door_and_the_repor
     assert gateway["slo_met"] == report["slo_met_requests"]
     # Requests refused at the door never reached a group; those that proceeded and were not
     # refused later did.
-    refused = np.isin(admission, [Admission.REJECTED, Admission.HOLD_EXPIRED])
+    refused = np.isin(admission, [GatewayTreatment.REJECTED, GatewayTreatment.HOLD_EXPIRED])
     assert (with_gateway.requests["group"][refused] == -1).all()
     assert report["attainment_offered"] == pytest.approx(report["slo_met_requests"] / len(workload))
 
@@ -176,7 +176,7 @@ def test_with_no_ready_group_a_request_is_held_and_goes_to_the_first_group_that_
     gateway = SimGateway(policy(), small_workload(1))
     hold_until = gateway.arrive(0, 0.0, [])
     assert hold_until is not None and hold_until > 0.0
-    assert gateway.admission[0] == Admission.DEFERRED
+    assert gateway.admission[0] == GatewayTreatment.DEFERRED
     assert gateway.reason[0] == AdmissionReason.NO_READY_GROUP.value
     assert gateway.pump(1.0, []) == []
     sample = gateway.sample(1.0, [])
@@ -191,7 +191,7 @@ def test_a_held_request_no_group_takes_in_time_leaves_with_its_hold_expired() ->
     hold_until = gateway.arrive(0, 0.0, [])
     assert hold_until is not None
     assert gateway.expire(0, hold_until)
-    assert gateway.admission[0] == Admission.HOLD_EXPIRED
+    assert gateway.admission[0] == GatewayTreatment.HOLD_EXPIRED
     assert gateway.pump(hold_until + 1, [0]) == []
     assert not gateway.holds_requests()
 
@@ -199,7 +199,7 @@ def test_a_held_request_no_group_takes_in_time_leaves_with_its_hold_expired() ->
 def test_a_prompt_beyond_the_context_is_refused_at_the_door_and_counted_offered_and_rejected() -> None:
     gateway = SimGateway(policy(), small_workload(1, prompt_tokens=policy().admission.context_tokens + 10))
     assert gateway.arrive(0, 0.0, [0]) is None
-    assert gateway.admission[0] == Admission.REJECTED
+    assert gateway.admission[0] == GatewayTreatment.REJECTED
     assert gateway.reason[0] == AdmissionReason.BEYOND_CONTEXT.value
     chat = gateway.sample(0.0, [0]).classes[0]
     assert (chat.offered, chat.admitted, chat.rejected) == (1, 0, 1)
@@ -233,14 +233,14 @@ def as_prometheus_answer(
     """The gateway's series as the operator's snapshot query answers them: gauges of the latest
     scrape, counters' increases and bucket increases over the window."""
 
-    def series(quantity: Quantity, value: float, **labels: str) -> dict[str, Any]:
+    def series(quantity: QueryQuantity, value: float, **labels: str) -> dict[str, Any]:
         return {"metric": {QUERY_LABEL: quantity.value, **labels}, "value": [0, str(value)]}
 
     answer = [
-        series(Quantity.GATEWAY_SAMPLE_AGE, age_seconds),
-        series(Quantity.GATEWAY_RUNNING_REQUESTS, sample.running_requests),
-        series(Quantity.GATEWAY_RUNNING_WORK, sample.running_work_seconds),
-        series(Quantity.GATEWAY_ROUTABLE_GROUPS, sample.routable_groups),
+        series(QueryQuantity.GATEWAY_SAMPLE_AGE, age_seconds),
+        series(QueryQuantity.GATEWAY_RUNNING_REQUESTS, sample.running_requests),
+        series(QueryQuantity.GATEWAY_RUNNING_WORK, sample.running_work_seconds),
+        series(QueryQuantity.GATEWAY_ROUTABLE_GROUPS, sample.routable_groups),
     ]
     before = {entry.class_name: entry for entry in earlier.classes}
     for entry in sample.classes:
@@ -248,22 +248,22 @@ def as_prometheus_answer(
         label = {GATEWAY_CLASS_LABEL: entry.class_name}
         slack = math.inf if entry.earliest_slack_seconds is None else entry.earliest_slack_seconds
         answer += [
-            series(Quantity.GATEWAY_QUEUED_REQUESTS, entry.waiting_requests, **label),
-            series(Quantity.GATEWAY_QUEUED_WORK, entry.waiting_work_seconds, **label),
-            series(Quantity.GATEWAY_QUEUED_PROMPT_TOKENS, entry.waiting_prompt_tokens, **label),
-            series(Quantity.GATEWAY_EARLIEST_SLACK, slack, **label),
-            series(Quantity.GATEWAY_ADMITTED, entry.admitted - start.admitted, **label),
-            series(Quantity.GATEWAY_REJECTED, entry.rejected - start.rejected, **label),
-            series(Quantity.GATEWAY_INFEASIBLE, entry.infeasible - start.infeasible, **label),
-            series(Quantity.GATEWAY_ATTAINING, entry.attaining - start.attaining, **label),
-            series(Quantity.GATEWAY_MISSED, entry.missed - start.missed, **label),
+            series(QueryQuantity.GATEWAY_QUEUED_REQUESTS, entry.waiting_requests, **label),
+            series(QueryQuantity.GATEWAY_QUEUED_WORK, entry.waiting_work_seconds, **label),
+            series(QueryQuantity.GATEWAY_QUEUED_PROMPT_TOKENS, entry.waiting_prompt_tokens, **label),
+            series(QueryQuantity.GATEWAY_EARLIEST_SLACK, slack, **label),
+            series(QueryQuantity.GATEWAY_ADMITTED, entry.admitted - start.admitted, **label),
+            series(QueryQuantity.GATEWAY_REJECTED, entry.rejected - start.rejected, **label),
+            series(QueryQuantity.GATEWAY_INFEASIBLE, entry.infeasible - start.infeasible, **label),
+            series(QueryQuantity.GATEWAY_ATTAINING, entry.attaining - start.attaining, **label),
+            series(QueryQuantity.GATEWAY_MISSED, entry.missed - start.missed, **label),
         ]
         bounds = (*entry.ttft.upper_bounds, math.inf)
         for bound, later, first in zip(
             bounds, entry.ttft.cumulative_counts, start.ttft.cumulative_counts, strict=True
         ):
             le = "+Inf" if bound == math.inf else repr(bound)
-            answer.append(series(Quantity.GATEWAY_TTFT_BUCKETS, later - first, **label, le=le))
+            answer.append(series(QueryQuantity.GATEWAY_TTFT_BUCKETS, later - first, **label, le=le))
     return answer
 
 
@@ -356,7 +356,7 @@ def test_the_goodput_policys_snapshot_carries_the_gateways_figures_only_when_the
             now=history[-1].time + 5.0,
             desired_groups=2,
             placing_groups=0,
-            loading_groups=0,
+            provisioning_groups=0,
             ready_groups=2,
             draining_groups=0,
             min_groups=1,
@@ -412,12 +412,12 @@ def test_degraded_requests_are_served_and_best_effort_ones_never_count_as_attain
     workload, _, _ = overload_runs()
     result = run_fixed_fleet(setup(), workload, 1, degrading_policy(), horizon_seconds=40.0, seed=3)
     requests = result.requests
-    degraded = requests["admission"] == Admission.DEGRADED
+    degraded = requests["admission"] == GatewayTreatment.DEGRADED
     best_effort = requests["best_effort"]
     assert degraded.sum() > 0
-    assert not (requests["admission"] == Admission.REJECTED).any()  # Degrade serves instead
+    assert not (requests["admission"] == GatewayTreatment.REJECTED).any()  # Degrade serves instead
     # Best effort queues behind every request admitted on time: it is served, or its hold expires.
-    expired = requests["admission"] == Admission.HOLD_EXPIRED
+    expired = requests["admission"] == GatewayTreatment.HOLD_EXPIRED
     assert (best_effort <= (degraded | expired)).all()
     assert (requests["group"][degraded] >= 0).all()
     assert (requests["served_output_tokens"] <= workload.output_tokens).all()

@@ -9,21 +9,21 @@ import numpy as np
 import pytest
 
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers import policy_compile
-from goodput.controllers.autoscale_model import (
-    GroupState,
+from goodput.controllers.autoscale.model import (
     Mode,
     ScalingPolicy,
     SloTargets,
     StaleMetricsAction,
     StepPolicyType,
 )
+from goodput.controllers.compile import scaling
 from goodput.estimators.capacity import build_capacity_profile
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.config import build_setup, load_model_group, load_slo_policy
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
-from goodput.simulator.goodput_policy import GoodputPolicy, scaling_policy, snapshot_from
+from goodput.simulator.fleet_policy import FleetObservation, GroupInfo
+from goodput.simulator.goodput_policy import GoodputPolicy, snapshot_from, what_if_scaling_policy
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
@@ -32,7 +32,6 @@ from goodput.simulator.metrics import (
     HistogramAccumulator,
     MetricsView,
 )
-from goodput.simulator.policy import FleetObservation, GroupInfo
 from goodput.simulator.report import judge
 from goodput.simulator.simulation import SimulationConfig, simulate
 from goodput.simulator.workload import BurstSpec, ClassRule, Workload, assign_classes, synthetic_bursts
@@ -98,7 +97,7 @@ def test_a_replacement_not_created_yet_counts_as_placing_as_the_operator_counts_
         now=30.0,
         desired_groups=3,
         placing_groups=0,
-        loading_groups=0,
+        provisioning_groups=0,
         ready_groups=2,
         draining_groups=0,
         min_groups=1,
@@ -108,9 +107,9 @@ def test_a_replacement_not_created_yet_counts_as_placing_as_the_operator_counts_
     )
     snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama", policy=POLICY)
     assert [(g.state, g.unschedulable) for g in snapshot.groups] == [
-        (GroupState.READY, False),
-        (GroupState.READY, False),
-        (GroupState.PLACING, False),
+        ("Ready", False),
+        ("Ready", False),
+        ("Placing", False),
     ]
     assert snapshot.groups[-1].created_at == 30.0
 
@@ -125,7 +124,7 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
         now=72.0,
         desired_groups=3,
         placing_groups=1,
-        loading_groups=1,
+        provisioning_groups=1,
         ready_groups=1,
         draining_groups=1,
         min_groups=1,
@@ -134,17 +133,17 @@ def test_the_snapshot_carries_gauges_window_rates_and_histogram_deltas_per_ready
         groups=(
             GroupInfo("group-0", "Ready", 0.0, 0.0),
             GroupInfo("group-1", "Placing", 50.0, None),
-            GroupInfo("group-2", "Loading", 40.0, None),
+            GroupInfo("group-2", "Provisioning", 40.0, None),
             GroupInfo("group-3", "Draining", 0.0, 0.0),
         ),
     )
     snapshot = snapshot_from(observation, PROFILE, window_seconds=60.0, name="llama", policy=POLICY)
     assert snapshot.spec_replicas == 3
     assert [g.state for g in snapshot.groups] == [
-        GroupState.READY,
-        GroupState.PLACING,
-        GroupState.PROVISIONING,
-        GroupState.DRAINING,
+        "Ready",
+        "Placing",
+        "Provisioning",
+        "Draining",
     ]
     assert all(g.metrics is None for g in snapshot.groups[1:])
     metrics = snapshot.groups[0].metrics
@@ -197,7 +196,7 @@ SLO = SloPolicy.model_validate(
 
 
 def test_the_slo_policy_compiles_into_the_decision_pipelines_policy() -> None:
-    policy = scaling_policy(SLO, 1, 6, 2, fallback_classes=())
+    policy = what_if_scaling_policy(SLO, 1, 6, 2, fallback_classes=())
     assert (policy.min_groups, policy.max_groups, policy.warm_groups) == (1, 6, 2)
     assert policy.mode is Mode.ADVISORY and policy.interval_seconds == 10.0 and policy.revision == "r1"
     assert policy.classes == (SloTargets("chat", 1.0, 0.08, 0.99, 0.95),)
@@ -220,7 +219,7 @@ def test_goodput_scales_out_a_burst_through_the_decision_pipeline() -> None:
     )
     workload = assign_classes(synthetic_bursts(spec, seed=3), ClassRule(("chat",), (1.0,)), seed=3)
     classes = (SloTargets("chat", 1.0, 0.08, 0.99),)
-    policy = GoodputPolicy(scaling_policy(None, 1, 8, 0, classes), PROFILE)
+    policy = GoodputPolicy(what_if_scaling_policy(None, 1, 8, 0, classes), PROFILE)
     config = SimulationConfig(
         fleet=FleetConfig(engine=ENGINE, gpus_per_group=1, max_groups=8, ready_time_median_seconds=30.0),
         seed=3,
@@ -242,10 +241,10 @@ def test_the_simulator_compiles_a_sample_exactly_as_the_operator_does() -> None:
     group = load_model_group(SAMPLES / "modelgroup-llama-8b-tp1.yaml")
     slo = load_slo_policy(SAMPLES / "slopolicy-interactive.yaml")
     spec = group.spec
-    simulated = scaling_policy(
+    simulated = what_if_scaling_policy(
         slo, spec.min_replicas, spec.max_replicas, spec.warm_replicas, fallback_classes=()
     )
-    assert simulated == policy_compile.scaling_policy(spec, slo.spec)
+    assert simulated == scaling.scaling_policy(spec, slo.spec)
 
 
 def bursts_around_a_lull(burst_seconds: float, lull_seconds: float) -> Workload:
@@ -287,6 +286,6 @@ def test_what_only_the_operators_compile_had_holds_in_the_simulator() -> None:
     body = SLO.model_dump(mode="json", by_alias=True)
     body["spec"]["autoscaling"]["scaleUp"] = {"policies": []}
     no_steps = SloPolicy.model_validate(body)
-    policy = scaling_policy(no_steps, 1, 6, 9, fallback_classes=())
+    policy = what_if_scaling_policy(no_steps, 1, 6, 9, fallback_classes=())
     assert policy.warm_groups == 6
     assert [(p.type, p.value) for p in policy.scale_up.policies] == [(StepPolicyType.GROUPS, 6)]

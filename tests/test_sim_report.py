@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.report import ClassTargets, judge, meets_every_class, summarize
 from goodput.simulator.simulation import SimulationResult
 from goodput.simulator.workload import Workload
@@ -19,19 +19,28 @@ CHAT = ClassTargets(
 
 # name, outcome, arrival, first token, finished, output tokens, slow gaps, met
 CASES = [
-    ("within-every-target", Outcome.FINISHED, 0.0, 0.5, 5.5, 101, 0, True),
-    ("first-token-too-late", Outcome.FINISHED, 0.0, 1.5, 2.0, 11, 0, False),
-    ("tokens-too-slow-on-average", Outcome.FINISHED, 0.0, 0.5, 2.5, 21, 0, False),
-    ("lost-to-a-failed-group", Outcome.FAILED, 0.0, 0.5, 1.0, 50, 0, False),
-    ("rejected-without-a-ready-group", Outcome.REJECTED_NO_CAPACITY, 0.0, NAN, 0.0, 50, 0, False),
-    ("one-token-has-no-token-gaps", Outcome.FINISHED, 0.0, 0.2, 0.2, 1, 0, True),
-    ("over-the-completion-target", Outcome.FINISHED, 0.0, 0.5, 12.5, 201, 0, False),
-    ("stalls-do-not-fail-a-request-whose-mean-is-fine", Outcome.FINISHED, 0.0, 0.5, 5.5, 101, 20, True),
+    ("within-every-target", RequestExit.FINISHED, 0.0, 0.5, 5.5, 101, 0, True),
+    ("first-token-too-late", RequestExit.FINISHED, 0.0, 1.5, 2.0, 11, 0, False),
+    ("tokens-too-slow-on-average", RequestExit.FINISHED, 0.0, 0.5, 2.5, 21, 0, False),
+    ("lost-to-a-failed-group", RequestExit.FAILED, 0.0, 0.5, 1.0, 50, 0, False),
+    ("rejected-without-a-ready-group", RequestExit.REJECTED_NO_CAPACITY, 0.0, NAN, 0.0, 50, 0, False),
+    ("one-token-has-no-token-gaps", RequestExit.FINISHED, 0.0, 0.2, 0.2, 1, 0, True),
+    ("over-the-completion-target", RequestExit.FINISHED, 0.0, 0.5, 12.5, 201, 0, False),
+    (
+        "stalls-do-not-fail-a-request-whose-mean-is-fine",
+        RequestExit.FINISHED,
+        0.0,
+        0.5,
+        5.5,
+        101,
+        20,
+        True,
+    ),
 ]
 
 
 def result_of(
-    cases: list[tuple[str, Outcome, float, float, float, int, int, bool]], gpu_seconds: float = 7200.0
+    cases: list[tuple[str, RequestExit, float, float, float, int, int, bool]], gpu_seconds: float = 7200.0
 ) -> SimulationResult:
     count = len(cases)
     workload = Workload(
@@ -45,7 +54,7 @@ def result_of(
     outcome = np.array([c[1] for c in cases])
     requests = {
         "arrival": np.array([c[2] for c in cases]),
-        "group": np.where(outcome == Outcome.REJECTED_NO_CAPACITY, -1, 0),
+        "group": np.where(outcome == RequestExit.REJECTED_NO_CAPACITY, -1, 0),
         "routed_at": np.array([c[2] for c in cases]),
         "scheduled_at": np.array([c[2] for c in cases]),
         "first_token_at": np.array([c[3] for c in cases]),
@@ -99,7 +108,7 @@ def test_the_report_keeps_offered_and_admitted_apart_and_prices_what_was_good() 
 
 
 def test_a_run_without_any_slo_met_has_no_cost_per_request() -> None:
-    failing = [("late", Outcome.FINISHED, 0.0, 5.0, 6.0, 10, 0, False)]
+    failing = [("late", RequestExit.FINISHED, 0.0, 5.0, 6.0, 10, 0, False)]
     report = summarize(result_of(failing), (CHAT,))
     assert report["slo_met_requests"] == 0
     assert report["cost_per_slo_request"] is None

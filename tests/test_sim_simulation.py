@@ -11,9 +11,9 @@ import pytest
 from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.group_world import DRAIN_SETTLE_SECONDS
-from goodput.simulator.policy import FleetObservation, PolicyAnswer
-from goodput.simulator.records import Outcome
+from goodput.simulator.records import RequestExit
 from goodput.simulator.report import ClassTargets, summarize
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, assign_classes
@@ -73,7 +73,7 @@ def test_a_fixed_fleet_costs_its_gpus_over_the_offered_window() -> None:
     workload = poisson(3.0, 120.0)
     result = run(workload, [(0.0, 2)], gpus_per_group=8)
     assert result.gpu_seconds == pytest.approx(2 * 8 * result.horizon_seconds)
-    assert (result.requests["outcome"] == Outcome.FINISHED).all()
+    assert (result.requests["outcome"] == RequestExit.FINISHED).all()
 
 
 def test_a_new_group_costs_from_placement_and_serves_only_once_ready() -> None:
@@ -92,7 +92,7 @@ def test_a_new_group_costs_from_placement_and_serves_only_once_ready() -> None:
 def test_a_draining_group_takes_no_new_requests_and_leaves_when_empty() -> None:
     workload = poisson(6.0, 150.0)
     result = run(workload, [(0.0, 2), (60.0, 1)])
-    drained = next(g for g in result.groups if g.final_state == "Removed")
+    drained = next(g for g in result.groups if g.final_state == "Deleted")
     index = int(drained.name.split("-")[1])
     mine = result.requests["group"] == index
     assert result.requests["routed_at"][mine].max() <= 60.0
@@ -101,7 +101,7 @@ def test_a_draining_group_takes_no_new_requests_and_leaves_when_empty() -> None:
     settled = max(60.0 + DRAIN_SETTLE_SECONDS, float(result.requests["finished_at"][mine].max()))
     interval = FleetConfig(engine=ENGINE, gpus_per_group=1).reconcile_interval_seconds
     assert settled <= drained.ended_at <= settled + interval
-    assert (result.requests["outcome"] == Outcome.FINISHED).all()
+    assert (result.requests["outcome"] == RequestExit.FINISHED).all()
 
 
 def test_a_failed_group_loses_its_requests_and_is_replaced() -> None:
@@ -109,7 +109,7 @@ def test_a_failed_group_loses_its_requests_and_is_replaced() -> None:
     result = run(workload, [(0.0, 2)], scheduled_failures_seconds=(80.0,))
     failed = [g for g in result.groups if g.final_state == "Failed"]
     assert len(failed) == 1 and failed[0].ended_at == 80.0
-    lost = result.requests["outcome"] == Outcome.FAILED
+    lost = result.requests["outcome"] == RequestExit.FAILED
     assert lost.any()
     assert (result.requests["finished_at"][lost] == 80.0).all()
     assert len(result.groups) == 3  # the replacement
@@ -122,7 +122,7 @@ def test_a_failed_group_loses_its_requests_and_is_replaced() -> None:
 def test_without_a_ready_group_arrivals_are_rejected_and_not_admitted() -> None:
     workload = poisson(4.0, 120.0)
     result = run(workload, [(0.0, 1)], scheduled_failures_seconds=(30.0,))
-    rejected = result.requests["outcome"] == Outcome.REJECTED_NO_CAPACITY
+    rejected = result.requests["outcome"] == RequestExit.REJECTED_NO_CAPACITY
     assert rejected.any()
     arrivals = result.requests["arrival"][rejected]
     replacement_ready = result.groups[1].ready_at

@@ -10,7 +10,7 @@ import pytest
 
 from goodput.simulator.config import build_setup
 from goodput.simulator.suite import (
-    MODELS,
+    SUITE_MODELS,
     ModelCase,
     TraceCase,
     case_duration_seconds,
@@ -58,9 +58,9 @@ def test_a_rate_trace_is_brought_to_the_case(tmp_path: Path) -> None:
     ("model", "expected_seconds"),
     [
         # 120 s ready, 300 s minimum lifetime: each 500 s half already holds both
-        (MODELS[0], 1000.0),
+        (SUITE_MODELS[0], 1000.0),
         # 600 s ready, 1,800 s minimum lifetime: each half must hold 2,400 s
-        (MODELS[1], 4800.0),
+        (SUITE_MODELS[1], 4800.0),
     ],
     ids=lambda value: value.name if isinstance(value, ModelCase) else None,
 )

@@ -10,17 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput.api.conditions import Condition
+from goodput.api.modelgroup import GROUP_STATES, GroupState
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.autoscale_model import (
-    GroupMetrics,
-    GroupObservation,
-    GroupState,
-    ScalingPolicy,
-    SloTargets,
-)
-from goodput.controllers.snapshot import (
+from goodput.controllers.autoscale.model import GroupMetrics, GroupObservation, ScalingPolicy, SloTargets
+from goodput.controllers.autoscale.snapshot import (
     EngineFigures,
-    GroupCounts,
+    ModelGroupCounts,
     aligned,
     engine_metrics,
     expected_ready_seconds,
@@ -76,7 +71,7 @@ def test_unschedulable_only_while_a_placement_reason_limits_scaling(
     assert unplaceable(conditions) is expected
 
 
-states = st.sampled_from(list(GroupState))
+states = st.sampled_from(GROUP_STATES)
 
 
 @given(
@@ -88,14 +83,12 @@ def test_groups_wanted_but_not_created_are_placing_capacity(
     observed: list[GroupState], wanted: int, blocked: bool
 ) -> None:
     groups = [GroupObservation(f"g{i}", state, 0.0) for i, state in enumerate(observed)]
-    live = sum(1 for state in observed if state not in (GroupState.DRAINING, GroupState.FAILED))
+    live = sum(1 for state in observed if state not in ("Draining", "Failed"))
     result = with_wanted_groups(groups, wanted, now=42.0, unschedulable=blocked)
     assert result[: len(groups)] == tuple(groups)
     added = result[len(groups) :]
     assert len(added) == max(0, wanted - live)
-    assert all(
-        g.state is GroupState.PLACING and g.unschedulable is blocked and g.created_at == 42.0 for g in added
-    )
+    assert all(g.state == "Placing" and g.unschedulable is blocked and g.created_at == 42.0 for g in added)
 
 
 def obs(name: str, state: GroupState, created_at: float = 0.0) -> GroupObservation:
@@ -105,27 +98,27 @@ def obs(name: str, state: GroupState, created_at: float = 0.0) -> GroupObservati
 @pytest.mark.parametrize(
     ("groups", "outdated", "kept"),
     [
-        ((obs("g0", GroupState.READY), obs("g1", GroupState.PLACING)), set(), ["g0", "g1"]),
+        ((obs("g0", "Ready"), obs("g1", "Placing")), set(), ["g0", "g1"]),
         (
-            (obs("g0", GroupState.READY), obs("g1", GroupState.READY), obs("g2", GroupState.WARMING)),
+            (obs("g0", "Ready"), obs("g1", "Ready"), obs("g2", "Warming")),
             {"g0", "g1"},
             ["g0", "g1"],
         ),
         (
-            (obs("g0", GroupState.READY), obs("g2", GroupState.READY), obs("g3", GroupState.PLACING, 5.0)),
+            (obs("g0", "Ready"), obs("g2", "Ready"), obs("g3", "Placing", 5.0)),
             {"g0"},
             ["g0", "g2"],
         ),
         (
-            (obs("g0", GroupState.DRAINING), obs("g2", GroupState.READY), obs("g3", GroupState.PLACING)),
+            (obs("g0", "Draining"), obs("g2", "Ready"), obs("g3", "Placing")),
             {"g0"},
             ["g0", "g2", "g3"],
         ),
         (
             (
-                obs("g0", GroupState.READY),
-                obs("g2", GroupState.PLACING, 1.0),
-                obs("g3", GroupState.PLACING, 2.0),
+                obs("g0", "Ready"),
+                obs("g2", "Placing", 1.0),
+                obs("g3", "Placing", 2.0),
             ),
             {"g0"},
             ["g0", "g2"],
@@ -249,17 +242,17 @@ def test_the_snapshot_counts_wanted_groups_leaves_out_replacements_and_judges_fe
         prompt_tokens=Histogram((512.0, 4096.0, 65536.0), (90.0, 95.0, 100.0, 100.0)),
     )
     observed = [
-        GroupObservation("old", GroupState.READY, 0.0, metrics=fresh),
-        GroupObservation("surge", GroupState.PLACING, 5.0),
+        GroupObservation("old", "Ready", 0.0, metrics=fresh),
+        GroupObservation("surge", "Placing", 5.0),
     ]
-    counts = GroupCounts(spec_replicas=3, min_replicas=1, max_replicas=8, outdated=frozenset({"old"}))
+    counts = ModelGroupCounts(spec_replicas=3, min_replicas=1, max_replicas=8, outdated=frozenset({"old"}))
     snapshot = model_group_snapshot(
         observed, counts, profile=PROFILE, policy=POLICY, name="llama", metrics_window_seconds=120.0, now=9.0
     )
     assert [(g.name, g.state) for g in snapshot.groups] == [
-        ("old", GroupState.READY),
-        ("wanted-0", GroupState.PLACING),
-        ("wanted-1", GroupState.PLACING),
+        ("old", "Ready"),
+        ("wanted-0", "Placing"),
+        ("wanted-1", "Placing"),
     ]
     assert snapshot.spec_replicas == 3 and snapshot.metrics_window_seconds == 120.0
     (chat,) = snapshot.feasibility

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from goodput.api.modelgroup import ACTIVE_STATES
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.drain import DrainOutcomeRecord, KeepDraining
-from goodput.controllers.groups.lifecycle import ACTIVE_STATES, GroupEvent, GroupTransition
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.drain import DrainOutcomeRecord, KeepDraining
+from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
 from goodput.controllers.groups.model import (
     Assessment,
     DrainEnded,
@@ -21,7 +23,6 @@ from goodput.controllers.groups.model import (
     DrainOutcomeMark,
     DrainProgressMark,
     DrainStart,
-    EventRecord,
     GateChange,
     GateRelease,
     GroupDeletion,
@@ -37,8 +38,8 @@ from goodput.controllers.groups.model import (
     group_key,
     seconds_between,
 )
+from goodput.controllers.groups.pods import SHUTDOWN_MARGIN_SECONDS
 from goodput.controllers.groups.stages import Tick
-from goodput.controllers.pods import SHUTDOWN_MARGIN_SECONDS
 
 
 @dataclass(slots=True)

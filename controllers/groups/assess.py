@@ -20,7 +20,7 @@ from goodput.controllers.groups.model import (
     ranks_text,
     seconds_between,
 )
-from goodput.controllers.observation import PodView
+from goodput.controllers.groups.observation import PodView
 
 
 def assess_group(name: str, pods: Iterable[PodView], world: World) -> Assessment | None:

@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]
+from goodput.api.modelgroup import GroupState
+
 # A group no longer exists: its pods are being deleted.
 Phase = GroupState | Literal["Deleted"]
-# Groups that count toward `replicas`: serving, or on their way to serving.
-ACTIVE_STATES: frozenset[GroupState] = frozenset({"Placing", "Provisioning", "Warming", "Ready"})
-COMING_STATES: frozenset[GroupState] = frozenset({"Placing", "Provisioning", "Warming"})
 
 
 class GroupEvent(StrEnum):

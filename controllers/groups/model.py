@@ -18,11 +18,13 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from goodput.api.modelgroup import DrainOutcome
+from goodput.api.modelgroup import DrainOutcome, GroupState
+from goodput.api.times import parse_rfc3339, rfc3339_seconds
 from goodput.controllers import naming
-from goodput.controllers.drain import (
+from goodput.controllers.events import EventRecord
+from goodput.controllers.groups.drain import (
     DrainOutcomeRecord,
     DrainPolicy,
     DrainProgress,
@@ -30,14 +32,14 @@ from goodput.controllers.drain import (
     LeaderSample,
     OnTimeout,
 )
-from goodput.controllers.groups.lifecycle import GroupEvent, GroupState, GroupTransition
-from goodput.controllers.observation import PodView, parse_time
-from goodput.controllers.placement import (
+from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
+from goodput.controllers.groups.observation import PodView
+from goodput.controllers.groups.placement import (
     Inventory,
     NoFit,
     PlacementRules,
 )
-from goodput.controllers.pods import GroupTemplate
+from goodput.controllers.groups.pods import GroupTemplate
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,7 @@ class WarmupOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
+class DomainBackoff:
     """A topology domain this ModelGroup avoids until `until`, because a group failed to schedule there."""
 
     domain: str
@@ -142,7 +144,7 @@ class World:
     inventory: Inventory
     ready_nodes: frozenset[str]
     group_counter: int = 0
-    backoffs: tuple[Backoff, ...] = ()
+    backoffs: tuple[DomainBackoff, ...] = ()
     warmups: Mapping[str, WarmupOutcome] = field(default_factory=dict)
     warmups_in_flight: frozenset[str] = frozenset()
     leader_readings: Mapping[str, LeaderReading] = field(default_factory=dict)
@@ -362,16 +364,6 @@ class LeaderProbe:
     url: str
 
 
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-    group: str | None = None
-    """The group whose API writes this Event reports (its creation, deletion, gates or drain
-    marks): the operator posts it only once they all succeeded. None: an observation, posted as is."""
-
-
 # The order the operator applies a plan's actions in. Intent comes before the act it announces:
 # a drain's mark before its gate (`DrainStart`), a drain's outcome on the ranks and in the status
 # before the ranks are deleted (`DrainOutcomeMark`, `DrainEnded`; the deletion waits for a pass
@@ -417,7 +409,7 @@ class Plan:
     placement_limit: NoFit | None = None
     became_ready: tuple[Assessment, ...] = ()
     # Domains avoided after a group failed to schedule there, still in force after this plan.
-    backoffs: tuple[Backoff, ...] = ()
+    backoffs: tuple[DomainBackoff, ...] = ()
     # Every group's move this tick, in the order decided (see `lifecycle`).
     transitions: tuple[GroupTransition, ...] = ()
     # Groups whose wait for readiness this plan reports with an Event, for the operator to remember.
@@ -425,7 +417,7 @@ class Plan:
     rollout: RolloutStatus | None = None
 
 
-def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
+def parse_backoffs(text: str | None) -> tuple[DomainBackoff, ...]:
     """The back-off list stored on the ModelGroup; an unreadable annotation counts as none."""
     if not text:
         return ()
@@ -435,16 +427,16 @@ def parse_backoffs(text: str | None) -> tuple[Backoff, ...]:
         return ()
     backoffs = []
     for item in raw if isinstance(raw, list) else ():
-        until = parse_time(item.get("until")) if isinstance(item, dict) else None
+        until = parse_rfc3339(item.get("until")) if isinstance(item, dict) else None
         if until is not None and isinstance(item.get("domain"), str):
-            backoffs.append(Backoff(item["domain"], until, str(item.get("reason", ""))))
+            backoffs.append(DomainBackoff(item["domain"], until, str(item.get("reason", ""))))
     return tuple(backoffs)
 
 
-def encode_backoffs(backoffs: Iterable[Backoff]) -> str:
+def encode_backoffs(backoffs: Iterable[DomainBackoff]) -> str:
     return json.dumps(
         [
-            {"domain": b.domain, "until": b.until.strftime("%Y-%m-%dT%H:%M:%SZ"), "reason": b.reason}
+            {"domain": b.domain, "until": rfc3339_seconds(b.until), "reason": b.reason}
             for b in sorted(backoffs, key=lambda b: b.domain)
         ],
         separators=(",", ":"),

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import cast
 
-from goodput.api.modelgroup import RECENT_DRAINS
-from goodput.api.reasons import Reason
+from goodput.api.modelgroup import ACTIVE_STATES, RECENT_DRAINS
+from goodput.api.reasons import NoFitReason, Reason
 from goodput.controllers import naming
-from goodput.controllers.drain import (
-    Candidate,
+from goodput.controllers.groups.assess import assess_group
+from goodput.controllers.groups.drain import (
     CandidateState,
     DrainOutcomeRecord,
     DrainProgress,
@@ -28,33 +28,32 @@ from goodput.controllers.drain import (
     LeaderReading,
     LeaderSample,
     RemoveGroup,
+    ScaleInCandidate,
     canonical_outcome,
     choose_victims,
     stale_loads,
     step_drain,
 )
-from goodput.controllers.groups.assess import assess_group
-from goodput.controllers.groups.lifecycle import ACTIVE_STATES, GroupEvent, GroupTransition, transition
+from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition, transition
 from goodput.controllers.groups.model import (
     Assessment,
-    Backoff,
+    DomainBackoff,
     GroupCreation,
     RolloutProgress,
     World,
     group_key,
     seconds_between,
 )
-from goodput.controllers.observation import PodView, parse_pod
-from goodput.controllers.placement import (
+from goodput.controllers.groups.observation import PodView, parse_pod
+from goodput.controllers.groups.placement import (
     GroupShape,
     Inventory,
     NoFit,
-    NoFitReason,
     Placed,
     PlacementRules,
     place_group,
 )
-from goodput.controllers.pods import render_group
+from goodput.controllers.groups.pods import render_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +71,13 @@ class Tick:
     observed: Mapping[str, Assessment]
     groups: Mapping[str, Assessment]
     transitions: tuple[GroupTransition, ...] = ()
-    backoffs: tuple[Backoff, ...] = ()
+    backoffs: tuple[DomainBackoff, ...] = ()
     became_ready: tuple[Assessment, ...] = ()
     drain_steps: Mapping[str, DrainStep] = field(default_factory=dict)
     # Drains whose end is decided but not yet in `status.drain.recent`: recorded before deletion.
     drains_ending: Mapping[str, DrainOutcomeRecord] = field(default_factory=dict)
     creations: tuple[GroupCreation, ...] = ()
-    victims: Mapping[str, Candidate] = field(default_factory=dict)
+    victims: Mapping[str, ScaleInCandidate] = field(default_factory=dict)
     unread_leaders: tuple[str, ...] = ()
     placement_limit: NoFit | None = None
     group_counter: int = 0
@@ -152,7 +151,7 @@ def failures(tick: Tick) -> Tick:
             until = world.now + timedelta(seconds=world.rules.backoff_seconds)
             backoffs = (
                 *(b for b in backoffs if b.domain != group.domain),
-                Backoff(group.domain, until, cause),
+                DomainBackoff(group.domain, until, cause),
             )
         rollout = tick.rollout
         old_serving = any(g.outdated and g.state in ACTIVE_STATES for g in tick.observed.values())
@@ -368,7 +367,7 @@ def _scale_in(tick: Tick, surplus: int) -> Tick:
     world = tick.world
     active = tick.active
     candidates = [
-        Candidate(
+        ScaleInCandidate(
             name=group.name,
             state=cast(CandidateState, group.state),
             ordinal=group.ordinal,
@@ -395,7 +394,7 @@ def _scale_in(tick: Tick, surplus: int) -> Tick:
     return tick
 
 
-def _remove(tick: Tick, chosen: Assessment, victim: Candidate) -> Tick:
+def _remove(tick: Tick, chosen: Assessment, victim: ScaleInCandidate) -> Tick:
     tick = replace(tick, victims={**tick.victims, chosen.name: victim})
     if chosen.state == "Ready":
         message = f"group {chosen.name} draining for scale-in: {_why_chosen(victim)}"
@@ -416,7 +415,7 @@ def _sample(reading: LeaderReading | None) -> LeaderSample | None:
     return reading if isinstance(reading, LeaderSample) else None
 
 
-def _why_chosen(victim: Candidate) -> str:
+def _why_chosen(victim: ScaleInCandidate) -> str:
     """The facts the victim choice weighed, for the DrainStarted Event."""
     parts = ["an outdated template"] if victim.outdated else []
     load = victim.load

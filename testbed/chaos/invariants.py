@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from goodput.controllers.observation import parse_time
+from goodput.api.times import parse_rfc3339
 from goodput.testbed.loadgen import FAILED_OUTCOMES
 
 
@@ -440,7 +440,7 @@ def drain_counts(
                 uncounted.add(group)
                 continue
             by_group[group] = by_group.get(group, 0) + int(record["requestsAborted"])
-            started_at = parse_time(started)
+            started_at = parse_rfc3339(started)
             if started_at is not None:
                 deadlines[group] = started_at.timestamp() + drain_max_seconds
         aborted = int((status.get("drain") or {}).get("requestsAborted", 0))

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
+from goodput.api.times import parse_rfc3339
 from goodput.controllers import naming
-from goodput.controllers.observation import parse_time
 from goodput.testbed.chaos import faults, manifests
 from goodput.testbed.chaos.faults import FaultRecord, Stage
 from goodput.testbed.chaos.invariants import (
@@ -72,7 +72,7 @@ POOL_NODES = 3
 
 
 def _decision(record: dict[str, Any]) -> DecisionView | None:
-    at = parse_time(record.get("time"))
+    at = parse_rfc3339(record.get("time"))
     if at is None:
         return None
     return DecisionView(
@@ -110,7 +110,7 @@ def _model_group_view(
     name = body["metadata"]["name"]
     events = []
     for event in rescales:
-        at = parse_time(event.get("lastTimestamp") or event.get("eventTime"))
+        at = parse_rfc3339(event.get("lastTimestamp") or event.get("eventTime"))
         target = _rescale_target(event.get("message", ""))
         if event["involvedObject"]["name"] == name and at is not None and target is not None:
             events.append((at.timestamp(), target))

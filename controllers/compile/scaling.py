@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from goodput.api.modelgroup import ModelGroup, ModelGroupSpec
 from goodput.api.slopolicy import ScalingRules as ApiScalingRules
 from goodput.api.slopolicy import SloPolicy, SloPolicySpec
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     GoodputSignal,
     KvCacheSignal,
     MetricStaleness,
@@ -46,9 +46,10 @@ from goodput.controllers.autoscale_model import (
     StepPolicy,
     StepPolicyType,
 )
+from goodput.controllers.compile.slo_policy import policy_problems
 from goodput.controllers.hardware import ReadConfig, batch_limits, step_cost_model
-from goodput.controllers.policy import policy_problems
 from goodput.estimators.capacity import CapacityProfile, build_capacity_profile
+from goodput.estimators.service_time import StepCostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +172,16 @@ def capacity_profile(
     slo: SloPolicySpec,
     mix: ReferenceMix = ReferenceMix(),
     referenced: ReadConfig = None,
+    *,
+    envelope_work_seconds_per_second: float | None = None,
 ) -> CapacityProfile | str:
     """One group's capacity profile at the SLOPolicy's primary class, or why it cannot be built.
 
     The primary (first) class sets the targets, as it is the class engine histograms are judged
-    against. A measured `capacityWorkSecondsPerSecond` replaces the model's capacity at the
-    reference mix and scales the whole grid with it. `referenced`: the config.json read from
-    `profile.modelConfigRef`, or why it could not be read.
+    against. A measured capacity replaces the model's capacity at the reference mix and scales the
+    whole grid with it: `envelope_work_seconds_per_second` where a benchmark measured one (the
+    simulator's capacity envelope), else the ModelGroup's `capacityWorkSecondsPerSecond`.
+    `referenced`: the config.json read from `profile.modelConfigRef`, or why it could not be read.
     """
     model = step_cost_model(spec, referenced)
     if isinstance(model, str):
@@ -188,20 +192,38 @@ def capacity_profile(
             "spec.profile.maxNumSeqs and spec.profile.maxNumBatchedTokens are required for a GPU "
             "goodput does not know"
         )
-    max_num_seqs, max_num_batched_tokens = limits
+    measured = envelope_work_seconds_per_second
+    if measured is None and spec.profile is not None:
+        measured = spec.profile.capacity_work_seconds_per_second
     primary = slo.classes[0]
+    return model_capacity_profile(model, limits, (primary.ttft_seconds, primary.itl_seconds), mix, measured)
+
+
+def model_capacity_profile(
+    model: StepCostModel,
+    limits: tuple[int, int],
+    targets_seconds: tuple[float, float],
+    mix: ReferenceMix,
+    measured_work_seconds_per_second: float | None,
+) -> CapacityProfile:
+    """The profile of a step model under (max_num_seqs, max_num_batched_tokens) `limits`, priced at
+    the primary class's (TTFT, ITL) `targets_seconds` and calibrated to a measured capacity when
+    there is one: the one builder behind `capacity_profile` and the simulator's what-if runs without
+    a ModelGroup."""
+    max_num_seqs, max_num_batched_tokens = limits
+    ttft_target_seconds, itl_target_seconds = targets_seconds
     profile = build_capacity_profile(
         model,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
-        itl_target_seconds=primary.itl_seconds,
-        ttft_target_seconds=primary.ttft_seconds,
+        itl_target_seconds=itl_target_seconds,
+        ttft_target_seconds=ttft_target_seconds,
         reference_input_tokens=mix.input_tokens,
         reference_output_tokens=mix.output_tokens,
         input_tokens_p90=mix.input_tokens_p90,
         output_tokens_p90_over_mean=mix.output_tokens_p90_over_mean,
     )
-    measured = spec.profile.capacity_work_seconds_per_second if spec.profile is not None else None
+    measured = measured_work_seconds_per_second
     return profile.calibrated(measured) if measured is not None else profile
 
 
@@ -230,22 +252,37 @@ def compile_policy(
     *,
     shadow: bool = False,
     profile: CapacityProfile | None = None,
+    bounds: GroupBounds | None = None,
     mix: ReferenceMix = ReferenceMix(),
+    envelope_work_seconds_per_second: float | None = None,
+    referenced: ReadConfig = None,
 ) -> CompiledPolicy | str:
-    """The SLOPolicy bound to the ModelGroup, or why it cannot be.
+    """The SLOPolicy bound to the ModelGroup, or why it cannot be: the one way in for the operator,
+    the simulator and the gateway, so a policy the operator rejects is rejected offline too.
 
     profile: a profile already built for `profile_key(model_group.spec, slo.spec, mix)`, to skip
-    rebuilding it.
+    rebuilding it. `referenced`: the config.json of `profile.modelConfigRef`, for a caller that read
+    it. What a benchmark measures overrides what the API says, explicitly: `bounds` (a
+    what-if GPU budget), `mix` (the trace's request mix) and `envelope_work_seconds_per_second` (its
+    measured capacity).
     """
     spec = model_group.spec
     problems = compile_problems(spec, slo.spec)
     if problems:
         return "; ".join(problems)
-    built = profile if profile is not None else capacity_profile(spec, slo.spec, mix)
+    built = (
+        profile
+        if profile is not None
+        else capacity_profile(
+            spec, slo.spec, mix, referenced, envelope_work_seconds_per_second=envelope_work_seconds_per_second
+        )
+    )
     if isinstance(built, str):
         return built
+    if bounds is None:
+        bounds = GroupBounds(spec.min_replicas, spec.max_replicas, spec.warm_replicas)
     return CompiledPolicy(
-        policy=scaling_policy(spec, slo.spec, shadow=shadow),
+        policy=bounded_scaling_policy(bounds, slo.spec, shadow=shadow),
         profile=built,
         policy_name=slo.metadata.name or "",
         metrics_window_seconds=metrics_window_seconds(slo.spec),

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from goodput.api.reasons import Guard, Reason, Signal
+from goodput.api import slopolicy as api
+from goodput.api.modelgroup import GroupState
+from goodput.api.reasons import Guard, Signal
 from goodput.estimators.attainment import GoodputReport, Histogram
 from goodput.estimators.capacity import CapacityProfile
 from goodput.estimators.queueing import QueuedRequest
@@ -48,29 +50,16 @@ class StaleMetricsAction(StrEnum):
     FREEZE = "Freeze"
 
 
-class GroupState(StrEnum):
-    PLACING = "Placing"
-    PROVISIONING = "Provisioning"
-    WARMING = "Warming"
-    READY = "Ready"
-    DRAINING = "Draining"
-    FAILED = "Failed"
-
-
-COMING_STATES = frozenset({GroupState.PLACING, GroupState.PROVISIONING, GroupState.WARMING})
-
-
-class Attainability(StrEnum):
-    """The reason of the SLOAttainable verdict (`feasible_demand.attainability`): whether each
-    class's demand can meet its SLO on groups of this shape."""
-
-    DEMAND_FEASIBLE = Reason.DEMAND_FEASIBLE
-    INFEASIBLE_DEMAND = Reason.INFEASIBLE_DEMAND
-    CLASS_UNATTAINABLE = Reason.CLASS_UNATTAINABLE
-    FEASIBILITY_UNKNOWN = Reason.FEASIBILITY_UNKNOWN
-
-
 # --- Policy -----------------------------------------------------------------------------------------
+
+# goodput's defaults are the API's (api/slopolicy.py); the decision's value types read them from
+# there instead of writing them a second time.
+_API_AUTOSCALING = api.Autoscaling()
+_API_SIGNALS = _API_AUTOSCALING.signals
+_API_MODE = Mode(_API_AUTOSCALING.mode)
+_API_ON_STALE = StaleMetricsAction(_API_AUTOSCALING.metrics.on_stale)
+_API_INTERVAL_SECONDS = float(_API_AUTOSCALING.interval_seconds)
+_API_MAX_AGE_SECONDS = float(_API_AUTOSCALING.metrics.max_age_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +74,8 @@ class SloTargets:
     name: str
     ttft_seconds: float
     itl_seconds: float
-    attainment: float = 0.99
-    percentile: float = 0.99
+    attainment: float = api.SloClass.model_fields["attainment"].default
+    percentile: float = api.SloClass.model_fields["percentile"].default
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +87,8 @@ class QueueWorkSignal:
     in λ_w. Counting it would ask for T_decode/T_d more groups at steady state.
     """
 
-    drain_target_seconds: float = 10.0
-    safety_factor: float = 1.2
+    drain_target_seconds: float = _API_SIGNALS.queue_work.drain_target_seconds
+    safety_factor: float = _API_SIGNALS.queue_work.safety_factor
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +99,15 @@ class SlackSignal:
     route_seconds: T_route, gateway and routing time inside the TTFT (§8).
     """
 
-    min_slack_seconds: float = 0.0
-    low_slack_fraction: float = 0.05
+    min_slack_seconds: float = _API_SIGNALS.slack.min_slack_seconds
+    low_slack_fraction: float = _API_SIGNALS.slack.low_slack_fraction
     margin_seconds: float = 0.0
     route_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class KvCacheSignal:
-    min_free_fraction: float = 0.15
+    min_free_fraction: float = _API_SIGNALS.kv_cache.min_free_fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +127,7 @@ class GoodputSignal:
     measure by more than its sampling error, it stops asking for more at that count.
     """
 
-    attainment_floor: float = 0.95
+    attainment_floor: float = _API_SIGNALS.goodput.attainment_floor
     min_observations: int = 20
     max_fruitless_steps: int = 1
 
@@ -172,7 +161,7 @@ class StepPolicy:
 class ScalingRules:
     """One direction's behaviour, in the HorizontalPodAutoscaler's shape."""
 
-    tolerance: float = 0.1
+    tolerance: float = _API_AUTOSCALING.scale_up.tolerance
     stabilization_window_seconds: float = 0.0
     policies: tuple[StepPolicy, ...] = (StepPolicy(StepPolicyType.PERCENT, 100, 60.0),)
     select_policy: SelectPolicy = SelectPolicy.MAX
@@ -188,26 +177,33 @@ class ScalingRules:
             raise ValueError("step policies need a value >= 1 and a positive period")
 
 
-def default_scale_up() -> ScalingRules:
-    """Act at once; add up to 100 % or 2 groups a minute, whichever is more."""
+def _api_rules(rules: api.ScalingRules) -> ScalingRules:
+    """The API's default rules for one direction, as the decision reads them."""
     return ScalingRules(
-        stabilization_window_seconds=0.0,
-        policies=(StepPolicy(StepPolicyType.PERCENT, 100, 60.0), StepPolicy(StepPolicyType.GROUPS, 2, 60.0)),
+        tolerance=rules.tolerance,
+        stabilization_window_seconds=float(rules.stabilization_window_seconds),
+        policies=tuple(
+            StepPolicy(StepPolicyType(step.type), step.value, float(step.period_seconds))
+            for step in rules.policies
+        ),
+        select_policy=SelectPolicy(rules.select_policy),
     )
+
+
+def default_scale_up() -> ScalingRules:
+    """The API's default: act at once; add up to 100 % or 2 groups a minute, whichever is more."""
+    return _api_rules(_API_AUTOSCALING.scale_up)
 
 
 def default_scale_down() -> ScalingRules:
-    """Wait five minutes for a lower proposal to hold; drain one group a minute."""
-    return ScalingRules(
-        stabilization_window_seconds=300.0,
-        policies=(StepPolicy(StepPolicyType.GROUPS, 1, 60.0),),
-    )
+    """The API's default: wait five minutes for a lower proposal to hold; drain one group a minute."""
+    return _api_rules(_API_AUTOSCALING.scale_down)
 
 
 @dataclass(frozen=True, slots=True)
 class MetricStaleness:
-    max_age_seconds: float = 60.0
-    action: StaleMetricsAction = StaleMetricsAction.HOLD_SCALE_IN
+    max_age_seconds: float = _API_MAX_AGE_SECONDS
+    action: StaleMetricsAction = _API_ON_STALE
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +218,8 @@ class ScalingPolicy:
     max_groups: int = 10
     warm_groups: int = 0
     revision: str = ""
-    mode: Mode = Mode.ACTIVE
-    interval_seconds: float = 15.0
+    mode: Mode = _API_MODE
+    interval_seconds: float = _API_INTERVAL_SECONDS
     classes: tuple[SloTargets, ...] = (SloTargets("interactive", 2.0, 0.08),)
     signals: Signals = Signals()
     scale_up: ScalingRules = field(default_factory=default_scale_up)
@@ -466,11 +462,11 @@ class ModelGroupSnapshot:
 
     spec_replicas: the complete groups currently wanted (spec.replicas); the decision's current count.
     feasibility: per SLO class, the feasible threshold and the infeasible share of the demand
-    (`controllers.feasible_demand.assess`); a class without an entry has all its demand counted.
+    (`controllers.autoscale.feasible_demand.assess`); a class without an entry has all its demand counted.
     gateway: the gateway's figures when one fronts the ModelGroup; they replace what is inferred
     from engine metrics (queue, slack, attainment against offered requests).
     group_ready_seconds: how long a group asked for now takes to become capacity
-    (`controllers.snapshot.expected_ready_seconds`); None while unknown.
+    (`controllers.autoscale.snapshot.expected_ready_seconds`); None while unknown.
     """
 
     spec_replicas: int

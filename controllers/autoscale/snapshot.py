@@ -13,25 +13,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from goodput.api.conditions import Condition, find_condition
-from goodput.api.reasons import ConditionType
-from goodput.controllers.autoscale_model import (
-    COMING_STATES,
+from goodput.api.modelgroup import COMING_STATES
+from goodput.api.reasons import ConditionType, NoFitReason
+from goodput.controllers.autoscale.feasible_demand import prompt_evidence, snapshot_feasibility
+from goodput.controllers.autoscale.model import (
     GatewayObservation,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
 )
-from goodput.controllers.feasible_demand import prompt_evidence, snapshot_feasibility
-from goodput.controllers.placement import NoFitReason
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.capacity import CapacityProfile
 
 # Reasons of ScalingLimited that mean "no further group can be placed now".
 PLACEMENT_REASONS = frozenset(reason.value for reason in NoFitReason)
 # Groups that never become (more) capacity: a draining group is leaving, a failed one is gone.
-NOT_COMING = frozenset({GroupState.DRAINING, GroupState.FAILED})
+NOT_COMING = frozenset({"Draining", "Failed"})
 
 
 def wanted_groups(replicas: int, min_replicas: int, max_replicas: int) -> int:
@@ -57,7 +55,7 @@ def without_replacements(
     leaves once it is ready, so it is no capacity on its way. As many coming groups of the current
     template as there are ready old ones are left out (the newest first)."""
     observed = tuple(observations)
-    old_ready = sum(1 for g in observed if g.name in outdated and g.state is GroupState.READY)
+    old_ready = sum(1 for g in observed if g.name in outdated and g.state == "Ready")
     coming = [g for g in observed if g.name not in outdated and g.state in COMING_STATES]
     replacing = {g.name for g in sorted(coming, key=lambda g: -g.created_at)[:old_ready]}
     return tuple(g for g in observed if g.name not in replacing)
@@ -76,9 +74,7 @@ def with_wanted_groups(
     live = sum(1 for group in observed if group.state not in NOT_COMING)
     missing = max(0, wanted - live)
     return observed + tuple(
-        GroupObservation(
-            name=f"wanted-{index}", state=GroupState.PLACING, created_at=now, unschedulable=unschedulable
-        )
+        GroupObservation(name=f"wanted-{index}", state="Placing", created_at=now, unschedulable=unschedulable)
         for index in range(missing)
     )
 
@@ -199,7 +195,7 @@ def aligned(metrics: Mapping[str, GroupMetrics]) -> dict[str, GroupMetrics]:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupCounts:
+class ModelGroupCounts:
     """What a ModelGroup says about its count: the groups wanted (`spec.replicas`) within their
     bounds, the groups a rollout replaces, and whether another group can be placed at all."""
 
@@ -211,7 +207,7 @@ class GroupCounts:
 
 
 def capacity_view(
-    observations: Iterable[GroupObservation], counts: GroupCounts, *, now: float
+    observations: Iterable[GroupObservation], counts: ModelGroupCounts, *, now: float
 ) -> tuple[GroupObservation, ...]:
     """The groups as the decision counts them: a rollout's replacements left out, the groups wanted
     but not created yet added as placing."""
@@ -237,7 +233,7 @@ def expected_ready_seconds(declared_seconds: float | None, measured_seconds: Seq
 
 def model_group_snapshot(
     observations: Iterable[GroupObservation],
-    counts: GroupCounts,
+    counts: ModelGroupCounts,
     *,
     profile: CapacityProfile,
     policy: ScalingPolicy,

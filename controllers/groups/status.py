@@ -24,7 +24,7 @@ from goodput.api.modelgroup import (
     ReadyTime,
 )
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.groups import Assessment, DrainEnded, Plan
+from goodput.controllers.groups.model import Assessment, DrainEnded, Plan
 from goodput.controllers.ownership import GROUP_STATUS
 
 # Drains kept in `status.drain.recent`, newest first.

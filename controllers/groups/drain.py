@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from goodput.api.modelgroup import DrainOutcome
+from goodput.api.times import parse_rfc3339, rfc3339_millis
 
 CandidateState = Literal["Placing", "Provisioning", "Warming", "Ready"]
 OnTimeout = Literal["Abort", "Requeue"]
@@ -85,7 +86,7 @@ LeaderReading = LeaderSample | ProbeFailure
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class ScaleInCandidate:
     """A group that could be removed: not draining, not failed."""
 
     name: str
@@ -97,7 +98,7 @@ class Candidate:
     """The leader's latest reading; None when unknown (sorted after every known load)."""
 
 
-def victim_cost(candidate: Candidate) -> tuple[float, ...]:
+def victim_cost(candidate: ScaleInCandidate) -> tuple[float, ...]:
     """Sort key, cheapest to remove first (see the module docstring)."""
     if candidate.state != "Ready":
         return (0.0, float(NOT_READY_ORDER[candidate.state]), -float(candidate.ordinal))
@@ -123,7 +124,7 @@ def victim_cost(candidate: Candidate) -> tuple[float, ...]:
     )
 
 
-def too_young(candidate: Candidate, now: datetime, min_lifetime_seconds: float) -> bool:
+def too_young(candidate: ScaleInCandidate, now: datetime, min_lifetime_seconds: float) -> bool:
     """A ready group that became ready less than the minimum lifetime ago."""
     if candidate.state != "Ready" or candidate.ready_at is None:
         return False
@@ -131,13 +132,13 @@ def too_young(candidate: Candidate, now: datetime, min_lifetime_seconds: float) 
 
 
 def choose_victims(
-    candidates: Iterable[Candidate],
+    candidates: Iterable[ScaleInCandidate],
     count: int,
     *,
     now: datetime,
     min_lifetime_seconds: float,
     may_ignore_lifetime: int = 0,
-) -> tuple[Candidate, ...]:
+) -> tuple[ScaleInCandidate, ...]:
     """Up to `count` groups to remove, cheapest first.
 
     may_ignore_lifetime: how many of them may be younger than the minimum lifetime (all when the
@@ -154,7 +155,7 @@ def choose_victims(
 
 
 def stale_loads(
-    candidates: Iterable[Candidate], readings: Mapping[str, LeaderReading], now: datetime
+    candidates: Iterable[ScaleInCandidate], readings: Mapping[str, LeaderReading], now: datetime
 ) -> tuple[str, ...]:
     """Ready candidates whose leader has no reading fresh enough to compare them (probe them first)."""
     return tuple(
@@ -368,7 +369,7 @@ def _timed_out(
     counted = ""
     if view.resumed_at is not None:
         counted = (
-            f" (counted from {_rfc3339(view.resumed_at)}, when this operator resumed the drain "
+            f" (counted from {rfc3339_millis(view.resumed_at)}, when this operator resumed the drain "
             f"{_seconds(view.started_at, view.resumed_at):.1f}s after it began)"
         )
     return RemoveGroup(
@@ -409,13 +410,13 @@ def encode_progress(progress: DrainProgress) -> str:
     if progress.baseline is not None:
         baseline = progress.baseline
         document["baseline"] = {
-            "at": _rfc3339(baseline.at),
+            "at": rfc3339_millis(baseline.at),
             "finished": baseline.finished_total,
             "aborted": baseline.aborted_total,
             "inFlight": baseline.in_flight,
         }
     if progress.routes_stopped_at is not None:
-        document["routesStoppedAt"] = _rfc3339(progress.routes_stopped_at)
+        document["routesStoppedAt"] = rfc3339_millis(progress.routes_stopped_at)
     return json.dumps(document, separators=(",", ":"), sort_keys=True)
 
 
@@ -432,25 +433,12 @@ def parse_progress(text: str | None) -> DrainProgress | None:
     baseline = None
     stored = raw.get("baseline")
     if isinstance(stored, dict):
-        at = _parse_time(stored.get("at"))
+        at = parse_rfc3339(stored.get("at"))
         numbers = [stored.get(key) for key in ("finished", "aborted", "inFlight")]
         if at is not None and all(isinstance(n, int) and n >= 0 for n in numbers):
             finished, aborted, in_flight = (int(n) for n in numbers)  # type: ignore[arg-type]
             baseline = DrainBaseline(at, finished, aborted, in_flight)
-    return DrainProgress(baseline=baseline, routes_stopped_at=_parse_time(raw.get("routesStoppedAt")))
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+    return DrainProgress(baseline=baseline, routes_stopped_at=parse_rfc3339(raw.get("routesStoppedAt")))
 
 
 # The drain-outcome annotation: a drain's end, written on every rank before any rank is deleted.
@@ -475,8 +463,8 @@ class DrainOutcomeRecord:
 def encode_outcome(record: DrainOutcomeRecord) -> str:
     document: dict[str, object] = {
         "outcome": record.outcome,
-        "startedAt": _rfc3339(record.started_at),
-        "endedAt": _rfc3339(record.ended_at),
+        "startedAt": rfc3339_millis(record.started_at),
+        "endedAt": rfc3339_millis(record.ended_at),
         "durationSeconds": round(record.duration_seconds, 3),
         "requestsFinished": record.requests_finished,
         "requestsAborted": record.requests_aborted,
@@ -498,8 +486,8 @@ def parse_outcome(text: str | None) -> DrainOutcomeRecord | None:
         return None
     if not isinstance(raw, dict) or raw.get("outcome") not in ("Drained", "TimedOut"):
         return None
-    started_at = _parse_time(raw.get("startedAt"))
-    ended_at = _parse_time(raw.get("endedAt"))
+    started_at = parse_rfc3339(raw.get("startedAt"))
+    ended_at = parse_rfc3339(raw.get("endedAt"))
     duration = raw.get("durationSeconds")
     if started_at is None or ended_at is None or not isinstance(duration, int | float) or duration < 0:
         return None

@@ -17,12 +17,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from goodput.controllers.autoscale_model import (
-    Attainability,
+from goodput.api.reasons import Attainability
+from goodput.controllers.autoscale.model import (
     ClassFeasibility,
     GroupMetrics,
     GroupObservation,
-    GroupState,
     ModelGroupSnapshot,
     ScalingPolicy,
     SloTargets,
@@ -219,7 +218,7 @@ def prompt_evidence(groups: Sequence[GroupObservation], max_age_seconds: float) 
     fresh = [
         group.metrics
         for group in groups
-        if group.state is GroupState.READY
+        if group.state == "Ready"
         and group.metrics is not None
         and group.metrics.age_seconds <= max_age_seconds
     ]

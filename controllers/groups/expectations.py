@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from goodput.controllers.observation import ConditionView, PodView
+from goodput.controllers.groups.observation import ConditionView, PodView
 
 # The pod should exist (it was created); any other name is a PodView field that was written.
 EXISTS = "exists"

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from goodput.api.times import parse_rfc3339
 from goodput.controllers import naming
-from goodput.controllers.drain import DrainOutcomeRecord, DrainProgress, parse_outcome, parse_progress
-from goodput.controllers.placement import GpuClaim, NodeInventory, Taint
+from goodput.controllers.groups.drain import DrainOutcomeRecord, DrainProgress, parse_outcome, parse_progress
+from goodput.controllers.groups.placement import GpuClaim, NodeInventory, Taint
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -124,16 +125,6 @@ class NodeView:
     ready: bool
 
 
-def parse_time(value: object) -> datetime | None:
-    """An RFC 3339 timestamp from the API server, or None when absent or malformed."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def pod_gpus(pod: Mapping[str, Any], resource: str = naming.GPU_RESOURCE) -> int:
     """Devices of `resource` a pod requests as the scheduler counts them: max(sum over containers,
     any init container). For a DeviceClass, what our pod's annotations say its claim asks for."""
@@ -235,7 +226,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         group=group,
         rank=int(rank_text),
         revision=labels.get(naming.LABEL_REVISION, ""),
-        created_at=parse_time(metadata.get("creationTimestamp")),
+        created_at=parse_rfc3339(metadata.get("creationTimestamp")),
         deleting=bool(metadata.get("deletionTimestamp")),
         phase=status.get("phase") or "Pending",
         node_name=spec.get("nodeName") or None,
@@ -243,7 +234,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         gated=any(g.get("name") == naming.SCHEDULING_GATE for g in spec.get("schedulingGates") or ()),
         topology_domain=annotations.get(naming.ANNOTATION_TOPOLOGY_DOMAIN),
         replaces=annotations.get(naming.ANNOTATION_REPLACES),
-        draining_since=parse_time(annotations.get(naming.ANNOTATION_DRAINING_SINCE)),
+        draining_since=parse_rfc3339(annotations.get(naming.ANNOTATION_DRAINING_SINCE)),
         gpus=pod_gpus(pod, pod_accelerator(pod) or naming.GPU_RESOURCE),
         restarts=restarts,
         containers_ready=_condition(conditions.get("ContainersReady")),
@@ -334,7 +325,7 @@ def _condition(raw: Mapping[str, Any] | None) -> ConditionView | None:
         status=str(raw.get("status", "Unknown")),
         reason=str(raw.get("reason") or ""),
         message=str(raw.get("message") or ""),
-        last_transition=parse_time(raw.get("lastTransitionTime")),
+        last_transition=parse_rfc3339(raw.get("lastTransitionTime")),
     )
 
 

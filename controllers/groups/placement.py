@@ -23,24 +23,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
 from goodput.api.modelgroup import NodeAffinityTerm, NodeSelectorRequirement, Toleration
-from goodput.api.reasons import Reason
+from goodput.api.reasons import NoFitReason
 from goodput.controllers import naming
-from goodput.controllers.pods import PlacementMode
+from goodput.controllers.groups.pods import PlacementMode
 
 # How many domains (or nodes) a "no fit" message lists before summarising the rest.
 _DOMAINS_IN_MESSAGE = 6
-
-
-class NoFitReason(StrEnum):
-    """Why no domain can take a new group: the shared vocabulary's placement reasons, as one type."""
-
-    INSUFFICIENT_GPUS = Reason.INSUFFICIENT_GPUS
-    DOMAINS_BACKED_OFF = Reason.DOMAINS_BACKED_OFF
-    NO_ELIGIBLE_NODES = Reason.NO_ELIGIBLE_NODES
-    TOPOLOGY_LABEL_MISSING = Reason.TOPOLOGY_LABEL_MISSING
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from goodput.api.modelgroup import (
     VolumeMount,
 )
 from goodput.controllers import naming
-from goodput.controllers.agent_sidecar import AgentRank, AgentSidecar, add_agent
+from goodput.controllers.groups.agent_sidecar import AgentRank, AgentSidecar, add_agent
 
 # torch.distributed rendezvous port of vLLM's multi-node launch (vLLM's default).
 MASTER_PORT = 29501
@@ -43,8 +43,8 @@ MASTER_PORT = 29501
 POD_INTERFACE = "eth0"
 # Time vLLM needs after its --shutdown-timeout drain to stop workers and exit.
 SHUTDOWN_MARGIN_SECONDS = 15
-STARTUP_PROBE_PERIOD_SECONDS = 10
-CONTAINER_NAME = "vllm"
+ENGINE_STARTUP_PROBE_PERIOD_SECONDS = 10
+ENGINE_CONTAINER_NAME = "vllm"
 # Environment variables the operator sets from the pod's identity; a spec may not override them.
 OPERATOR_ENV = frozenset(
     {"VLLM_HOST_IP", "GOODPUT_MODEL_GROUP", "GOODPUT_GROUP", "GOODPUT_RANK", "GOODPUT_GROUP_SIZE"}
@@ -456,7 +456,7 @@ def _render_container(
     template: GroupTemplate, group: str, rank: int, leader_address: str | None
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
+        "name": ENGINE_CONTAINER_NAME,
         "image": template.image,
         "command": ["vllm", "serve"],
         "args": vllm_args(template, rank, leader_address),
@@ -478,9 +478,9 @@ def _render_container(
         # carries the load-time budget and readiness only has to notice a dead engine.
         container["startupProbe"] = {
             "httpGet": {"path": "/health", "port": template.port},
-            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "periodSeconds": ENGINE_STARTUP_PROBE_PERIOD_SECONDS,
             "failureThreshold": max(
-                1, math.ceil(template.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS)
+                1, math.ceil(template.startup_timeout_seconds / ENGINE_STARTUP_PROBE_PERIOD_SECONDS)
             ),
         }
         container["readinessProbe"] = {

@@ -28,21 +28,25 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
-from goodput.api.modelgroup import ClassFeasibilityStatus, ModelGroupStatus, Proposal, ScalingDecision
+from goodput.api.modelgroup import (
+    ClassFeasibilityStatus,
+    ModelGroupStatus,
+    Proposal,
+    ScalingDecision,
+)
 from goodput.api.reasons import ConditionType, EventReason, Guard, Reason
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
+from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GoodputTrial,
-    GroupState,
     Mode,
     ModelGroupSnapshot,
     Recommendation,
     ScaleEvent,
     SloCheck,
 )
-from goodput.controllers.feasible_demand import AttainabilityVerdict
-from goodput.controllers.groups import EventRecord
+from goodput.controllers.events import EventRecord
 
 HISTORY_LIMIT = 10
 """Entries kept in `status.decisions` (the API's maximum)."""
@@ -260,7 +264,7 @@ class MetricsHealth:
 
 def metrics_health(snapshot: ModelGroupSnapshot, max_age_seconds: float) -> MetricsHealth:
     """Ready groups whose metrics are missing or older than `max_age_seconds`, by name."""
-    ready = [group for group in snapshot.groups if group.state is GroupState.READY]
+    ready = [group for group in snapshot.groups if group.state == "Ready"]
     missing = [group.name for group in ready if group.metrics is None]
     stale = [
         f"{group.name} ({group.metrics.age_seconds:.0f}s)"

@@ -24,10 +24,9 @@ from goodput.api.modelgroup import (
     Readiness,
 )
 from goodput.controllers import naming
-from goodput.controllers.agent_sidecar import agent_sidecar
-from goodput.controllers.groups import ReadinessRules
-from goodput.controllers.hardware import batch_limits
-from goodput.controllers.placement import (
+from goodput.controllers.groups.agent_sidecar import agent_sidecar
+from goodput.controllers.groups.model import ReadinessRules
+from goodput.controllers.groups.placement import (
     GroupShape,
     NodeInventory,
     PlacementRules,
@@ -35,7 +34,9 @@ from goodput.controllers.placement import (
     eligible,
     fits_empty_cluster,
 )
-from goodput.controllers.pods import OPERATOR_ENV, GroupTemplate
+from goodput.controllers.groups.pods import OPERATOR_ENV, GroupTemplate
+from goodput.controllers.hardware import batch_limits
+from goodput.controllers.validation import describe_validation_error
 
 # An OCI image reference: [registry[:port]/]path[:tag][@digest], path components lower case.
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -62,15 +63,6 @@ def parse_model_group(body: Mapping[str, Any]) -> ModelGroup | str:
         return ModelGroup.model_validate(dict(body))
     except ValidationError as error:
         return describe_validation_error(error)
-
-
-def describe_validation_error(error: ValidationError) -> str:
-    problems = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"])
-        message = str(item["msg"]).removeprefix("Value error, ")
-        problems.append(f"{where}: {message}" if where else message)
-    return "; ".join(problems)
 
 
 def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTemplate:

@@ -31,7 +31,7 @@ class FleetObservation:
     now: float
     desired_groups: int
     placing_groups: int
-    loading_groups: int
+    provisioning_groups: int
     ready_groups: int
     draining_groups: int
     min_groups: int
@@ -41,8 +41,8 @@ class FleetObservation:
 
     @property
     def starting_groups(self) -> int:
-        """Groups that will become capacity without a new decision (placing or loading)."""
-        return self.placing_groups + self.loading_groups
+        """Groups that will become capacity without a new decision (placing or provisioning)."""
+        return self.placing_groups + self.provisioning_groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,8 @@ class PolicyAnswer:
     detail: dict[str, float | str] = field(default_factory=dict)
 
 
-class Autoscaler(Protocol):
-    """A scaling policy as the simulation drives it."""
+class FleetPolicy(Protocol):
+    """A scaling policy as the simulated fleet drives it: goodput's own, or a baseline (HPA, KEDA)."""
 
     @property
     def name(self) -> str:

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 
 from goodput.api.reasons import Guard
-from goodput.controllers.autoscale_model import (
+from goodput.controllers.autoscale.model import (
     Recommendation,
     ScaleEvent,
     ScalingRules,

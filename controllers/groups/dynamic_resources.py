@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from goodput.controllers import naming
-from goodput.controllers.placement import GpuClaim, NodeInventory
+from goodput.controllers.groups.placement import GpuClaim, NodeInventory
 
 DeviceKey = tuple[str, str, str]
 """A device as an allocation names it: (driver, pool, device)."""

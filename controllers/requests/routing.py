@@ -19,16 +19,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
-from goodput.controllers.admission import GroupLoad, slot_wait_seconds
-
-
-class RouteReason(StrEnum):
-    SESSION = "Session"
-    PREFIX = "PrefixAffinity"
-    LEAST_WORK = "LeastWork"
-    OVER_BUDGET = "LeastWorkOverBudget"
+from goodput.api.reasons import RouteReason
+from goodput.controllers.requests.admission import GroupLoad, slot_wait_seconds
 
 
 @dataclass(frozen=True, slots=True)

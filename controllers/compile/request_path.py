@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
-from goodput.controllers.admission import AdmissionPolicy, admission_policy
-from goodput.controllers.fairness import FairnessPolicy, fairness_policy
+from goodput.controllers.compile.scaling import compile_policy
 from goodput.controllers.hardware import ReadConfig
-from goodput.controllers.policy_compile import capacity_profile, compile_problems
-from goodput.controllers.routing import RoutingPolicy
+from goodput.controllers.requests.admission import AdmissionPolicy, admission_policy
+from goodput.controllers.requests.fairness import FairnessPolicy, fairness_policy
+from goodput.controllers.requests.routing import RoutingPolicy
 from goodput.estimators.feasibility import FloorModel
 
 # vLLM's context when `--max-model-len` is not set is the model's own; Llama 3.1 has 128k, but
@@ -79,12 +79,10 @@ def compile_request_path(
     refuses it: a gateway cannot price requests it cannot price). `referenced`: the config.json of
     `profile.modelConfigRef`, for a caller that read it."""
     spec = model_group.spec
-    problems = compile_problems(spec, slo.spec)
-    if problems:
-        return "; ".join(problems)
-    profile = capacity_profile(spec, slo.spec, referenced=referenced)
-    if isinstance(profile, str):
-        return profile
+    compiled = compile_policy(model_group, slo, referenced=referenced)
+    if isinstance(compiled, str):
+        return compiled
+    profile = compiled.profile
     floor = FloorModel(profile.step_model, profile.max_num_batched_tokens, route_seconds=route_seconds)
     admission = admission_policy(slo.spec, floor, profile.pricing, context_tokens(model_group))
     capacity = profile.capacity_per_group(profile.reference_input_tokens, profile.reference_output_tokens)

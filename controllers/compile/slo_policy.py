@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from goodput.api.conditions import Condition, find_condition, set_condition
 from goodput.api.reasons import ConditionType, EventReason, Reason
 from goodput.api.slopolicy import SloPolicy, SloPolicySpec, SloPolicyStatus
-from goodput.controllers.groups import EventRecord
-from goodput.controllers.template import describe_validation_error
+from goodput.controllers.events import EventRecord
+from goodput.controllers.validation import describe_validation_error
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from goodput.api.reasons import AdmissionReason
 from goodput.api.slopolicy import SloPolicySpec
-from goodput.estimators.feasibility import FloorModel, prefill_floor_seconds, request_floors, unmet_targets
-from goodput.estimators.feasibility import SloTargets as FloorTargets
+from goodput.estimators.feasibility import (
+    FloorModel,
+    FloorTargets,
+    prefill_floor_seconds,
+    request_floors,
+    unmet_targets,
+)
 from goodput.estimators.queueing import predicted_queue_wait_seconds
 from goodput.estimators.work import WorkPricing
 
@@ -61,23 +67,6 @@ class OverloadAction(StrEnum):
     REJECT = "Reject"
     DEFER = "Defer"
     DEGRADE = "Degrade"
-
-
-class AdmissionReason(StrEnum):
-    """One vocabulary for why a request got its outcome: metric label, log field and response header."""
-
-    ADMITTED = "Admitted"
-    UNKNOWN_CLASS = "UnknownClass"
-    PROMPT_OVER_CLASS_LIMIT = "PromptOverClassLimit"
-    OUTPUT_OVER_CLASS_LIMIT = "OutputOverClassLimit"
-    BEYOND_CONTEXT = "BeyondContext"
-    INFEASIBLE = "Infeasible"
-    KV_NEVER_FITS = "KvNeverFits"
-    KV_HEADROOM = "KvHeadroom"
-    DEADLINE = "Deadline"
-    NO_READY_GROUP = "NoReadyGroup"
-    TENANT_BUDGET = "TenantBudget"
-    RETRY_BUDGET = "RetryBudget"
 
 
 # The shortest Retry-After the gateway sends: RFC 9110 delay-seconds are whole seconds.

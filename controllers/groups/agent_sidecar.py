@@ -26,7 +26,7 @@ from typing import Any, Final
 from goodput.api import labels
 from goodput.api.modelgroup import ModelGroupSpec
 
-CONTAINER_NAME: Final = "goodput-agent"
+AGENT_CONTAINER_NAME: Final = "goodput-agent"
 SERVICE_ACCOUNT: Final = "goodput-agent"
 TOKEN_VOLUME: Final = "goodput-agent-token"
 RUN_VOLUME: Final = "goodput-agent-run"
@@ -43,7 +43,7 @@ METRICS_PORT: Final = 9410
 RENDEZVOUS_PORT: Final = 29510
 TOKEN_EXPIRATION_SECONDS: Final = 3600
 NCCL_TIMEOUT_SECONDS: Final = 180
-STARTUP_PROBE_PERIOD_SECONDS: Final = 5
+AGENT_STARTUP_PROBE_PERIOD_SECONDS: Final = 5
 # Time for the agent to start (spawn its rank processes, import the collective) beyond the check.
 STARTUP_MARGIN_SECONDS: Final = 120
 
@@ -75,10 +75,10 @@ class AgentRank:
 def render_agent_container(sidecar: AgentSidecar, rank: AgentRank) -> dict[str, Any]:
     """The init container (a native sidecar) of one rank."""
     failure_threshold = math.ceil(
-        (NCCL_TIMEOUT_SECONDS + STARTUP_MARGIN_SECONDS) / STARTUP_PROBE_PERIOD_SECONDS
+        (NCCL_TIMEOUT_SECONDS + STARTUP_MARGIN_SECONDS) / AGENT_STARTUP_PROBE_PERIOD_SECONDS
     )
     return {
-        "name": CONTAINER_NAME,
+        "name": AGENT_CONTAINER_NAME,
         "image": sidecar.image,
         "restartPolicy": "Always",
         "command": ["goodput-agent"],
@@ -92,7 +92,7 @@ def render_agent_container(sidecar: AgentSidecar, rank: AgentRank) -> dict[str, 
         ),
         "startupProbe": {
             "exec": {"command": ["test", "-e", CHECKED_FILE]},
-            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "periodSeconds": AGENT_STARTUP_PROBE_PERIOD_SECONDS,
             "failureThreshold": failure_threshold,
         },
         "resources": {
@@ -136,7 +136,7 @@ def _env(rank: AgentRank) -> list[dict[str, Any]]:
     return [
         {"name": "GOODPUT_POD_NAME", **field("metadata.name")},
         {"name": "GOODPUT_POD_NAMESPACE", **field("metadata.namespace")},
-        {"name": "GOODPUT_RANK", **field(f"metadata.labels['{labels.RANK_LABEL}']")},
+        {"name": "GOODPUT_RANK", **field(f"metadata.labels['{labels.LABEL_RANK}']")},
         {"name": "GOODPUT_LEADER_ADDRESS", **leader},
         {"name": "GOODPUT_GROUP_SIZE", "value": str(rank.pods_per_group)},
         {"name": "GOODPUT_GPUS_PER_POD", "value": str(rank.gpus_per_pod)},
@@ -148,7 +148,7 @@ def _env(rank: AgentRank) -> list[dict[str, Any]]:
         {"name": "GOODPUT_AGENT_CHECKED_FILE", "value": CHECKED_FILE},
         # The run user has no passwd entry: HOME and USER keep caches and getpass.getuser() working.
         {"name": "HOME", "value": TMP_PATH},
-        {"name": "USER", "value": CONTAINER_NAME},
+        {"name": "USER", "value": AGENT_CONTAINER_NAME},
     ]
 
 
