@@ -273,7 +273,7 @@ class Admission(SpecModel):
     """Longest the gateway holds a deferred request (or any request while no group is Ready) before
     answering 503; a request is never held past the point where its deadline can no longer be met."""
     retry_budget_ratio: float = Field(default=0.2, ge=0, le=10)
-    """Retries a tenant may send per first attempt (a retry budget against retry storms, §13): each
+    """Retries a tenant may send per first attempt (a retry budget against retry storms): each
     first attempt earns this many retry tokens, each retry spends one."""
 
 

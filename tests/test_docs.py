@@ -64,10 +64,6 @@ OUTSIDE = (
     re.compile(r"§"),
     re.compile(r"design note", re.IGNORECASE),
 )
-# Known and owned elsewhere: docs/api-reference.md is generated from the API models' docstrings
-# (`goodput crds`), and one of them still carries a section reference. Each entry must still occur, so
-# the exception goes once the docstring in api/slopolicy.py is fixed and the reference rendered again.
-KNOWN_OUTSIDE = {("docs/api-reference.md", "against retry storms, §13)")}
 FENCE = re.compile(r"^```([\w-]*)\s*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
@@ -146,19 +142,13 @@ def test_the_links_are_found() -> None:
 
 @pytest.mark.parametrize("doc", DOCS, ids=_rel)
 def test_no_doc_cites_anything_outside_the_repository(doc: Path) -> None:
-    known = [text for name, text in KNOWN_OUTSIDE if name == _rel(doc)]
     found = [
         f"line {number}: {pattern.pattern!r} in {line.strip()[:100]!r}"
         for number, line in enumerate(doc.read_text().splitlines(), start=1)
         for pattern in OUTSIDE
-        if pattern.search(line) and not any(text in line for text in known)
+        if pattern.search(line)
     ]
     assert not found, f"{_rel(doc)} refers outside the repository:\n" + "\n".join(found)
-
-
-def test_every_known_exception_still_occurs() -> None:
-    gone = [(name, text) for name, text in KNOWN_OUTSIDE if text not in (ROOT / name).read_text()]
-    assert not gone, f"fixed at the source; remove from KNOWN_OUTSIDE: {gone}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=_rel)
