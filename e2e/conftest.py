@@ -34,11 +34,42 @@ from goodput.testbed.operator_process import FakeLeaders, OperatorProcess, fake_
 E2E_CLUSTER_ENV = "GOODPUT_E2E_CLUSTER"
 SESSION_SCRAPE_INTERVAL_SECONDS = 2.0
 
+# `make e2e` runs the stories on E2E_WORKERS workers (pytest-xdist, `--dist loadfile`), each with a
+# session cluster of its own, so that no story shares a cluster with one running at the same time (GPU
+# capacity, node faults, chaos) and a file's module fixtures run once. A worker takes a file at a time,
+# longest first: seconds each file took with four workers on two cores (`pytest -n 4 --durations=0`).
+FILE_SECONDS: dict[str, float] = {
+    "test_drain": 1270,
+    "test_autoscaler": 1070,
+    "test_keda": 700,
+    "test_chart_install": 900,
+    "test_gateway": 750,
+    "test_emulator": 680,
+    "test_ab": 600,
+    "test_demo": 400,
+    "test_chaos": 300,
+    "test_modelgroup": 200,
+    "test_least_privilege": 150,
+    "test_cluster": 120,
+    "test_bad_input": 120,
+    "test_leader_election": 100,
+}
+DEFAULT_FILE_SECONDS = 60.0
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.e2e)
+    here = Path(__file__).parent
+    ours = [item for item in items if Path(str(item.fspath)).parent == here]
+    for item in ours:
+        item.add_marker(pytest.mark.e2e)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The longest files first, so that the worker given the last one does not finish late; one by
+        # one, the stories keep the files' order.
+        def seconds(item: pytest.Item) -> float:
+            return -FILE_SECONDS.get(Path(str(item.fspath)).stem, DEFAULT_FILE_SECONDS)
+
+        others = [item for item in items if Path(str(item.fspath)).parent != here]
+        items[:] = others + sorted(ours, key=seconds)
 
 
 @pytest.fixture(scope="session")

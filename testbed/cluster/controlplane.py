@@ -372,9 +372,8 @@ def _refuse_running_cluster(paths: StatePaths) -> None:
 def _prepare(spec: ClusterSpec, bin_dir: Path, paths: StatePaths, progress: Progress) -> ClusterState:
     pki.create_cluster_pki(paths.pki)
     ports = Ports(*free_ports(len(Ports.__dataclass_fields__)))
-    lock_dir = paths.root.parent
     if spec.with_netns:
-        plan = netns.create(spec.name, lock_dir=lock_dir)
+        plan = netns.create(spec.name, lock_dir=netns.ALLOCATION_LOCK_DIR)
         octet, netns_name = plan.network.octet, plan.name
         progress(f"cluster {spec.name}: pod range {plan.network.pod_range} routed into netns {plan.name}")
     else:

@@ -28,6 +28,9 @@ NETNS_PREFIX = "goodput-"
 FIRST_OCTET = 200  # pod ranges 10.200.0.0/16 .. 10.254.0.0/16, away from the usual 10.0-10.199 choices
 LAST_OCTET = 254
 NETNS_RUN_DIR = Path("/run/netns")
+# Pod ranges are a machine-wide resource: clusters started at once from different state folders (the
+# e2e suite's workers, a demo beside them) take them under one lock.
+ALLOCATION_LOCK_DIR = Path("/run/goodput")
 
 
 class NetnsError(RuntimeError):
