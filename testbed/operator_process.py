@@ -39,6 +39,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from goodput.api.base import API_VERSION
 from goodput.api.reasons import Reason
 from goodput.controllers import naming
 from goodput.testbed.cluster import controlplane
@@ -50,6 +51,9 @@ from goodput.testbed.cluster.testing import serving_in_netns
 from goodput.testbed.cluster.topology import Topology
 
 LEADER_PORT = 8000
+# What a story's operator leaves behind it, and how long it has to clear their finalizers.
+GOODPUT_PLURALS = ("modelgroups", "slopolicies")
+FINALIZE_SECONDS = 90.0
 # A group leader as the operator sees it: vLLM's /metrics (idle, or what a load file says) and
 # completions; argv: port, a file to log each completion request to ("" for none), a JSON file of the
 # metrics to report ("" for idle).
@@ -165,19 +169,24 @@ class OperatorProcess:
     def __exit__(self, *_: object) -> None:
         try:
             if self.process is not None and self.process.poll() is None:
-                self.cluster.kubectl(
-                    "delete",
-                    "modelgroups,slopolicies",
-                    "--all",
-                    "-n",
-                    self.namespace,
-                    "--wait=true",
-                    "--timeout=60s",
-                    check=False,
-                    timeout_seconds=90,
-                )
+                self._delete_goodput_objects()
         finally:
             self.stop()
+
+    def _delete_goodput_objects(self) -> None:
+        """The namespace's ModelGroups and SLOPolicies deleted while the operator still runs to clear
+        their finalizers: one delete-collection request per kind (a story that made a thousand
+        ModelGroups is not a thousand requests), then up to FINALIZE_SECONDS for them to go. Objects
+        still there after that stay to the namespace's deletion; the story's verdict is already in."""
+        base = f"/apis/{API_VERSION}/namespaces/{self.namespace}"
+        for plural in GOODPUT_PLURALS:
+            self.cluster.api.delete(f"{base}/{plural}")
+        deadline = time.monotonic() + FINALIZE_SECONDS
+        while time.monotonic() < deadline and self.process is not None and self.process.poll() is None:
+            left = [(self.cluster.api.get(f"{base}/{kind}") or {}).get("items") for kind in GOODPUT_PLURALS]
+            if not any(left):
+                return
+            time.sleep(0.5)
 
 
 @dataclass
