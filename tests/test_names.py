@@ -2,7 +2,7 @@
 name, so a name read anywhere in api, estimators, controllers, operator, simulator, gateway or agent
 means one thing.
 
-Two exceptions, each explicit below:
+Three exceptions, each explicit below:
 
 - an API model and the frozen value the compile (`controllers.compile`) makes of it carry the same
   name, because they are one concept in two forms: what a user writes and what a decision reads;
