@@ -775,18 +775,18 @@ class ModelGroupLoop:
         fails). Every pass emits it again until `status.drain.recent` holds it: counted and logged
         once per process; announced once the status write lands."""
         for drain in drains:
-            if any(known.group == drain.group for known in self.unrecorded_drains):
+            if any(known.record.group == drain.record.group for known in self.unrecorded_drains):
                 continue
             self.unrecorded_drains.append(drain)
             self.runtime.metrics.drain_ended(self.namespace, self.name, drain)
             self.logger.info(
                 "drain ended",
                 extra={
-                    "group": drain.group,
-                    "outcome": drain.outcome,
-                    "duration_seconds": round(drain.duration_seconds, 3),
-                    "requests_finished": drain.requests_finished,
-                    "requests_aborted": drain.requests_aborted,
+                    "group": drain.record.group,
+                    "outcome": drain.record.outcome,
+                    "duration_seconds": drain.record.duration_seconds,
+                    "requests_finished": drain.record.requests_finished,
+                    "requests_aborted": drain.record.requests_aborted,
                 },
             )
 
@@ -945,12 +945,12 @@ class PlanWrites:
 
     async def write_outcome(self, outcome: DrainOutcomeMark) -> None:
         """A drain's end on every rank, before its status record and before any rank is deleted."""
-        encoded = encode_outcome(outcome.record)
+        encoded = encode_outcome(outcome.decided)
         patch = {"metadata": {"annotations": {naming.ANNOTATION_DRAIN_OUTCOME: encoded}}}
         await _gather(self.kube.patch_pod, [(self.namespace, pod, patch) for pod in outcome.pods])
         for pod in outcome.pods:
             if pod in self.views:
-                self.remember(pod, "drain_outcome", drain_outcome=outcome.record)
+                self.remember(pod, "drain_outcome", drain_outcome=outcome.decided)
 
     async def mark_drain(self, mark: DrainMark) -> None:
         annotations: dict[str, str | None] = {

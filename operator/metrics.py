@@ -148,7 +148,8 @@ class OperatorMetrics:
             self.groups.labels(namespace, name, state).set(counts.get(state, 0))
             self.group_gpus.labels(namespace, name, state).set(counts.get(state, 0) * gpus_per_group)
 
-    def drain_ended(self, namespace: str, name: str, drain: DrainEnded) -> None:
+    def drain_ended(self, namespace: str, name: str, ended: DrainEnded) -> None:
+        drain = ended.record
         self.drain_duration.labels(namespace, name, drain.outcome).observe(drain.duration_seconds)
         self.drains.labels(namespace, name, drain.outcome).inc()
         # An unknown count is counted as unknown, never added as 0 to the requests counted.

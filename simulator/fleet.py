@@ -315,9 +315,9 @@ class Fleet:
             self._stop_serving(self._by_key[change.group], now)
         for outcome in plan.drain_outcomes:
             for name in outcome.pods:
-                self._pods[name] = replace(self._pods[name], drain_outcome=outcome.record)
+                self._pods[name] = replace(self._pods[name], drain_outcome=outcome.decided)
         # The operator's status write: a drain's record precedes the deletion of its ranks.
-        self._recorded_drains.update(ended.group for ended in plan.drains_ended)
+        self._recorded_drains.update(ended.record.group for ended in plan.drains_ended)
         for deletion in plan.deletions:
             self._delete(deletion.group, deletion.pods, now, plan)
         events: list[LifecycleEvent] = []

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.api.modelgroup import DrainRecord
 from goodput.controllers.groups.drain import (
+    DecidedDrain,
     DrainBaseline,
-    DrainOutcomeRecord,
     DrainPolicy,
     DrainProgress,
     DrainView,
@@ -20,7 +22,6 @@ from goodput.controllers.groups.drain import (
     ProbeFailure,
     RemoveGroup,
     ScaleInCandidate,
-    canonical_outcome,
     choose_victims,
     drain_deadline,
     encode_outcome,
@@ -638,8 +639,15 @@ def test_endpoint_slices(case: SliceCase) -> None:
 
 # The drain-outcome annotation: what a restarted operator records must be what was decided.
 
-outcome_records = st.builds(
-    DrainOutcomeRecord,
+
+def _drain_record(**fields: Any) -> DrainRecord:
+    """A record by its Python field names (hypothesis would otherwise also fill the wire aliases)."""
+    return DrainRecord(**fields)
+
+
+drain_records = st.builds(
+    _drain_record,
+    group=st.from_regex(r"[a-z][a-z0-9-]{0,40}[a-z0-9]", fullmatch=True),
     outcome=st.sampled_from(["Drained", "TimedOut"]),
     started_at=st.datetimes(
         min_value=datetime(2020, 1, 1), max_value=datetime(2040, 1, 1), timezones=st.just(UTC)
@@ -651,21 +659,28 @@ outcome_records = st.builds(
     requests_finished=st.none() | st.integers(min_value=0, max_value=10**9),
     requests_aborted=st.none() | st.integers(min_value=0, max_value=10**9),
     on_timeout=st.none() | st.sampled_from(["Abort", "Requeue"]),
-    message=st.text(max_size=200),
 )
 
 
 @settings(max_examples=200, deadline=None)
-@given(outcome_records)
-def test_a_drain_outcome_reads_back_as_decided_once_canonical(record: DrainOutcomeRecord) -> None:
-    canonical = canonical_outcome(record)
-    assert parse_outcome(encode_outcome(canonical)) == canonical
-    assert (canonical.outcome, canonical.requests_finished, canonical.requests_aborted) == (
-        record.outcome,
-        record.requests_finished,
-        record.requests_aborted,
+@given(drain_records, st.text(max_size=200))
+def test_a_drain_outcome_reads_back_as_the_status_record_decided(record: DrainRecord, message: str) -> None:
+    decided = DecidedDrain(record=record, message=message)
+    assert parse_outcome(encode_outcome(decided), record.group) == decided
+
+
+def test_an_outcome_written_before_the_record_was_the_apis_reads_with_the_pods_group() -> None:
+    text = (
+        '{"durationSeconds":38.117,"endedAt":"2026-01-01T00:00:38.117Z","message":"group g1 drained",'
+        '"outcome":"Drained","requestsAborted":0,"requestsFinished":5,"startedAt":"2026-01-01T00:00:00.000Z"}'
     )
-    assert abs((canonical.ended_at - record.ended_at).total_seconds()) < 0.001
+    decided = parse_outcome(text, "g1")
+    assert decided is not None
+    assert (decided.record.group, decided.record.ended_at, decided.message) == (
+        "g1",
+        datetime(2026, 1, 1, 0, 0, 38, tzinfo=UTC),
+        "group g1 drained",
+    )
 
 
 @pytest.mark.parametrize(
@@ -684,7 +699,7 @@ def test_a_drain_outcome_reads_back_as_decided_once_canonical(record: DrainOutco
     ids=["absent", "empty", "not json", "not an object", "unknown outcome", "bad time", "negative"],
 )
 def test_an_unreadable_drain_outcome_is_none_so_the_drain_decides_again(text: str | None) -> None:
-    assert parse_outcome(text) is None
+    assert parse_outcome(text, "g1") is None
 
 
 def test_a_drain_outcome_with_unreadable_counts_keeps_them_unknown() -> None:
@@ -692,6 +707,7 @@ def test_a_drain_outcome_with_unreadable_counts_keeps_them_unknown() -> None:
         '{"outcome": "TimedOut", "startedAt": "2026-01-01T00:00:00Z", "endedAt": "2026-01-01T00:01:00Z", '
         '"durationSeconds": 60, "requestsFinished": "many", "requestsAborted": -1, "onTimeout": "Retry"}'
     )
-    record = parse_outcome(text)
-    assert record is not None
+    decided = parse_outcome(text, "g1")
+    assert decided is not None
+    record = decided.record
     assert (record.requests_finished, record.requests_aborted, record.on_timeout) == (None, None, None)

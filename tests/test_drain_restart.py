@@ -374,11 +374,14 @@ def test_the_whole_scale_in_writes_intent_before_each_act() -> None:
     first_delete = kinds.index("delete")
     assert "status" in kinds[:first_delete]
     outcomes = [
-        parse_outcome(api.pods[name]["metadata"]["annotations"].get(naming.ANNOTATION_DRAIN_OUTCOME))
+        parse_outcome(
+            api.pods[name]["metadata"]["annotations"].get(naming.ANNOTATION_DRAIN_OUTCOME),
+            api.pods[name]["metadata"]["labels"][naming.LABEL_GROUP],
+        )
         for name in VICTIM_PODS
     ]
     assert outcomes[0] is not None and outcomes[0] == outcomes[1]
-    assert (outcomes[0].outcome, outcomes[0].requests_finished) == ("Drained", 3)
+    assert (outcomes[0].record.outcome, outcomes[0].record.requests_finished) == ("Drained", 3)
 
 
 def shift_drain_back(api: FakeApiServer, seconds: float) -> None:

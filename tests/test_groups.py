@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.api.modelgroup import RECENT_DRAINS
+from goodput.api.modelgroup import RECENT_DRAINS, DrainRecord
 from goodput.api.reasons import EventReason, NoFitReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.groups.controller import plan_model_group
-from goodput.controllers.groups.drain import DrainBaseline, DrainOutcomeRecord, DrainProgress, LeaderSample
+from goodput.controllers.groups.drain import DecidedDrain, DrainBaseline, DrainProgress, LeaderSample
 from goodput.controllers.groups.model import (
     DomainBackoff,
     Plan,
@@ -713,8 +713,8 @@ def test_draining_groups_leave_when_idle_or_out_of_time(case: DrainCase) -> None
     assert event_reasons(plan) == ([case.event] if case.event else [])
     if case.deleted:
         (ended,) = plan.drains_ended
-        assert ended.requests_finished == case.readings["g1"].finished_total - 40
-        assert ended.requests_aborted == case.readings["g1"].in_flight
+        assert ended.record.requests_finished == case.readings["g1"].finished_total - 40
+        assert ended.record.requests_aborted == case.readings["g1"].in_flight
         (outcome,) = plan.drain_outcomes
         assert outcome.pods == tuple(pod.name for pod in pods)
     else:
@@ -756,9 +756,14 @@ def test_drains_resumed_after_a_takeover_read_their_leaders_before_judging_the_t
 def test_drains_resumed_after_a_takeover_whose_leaders_are_idle_end_as_drained() -> None:
     idle = {name: LeaderSample(NOW, 0, 0, finished_total=40) for name in ("g1", "g2")}
     plan = resumed_drains(idle)
-    assert sorted((d.group, d.outcome) for d in plan.drains_ended) == [("g1", "Drained"), ("g2", "Drained")]
+    assert sorted((d.record.group, d.record.outcome) for d in plan.drains_ended) == [
+        ("g1", "Drained"),
+        ("g2", "Drained"),
+    ]
     assert event_reasons(plan) == [EventReason.DRAIN_FINISHED] * 2
-    assert all(d.requests_aborted == 0 and d.duration_seconds == 34.1 for d in plan.drains_ended)
+    assert all(
+        d.record.requests_aborted == 0 and d.record.duration_seconds == 34.1 for d in plan.drains_ended
+    )
 
 
 def test_a_drain_this_operator_began_still_times_out_at_its_limit() -> None:
@@ -771,7 +776,7 @@ def test_a_drain_this_operator_began_still_times_out_at_its_limit() -> None:
             acting_since=NOW - timedelta(seconds=60),
         )
     )
-    assert [(d.group, d.outcome) for d in plan.drains_ended] == [("g1", "TimedOut")]
+    assert [(d.record.group, d.record.outcome) for d in plan.drains_ended] == [("g1", "TimedOut")]
 
 
 def test_a_draining_groups_progress_is_recorded_on_its_leader() -> None:
@@ -837,7 +842,7 @@ def apply(w: World, plan: Plan) -> World:
             )
     for outcome in plan.drain_outcomes:
         for name in outcome.pods:
-            pods[name] = replace(pods[name], drain_outcome=outcome.record)
+            pods[name] = replace(pods[name], drain_outcome=outcome.decided)
     for change in (*plan.unready, *plan.ready):
         for name in change.pods:
             pods[name] = replace(
@@ -959,13 +964,16 @@ def test_a_group_that_lost_nccl_health_says_which_check_failed_and_how() -> None
 # Issue 18: a drain's every step resumes from what the pods hold, wherever an operator stopped.
 
 DRAIN_BEGAN = NOW - timedelta(seconds=40)
-OUTCOME = DrainOutcomeRecord(
-    outcome="Drained",
-    started_at=DRAIN_BEGAN,
-    ended_at=NOW - timedelta(seconds=2),
-    duration_seconds=38.0,
-    requests_finished=5,
-    requests_aborted=0,
+OUTCOME = DecidedDrain(
+    record=DrainRecord(
+        group="g1",
+        outcome="Drained",
+        started_at=DRAIN_BEGAN,
+        ended_at=NOW - timedelta(seconds=2),
+        duration_seconds=38.0,
+        requests_finished=5,
+        requests_aborted=0,
+    ),
     message="group g1 drained in 38.0s",
 )
 
@@ -1084,7 +1092,8 @@ def test_an_ended_drain_is_rebuilt_from_its_ranks_and_recorded_before_deletion(c
         assert "g1" not in states(plan)
     else:
         (ended,) = plan.drains_ended
-        assert (ended.requests_finished, ended.requests_aborted, ended.started_at) == (5, 0, DRAIN_BEGAN)
+        record = ended.record
+        assert (record.requests_finished, record.requests_aborted, record.started_at) == (5, 0, DRAIN_BEGAN)
         assert event_reasons(plan) == [EventReason.DRAIN_FINISHED]
         assert states(plan)["g1"] == "Draining"
 
@@ -1113,8 +1122,8 @@ def test_no_more_drains_end_in_a_pass_than_the_status_keeps_so_each_is_recorded_
     for _ in range(4):
         plan = plan_model_group(replace(w, recorded_drains=recorded))
         assert len(plan.drains_ended) <= RECENT_DRAINS
-        ended += [e.group for e in plan.drains_ended if e.group not in recorded]
+        ended += [e.record.group for e in plan.drains_ended if e.record.group not in recorded]
         deleted += [d.group for d in plan.deletions]
-        recorded |= {e.group for e in plan.drains_ended}
+        recorded |= {e.record.group for e in plan.drains_ended}
         w = apply(w, plan)
     assert sorted(ended) == sorted(names) and sorted(deleted) == sorted(names)

@@ -10,7 +10,7 @@ import pytest
 
 from goodput.api.base import wire_dict
 from goodput.api.conditions import Condition, find_condition
-from goodput.api.modelgroup import ModelGroupStatus, ScalingDecision
+from goodput.api.modelgroup import DrainRecord, ModelGroupStatus, ScalingDecision
 from goodput.api.reasons import ConditionType, NoFitReason, Reason
 from goodput.controllers.groups.model import Assessment, DomainBackoff, DrainEnded, Plan
 from goodput.controllers.groups.observation import ContainerWaiting, PodView
@@ -243,16 +243,17 @@ def ended(
     aborted: int | None = 0,
     at: datetime = NOW,
 ) -> DrainEnded:
-    return DrainEnded(
+    record = DrainRecord(
         group=group,
         outcome=outcome,  # type: ignore[arg-type]
         started_at=at - timedelta(seconds=20),
         ended_at=at,
-        duration_seconds=20.04,
+        duration_seconds=20.0,
         requests_finished=finished,
         requests_aborted=aborted,
         on_timeout="Abort" if outcome == "TimedOut" else None,
     )
+    return DrainEnded(record=record)
 
 
 def test_ended_drains_are_added_to_the_totals_newest_first() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from goodput.api.modelgroup import DrainRecord
 from goodput.controllers.groups.model import DrainEnded
 from goodput.operator.metrics import OperatorMetrics
 
@@ -26,7 +27,7 @@ def test_gpus_held_follow_the_group_counts_and_leave_with_the_model_group() -> N
 
 
 def drain(aborted: int | None, finished: int | None = 1) -> DrainEnded:
-    return DrainEnded(
+    record = DrainRecord(
         group="g1",
         outcome="TimedOut",
         started_at=datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
@@ -35,6 +36,7 @@ def drain(aborted: int | None, finished: int | None = 1) -> DrainEnded:
         requests_finished=finished,
         requests_aborted=aborted,
     )
+    return DrainEnded(record=record)
 
 
 def test_a_drain_with_an_unknown_abort_count_is_counted_as_unknown_not_as_zero_aborted() -> None:

@@ -14,7 +14,7 @@ from goodput.api.modelgroup import ACTIVE_STATES
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.events import EventRecord
-from goodput.controllers.groups.drain import DrainOutcomeRecord, KeepDraining
+from goodput.controllers.groups.drain import DecidedDrain, KeepDraining
 from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
 from goodput.controllers.groups.model import (
     Assessment,
@@ -232,33 +232,23 @@ def _drain_ended(tick: Tick, step: GroupTransition, actions: _Actions, supersede
 
 
 def _ending(
-    group: Assessment, record: DrainOutcomeRecord, tick: Tick
+    group: Assessment, decided: DecidedDrain, tick: Tick
 ) -> tuple[DrainOutcomeMark | None, DrainEnded]:
     """A drain whose end is decided but not recorded yet: its outcome written on every rank that
     lacks it, then its status record and Event. The ranks stay until a pass sees the record."""
     template = tick.world.template
     grace = template.shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS
-    timed_out = record.outcome == "TimedOut"
+    timed_out = decided.record.outcome == "TimedOut"
     event = EventRecord(
         "Warning" if timed_out else "Normal",
         EventReason.DRAIN_TIMED_OUT if timed_out else EventReason.DRAIN_FINISHED,
-        f"{record.message}; {len(group.pods)} pod(s) deleted together with a "
+        f"{decided.message}; {len(group.pods)} pod(s) deleted together with a "
         f"{grace}s grace period (vLLM --shutdown-timeout {template.shutdown_timeout_seconds}s)",
         group.name,
     )
-    unmarked = tuple(pod.name for pod in group.pods if pod.drain_outcome != record)
-    ended = DrainEnded(
-        group=group.name,
-        outcome=record.outcome,
-        started_at=record.started_at,
-        ended_at=record.ended_at,
-        duration_seconds=record.duration_seconds,
-        requests_finished=record.requests_finished,
-        requests_aborted=record.requests_aborted,
-        on_timeout=record.on_timeout,
-        event=event,
-    )
-    return (DrainOutcomeMark(group.name, unmarked, record) if unmarked else None), ended
+    unmarked = tuple(pod.name for pod in group.pods if pod.drain_outcome != decided)
+    ended = DrainEnded(record=decided.record, event=event)
+    return (DrainOutcomeMark(group.name, unmarked, decided) if unmarked else None), ended
 
 
 def _resumed_start(group: Assessment, world: World) -> DrainStart:

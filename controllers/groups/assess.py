@@ -86,10 +86,10 @@ def _draining_since(live: tuple[PodView, ...], world: World) -> datetime | None:
 
 
 def _draining(base: Assessment) -> Assessment:
-    since = base.draining_since or (base.drain_outcome.started_at if base.drain_outcome else None)
+    since = base.draining_since or (base.drain_outcome.record.started_at if base.drain_outcome else None)
     message = f"draining since {since.isoformat()}" if since else "draining"
     if base.drain_outcome is not None:
-        message = f"drain ended ({base.drain_outcome.outcome}); removing every rank"
+        message = f"drain ended ({base.drain_outcome.record.outcome}); removing every rank"
     return replace(
         base, state="Draining", draining_since=since, reason=Reason.GROUPS_DRAINING, message=message
     )

@@ -18,7 +18,7 @@ its prefix cache away, so scale-in is a protocol:
 
 A drain's state lives in the cluster, each part written before the act it announces, so an operator
 killed at any write resumes it where it was (issue 18): the draining-since mark on every rank before
-any readiness gate goes False; the drain's progress on the leader; its outcome (`DrainOutcomeRecord`,
+any readiness gate goes False; the drain's progress on the leader; its outcome (`DecidedDrain`,
 the drain-outcome annotation) on every rank, then in `status.drain.recent`, and only then are the
 ranks deleted. Everything here is pure: `step_drain` decides from a frozen view of one draining
 group and `now`.
@@ -33,7 +33,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from goodput.api.modelgroup import DrainOutcome
+from pydantic import ValidationError
+
+from goodput.api.modelgroup import DrainOutcome, DrainRecord
 from goodput.api.times import parse_rfc3339, rfc3339_millis
 
 CandidateState = Literal["Placing", "Provisioning", "Warming", "Ready"]
@@ -445,39 +447,30 @@ def parse_progress(text: str | None) -> DrainProgress | None:
 
 
 @dataclass(frozen=True, slots=True)
-class DrainOutcomeRecord:
-    """How a drain ended, as decided once. It is written on every rank before the group's status
+class DecidedDrain:
+    """How a drain ended, as decided once: the API's `DrainRecord` exactly as `status.drain.recent`
+    will hold it, and the words of its Event. It is written on every rank before the group's status
     record and before any deletion, so an operator killed in between rebuilds the same record from
-    the pods (never recomputes it from a leader that may have changed) and counts it exactly once."""
+    the pods (never recomputes it from a leader that may have changed) and counts it exactly once.
+    The ranks, the status and the metrics read the one record: no field is copied between forms."""
 
-    outcome: DrainOutcome
-    started_at: datetime
-    ended_at: datetime
-    duration_seconds: float
-    requests_finished: int | None
-    requests_aborted: int | None
-    on_timeout: OnTimeout | None = None
+    record: DrainRecord
     message: str = ""
 
 
-def encode_outcome(record: DrainOutcomeRecord) -> str:
-    document: dict[str, object] = {
-        "outcome": record.outcome,
-        "startedAt": rfc3339_millis(record.started_at),
-        "endedAt": rfc3339_millis(record.ended_at),
-        "durationSeconds": round(record.duration_seconds, 3),
-        "requestsFinished": record.requests_finished,
-        "requestsAborted": record.requests_aborted,
-        "message": record.message,
-    }
-    if record.on_timeout is not None:
-        document["onTimeout"] = record.on_timeout
+def encode_outcome(decided: DecidedDrain) -> str:
+    """The annotation's text: the status record's own JSON, and the message."""
+    document: dict[str, object] = {**decided.record.model_dump(mode="json"), "message": decided.message}
     return json.dumps(document, separators=(",", ":"), sort_keys=True)
 
 
-def parse_outcome(text: str | None) -> DrainOutcomeRecord | None:
-    """The drain outcome stored on a rank; None when absent or unreadable (the drain then resumes
-    and decides its end again, which is safe: nothing was recorded or deleted on its account)."""
+def parse_outcome(text: str | None, group: str) -> DecidedDrain | None:
+    """The drain outcome stored on a rank of `group`; None when absent or unreadable (the drain then
+    resumes and decides its end again, which is safe: nothing was recorded or deleted on its account).
+
+    A count or an onTimeout that does not read is unknown (None), never a reason to decide again. An
+    annotation without the group's name (written before the record was the API's) takes the pod's.
+    """
     if not text:
         return None
     try:
@@ -486,32 +479,20 @@ def parse_outcome(text: str | None) -> DrainOutcomeRecord | None:
         return None
     if not isinstance(raw, dict) or raw.get("outcome") not in ("Drained", "TimedOut"):
         return None
-    started_at = parse_rfc3339(raw.get("startedAt"))
-    ended_at = parse_rfc3339(raw.get("endedAt"))
-    duration = raw.get("durationSeconds")
-    if started_at is None or ended_at is None or not isinstance(duration, int | float) or duration < 0:
-        return None
     on_timeout = raw.get("onTimeout")
-    return DrainOutcomeRecord(
-        outcome=raw["outcome"],
-        started_at=started_at,
-        ended_at=ended_at,
-        duration_seconds=float(duration),
-        requests_finished=_count_or_none(raw.get("requestsFinished")),
-        requests_aborted=_count_or_none(raw.get("requestsAborted")),
-        on_timeout=on_timeout if on_timeout in ("Abort", "Requeue") else None,
-        message=str(raw.get("message") or ""),
-    )
+    document = {
+        **raw,
+        "group": group,
+        "requestsFinished": _count_or_none(raw.get("requestsFinished")),
+        "requestsAborted": _count_or_none(raw.get("requestsAborted")),
+        "onTimeout": on_timeout if on_timeout in ("Abort", "Requeue") else None,
+    }
+    try:
+        record = DrainRecord.model_validate(document)
+    except ValidationError:
+        return None
+    return DecidedDrain(record=record, message=str(raw.get("message") or ""))
 
 
 def _count_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def canonical_outcome(record: DrainOutcomeRecord) -> DrainOutcomeRecord:
-    """The record as it reads back from its annotation (times to the millisecond), so the record a
-    pass decides equals the one a later pass, or a restarted operator, reads from the ranks."""
-    parsed = parse_outcome(encode_outcome(record))
-    if parsed is None:  # pragma: no cover - encode_outcome always writes a readable record
-        raise ValueError(f"drain outcome does not read back: {record}")
-    return parsed

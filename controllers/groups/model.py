@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from goodput.api.modelgroup import DrainOutcome, GroupState
+from goodput.api.modelgroup import DrainRecord, GroupState
 from goodput.api.times import parse_rfc3339, rfc3339_seconds
 from goodput.controllers import naming
 from goodput.controllers.events import EventRecord
 from goodput.controllers.groups.drain import (
-    DrainOutcomeRecord,
+    DecidedDrain,
     DrainPolicy,
     DrainProgress,
     LeaderReading,
@@ -191,7 +191,7 @@ class Assessment:
     draining_since: datetime | None = None
     drain_progress: DrainProgress | None = None
     # Draining: how the drain ended, once decided and written on some rank (the group is leaving).
-    drain_outcome: DrainOutcomeRecord | None = None
+    drain_outcome: DecidedDrain | None = None
     # Placing: the gang gate is still on some pod.
     gated: bool = False
     # Warming: NCCL and revision checks passed; only the warm-up is left.
@@ -290,7 +290,7 @@ class DrainOutcomeMark:
 
     group: str
     pods: tuple[str, ...]
-    record: DrainOutcomeRecord
+    decided: DecidedDrain
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,14 +298,8 @@ class DrainEnded:
     """A drain that ended, for the status record, metrics and its Event. Emitted (again) by every
     pass until `status.drain.recent` holds the group; the ranks are deleted only after that."""
 
-    group: str
-    outcome: DrainOutcome
-    started_at: datetime
-    ended_at: datetime
-    duration_seconds: float
-    requests_finished: int | None
-    requests_aborted: int | None
-    on_timeout: OnTimeout | None = None
+    record: DrainRecord
+    """The status entry, as decided once and stored on the ranks."""
     # DrainFinished or DrainTimedOut, posted once per drain by the operator that records it.
     event: EventRecord | None = None
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from goodput.api.times import parse_rfc3339
 from goodput.controllers import naming
-from goodput.controllers.groups.drain import DrainOutcomeRecord, DrainProgress, parse_outcome, parse_progress
+from goodput.controllers.groups.drain import DecidedDrain, DrainProgress, parse_outcome, parse_progress
 from goodput.controllers.groups.placement import GpuClaim, NodeInventory, Taint
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -61,7 +61,7 @@ class PodView:
     """Written by the in-pod health agent; False is an engine holding requests without progress."""
     waiting: ContainerWaiting | None = None
     """Why the engine container is not running yet, when the kubelet says (image pull, config)."""
-    drain_outcome: DrainOutcomeRecord | None = None
+    drain_outcome: DecidedDrain | None = None
     """How the group's drain ended, written before any rank is deleted (see `drain`)."""
 
     @property
@@ -246,7 +246,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         gpu_healthy=_condition(conditions.get(naming.CONDITION_GPU_HEALTHY)),
         engine_healthy=_condition(conditions.get(naming.CONDITION_ENGINE_HEALTHY)),
         waiting=_container_waiting(status),
-        drain_outcome=parse_outcome(annotations.get(naming.ANNOTATION_DRAIN_OUTCOME)),
+        drain_outcome=parse_outcome(annotations.get(naming.ANNOTATION_DRAIN_OUTCOME), group),
     )
 
 

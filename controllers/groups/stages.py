@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import cast
 
-from goodput.api.modelgroup import ACTIVE_STATES, RECENT_DRAINS
+from goodput.api.modelgroup import ACTIVE_STATES, RECENT_DRAINS, DrainRecord
 from goodput.api.reasons import NoFitReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.groups.assess import assess_group
 from goodput.controllers.groups.drain import (
     CandidateState,
-    DrainOutcomeRecord,
+    DecidedDrain,
     DrainProgress,
     DrainStep,
     DrainView,
@@ -29,7 +29,6 @@ from goodput.controllers.groups.drain import (
     LeaderSample,
     RemoveGroup,
     ScaleInCandidate,
-    canonical_outcome,
     choose_victims,
     stale_loads,
     step_drain,
@@ -75,7 +74,7 @@ class Tick:
     became_ready: tuple[Assessment, ...] = ()
     drain_steps: Mapping[str, DrainStep] = field(default_factory=dict)
     # Drains whose end is decided but not yet in `status.drain.recent`: recorded before deletion.
-    drains_ending: Mapping[str, DrainOutcomeRecord] = field(default_factory=dict)
+    drains_ending: Mapping[str, DecidedDrain] = field(default_factory=dict)
     creations: tuple[GroupCreation, ...] = ()
     victims: Mapping[str, ScaleInCandidate] = field(default_factory=dict)
     unread_leaders: tuple[str, ...] = ()
@@ -186,7 +185,7 @@ def drains(tick: Tick) -> Tick:
     """Draining groups leave when their leader is idle after routing stopped, or at the time limit
     (Drained / DrainTimedOut); the others record how far their drain got.
 
-    A drain's end is decided once and kept on its ranks (`DrainOutcomeRecord`); the group is
+    A drain's end is decided once and kept on its ranks (`DecidedDrain`); the group is
     deleted only in a pass that finds that record in `status.drain.recent`, so an operator killed
     between the decision, the status write and the deletion neither loses nor repeats it."""
     world = tick.world
@@ -196,8 +195,8 @@ def drains(tick: Tick) -> Tick:
     # Drains already ended on their ranks first: at most RECENT_DRAINS may await their record.
     draining = sorted(tick.in_state("Draining"), key=lambda g: (g.drain_outcome is None, group_key(g.name)))
     for group in draining:
-        record = group.drain_outcome
-        if record is None:
+        decided = group.drain_outcome
+        if decided is None:
             step = step_drain(_drain_view(group, world), policy, world.now)
             if isinstance(step, RemoveGroup) and len(ending) >= RECENT_DRAINS:
                 waiting = "drain over: waiting a pass for other drains to be recorded first"
@@ -210,13 +209,13 @@ def drains(tick: Tick) -> Tick:
                 }
                 tick = replace(tick, groups=groups)
                 continue
-            record = _outcome(group, step, world)
+            decided = _outcome(group, step, world)
         if group.name in world.recorded_drains:
-            event = GroupEvent.DRAIN_TIMED_OUT if record.outcome == "TimedOut" else GroupEvent.DRAINED
-            tick = tick.moved(None, transition(group.name, "Draining", event, record.message))
+            event = GroupEvent.DRAIN_TIMED_OUT if decided.record.outcome == "TimedOut" else GroupEvent.DRAINED
+            tick = tick.moved(None, transition(group.name, "Draining", event, decided.message))
         else:
-            ending[group.name] = record
-            leaving = replace(group, drain_outcome=record, message=f"drain ended: {record.message}")
+            ending[group.name] = decided
+            leaving = replace(group, drain_outcome=decided, message=f"drain ended: {decided.message}")
             tick = replace(tick, groups={**tick.groups, group.name: leaving})
     return replace(tick, drain_steps=steps, drains_ending=ending)
 
@@ -236,18 +235,20 @@ def _drain_view(group: Assessment, world: World) -> DrainView:
     )
 
 
-def _outcome(group: Assessment, step: RemoveGroup, world: World) -> DrainOutcomeRecord:
-    record = DrainOutcomeRecord(
+def _outcome(group: Assessment, step: RemoveGroup, world: World) -> DecidedDrain:
+    """The drain's end as `status.drain.recent` will hold it (times to the second, the duration to
+    the tenth): what is written on the ranks reads back equal to what was decided."""
+    record = DrainRecord(
+        group=group.name,
         outcome=step.outcome,
         started_at=group.draining_since or world.now,
         ended_at=world.now,
-        duration_seconds=step.duration_seconds,
+        duration_seconds=round(step.duration_seconds, 1),
         requests_finished=step.requests_finished,
         requests_aborted=step.requests_aborted,
         on_timeout=world.rules.drain_on_timeout if step.outcome == "TimedOut" else None,
-        message=step.message,
     )
-    return canonical_outcome(record)
+    return DecidedDrain(record=record, message=step.message)
 
 
 def scale(tick: Tick) -> Tick:

@@ -17,7 +17,6 @@ from goodput.api.conditions import Condition, ConditionStatus, set_condition
 from goodput.api.labels import leader_label_selector
 from goodput.api.modelgroup import (
     RECENT_DRAINS,
-    DrainRecord,
     DrainSummary,
     GroupStatus,
     ModelGroupStatus,
@@ -175,13 +174,13 @@ def drain_summary(
     recorded = {record.group for record in previous.recent} if previous is not None else set()
     new = []
     for drain in ended:
-        if drain.group not in recorded:
-            recorded.add(drain.group)
-            new.append(drain)
+        if drain.record.group not in recorded:
+            recorded.add(drain.record.group)
+            new.append(drain.record)
     if not new and not cancelled:
         return previous
     summary = previous or DrainSummary()
-    records = [drain_record(drain) for drain in new]
+    records = new
     return summary.model_copy(
         update={
             "drained": summary.drained + sum(1 for r in records if r.outcome == "Drained"),
@@ -199,19 +198,6 @@ def drain_summary(
                 sorted([*records, *summary.recent], key=lambda r: r.ended_at, reverse=True)[:RECENT_DRAINS]
             ),
         }
-    )
-
-
-def drain_record(drain: DrainEnded) -> DrainRecord:
-    return DrainRecord(
-        group=drain.group,
-        outcome=drain.outcome,
-        started_at=drain.started_at,
-        ended_at=drain.ended_at,
-        duration_seconds=round(drain.duration_seconds, 1),
-        requests_finished=drain.requests_finished,
-        requests_aborted=drain.requests_aborted,
-        on_timeout=drain.on_timeout,
     )
 
 
