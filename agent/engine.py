@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from goodput.api import vllm_names
 from goodput.api.reasons import Reason
 
-RUNNING = "vllm:num_requests_running"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
+# The samples watched (vLLM's names).
+_RUNNING = vllm_names.NUM_REQUESTS_RUNNING
+_GENERATION_TOKENS = vllm_names.total(vllm_names.GENERATION_TOKENS)
+_PROMPT_TOKENS = vllm_names.total(vllm_names.PROMPT_TOKENS)
 HANG_BOUND_SECONDS = 120.0
 """Default: longer than any single step (a long prefill chunk, a slow first decode after load)."""
 
@@ -48,12 +50,12 @@ def parse_sample(text: str, at_seconds: float) -> EngineSample:
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in (RUNNING, GENERATION_TOKENS, PROMPT_TOKENS):
+            if sample.name in (_RUNNING, _GENERATION_TOKENS, _PROMPT_TOKENS):
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    missing = [name for name in (RUNNING, GENERATION_TOKENS, PROMPT_TOKENS) if name not in totals]
+    missing = [name for name in (_RUNNING, _GENERATION_TOKENS, _PROMPT_TOKENS) if name not in totals]
     if missing:
         raise ValueError(f"the engine's /metrics lacks {', '.join(missing)}")
-    return EngineSample(at_seconds, totals[RUNNING], totals[GENERATION_TOKENS], totals[PROMPT_TOKENS])
+    return EngineSample(at_seconds, totals[_RUNNING], totals[_GENERATION_TOKENS], totals[_PROMPT_TOKENS])
 
 
 def stalled_since(samples: Sequence[EngineSample]) -> float | None:

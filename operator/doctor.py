@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from goodput.api import vllm_names
 from goodput.api.base import VERSION
 from goodput.api.crd import MODEL_GROUP, SLO_POLICY
 from goodput.controllers import naming
@@ -514,8 +515,9 @@ def _diagnose(
         ),
         "incomplete": (
             "gauges missing: {}",
-            "goodput reads vLLM 0.33's metric names (vllm:kv_cache_usage_perc, "
-            "vllm:num_requests_waiting, vllm:num_requests_running): run a vLLM that exports them",
+            f"goodput reads vLLM 0.33's metric names ({vllm_names.KV_CACHE_USAGE_PERC}, "
+            f"{vllm_names.NUM_REQUESTS_WAITING}, {vllm_names.NUM_REQUESTS_RUNNING}): "
+            "run a vLLM that exports them",
         ),
     }
     findings = [texts[kind][0].format(", ".join(items)) for kind, items in found.items()]

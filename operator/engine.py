@@ -13,17 +13,18 @@ from datetime import UTC, datetime
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from goodput.api import vllm_names
 from goodput.controllers.groups.drain import LeaderReading, LeaderSample, ProbeFailure
 from goodput.controllers.groups.model import WarmupOutcome, WarmupRequest
 
 PROBE_TIMEOUT_SECONDS = 3.0
-# vLLM's metric names (vllm-contract §1.2); every series is summed over the engines (DP ranks).
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-FINISHED = "vllm:request_success_total"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
+# The samples read (vLLM's names); every series is summed over the engines (DP ranks).
+_RUNNING = vllm_names.NUM_REQUESTS_RUNNING
+_WAITING = vllm_names.NUM_REQUESTS_WAITING
+_FINISHED = vllm_names.total(vllm_names.REQUEST_SUCCESS)
+_KV_USAGE = vllm_names.KV_CACHE_USAGE_PERC
+_PREFIX_QUERIES = vllm_names.total(vllm_names.PREFIX_CACHE_QUERIES)
+_PREFIX_HITS = vllm_names.total(vllm_names.PREFIX_CACHE_HITS)
 
 
 def generated_tokens(answer: object) -> int:
@@ -48,26 +49,26 @@ def parse_leader_metrics(exposition: str, at: datetime) -> LeaderSample | None:
     try:
         for family in text_string_to_metric_families(exposition):
             for sample in family.samples:
-                if sample.name == FINISHED and sample.labels.get("finished_reason") == "abort":
+                if sample.name == _FINISHED and sample.labels.get("finished_reason") == "abort":
                     aborted += sample.value
-                elif sample.name == KV_USAGE:
-                    sums[KV_USAGE] = max(sums[KV_USAGE], sample.value)
+                elif sample.name == _KV_USAGE:
+                    sums[_KV_USAGE] = max(sums[_KV_USAGE], sample.value)
                 else:
                     sums[sample.name] += sample.value
                 seen.add(sample.name)
     except ValueError:
         return None
-    if RUNNING not in seen and WAITING not in seen:
+    if _RUNNING not in seen and _WAITING not in seen:
         return None
-    queries = sums[PREFIX_QUERIES]
+    queries = sums[_PREFIX_QUERIES]
     return LeaderSample(
         at=at,
-        running=round(sums[RUNNING]),
-        waiting=round(sums[WAITING]),
-        finished_total=round(sums[FINISHED]),
+        running=round(sums[_RUNNING]),
+        waiting=round(sums[_WAITING]),
+        finished_total=round(sums[_FINISHED]),
         aborted_total=round(aborted),
-        kv_cache_usage=sums[KV_USAGE] if KV_USAGE in seen else None,
-        prefix_cache_hit_ratio=sums[PREFIX_HITS] / queries if queries > 0 else None,
+        kv_cache_usage=sums[_KV_USAGE] if _KV_USAGE in seen else None,
+        prefix_cache_hit_ratio=sums[_PREFIX_HITS] / queries if queries > 0 else None,
     )
 
 

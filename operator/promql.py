@@ -29,9 +29,11 @@ import re
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
+from goodput.api import vllm_names as vllm
+
 QUERY_LABEL = "goodput_query"
 """The label naming which sub-query a returned series answers."""
-RUNNING_METRIC = "vllm:num_requests_running"
+RUNNING_METRIC = vllm.NUM_REQUESTS_RUNNING
 """The engine gauge every leader exports while it serves: its sample age is the snapshot's age."""
 POD_LABEL = "pod"
 """The label a pod scrape (a PodMonitor, the local cluster's) puts the pod's name under."""
@@ -203,8 +205,8 @@ def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> 
     def capacity_waiting() -> str:
         by_reason = scope.selector('reason="capacity"')
         return (
-            f"sum {by_group} (vllm:num_requests_waiting_by_reason{by_reason}) "
-            f"or sum {by_group} (vllm:num_requests_waiting{selector})"
+            f"sum {by_group} ({vllm.NUM_REQUESTS_WAITING_BY_REASON}{by_reason}) "
+            f"or sum {by_group} ({vllm.NUM_REQUESTS_WAITING}{selector})"
         )
 
     def increase(metric: str, span: str, extra: str = "") -> str:
@@ -219,34 +221,36 @@ def scoped_sub_queries(labels: SeriesLabels, scope: Scope, windows: Windows) -> 
     return {
         QueryQuantity.WAITING: capacity_waiting(),
         QueryQuantity.RUNNING: f"sum {by_group} ({RUNNING_METRIC}{selector})",
-        QueryQuantity.KV_USAGE: f"max {by_group} (vllm:kv_cache_usage_perc{selector})",
+        QueryQuantity.KV_USAGE: f"max {by_group} ({vllm.KV_CACHE_USAGE_PERC}{selector})",
         QueryQuantity.SAMPLE_AGE: f"time() - max {by_group} (timestamp({RUNNING_METRIC}{selector}))",
-        QueryQuantity.PROMPT_TOKENS_RATE: rate_of("vllm:prompt_tokens_total"),
-        QueryQuantity.GENERATION_TOKENS_RATE: rate_of("vllm:generation_tokens_total"),
-        QueryQuantity.PROMPT_TOKENS_SUM: increase("vllm:request_prompt_tokens_sum", rate),
-        QueryQuantity.PROMPT_TOKENS_COUNT: increase("vllm:request_prompt_tokens_count", rate),
+        QueryQuantity.PROMPT_TOKENS_RATE: rate_of(vllm.total(vllm.PROMPT_TOKENS)),
+        QueryQuantity.GENERATION_TOKENS_RATE: rate_of(vllm.total(vllm.GENERATION_TOKENS)),
+        QueryQuantity.PROMPT_TOKENS_SUM: increase(vllm.summed(vllm.REQUEST_PROMPT_TOKENS), rate),
+        QueryQuantity.PROMPT_TOKENS_COUNT: increase(vllm.counted(vllm.REQUEST_PROMPT_TOKENS), rate),
         # The requests whose first token fell in the rate window, and their prompt tokens: the same
         # moment the prompt-token counter counts them, long before their length reaches the histogram.
-        QueryQuantity.PROMPTS_STARTED: increase("vllm:time_to_first_token_seconds_count", rate),
-        QueryQuantity.PROMPT_TOKENS_STARTED: increase("vllm:prompt_tokens_total", rate),
-        QueryQuantity.GENERATION_TOKENS_SUM: increase("vllm:request_generation_tokens_sum", rate),
-        QueryQuantity.GENERATION_TOKENS_COUNT: increase("vllm:request_generation_tokens_count", rate),
-        QueryQuantity.PREFIX_HITS: increase("vllm:prefix_cache_hits_total", rate),
-        QueryQuantity.PREFIX_QUERIES: increase("vllm:prefix_cache_queries_total", rate),
+        QueryQuantity.PROMPTS_STARTED: increase(vllm.counted(vllm.TIME_TO_FIRST_TOKEN_SECONDS), rate),
+        QueryQuantity.PROMPT_TOKENS_STARTED: increase(vllm.total(vllm.PROMPT_TOKENS), rate),
+        QueryQuantity.GENERATION_TOKENS_SUM: increase(vllm.summed(vllm.REQUEST_GENERATION_TOKENS), rate),
+        QueryQuantity.GENERATION_TOKENS_COUNT: increase(vllm.counted(vllm.REQUEST_GENERATION_TOKENS), rate),
+        QueryQuantity.PREFIX_HITS: increase(vllm.total(vllm.PREFIX_CACHE_HITS), rate),
+        QueryQuantity.PREFIX_QUERIES: increase(vllm.total(vllm.PREFIX_CACHE_QUERIES), rate),
         QueryQuantity.FINISHED: increase(
-            "vllm:request_success_total", window, f'finished_reason=~"{FINISHED_REASONS}"'
+            vllm.total(vllm.REQUEST_SUCCESS), window, f'finished_reason=~"{FINISHED_REASONS}"'
         ),
         QueryQuantity.ABORTED: increase(
-            "vllm:request_success_total", window, f'finished_reason=~"{ABORTED_REASONS}"'
+            vllm.total(vllm.REQUEST_SUCCESS), window, f'finished_reason=~"{ABORTED_REASONS}"'
         ),
-        QueryQuantity.REJECTED: increase("vllm:admission_rejections_total", window),
-        QueryQuantity.TTFT_BUCKETS: buckets("vllm:time_to_first_token_seconds_bucket"),
-        QueryQuantity.ITL_BUCKETS: buckets("vllm:inter_token_latency_seconds_bucket"),
-        QueryQuantity.QUEUE_TIME_BUCKETS: buckets("vllm:request_queue_time_seconds_bucket"),
-        QueryQuantity.TPOT_BUCKETS: buckets("vllm:request_time_per_output_token_seconds_bucket"),
+        QueryQuantity.REJECTED: increase(vllm.total(vllm.ADMISSION_REJECTIONS), window),
+        QueryQuantity.TTFT_BUCKETS: buckets(vllm.bucket(vllm.TIME_TO_FIRST_TOKEN_SECONDS)),
+        QueryQuantity.ITL_BUCKETS: buckets(vllm.bucket(vllm.INTER_TOKEN_LATENCY_SECONDS)),
+        QueryQuantity.QUEUE_TIME_BUCKETS: buckets(vllm.bucket(vllm.REQUEST_QUEUE_TIME_SECONDS)),
+        QueryQuantity.TPOT_BUCKETS: buckets(vllm.bucket(vllm.REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS)),
         # Prompt lengths of the window's finished requests: the infeasible share is read from them.
-        QueryQuantity.PROMPT_TOKENS_BUCKETS: buckets("vllm:request_prompt_tokens_bucket"),
-        QueryQuantity.PROMPT_TOKENS_LOOKBACK_BUCKETS: buckets("vllm:request_prompt_tokens_bucket", lookback),
+        QueryQuantity.PROMPT_TOKENS_BUCKETS: buckets(vllm.bucket(vllm.REQUEST_PROMPT_TOKENS)),
+        QueryQuantity.PROMPT_TOKENS_LOOKBACK_BUCKETS: buckets(
+            vllm.bucket(vllm.REQUEST_PROMPT_TOKENS), lookback
+        ),
     }
 
 

@@ -45,6 +45,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
+from goodput.api import vllm_names
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale.behavior import clamp, limit_rate, stabilize
 from goodput.controllers.autoscale.model import (
@@ -381,7 +382,7 @@ class KedaWaitingRequests:
 
     def describe(self) -> dict[str, float | str]:
         return {
-            "metric": "sum(vllm:num_requests_waiting)",
+            "metric": f"sum({vllm_names.NUM_REQUESTS_WAITING})",
             "target_average_value": self.target_waiting_per_group,
             "polling_interval_seconds": self.polling_interval_seconds,
             "cooldown_seconds": self.cooldown_seconds,

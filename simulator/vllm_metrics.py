@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from goodput.api import vllm_names as vllm
 from goodput.estimators.attainment import Histogram
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
@@ -88,19 +89,17 @@ def histogram_specs(max_model_len: int) -> tuple[HistogramSpec, ...]:
 def _request_shape_specs(tokens: tuple[float, ...]) -> tuple[HistogramSpec, ...]:
     """The request-shape histograms: token counts and sampling parameters, and tokens per step."""
     return (
-        HistogramSpec("vllm:request_prompt_tokens", "Prompt tokens of each finished request.", tokens),
-        HistogramSpec("vllm:request_generation_tokens", "Generated tokens of each finished request.", tokens),
+        HistogramSpec(vllm.REQUEST_PROMPT_TOKENS, "Prompt tokens of each finished request.", tokens),
+        HistogramSpec(vllm.REQUEST_GENERATION_TOKENS, "Generated tokens of each finished request.", tokens),
+        HistogramSpec(vllm.ITERATION_TOKENS, "Tokens computed per engine step.", ITERATION_TOKENS_BUCKETS),
         HistogramSpec(
-            "vllm:iteration_tokens_total", "Tokens computed per engine step.", ITERATION_TOKENS_BUCKETS
+            vllm.REQUEST_MAX_NUM_GENERATION_TOKENS, "Most tokens a finished request could generate.", tokens
         ),
         HistogramSpec(
-            "vllm:request_max_num_generation_tokens", "Most tokens a finished request could generate.", tokens
+            vllm.REQUEST_PARAMS_N, "The n parameter of each finished request.", REQUEST_PARAMS_N_BUCKETS
         ),
         HistogramSpec(
-            "vllm:request_params_n", "The n parameter of each finished request.", REQUEST_PARAMS_N_BUCKETS
-        ),
-        HistogramSpec(
-            "vllm:request_params_max_tokens", "The max_tokens parameter of each finished request.", tokens
+            vllm.REQUEST_PARAMS_MAX_TOKENS, "The max_tokens parameter of each finished request.", tokens
         ),
     )
 
@@ -109,42 +108,42 @@ def _latency_specs() -> tuple[HistogramSpec, ...]:
     """The latency histograms: first token, token gaps, TPOT, end to end and its phases."""
     return (
         HistogramSpec(
-            "vllm:time_to_first_token_seconds",
+            vllm.TIME_TO_FIRST_TOKEN_SECONDS,
             "Seconds from a request's arrival to its first token.",
             TTFT_BUCKETS_SECONDS,
         ),
         HistogramSpec(
-            "vllm:inter_token_latency_seconds",
+            vllm.INTER_TOKEN_LATENCY_SECONDS,
             "Seconds between successive outputs of a request (one per engine step).",
             ITL_BUCKETS_SECONDS,
         ),
         HistogramSpec(
-            "vllm:request_time_per_output_token_seconds",
+            vllm.REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
             "Decode seconds per output token after the first, per finished request.",
             ITL_BUCKETS_SECONDS,
         ),
         HistogramSpec(
-            "vllm:e2e_request_latency_seconds",
+            vllm.E2E_REQUEST_LATENCY_SECONDS,
             "Seconds from a request's arrival to its last output.",
             REQUEST_LATENCY_BUCKETS_SECONDS,
         ),
         HistogramSpec(
-            "vllm:request_queue_time_seconds",
+            vllm.REQUEST_QUEUE_TIME_SECONDS,
             "Seconds a request waited before it was first scheduled.",
             REQUEST_LATENCY_BUCKETS_SECONDS,
         ),
         HistogramSpec(
-            "vllm:request_inference_time_seconds",
+            vllm.REQUEST_INFERENCE_TIME_SECONDS,
             "Seconds from a request's first scheduling to its last token.",
             REQUEST_LATENCY_BUCKETS_SECONDS,
         ),
         HistogramSpec(
-            "vllm:request_prefill_time_seconds",
+            vllm.REQUEST_PREFILL_TIME_SECONDS,
             "Seconds from a request's first scheduling to its first token.",
             REQUEST_LATENCY_BUCKETS_SECONDS,
         ),
         HistogramSpec(
-            "vllm:request_decode_time_seconds",
+            vllm.REQUEST_DECODE_TIME_SECONDS,
             "Seconds from a request's first token to its last token.",
             REQUEST_LATENCY_BUCKETS_SECONDS,
         ),
@@ -155,12 +154,12 @@ def _preemption_and_prefill_specs(tokens: tuple[float, ...]) -> tuple[HistogramS
     """Preemptions per request, and the prompt tokens actually computed (not cached)."""
     return (
         HistogramSpec(
-            "vllm:request_num_preemptions",
+            vllm.REQUEST_NUM_PREEMPTIONS,
             "Preemptions of each finished request.",
             REQUEST_NUM_PREEMPTIONS_BUCKETS,
         ),
         HistogramSpec(
-            "vllm:request_prefill_kv_computed_tokens",
+            vllm.REQUEST_PREFILL_KV_COMPUTED_TOKENS,
             "Prompt tokens computed (not served from the prefix cache) per finished request.",
             tokens,
         ),
@@ -260,7 +259,7 @@ def metric_families(snapshot: EngineSnapshot, specs: Iterable[HistogramSpec]) ->
     _cache_counters(out, snapshot)
     _token_counters(out, snapshot)
     rejections = CounterMetricFamily(
-        "vllm:admission_rejections",
+        vllm.ADMISSION_REJECTIONS,
         "Requests rejected at admission (HTTP 503).",
         labels=["model_name", "reason"],
     )
@@ -274,7 +273,7 @@ def metric_families(snapshot: EngineSnapshot, specs: Iterable[HistogramSpec]) ->
         out.families.append(_histogram_family(spec, histogram, out.engine, out.created))
     cache_labels = snapshot.cache_config.labels()
     info = GaugeMetricFamily(
-        "vllm:cache_config_info", "The engine's KV-cache configuration.", labels=[*cache_labels, "engine"]
+        vllm.CACHE_CONFIG_INFO, "The engine's KV-cache configuration.", labels=[*cache_labels, "engine"]
     )
     info.add_metric([*cache_labels.values(), snapshot.engine_index], 1.0)
     out.families.append(info)
@@ -284,27 +283,27 @@ def metric_families(snapshot: EngineSnapshot, specs: Iterable[HistogramSpec]) ->
 def _scheduler_gauges(out: _Families, snapshot: EngineSnapshot) -> None:
     """The scheduler's state: running and waiting requests, sleep state, KV-cache use."""
     out.gauge(
-        "vllm:num_requests_running", "Requests in the engine's running batch.", snapshot.num_requests_running
+        vllm.NUM_REQUESTS_RUNNING, "Requests in the engine's running batch.", snapshot.num_requests_running
     )
     out.gauge(
-        "vllm:num_requests_waiting",
+        vllm.NUM_REQUESTS_WAITING,
         "Requests waiting to be scheduled (waiting for capacity plus deferred).",
         snapshot.num_requests_waiting,
     )
     out.labelled_gauge(
-        "vllm:num_requests_waiting_by_reason",
+        vllm.NUM_REQUESTS_WAITING_BY_REASON,
         "Waiting requests by why they wait.",
         "reason",
         {"capacity": snapshot.num_requests_waiting, "deferred": 0},
     )
     out.labelled_gauge(
-        "vllm:engine_sleep_state",
+        vllm.ENGINE_SLEEP_STATE,
         "Engine sleep state: 1 for the current state.",
         "sleep_state",
         {state: float(snapshot.awake if state == "awake" else False) for state in SLEEP_STATES},
     )
     out.gauge(
-        "vllm:kv_cache_usage_perc",
+        vllm.KV_CACHE_USAGE_PERC,
         "Fraction of KV-cache blocks held by live requests (1 = full).",
         snapshot.kv_cache_usage_perc,
     )
@@ -312,26 +311,24 @@ def _scheduler_gauges(out: _Families, snapshot: EngineSnapshot) -> None:
 
 def _cache_counters(out: _Families, snapshot: EngineSnapshot) -> None:
     """Prefix and multimodal cache lookups and hits, and preemptions."""
-    out.counter(
-        "vllm:prefix_cache_queries", "Prefix-cache lookups, in tokens.", snapshot.prefix_cache_queries
-    )
-    out.counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", snapshot.prefix_cache_hits)
-    out.counter("vllm:external_prefix_cache_queries", "External prefix-cache lookups, in tokens.", 0)
-    out.counter("vllm:external_prefix_cache_hits", "External prefix-cache hits, in tokens.", 0)
-    out.counter("vllm:mm_cache_queries", "Multimodal cache lookups, in items.", 0)
-    out.counter("vllm:mm_cache_hits", "Multimodal cache hits, in items.", 0)
-    out.counter("vllm:num_preemptions", "Preemptions of running requests.", snapshot.num_preemptions)
+    out.counter(vllm.PREFIX_CACHE_QUERIES, "Prefix-cache lookups, in tokens.", snapshot.prefix_cache_queries)
+    out.counter(vllm.PREFIX_CACHE_HITS, "Prefix-cache hits, in tokens.", snapshot.prefix_cache_hits)
+    out.counter(vllm.EXTERNAL_PREFIX_CACHE_QUERIES, "External prefix-cache lookups, in tokens.", 0)
+    out.counter(vllm.EXTERNAL_PREFIX_CACHE_HITS, "External prefix-cache hits, in tokens.", 0)
+    out.counter(vllm.MM_CACHE_QUERIES, "Multimodal cache lookups, in items.", 0)
+    out.counter(vllm.MM_CACHE_HITS, "Multimodal cache hits, in items.", 0)
+    out.counter(vllm.NUM_PREEMPTIONS, "Preemptions of running requests.", snapshot.num_preemptions)
 
 
 def _token_counters(out: _Families, snapshot: EngineSnapshot) -> None:
     """Prompt tokens by source, generated tokens, and finished requests by reason."""
     out.counter(
-        "vllm:prompt_tokens",
+        vllm.PROMPT_TOKENS,
         "Prompt tokens of requests that produced their first token.",
         snapshot.prompt_tokens,
     )
     out.labelled_counter(
-        "vllm:prompt_tokens_by_source",
+        vllm.PROMPT_TOKENS_BY_SOURCE,
         "Prompt tokens by where their KV came from.",
         "source",
         {
@@ -341,10 +338,10 @@ def _token_counters(out: _Families, snapshot: EngineSnapshot) -> None:
         },
     )
     out.counter(
-        "vllm:prompt_tokens_cached", "Prompt tokens served from a cache.", snapshot.prompt_tokens_cached
+        vllm.PROMPT_TOKENS_CACHED, "Prompt tokens served from a cache.", snapshot.prompt_tokens_cached
     )
     out.labelled_counter(
-        "vllm:prompt_tokens_cached_by_source",
+        vllm.PROMPT_TOKENS_CACHED_BY_SOURCE,
         "Cached prompt tokens by cache tier.",
         "source",
         {
@@ -352,9 +349,9 @@ def _token_counters(out: _Families, snapshot: EngineSnapshot) -> None:
             for source in CACHED_PROMPT_SOURCES
         },
     )
-    out.counter("vllm:generation_tokens", "Generated tokens.", snapshot.generation_tokens)
+    out.counter(vllm.GENERATION_TOKENS, "Generated tokens.", snapshot.generation_tokens)
     out.labelled_counter(
-        "vllm:request_success",
+        vllm.REQUEST_SUCCESS,
         "Finished requests by finish reason.",
         "finished_reason",
         {reason: snapshot.request_success.get(reason, 0) for reason in VLLM_FINISHED_REASONS},

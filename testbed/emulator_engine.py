@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from goodput.api import vllm_names as vllm
 from goodput.estimators.attainment import Histogram
 from goodput.simulator.engine import EngineConfig, SimulatedEngine
 from goodput.simulator.metrics import ITL_BUCKETS_SECONDS, HistogramAccumulator
@@ -486,7 +487,7 @@ class RealtimeEngine:
         self.prompt_tokens_cached += cached
         self._prompt_computed += request.prompt_tokens - cached
         if not request.detached:
-            self._histograms["vllm:time_to_first_token_seconds"].observe(
+            self._histograms[vllm.TIME_TO_FIRST_TOKEN_SECONDS].observe(
                 request.first_token_wall - request.arrival_wall
             )
         if request.streaming and not request.detached and request.max_tokens > 1:
@@ -543,20 +544,20 @@ class RealtimeEngine:
         scheduled = request.scheduled_wall if request.scheduled_wall is not None else arrival
         first = request.first_token_wall if request.first_token_wall is not None else finished_wall
         generated = request.max_tokens
-        h["vllm:e2e_request_latency_seconds"].observe(finished_wall - arrival)
-        h["vllm:request_queue_time_seconds"].observe(scheduled - arrival)
-        h["vllm:request_prefill_time_seconds"].observe(first - scheduled)
-        h["vllm:request_decode_time_seconds"].observe(finished_wall - first)
-        h["vllm:request_inference_time_seconds"].observe(finished_wall - scheduled)
+        h[vllm.E2E_REQUEST_LATENCY_SECONDS].observe(finished_wall - arrival)
+        h[vllm.REQUEST_QUEUE_TIME_SECONDS].observe(scheduled - arrival)
+        h[vllm.REQUEST_PREFILL_TIME_SECONDS].observe(first - scheduled)
+        h[vllm.REQUEST_DECODE_TIME_SECONDS].observe(finished_wall - first)
+        h[vllm.REQUEST_INFERENCE_TIME_SECONDS].observe(finished_wall - scheduled)
         if generated > 1:
-            h["vllm:request_time_per_output_token_seconds"].observe((finished_wall - first) / (generated - 1))
-        h["vllm:request_prompt_tokens"].observe(request.prompt_tokens)
-        h["vllm:request_generation_tokens"].observe(generated)
-        h["vllm:request_max_num_generation_tokens"].observe(request.max_tokens)
-        h["vllm:request_params_max_tokens"].observe(request.max_tokens)
-        h["vllm:request_params_n"].observe(1)
-        h["vllm:request_num_preemptions"].observe(log.preemptions[slot])
-        h["vllm:request_prefill_kv_computed_tokens"].observe(request.prompt_tokens - log.cached_tokens[slot])
+            h[vllm.REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS].observe((finished_wall - first) / (generated - 1))
+        h[vllm.REQUEST_PROMPT_TOKENS].observe(request.prompt_tokens)
+        h[vllm.REQUEST_GENERATION_TOKENS].observe(generated)
+        h[vllm.REQUEST_MAX_NUM_GENERATION_TOKENS].observe(request.max_tokens)
+        h[vllm.REQUEST_PARAMS_MAX_TOKENS].observe(request.max_tokens)
+        h[vllm.REQUEST_PARAMS_N].observe(1)
+        h[vllm.REQUEST_NUM_PREEMPTIONS].observe(log.preemptions[slot])
+        h[vllm.REQUEST_PREFILL_KV_COMPUTED_TOKENS].observe(request.prompt_tokens - log.cached_tokens[slot])
 
     def _observe_iterations(self) -> None:
         """`vllm:iteration_tokens_total`: a run of k model steps is observed k times at its mean."""
@@ -566,7 +567,7 @@ class RealtimeEngine:
         if new_steps <= 0:
             return
         tokens = (engine.generation_tokens_total - generated) + (self._prompt_computed - computed)
-        self._histograms["vllm:iteration_tokens_total"].observe(tokens / new_steps, new_steps)
+        self._histograms[vllm.ITERATION_TOKENS].observe(tokens / new_steps, new_steps)
         self._iteration_mark = (engine.steps_total, engine.generation_tokens_total, self._prompt_computed)
 
     def _signal(self, request: LiveRequest, event_wall: float | None) -> None:
@@ -598,7 +599,7 @@ class RealtimeEngine:
         self._commit_ended_steps()
         engine = self.engine
         histograms = {name: accumulator.snapshot() for name, accumulator in self._histograms.items()}
-        histograms["vllm:inter_token_latency_seconds"] = _itl_snapshot(engine.itl)
+        histograms[vllm.INTER_TOKEN_LATENCY_SECONDS] = _itl_snapshot(engine.itl)
         return EngineSnapshot(
             model_name=self.profile.model_name,
             engine_index="0",

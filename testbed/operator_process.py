@@ -39,6 +39,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from goodput.api import vllm_names
 from goodput.api.base import API_VERSION
 from goodput.api.reasons import Reason
 from goodput.controllers import naming
@@ -58,13 +59,13 @@ FINALIZE_SECONDS = 90.0
 # A group leader as the operator sees it: vLLM's /metrics (idle, or what a load file says) and
 # completions; argv: port, a file to log each completion request to ("" for none), a JSON file of the
 # metrics to report ("" for idle).
-FAKE_LEADER = r"""
+_FAKE_LEADER_SOURCE = r"""
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 port, log_path, load_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 log = open(log_path, "a", buffering=1) if log_path else None
-METRICS = ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc")
+METRICS = __METRICS__
 
 class Leader(BaseHTTPRequestHandler):
     def reply(self, body, kind="application/json"):
@@ -82,7 +83,7 @@ class Leader(BaseHTTPRequestHandler):
                 load = json.load(open(load_path))
             except (OSError, ValueError):
                 load = {}
-        page = "".join(f"vllm:{name} {load.get(name, 0)}\n" for name in METRICS)
+        page = "".join(f"{name} {load.get(key, 0)}\n" for key, name in METRICS)
         self.reply(page if self.path == "/metrics" else "", "text/plain")
 
     def do_POST(self):
@@ -100,6 +101,13 @@ class Leader(BaseHTTPRequestHandler):
 
 ThreadingHTTPServer(("0.0.0.0", port), Leader).serve_forever()
 """
+# The load file's keys, and the series each sets (vLLM's names, spelled once in the product).
+_FAKE_LEADER_METRICS = (
+    ("num_requests_waiting", vllm_names.NUM_REQUESTS_WAITING),
+    ("num_requests_running", vllm_names.NUM_REQUESTS_RUNNING),
+    ("kv_cache_usage_perc", vllm_names.KV_CACHE_USAGE_PERC),
+)
+FAKE_LEADER = _FAKE_LEADER_SOURCE.replace("__METRICS__", repr(_FAKE_LEADER_METRICS))
 
 
 @dataclass

@@ -2,13 +2,14 @@
 name, so a name read anywhere in api, estimators, controllers, operator, simulator, gateway or agent
 means one thing.
 
-Three exceptions, each explicit below:
+Two exceptions, each explicit below:
 
 - an API model and the frozen value the compile (`controllers.compile`) makes of it carry the same
   name, because they are one concept in two forms: what a user writes and what a decision reads;
-- the entry point each program registers its subcommands as, a name pyproject.toml fixes;
-- a constant that two programs sharing no layer but the API each spell for themselves, with the
-  same value (checked here), so it stays one concept.
+- the entry point each program registers its subcommands as, a name pyproject.toml fixes.
+
+Names of another system are spelled once too: vLLM's metric names only in `api/vllm_names.py`,
+which every program (the agent included) imports.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ ENTRY_POINTS = {
     "COMMANDS": ("gateway/commands.py", "simulator/commands.py"),
 }
 
-SPELLED_BY_EACH_PROGRAM = {
-    # vLLM's running-requests gauge, read by the operator's warm-up probe and by the in-pod agent.
-    "RUNNING": ("agent/engine.py", "operator/engine.py"),
-}
+VLLM_NAMES_MODULE = "api/vllm_names.py"
+VLLM_NAME_USERS = (*PRODUCT_LAYERS, "testbed")
 
 
 def public_definitions() -> dict[str, list[tuple[str, ast.stmt]]]:
@@ -76,7 +75,7 @@ def test_no_public_name_is_defined_by_two_product_modules() -> None:
         for name, places in public_definitions().items()
         if len(places) > 1
     }
-    allowed = {**COMPILED_FROM_THE_API, **ENTRY_POINTS, **SPELLED_BY_EACH_PROGRAM}
+    allowed = {**COMPILED_FROM_THE_API, **ENTRY_POINTS}
 
     unexplained = {name: modules for name, modules in twice.items() if name not in allowed}
 
@@ -86,12 +85,42 @@ def test_no_public_name_is_defined_by_two_product_modules() -> None:
 def test_every_allowed_name_is_still_defined_exactly_where_it_says() -> None:
     """An entry that no longer matches the code is removed, not kept as a standing licence."""
     found = public_definitions()
-    for name, modules in {**COMPILED_FROM_THE_API, **ENTRY_POINTS, **SPELLED_BY_EACH_PROGRAM}.items():
+    for name, modules in {**COMPILED_FROM_THE_API, **ENTRY_POINTS}.items():
         assert sorted(module for module, _ in found[name]) == sorted(modules), name
 
 
-def test_a_constant_each_program_spells_has_one_value() -> None:
-    found = public_definitions()
-    for name in SPELLED_BY_EACH_PROGRAM:
-        values = {ast.unparse(node).split("=", 1)[1].strip() for _, node in found[name]}
-        assert len(values) == 1, f"{name} has two values: {values}"
+def _code_strings(tree: ast.Module) -> list[str]:
+    """Every string literal in a module's code (f-strings' literal parts included), docstrings left
+    out: a docstring may name a metric, only code spells one."""
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_vllm_metric_names_are_spelled_only_in_their_module() -> None:
+    """The operator's queries and probe, the doctor, the agent, the simulator's and the emulator's
+    exposition all import vLLM's names; a second spelling is the drift this keeps out."""
+    spelled = sorted(
+        path.relative_to(ROOT).as_posix()
+        for layer in VLLM_NAME_USERS
+        for path in (ROOT / layer).rglob("*.py")
+        if path.relative_to(ROOT).as_posix() != VLLM_NAMES_MODULE
+        and any("vllm:" in text for text in _code_strings(ast.parse(path.read_text())))
+    )
+    assert not spelled, f"vLLM metric names spelled outside {VLLM_NAMES_MODULE}: {spelled}"
+
+
+def test_the_vllm_names_module_spells_each_name_once() -> None:
+    from goodput.api import vllm_names
+
+    names = [value for key, value in vars(vllm_names).items() if key.isupper() and isinstance(value, str)]
+    assert names and all(name.startswith("vllm:") for name in names)
+    assert len(set(names)) == len(names)
+

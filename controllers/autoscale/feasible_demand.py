@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from goodput.api import vllm_names
 from goodput.api.reasons import Attainability
 from goodput.controllers.autoscale.model import (
     ClassFeasibility,
@@ -138,7 +139,8 @@ def attainability(
         return AttainabilityVerdict(
             "Unknown",
             Attainability.FEASIBILITY_UNKNOWN,
-            "no prompt lengths observed yet (vllm:request_prompt_tokens): nothing is counted infeasible",
+            f"no prompt lengths observed yet ({vllm_names.REQUEST_PROMPT_TOKENS}): "
+            "nothing is counted infeasible",
         )
     thresholds = ", ".join(
         f"{entry.class_name} up to {entry.longest_feasible_prompt_tokens} prompt tokens" for entry in entries
