@@ -1,4 +1,7 @@
-"""The agent's Prometheus metrics, on a registry of its own, served on the agent's port."""
+"""The agent's Prometheus metrics, on a registry of its own, served on the agent's port.
+
+Declared in the product's one style (see `goodput.controllers.metric_buckets`, which the agent may not
+import): one class, a registry passed in, one `_declare_<concern>` method per concern."""
 
 from __future__ import annotations
 
@@ -14,7 +17,11 @@ SEVERITY_LEVEL = {Severity.HEALTHY: 0, Severity.WARNING: 1, Severity.UNKNOWN: 2,
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._declare_gpus(self.registry)
+        self._declare_nccl(self.registry)
+        self._declare_engine(self.registry)
+
+    def _declare_gpus(self, r: CollectorRegistry) -> None:
         self.gpu_severity = Gauge(
             "goodput_agent_gpu_severity",
             "Worst GPU finding: 0 healthy, 1 warning, 2 unknown, 3 critical.",
@@ -48,6 +55,8 @@ class AgentMetrics:
             ["gpu", "kind"],
             registry=r,
         )
+
+    def _declare_nccl(self, r: CollectorRegistry) -> None:
         self.nccl_passed = Gauge(
             "goodput_agent_nccl_check_passed", "1 if the last NCCL check passed.", registry=r
         )
@@ -59,6 +68,8 @@ class AgentMetrics:
             "All-reduce bus bandwidth, last check.",
             registry=r,
         )
+
+    def _declare_engine(self, r: CollectorRegistry) -> None:
         self.engine_hung = Gauge(
             "goodput_agent_engine_hung", "1 while the engine holds requests without progress.", registry=r
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from goodput.controllers.requests.latency_buckets import (
+from goodput.controllers.metric_buckets import (
     GATEWAY_E2E_BUCKETS_SECONDS,
     GATEWAY_ITL_BUCKETS_SECONDS,
     GATEWAY_TTFT_BUCKETS_SECONDS,

@@ -1,5 +1,6 @@
 """The Prometheus series the autoscaler exports: per decision, its estimates, feasibility and
-the health of its metrics, so a decision can be read back from a dashboard as from its record."""
+the health of its metrics, so a decision can be read back from a dashboard as from its record.
+Declared in the style `goodput.controllers.metric_buckets` describes."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import contextlib
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from goodput.controllers.autoscale.model import Decision
-
-DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+from goodput.controllers.metric_buckets import DECISION_BUCKETS_SECONDS
 
 
 class AutoscalerMetrics:
@@ -17,13 +17,13 @@ class AutoscalerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["namespace", "model_group"]
-        self._decision_series(registry, labels)
-        self._estimate_series(registry, labels)
-        self._feasibility_series(registry, labels)
-        self._health_series(registry, labels)
+        self._declare_decisions(registry, labels)
+        self._declare_estimates(registry, labels)
+        self._declare_feasibility(registry, labels)
+        self._declare_health(registry, labels)
         self._seen: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
 
-    def _decision_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+    def _declare_decisions(self, registry: CollectorRegistry, labels: list[str]) -> None:
         """What each decision chose, and for which policy."""
         self.decisions = Counter(
             "goodput_autoscaler_decisions_total",
@@ -56,7 +56,7 @@ class AutoscalerMetrics:
             registry=registry,
         )
 
-    def _estimate_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+    def _declare_estimates(self, registry: CollectorRegistry, labels: list[str]) -> None:
         """The estimates the latest active decision read."""
         self.metric_age = Gauge(
             "goodput_autoscaler_metric_age_seconds",
@@ -89,7 +89,7 @@ class AutoscalerMetrics:
             registry=registry,
         )
 
-    def _feasibility_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+    def _declare_feasibility(self, registry: CollectorRegistry, labels: list[str]) -> None:
         """What no number of groups can serve, and attainment against offered and attainable load."""
         self.infeasible_share = Gauge(
             "goodput_autoscaler_infeasible_share",
@@ -112,7 +112,7 @@ class AutoscalerMetrics:
             registry=registry,
         )
 
-    def _health_series(self, registry: CollectorRegistry, labels: list[str]) -> None:
+    def _declare_health(self, registry: CollectorRegistry, labels: list[str]) -> None:
         """The autoscaler's own work: queries, failures, time per decision."""
         self.prometheus_queries = Counter(
             "goodput_autoscaler_prometheus_queries_total",
@@ -133,7 +133,7 @@ class AutoscalerMetrics:
             "pure decision ('decide'), and the whole tick with its API writes ('total').",
             ["stage"],
             registry=registry,
-            buckets=DECISION_BUCKETS,
+            buckets=DECISION_BUCKETS_SECONDS,
         )
 
     def count_query(self, scope: str, answered: bool) -> None:

@@ -1,4 +1,5 @@
-"""The operator's own Prometheus metrics (base units, `_total` counters, low-cardinality labels).
+"""The operator's own Prometheus metrics (base units, `_total` counters, low-cardinality labels),
+declared in the style `goodput.controllers.metric_buckets` describes.
 
 One registry per operator process, held in kopf's memo, so tests can build a fresh one and read it
 back. ModelGroup-level gauges carry namespace and name labels (as the HPA's desired_replicas does)
@@ -13,11 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from goodput.api.modelgroup import GROUP_STATES
 from goodput.controllers.groups.model import DrainEnded
+from goodput.controllers.metric_buckets import GROUP_LIFECYCLE_BUCKETS_SECONDS, RECONCILE_BUCKETS_SECONDS
 
-# Ready time spans seconds (a warm image on a small model) to an hour (a cold 405B load).
-READY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
-# A drain lasts from one settle period (an idle group) to drain.maxSeconds (default 600 s).
-DRAIN_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 DRAIN_OUTCOMES = ("Drained", "TimedOut", "Cancelled")
 
 
@@ -46,7 +44,7 @@ class OperatorMetrics:
             "Duration of one reconcile pass.",
             ["controller"],
             registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            buckets=RECONCILE_BUCKETS_SECONDS,
         )
         self.kube_requests = Counter(
             "goodput_kube_requests_total",
@@ -84,7 +82,7 @@ class OperatorMetrics:
             "Time for a group to become ready, by phase.",
             ["phase"],
             registry=r,
-            buckets=READY_BUCKETS,
+            buckets=GROUP_LIFECYCLE_BUCKETS_SECONDS,
         )
         self.group_failures = Counter(
             "goodput_group_failures_total", "Groups failed and replaced, by reason.", ["reason"], registry=r
@@ -108,7 +106,7 @@ class OperatorMetrics:
             "From a group's drain start to the deletion of its ranks, by outcome (Drained or TimedOut).",
             ["namespace", "model_group", "outcome"],
             registry=r,
-            buckets=DRAIN_BUCKETS,
+            buckets=GROUP_LIFECYCLE_BUCKETS_SECONDS,
         )
         self.drains = Counter(
             "goodput_drains_total",

@@ -29,6 +29,7 @@ import numpy as np
 from goodput.api.reasons import AdmissionReason
 from goodput.controllers.autoscale.model import GatewayClassFigures, GatewayObservation
 from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.metric_buckets import GATEWAY_TTFT_BUCKETS_SECONDS
 from goodput.controllers.requests.admission import (
     AdmissionDecision,
     DrainRateMeter,
@@ -39,7 +40,6 @@ from goodput.controllers.requests.admission import (
     admit,
 )
 from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
-from goodput.controllers.requests.latency_buckets import GATEWAY_TTFT_BUCKETS_SECONDS
 from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group
 from goodput.estimators.attainment import Histogram, histogram_delta
 from goodput.simulator.metrics import HistogramAccumulator

@@ -124,3 +124,37 @@ def test_the_vllm_names_module_spells_each_name_once() -> None:
     assert names and all(name.startswith("vllm:") for name in names)
     assert len(set(names)) == len(names)
 
+
+def _bucket_sets() -> dict[str, list[tuple[str, tuple[float, ...]]]]:
+    """Every module-level constant named *BUCKETS* that is a literal tuple of numbers, by value."""
+    found: dict[str, list[tuple[str, tuple[float, ...]]]] = defaultdict(list)
+    for layer in PRODUCT_LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            module = path.relative_to(ROOT).as_posix()
+            for node in ast.parse(path.read_text()).body:
+                names, value = _defined(node), getattr(node, "value", None)
+                if not any("BUCKETS" in name for name in names) or not isinstance(value, ast.Tuple):
+                    continue
+                bounds = tuple(float(ast.literal_eval(item)) for item in value.elts)
+                found[repr(bounds)].extend((f"{module}:{name}", bounds) for name in names)
+    return found
+
+
+def test_each_bucket_set_is_defined_once() -> None:
+    """Two programs that must read one resolution (the gateway and the simulator's gateway) import one
+    set; two constants with the same bounds are one set written twice."""
+    twice = {bounds: [name for name, _ in sets] for bounds, sets in _bucket_sets().items() if len(sets) > 1}
+    assert not twice, f"one bucket set defined twice: {twice}"
+
+
+def test_no_histogram_writes_its_buckets_inline() -> None:
+    inline = sorted(
+        f"{path.relative_to(ROOT).as_posix()}:{node.lineno}"
+        for layer in PRODUCT_LAYERS
+        for path in (ROOT / layer).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.keyword)
+        and node.arg == "buckets"
+        and isinstance(node.value, ast.Tuple | ast.List)
+    )
+    assert not inline, f"histogram buckets written inline, not a named set: {inline}"
