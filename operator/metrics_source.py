@@ -42,11 +42,10 @@ from goodput.controllers.autoscale.model import (
     ModelGroupSnapshot,
 )
 from goodput.controllers.autoscale.snapshot import (
-    EngineFigures,
     ModelGroupCounts,
     aligned,
     capacity_view,
-    engine_metrics,
+    clamped,
     expected_ready_seconds,
     model_group_snapshot,
     unplaceable,
@@ -167,8 +166,8 @@ def group_metrics(series: GroupSeries) -> GroupMetrics | None:
         pairs = series.buckets.get(quantity)
         return histogram_from_buckets(pairs) if pairs else None
 
-    return engine_metrics(
-        EngineFigures(
+    return clamped(
+        GroupMetrics(
             age_seconds=values[QueryQuantity.SAMPLE_AGE],
             waiting_requests=values[QueryQuantity.WAITING],
             running_requests=values[QueryQuantity.RUNNING],

@@ -19,16 +19,16 @@ from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
+    GroupMetrics,
     GroupObservation,
     ModelGroupSnapshot,
     ScalingPolicy,
     SloTargets,
 )
 from goodput.controllers.autoscale.snapshot import (
-    EngineFigures,
     ModelGroupCounts,
     aligned,
-    engine_metrics,
+    clamped,
     expected_ready_seconds,
     model_group_snapshot,
 )
@@ -154,12 +154,12 @@ def _group_figures(
     metrics: GroupScrape,
     rate_start: tuple[float, GroupScrape] | None,
     histogram_start: tuple[float, GroupScrape] | None,
-) -> EngineFigures:
+) -> GroupMetrics:
     """One group's figures, as Prometheus would answer the operator's query: gauges from the latest
     scrape; token rates, sums, counts and the request mix over the rate window; outcomes and
     histogram deltas over the goodput window (gauges only before a second scrape)."""
     age = now - latest.time
-    gauges = EngineFigures(
+    gauges = GroupMetrics(
         age_seconds=age,
         waiting_requests=float(metrics.num_requests_waiting),
         running_requests=float(metrics.num_requests_running),
@@ -181,8 +181,8 @@ def _group_figures(
 
 
 def _rate_figures(
-    gauges: EngineFigures, latest: FleetSample, metrics: GroupScrape, start: tuple[float, GroupScrape] | None
-) -> EngineFigures:
+    gauges: GroupMetrics, latest: FleetSample, metrics: GroupScrape, start: tuple[float, GroupScrape] | None
+) -> GroupMetrics:
     """The rate window's part: token rates, the prompts begun and finished and their lengths, the
     prefix hits."""
     if start is None or latest.time <= start[0]:
@@ -219,7 +219,7 @@ def _first_scrapes(view: MetricsView, since: float) -> dict[str, tuple[float, Gr
 
 def window_figures(
     observation: FleetObservation, window_seconds: float, rate_window_seconds: float | None = None
-) -> dict[str, EngineFigures]:
+) -> dict[str, GroupMetrics]:
     """Every scraped group's figures as of the latest scrape: rates over `rate_window_seconds`
     (default: the whole window), outcomes and histograms over `window_seconds`."""
     view: MetricsView = observation.metrics
@@ -238,10 +238,10 @@ def window_figures(
 
 
 def group_observations(
-    observation: FleetObservation, figures: Mapping[str, EngineFigures]
+    observation: FleetObservation, figures: Mapping[str, GroupMetrics]
 ) -> list[GroupObservation]:
     """The simulated groups in the decision's vocabulary, the ready ones with their engine metrics."""
-    metrics = aligned({name: engine_metrics(entry) for name, entry in figures.items()})
+    metrics = aligned({name: clamped(entry) for name, entry in figures.items()})
     return [
         GroupObservation(
             info.name,

@@ -377,7 +377,7 @@ def test_requests_already_lost_do_not_hide_the_wait_of_new_arrivals() -> None:
     [
         dataclasses.replace(load(0.0), prompt_tokens_per_second=math.nan),
         dataclasses.replace(load(0.0), kv_usage_fraction=math.inf),
-        dataclasses.replace(load(0.0), prefix_hit_fraction=math.nan),
+        dataclasses.replace(load(0.0), prefix_hits=math.nan, prefix_queries=1.0),
     ],
     ids=["NaN rate", "infinite gauge", "NaN hit ratio"],
 )
@@ -389,7 +389,7 @@ def test_non_finite_metrics_are_missing_not_numbers(broken: GroupMetrics) -> Non
 
 
 def test_non_finite_mean_lengths_fall_back_to_the_profile_mix() -> None:
-    odd = dataclasses.replace(load(0.5), mean_input_tokens=math.inf, mean_output_tokens=math.nan)
+    odd = dataclasses.replace(load(0.5), prompt_tokens_sum=math.inf, generation_tokens_sum=math.nan)
     decision = _decide(world(group(odd)))
     assert decision.estimates.mean_input_tokens == PROFILE.reference_input_tokens
     assert math.isfinite(decision.estimates.arrival_work_rate or math.nan)

@@ -40,9 +40,8 @@ from goodput.controllers.autoscale.model import (
     SloTargets,
 )
 from goodput.controllers.autoscale.snapshot import (
-    EngineFigures,
     ModelGroupCounts,
-    engine_metrics,
+    clamped,
     model_group_snapshot,
 )
 from goodput.estimators.attainment import Histogram
@@ -74,7 +73,6 @@ def with_infeasible(
     if ttft is not None and ttft.total > 0:
         extra = ttft.total * (by_requests - 1.0)
         ttft = Histogram(ttft.upper_bounds, (*ttft.cumulative_counts[:-1], ttft.total + extra))
-    mean_input = metrics.mean_input_tokens
     return dataclasses.replace(
         metrics,
         waiting_requests=metrics.waiting_requests * by_requests,
@@ -82,7 +80,11 @@ def with_infeasible(
         kv_usage_fraction=min(1.0, metrics.kv_usage_fraction * by_tokens),
         prompt_tokens_per_second=metrics.prompt_tokens_per_second * by_tokens,
         generation_tokens_per_second=metrics.generation_tokens_per_second * by_requests,
-        mean_input_tokens=None if mean_input is None else mean_input * by_tokens / by_requests,
+        # More requests, and more tokens: the mean prompt grows by by_tokens / by_requests.
+        prompt_tokens_sum=metrics.prompt_tokens_sum * by_tokens,
+        prompt_tokens_count=metrics.prompt_tokens_count * by_requests,
+        prompt_tokens_started=metrics.prompt_tokens_started * by_tokens,
+        prompts_started=metrics.prompts_started * by_requests,
         finished_requests=metrics.finished_requests * by_requests,
         ttft=ttft,
     )
@@ -144,7 +146,7 @@ def long_prompts_decoding(count: int, *, first_tokens_exported: bool = True) -> 
     80,000-token prompts have had their first token in the window: the prompt-token counter holds
     their tokens, the prompt-length histogram (observed at a request's finish) does not yet."""
     begun_tokens = count * LONG_PROMPT_TOKENS + 4.0
-    figures = EngineFigures(
+    figures = GroupMetrics(
         age_seconds=1.0,
         waiting_requests=0.0,
         running_requests=float(count),
@@ -157,7 +159,7 @@ def long_prompts_decoding(count: int, *, first_tokens_exported: bool = True) -> 
         prompt_tokens=Histogram.from_observations(PROMPT_BUCKETS, [4, 4]),
     )
     return model_group_snapshot(
-        [group(engine_metrics(figures), name="g0")],
+        [group(clamped(figures), name="g0")],
         ModelGroupCounts(spec_replicas=1, min_replicas=1, max_replicas=8),
         profile=PROFILE,
         policy=PERMISSIVE,

@@ -86,8 +86,11 @@ def load(
         kv_usage_fraction=kv_usage,
         prompt_tokens_per_second=requests_per_second * MEAN_INPUT,
         generation_tokens_per_second=requests_per_second * MEAN_OUTPUT,
-        mean_input_tokens=MEAN_INPUT,
-        mean_output_tokens=MEAN_OUTPUT,
+        # One finished request's prompt and output stand for the window's means.
+        prompt_tokens_sum=MEAN_INPUT,
+        prompt_tokens_count=1.0,
+        generation_tokens_sum=MEAN_OUTPUT,
+        generation_tokens_count=1.0,
         ttft=ttft,
         itl=itl,
         tpot=tpot,

@@ -206,8 +206,10 @@ OVERLOADED = GroupMetrics(
     kv_usage_fraction=0.01,
     prompt_tokens_per_second=1536.0,
     generation_tokens_per_second=384.0,
-    mean_input_tokens=256.0,
-    mean_output_tokens=64.0,
+    prompt_tokens_sum=256.0,
+    prompt_tokens_count=1.0,
+    generation_tokens_sum=64.0,
+    generation_tokens_count=1.0,
 )
 
 

@@ -114,7 +114,7 @@ def test_a_tensor_parallel_degree_out_of_reach_is_not_offered() -> None:
 
 def begun(prompts: float, tokens: float) -> GroupMetrics:
     """A group whose window counted `tokens` prompt tokens of `prompts` requests not finished yet."""
-    return GroupMetrics(age_seconds=1.0, unfinished_prompts=prompts, unfinished_prompt_tokens=tokens)
+    return GroupMetrics(age_seconds=1.0, prompts_started=prompts, prompt_tokens_started=tokens)
 
 
 @pytest.mark.parametrize(

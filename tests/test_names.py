@@ -158,3 +158,39 @@ def test_no_histogram_writes_its_buckets_inline() -> None:
         and isinstance(node.value, ast.Tuple | ast.List)
     )
     assert not inline, f"histogram buckets written inline, not a named set: {inline}"
+
+
+# A group's engine window figures, as GroupMetrics names them: a class carrying several of them is a
+# second record of the same figures (one such record was copied field by field into GroupMetrics).
+ENGINE_FIGURES = frozenset({
+    "waiting_requests", "running_requests", "kv_usage_fraction", "prompt_tokens_per_second",
+    "generation_tokens_per_second", "prompt_tokens_sum", "prompt_tokens_count", "prompts_started",
+    "prompt_tokens_started", "generation_tokens_sum", "generation_tokens_count", "prefix_hits",
+    "prefix_queries", "finished_requests", "aborted_requests",
+})  # fmt: skip
+ENGINE_FIGURES_RECORD = ("controllers/autoscale/model.py", "GroupMetrics")
+
+
+def test_a_groups_engine_figures_have_one_record() -> None:
+    from dataclasses import fields
+
+    from goodput.controllers.autoscale.model import GroupMetrics
+
+    assert {field.name for field in fields(GroupMetrics)} >= ENGINE_FIGURES
+    records = sorted(
+        (path.relative_to(ROOT).as_posix(), node.name)
+        for layer in PRODUCT_LAYERS
+        for path in (ROOT / layer).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and len(
+            ENGINE_FIGURES
+            & {
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            }
+        )
+        >= 4
+    )
+    assert records == [ENGINE_FIGURES_RECORD], f"engine figures recorded twice: {records}"

@@ -14,10 +14,9 @@ from goodput.api.modelgroup import GROUP_STATES, GroupState
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers.autoscale.model import GroupMetrics, GroupObservation, ScalingPolicy, SloTargets
 from goodput.controllers.autoscale.snapshot import (
-    EngineFigures,
     ModelGroupCounts,
     aligned,
-    engine_metrics,
+    clamped,
     expected_ready_seconds,
     model_group_snapshot,
     unplaceable,
@@ -145,27 +144,25 @@ def test_a_rollouts_new_groups_are_not_counted_as_extra_capacity(
     ("figures", "expected"),
     [
         (
-            EngineFigures(
+            GroupMetrics(
                 age_seconds=-0.5, waiting_requests=-1e-9, running_requests=3.0, kv_usage_fraction=1.02
             ),
             {"age_seconds": 0.0, "waiting_requests": 0.0, "running_requests": 3.0, "kv_usage_fraction": 1.0},
         ),
         (
-            EngineFigures(
-                1.0, 0.0, 0.0, -0.01, prefix_hits=11.0, prefix_queries=10.0, finished_requests=-0.2
-            ),
+            GroupMetrics(1.0, 0.0, 0.0, -0.01, prefix_hits=11.0, prefix_queries=10.0, finished_requests=-0.2),
             {"kv_usage_fraction": 0.0, "prefix_hit_fraction": 1.0, "finished_requests": 0.0},
         ),
         (
-            EngineFigures(1.0, 0.0, 0.0, 0.5, prompt_tokens_sum=0.0, prompt_tokens_count=0.0),
+            GroupMetrics(1.0, 0.0, 0.0, 0.5, prompt_tokens_sum=0.0, prompt_tokens_count=0.0),
             {"mean_input_tokens": None, "mean_output_tokens": None, "prefix_hit_fraction": 0.0},
         ),
         (
-            EngineFigures(2.0, 4.0, 1.0, 0.5, prompt_tokens_sum=3000.0, prompt_tokens_count=3.0),
+            GroupMetrics(2.0, 4.0, 1.0, 0.5, prompt_tokens_sum=3000.0, prompt_tokens_count=3.0),
             {"mean_input_tokens": 1000.0, "waiting_requests": 4.0},
         ),
         (
-            EngineFigures(
+            GroupMetrics(
                 1.0,
                 0.0,
                 1.0,
@@ -178,7 +175,7 @@ def test_a_rollouts_new_groups_are_not_counted_as_extra_capacity(
             {"mean_input_tokens": 40_002.0, "unfinished_prompts": 0.0, "unfinished_prompt_tokens": 79_996.0},
         ),
         (
-            EngineFigures(
+            GroupMetrics(
                 1.0,
                 0.0,
                 1.0,
@@ -200,24 +197,27 @@ def test_a_rollouts_new_groups_are_not_counted_as_extra_capacity(
         "more finished than begun",
     ],
 )
-def test_engine_figures_become_metrics_within_their_meaningful_range(
-    figures: EngineFigures, expected: dict[str, float | None]
+def test_engine_figures_are_read_within_their_meaningful_range(
+    figures: GroupMetrics, expected: dict[str, float | None]
 ) -> None:
-    metrics = engine_metrics(figures)
+    metrics = clamped(figures)
     assert {name: getattr(metrics, name) for name in expected} == expected
+
+
+FIGURES = tuple(field.name for field in fields(GroupMetrics) if field.type == "float")
 
 
 @given(
     st.lists(
         st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
-        min_size=len(fields(EngineFigures)) - 6,
-        max_size=len(fields(EngineFigures)) - 6,
+        min_size=len(FIGURES),
+        max_size=len(FIGURES),
     )
 )
 def test_engine_metrics_never_read_a_negative_count_or_a_fraction_outside_zero_to_one(
     values: list[float],
 ) -> None:
-    metrics = engine_metrics(EngineFigures(*values))
+    metrics = clamped(GroupMetrics(**dict(zip(FIGURES, values, strict=True))))
     for name in (
         "age_seconds",
         "waiting_requests",

@@ -256,13 +256,24 @@ class ScalingPolicy:
 
 @dataclass(frozen=True, slots=True)
 class GroupMetrics:
-    """One ready group's engine metrics (its leader's vLLM series), as of `age_seconds` ago.
+    """One ready group's engine metrics (its leader's vLLM series), as of `age_seconds` ago: the one
+    record of a group's engine figures. The operator fills it from its Prometheus answer, the
+    simulator from its scrapes of the simulated engine (`goodput.simulator.goodput_policy`), and
+    `snapshot.clamped` applies the one rule about raw figures before any decision reads them; the
+    means and shares a decision reads are derived here, from the window's sums and counts, so no
+    world can derive them its own way.
 
-    Gauges are the latest values; rates, counts and histograms cover the snapshot's metrics window.
+    Gauges are the latest values; rates, sums, counts and histograms cover the snapshot's metrics
+    window (token rates, sums and counts its rate window).
     waiting_requests: vLLM's capacity backlog (num_requests_waiting_by_reason{reason="capacity"}).
     kv_usage_fraction: vllm:kv_cache_usage_perc, 0..1.
-    mean_input_tokens / mean_output_tokens: per finished request over the window, if known.
-    prefix_hit_fraction: prefix-cache hits / queries over the window.
+    prompt_tokens_sum / prompt_tokens_count: vllm:request_prompt_tokens' sum and count over the
+    window, the prompts of finished requests; generation_tokens_sum / generation_tokens_count the
+    same of vllm:request_generation_tokens.
+    prompts_started / prompt_tokens_started: the requests whose first token came in the window
+    (vllm:time_to_first_token_seconds' count) and their prompt tokens (vllm:prompt_tokens, which vLLM
+    counts at the first token).
+    prefix_hits / prefix_queries: prefix-cache hit and looked-up tokens over the window.
     ttft / itl / queue_time: window deltas of vLLM's histograms (its default buckets).
     tpot: window delta of vllm:request_time_per_output_token_seconds, one observation per finished
     request (its decode time over its tokens after the first); None where the engine does not export it.
@@ -273,10 +284,6 @@ class GroupMetrics:
     missed scrape leaves a short window without the two samples a delta needs).
     finished_requests: finished with stop or length; aborted_requests: abort or error;
     rejected_requests: admission rejections (HTTP 503s).
-    unfinished_prompts / unfinished_prompt_tokens: over the rate window, the requests whose first
-    token came (vLLM counts their prompt tokens then) less those whose prompt length reached the
-    histogram (at their finish), and the same for their tokens, floored at 0: prompts begun and not
-    finished, whose lengths `prompt_tokens` cannot hold yet (a long prompt's decode can last minutes).
     """
 
     age_seconds: float
@@ -285,9 +292,14 @@ class GroupMetrics:
     kv_usage_fraction: float = 0.0
     prompt_tokens_per_second: float = 0.0
     generation_tokens_per_second: float = 0.0
-    mean_input_tokens: float | None = None
-    mean_output_tokens: float | None = None
-    prefix_hit_fraction: float = 0.0
+    prompt_tokens_sum: float = 0.0
+    prompt_tokens_count: float = 0.0
+    prompts_started: float = 0.0
+    prompt_tokens_started: float = 0.0
+    generation_tokens_sum: float = 0.0
+    generation_tokens_count: float = 0.0
+    prefix_hits: float = 0.0
+    prefix_queries: float = 0.0
     ttft: Histogram | None = None
     itl: Histogram | None = None
     queue_time: Histogram | None = None
@@ -297,8 +309,46 @@ class GroupMetrics:
     finished_requests: float = 0.0
     aborted_requests: float = 0.0
     rejected_requests: float = 0.0
-    unfinished_prompts: float = 0.0
-    unfinished_prompt_tokens: float = 0.0
+
+    @property
+    def mean_input_tokens(self) -> float | None:
+        """The mean prompt of the requests the prompt rate counts: those whose first token fell in the
+        window. The finished requests' mean stands in where the engine exported no first-token count;
+        it lags a change of prompt lengths by a request's lifetime. None when nothing was counted."""
+        if self.prompts_started > 0 and self.prompt_tokens_started > 0:
+            return self.prompt_tokens_started / self.prompts_started
+        return _per(self.prompt_tokens_sum, self.prompt_tokens_count)
+
+    @property
+    def mean_output_tokens(self) -> float | None:
+        """Output tokens per finished request over the window; None when none finished."""
+        return _per(self.generation_tokens_sum, self.generation_tokens_count)
+
+    @property
+    def prefix_hit_fraction(self) -> float:
+        """Prefix-cache hits / queries over the window, within 0..1 (0 without a query). NaN stays
+        NaN: a figure nobody can trust is kept visible to the missing-metrics guard."""
+        share = _per(self.prefix_hits, self.prefix_queries)
+        if share is None:
+            return 0.0
+        return share if math.isnan(share) else min(1.0, max(0.0, share))
+
+    @property
+    def unfinished_prompts(self) -> float:
+        """Requests whose first token came in the window less those whose prompt length reached the
+        histogram (at their finish), floored at 0: prompts begun and not finished, whose lengths
+        `prompt_tokens` cannot hold yet (a long prompt's decode can last minutes)."""
+        return max(0.0, self.prompts_started - self.prompt_tokens_count)
+
+    @property
+    def unfinished_prompt_tokens(self) -> float:
+        """The prompt tokens of `unfinished_prompts`, floored at 0."""
+        return max(0.0, self.prompt_tokens_started - self.prompt_tokens_sum)
+
+
+def _per(numerator: float, denominator: float) -> float | None:
+    """A mean over the window; None when nothing was counted."""
+    return numerator / denominator if denominator > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,85 +79,34 @@ def with_wanted_groups(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class EngineFigures:
-    """One ready group's engine series at one instant, as read and before any rule is applied: the
-    latest gauges and their age, and the window's rates, sums, counts and histogram deltas.
-
-    The operator reads them from Prometheus, the simulator from its scrape history; `engine_metrics`
-    is the one place both become `GroupMetrics`, so a rule about them (a clamp) cannot exist in one
-    world only.
-    """
-
-    age_seconds: float
-    waiting_requests: float
-    running_requests: float
-    kv_usage_fraction: float
-    prompt_tokens_per_second: float = 0.0
-    generation_tokens_per_second: float = 0.0
-    prompt_tokens_sum: float = 0.0
-    prompt_tokens_count: float = 0.0
-    prompts_started: float = 0.0
-    prompt_tokens_started: float = 0.0
-    generation_tokens_sum: float = 0.0
-    generation_tokens_count: float = 0.0
-    prefix_hits: float = 0.0
-    prefix_queries: float = 0.0
-    finished_requests: float = 0.0
-    aborted_requests: float = 0.0
-    rejected_requests: float = 0.0
-    ttft: Histogram | None = None
-    itl: Histogram | None = None
-    queue_time: Histogram | None = None
-    tpot: Histogram | None = None
-    prompt_tokens: Histogram | None = None
-    prompt_tokens_lookback: Histogram | None = None
-
-
-def _per(numerator: float, denominator: float) -> float | None:
-    """A mean over the window; None when nothing was counted."""
-    return numerator / denominator if denominator > 0 else None
-
-
-def engine_metrics(figures: EngineFigures) -> GroupMetrics:
-    """One group's `GroupMetrics` from its figures.
+def clamped(metrics: GroupMetrics) -> GroupMetrics:
+    """One group's metrics as a decision may read them, whichever world read them.
 
     Counters and gauges are clamped to their meaningful range: Prometheus extrapolates `increase()`
     and `rate()` per series, so a window's figure can come out slightly negative, and a usage slightly
-    above one; a decision must never read a negative queue or a hit rate above one.
+    above one; a decision must never read a negative queue or a usage above one. The operator and
+    the simulator both call this, so the rule cannot exist in one world only.
     """
-    return GroupMetrics(
-        age_seconds=max(0.0, figures.age_seconds),
-        waiting_requests=max(0.0, figures.waiting_requests),
-        running_requests=max(0.0, figures.running_requests),
-        kv_usage_fraction=min(1.0, max(0.0, figures.kv_usage_fraction)),
-        prompt_tokens_per_second=max(0.0, figures.prompt_tokens_per_second),
-        generation_tokens_per_second=max(0.0, figures.generation_tokens_per_second),
-        mean_input_tokens=_mean_prompt_tokens(figures),
-        mean_output_tokens=_per(figures.generation_tokens_sum, figures.generation_tokens_count),
-        prefix_hit_fraction=min(1.0, max(0.0, _per(figures.prefix_hits, figures.prefix_queries) or 0.0)),
-        ttft=figures.ttft,
-        itl=figures.itl,
-        queue_time=figures.queue_time,
-        tpot=figures.tpot,
-        prompt_tokens=figures.prompt_tokens,
-        prompt_tokens_lookback=figures.prompt_tokens_lookback,
-        finished_requests=max(0.0, figures.finished_requests),
-        aborted_requests=max(0.0, figures.aborted_requests),
-        rejected_requests=max(0.0, figures.rejected_requests),
-        unfinished_prompts=max(0.0, figures.prompts_started - figures.prompt_tokens_count),
-        unfinished_prompt_tokens=max(0.0, figures.prompt_tokens_started - figures.prompt_tokens_sum),
+    return replace(
+        metrics,
+        age_seconds=max(0.0, metrics.age_seconds),
+        waiting_requests=max(0.0, metrics.waiting_requests),
+        running_requests=max(0.0, metrics.running_requests),
+        kv_usage_fraction=min(1.0, max(0.0, metrics.kv_usage_fraction)),
+        prompt_tokens_per_second=max(0.0, metrics.prompt_tokens_per_second),
+        generation_tokens_per_second=max(0.0, metrics.generation_tokens_per_second),
+        prompt_tokens_sum=max(0.0, metrics.prompt_tokens_sum),
+        prompt_tokens_count=max(0.0, metrics.prompt_tokens_count),
+        prompts_started=max(0.0, metrics.prompts_started),
+        prompt_tokens_started=max(0.0, metrics.prompt_tokens_started),
+        generation_tokens_sum=max(0.0, metrics.generation_tokens_sum),
+        generation_tokens_count=max(0.0, metrics.generation_tokens_count),
+        prefix_hits=max(0.0, metrics.prefix_hits),
+        prefix_queries=max(0.0, metrics.prefix_queries),
+        finished_requests=max(0.0, metrics.finished_requests),
+        aborted_requests=max(0.0, metrics.aborted_requests),
+        rejected_requests=max(0.0, metrics.rejected_requests),
     )
-
-
-def _mean_prompt_tokens(figures: EngineFigures) -> float | None:
-    """The mean prompt of the requests the prompt rate counts: those whose first token fell in the
-    window (vLLM counts a prompt's tokens then). The finished requests' mean stands in where the
-    engine exported no first-token count; it lags a change of prompt lengths by a request's lifetime.
-    """
-    if figures.prompts_started > 0 and figures.prompt_tokens_started > 0:
-        return figures.prompt_tokens_started / figures.prompts_started
-    return _per(figures.prompt_tokens_sum, figures.prompt_tokens_count)
 
 
 def _common_bounds(histograms: Sequence[Histogram | None]) -> tuple[float, ...] | None:
