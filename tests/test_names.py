@@ -194,3 +194,23 @@ def test_a_groups_engine_figures_have_one_record() -> None:
         >= 4
     )
     assert records == [ENGINE_FIGURES_RECORD], f"engine figures recorded twice: {records}"
+
+
+# The hardware step model: what one engine step costs, priced once (`StepCostModel`). The simulator's
+# event and batched engines, the capacity profile and the feasibility floors all call it.
+STEP_MODEL_METHODS = frozenset(
+    {"step_seconds", "step_seconds_array", "prefill_seconds", "decode_step_seconds"}
+)
+STEP_MODEL = ("estimators/service_time.py", "StepCostModel")
+
+
+def test_the_hardware_step_model_is_defined_once() -> None:
+    models = sorted(
+        (path.relative_to(ROOT).as_posix(), node.name)
+        for layer in (*PRODUCT_LAYERS, "testbed")
+        for path in (ROOT / layer).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and STEP_MODEL_METHODS & {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+    )
+    assert models == [STEP_MODEL], f"a step model defined twice: {models}"
