@@ -283,7 +283,7 @@ def snapshot_from(
         name=name,
         metrics_window_seconds=window_seconds,
         now=observation.now,
-        gateway=gateway_observation(scraped, observation.now, window_seconds),
+        gateway=gateway_observation(scraped, observation.now, window_seconds, rate_window_seconds),
         group_ready_seconds=expected_ready_seconds(
             declared_ready_seconds,
             [info.ready_at - info.created_at for info in observation.groups if info.ready_at is not None],

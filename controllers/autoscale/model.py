@@ -346,6 +346,9 @@ class GatewayClassFigures:
     missed_requests: float = 0.0
     ttft: Histogram | None = None
     itl: Histogram | None = None
+    recent_offered_per_second: float | None = None
+    """Offered requests per second over the recent rate window (the token rates' window, shorter
+    than the goodput window): how a burst shows within an interval or two. None: not exported."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -362,6 +365,9 @@ class GatewayClassFigures:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} of class {self.class_name!r} must be finite and >= 0, got {value}")
+        recent = self.recent_offered_per_second
+        if recent is not None and not (math.isfinite(recent) and recent >= 0):
+            raise ValueError(f"recent_offered_per_second of {self.class_name!r} must be >= 0, got {recent}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,6 +503,13 @@ class Recommendation(NamedTuple):
     groups: int
 
 
+class QueueReading(NamedTuple):
+    """A tick's waiting work, for how fast the queue grows between ticks."""
+
+    at: float
+    waiting_work_seconds: float
+
+
 class ScaleEvent(NamedTuple):
     """A change that was applied: `groups` added (scale-up events) or removed (scale-down events)."""
 
@@ -554,6 +567,7 @@ class DecisionState:
     scale_down_events: tuple[ScaleEvent, ...] = ()
     started: bool = False
     goodput_trial: GoodputTrial | None = None
+    queue_readings: tuple[QueueReading, ...] = ()
 
     @classmethod
     def initial(cls) -> DecisionState:
@@ -639,6 +653,12 @@ class Estimates:
     """Of the waiting work, what will still wait when a group asked for now is ready (the serving
     groups drain the rest first): the backlog more groups can serve. None: unknown."""
     group_ready_seconds: float | None = None
+    served_work_rate: float | None = None
+    """What the fresh engines served over the metrics window (`arrival_work_rate` is made of it, the
+    gateway's `offered_work_rate` and the queue's `queue_growth_work_rate`:
+    `controllers.autoscale.arrival`)."""
+    offered_work_rate: float | None = None
+    queue_growth_work_rate: float | None = None
 
 
 def _json_number(value: float | None) -> float | None:
@@ -740,6 +760,9 @@ def _estimates_record(estimates: Estimates) -> dict[str, object]:
         "mean_output_tokens": estimates.mean_output_tokens,
         "capacity_work_per_second_per_group": estimates.capacity_per_group,
         "arrival_work_rate": estimates.arrival_work_rate,
+        "served_work_rate": estimates.served_work_rate,
+        "offered_work_rate": estimates.offered_work_rate,
+        "queue_growth_work_rate": estimates.queue_growth_work_rate,
         "queue_work_seconds": estimates.queue_work_seconds,
         "waiting_work_seconds": estimates.waiting_work_seconds,
         "running_work_seconds": estimates.running_work_seconds,
