@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from goodput.simulator import cli_endpoint
 from goodput.simulator.cli_simulate import add_common_arguments, bench_from
 from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
 from goodput.simulator.feasible import NoFeasibleRequestsError
@@ -27,6 +28,7 @@ from goodput.simulator.runner import Bench
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
+    cli_endpoint.add_arguments(parser)
     parser.add_argument("--groups", type=int, default=4, help="groups in the trial fleet (default 4)")
     parser.add_argument("--repeats", type=int, default=2, help="seeded repeats of each trial (default 2)")
     parser.add_argument(
@@ -40,13 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def profile_block(bench: Bench, envelope: CapacityEnvelope) -> dict[str, Any]:
     """The manifest's `profile` with the measured figure in `capacityWorkSecondsPerSecond`."""
-    group = bench.setup.model_group
-    profile = group.spec.profile if group is not None else None
-    fields: dict[str, Any] = (
-        profile.model_dump(by_alias=True, exclude_none=True, mode="json") if profile is not None else {}
-    )
-    fields["capacityWorkSecondsPerSecond"] = float(f"{envelope.work_seconds_per_second:.4g}")
-    return {"profile": fields}
+    return cli_endpoint.profile_fields(bench, envelope.work_seconds_per_second, None)
 
 
 def explanation(bench: Bench, envelope: CapacityEnvelope) -> list[str]:
@@ -76,6 +72,8 @@ def explanation(bench: Bench, envelope: CapacityEnvelope) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.endpoint:
+        return cli_endpoint.run(args)
     try:
         bench = bench_from(args)
         bench.setup = dataclasses.replace(bench.setup, measured_capacity_work_seconds_per_second=None)
