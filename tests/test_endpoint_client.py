@@ -25,7 +25,7 @@ MODEL = "llama-8b"
 CHAT = ClassTargets("chat", ttft_seconds=1.0, itl_seconds=0.1, attainment=0.9)
 OFFERED = Offered(np.array([100, 200]), np.array([10, 20]), np.array([0, 0]), np.array([1.9, 2.9]))
 PLAN = SweepPlan(2.0, 1.0, drain_seconds=0.0, step=StepRule(min_requests=10, min_seconds=5.0))
-BUDGET = SweepBudget(max_requests=40, max_seconds=600.0, max_rate_per_second=10.0)
+BUDGET = SweepBudget(max_requests=200, max_seconds=600.0, max_rate_per_second=10.0)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
