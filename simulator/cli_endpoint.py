@@ -102,7 +102,12 @@ class Offered:
         if max_model_len is None:
             return self
         keep = self.input_tokens + self.output_tokens <= max_model_len
-        return Offered(*(column[keep] for column in dataclasses.astuple(self)))
+        return Offered(
+            self.input_tokens[keep],
+            self.output_tokens[keep],
+            self.class_number[keep],
+            self.deadline_seconds[keep],
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,8 @@ def _connection_error(endpoint: Endpoint, path: str, error: Exception) -> Endpoi
 def _http_error(endpoint: Endpoint, path: str, status: int, body: str) -> EndpointError:
     detail = body.strip().replace("\n", " ")[:300]
     hint = {
+        400: "the server rejected a request (goodput envelope sends token-id prompts with vLLM's "
+        "ignore_eos and min_tokens): measure a vLLM server, or check --model",
         401: "the server wants an API key: set --api-key-env to the environment variable that holds it",
         403: "the server refused the API key: check the variable --api-key-env names",
         404: "check --endpoint (the base URL, without /v1) and --model",
@@ -307,16 +309,22 @@ async def run_step(
     start = loop.time()
     rng = np.random.default_rng([seed, 17])
     tasks: list[asyncio.Task[RequestTiming]] = []
+    failures: list[asyncio.Task[RequestTiming]] = []
+
+    def note_failure(task: asyncio.Task[RequestTiming]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            failures.append(task)
+
     try:
         for request in requests:
             body = request_body(endpoint.model, request, rng)
             delay = start + request.offset_seconds - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if failures:
+                await failures[0]
             tasks.append(asyncio.create_task(_timed(session, endpoint, request, body)))
-            failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
-            if failed is not None:
-                await failed
+            tasks[-1].add_done_callback(note_failure)
         return list(await asyncio.gather(*tasks))
     finally:
         for task in tasks:
