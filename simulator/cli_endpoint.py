@@ -200,6 +200,10 @@ def _classes(args: argparse.Namespace, bench: Bench) -> tuple[ClassTargets, ...]
 
 
 def _check_flags(args: argparse.Namespace) -> None:
+    if not args.endpoint.startswith(("http://", "https://")):
+        raise ValueError(
+            f"--endpoint {args.endpoint!r} is no URL: give the server's base URL, e.g. http://vllm:8000"
+        )
     if not args.model:
         raise ValueError(
             "--endpoint needs --model: the served model name, as the server's /v1/models lists it"
