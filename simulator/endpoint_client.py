@@ -171,17 +171,19 @@ async def settle(
 ) -> None:
     """Wait until the server holds no request, so each step starts from an idle server: requests
     cancelled at their deadline may linger in its queue until it aborts them. A server with no vLLM
-    metrics is not waited for; one still busy after `longest_seconds` is serving someone else."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + longest_seconds
-    while (held := await requests_in_server(session, endpoint)) and loop.time() < deadline:
-        await asyncio.sleep(poll_seconds)
-    if held:
+    metrics is not waited for; one still busy after `longest_seconds` (the polls included: the wait
+    is part of the sweep's time budget) is serving someone else."""
+    held: int | None = None
+    try:
+        async with asyncio.timeout(longest_seconds):
+            while held := await requests_in_server(session, endpoint):
+                await asyncio.sleep(poll_seconds)
+    except TimeoutError:
         raise EndpointError(
             f"{endpoint.base} still holds {held} requests {longest_seconds:.0f} s after a step ended: "
             "other traffic reaches it or it does not abort cancelled requests; measure a server (or "
             "group) no other traffic reaches"
-        )
+        ) from None
 
 
 def request_body(model: str, request: PlannedRequest, rng: np.random.Generator) -> dict[str, Any]:

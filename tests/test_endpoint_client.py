@@ -55,6 +55,12 @@ async def not_streamed(_: web.Request) -> web.Response:
     return web.json_response({"choices": [{"text": "hi"}]})
 
 
+async def busy_metrics(_: web.Request) -> web.Response:
+    """vLLM's gauges of a server someone else keeps busy."""
+    text = 'vllm:num_requests_running{engine="0"} 3.0\nvllm:num_requests_waiting{engine="0"} 1.0\n'
+    return web.Response(text=text, content_type="text/plain")
+
+
 def status(code: int, text: str) -> Handler:
     async def answer(_: web.Request) -> web.Response:
         return web.Response(status=code, text=text)
@@ -174,6 +180,11 @@ def sweep(routes: dict[str, Handler] | None, model: str = MODEL) -> str:
             MODEL,
             ["none of the", "got a token", "accepts requests but does not answer"],
         ),
+        (
+            {"/metrics": busy_metrics},
+            MODEL,
+            ["still holds 4 requests 3 s after a step ended", "no other traffic reaches"],
+        ),
     ],
     ids=[
         "connection-refused",
@@ -190,6 +201,7 @@ def sweep(routes: dict[str, Handler] | None, model: str = MODEL) -> str:
         "stream-cut-short",
         "errors-during-the-sweep",
         "hangs-during-the-sweep",
+        "busy-with-other-traffic",
     ],
 )
 def test_a_server_that_cannot_be_measured_is_named_with_what_to_set(
