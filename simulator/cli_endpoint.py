@@ -210,6 +210,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     if args.min_step_requests < 1 or args.min_step_seconds <= 0 or args.timeout_seconds <= 0:
         raise ValueError("--min-step-requests, --min-step-seconds and --timeout-seconds must be positive")
+    if args.first_rate is not None and not args.first_rate > 0:
+        raise ValueError(f"--first-rate must be positive, got {args.first_rate}")
     if not 0 < args.attainment <= 1:
         raise ValueError(f"--attainment must be in (0, 1], got {args.attainment}")
 
@@ -230,7 +232,11 @@ def prepare(
     require_feasible_requests(feasibility, classes)
     feasible = workload.take(np.flatnonzero(feasibility.feasible), "feasible requests")
     bench.workload = feasible
-    first = args.first_rate or analytic_rate_per_group(bench.setup, feasible, bench.pricing)
+    first = (
+        args.first_rate
+        if args.first_rate is not None
+        else analytic_rate_per_group(bench.setup, feasible, bench.pricing)
+    )
     plan = SweepPlan(
         first_rate_per_second=first,
         tightest_ttft_seconds=min(c.ttft_seconds for c in classes),

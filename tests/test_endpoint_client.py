@@ -232,11 +232,19 @@ def test_the_command_prints_no_profile_for_a_server_that_refuses(
     [
         (["--max-requests", "0"], "--max-requests must be positive"),
         (["--max-rate", "-1"], "--max-rate must be positive"),
+        (["--first-rate", "0"], "--first-rate must be positive"),
         (["--ttft-seconds", "1"], "--ttft-seconds and --itl-seconds go together"),
         (["--attainment", "1.5", "--ttft-seconds", "1", "--itl-seconds", "0.1"], "--attainment must be in"),
         (["--endpoint", "vllm:8000"], "--endpoint 'vllm:8000' is no URL"),
     ],
-    ids=["no-requests", "negative-rate", "half-a-class", "attainment-above-one", "not-a-url"],
+    ids=[
+        "no-requests",
+        "negative-rate",
+        "no-first-rate",
+        "half-a-class",
+        "attainment-above-one",
+        "not-a-url",
+    ],
 )
 def test_bad_flags_are_named_before_any_request(
     flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
