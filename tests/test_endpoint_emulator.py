@@ -131,8 +131,9 @@ def test_the_sweep_finds_the_emulators_capacity_and_prints_a_profile_that_valida
 def test_the_sweep_never_sends_more_than_the_team_allows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A request budget too small to find the capacity: the sweep stops within it, prints no
-    figure, and says which limit to raise."""
+    """A request budget too small to find the capacity: the server receives no more requests than
+    allowed (counted at the emulated engine, the check request included), no figure is printed, and
+    the message says which limit to raise."""
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
     args = envelope_args(
@@ -154,12 +155,18 @@ def test_the_sweep_never_sends_more_than_the_team_allows(
 
     def counted(sweep: Coroutine[Any, Any, cli_endpoint.SweepResult]) -> cli_endpoint.SweepResult:
         async def main() -> cli_endpoint.SweepResult:
-            nonlocal completions
             await server.listen(listener)
+            engine = server.engine
+            submit = engine.submit
+
+            def counting_submit(*args: Any, **kwargs: Any) -> Any:
+                nonlocal completions
+                completions += 1
+                return submit(*args, **kwargs)
+
+            engine.submit = counting_submit  # type: ignore[method-assign]
             try:
-                result = await sweep
-                completions = sum(o.requests for o in result.steps)
-                return result
+                return await sweep
             finally:
                 await server.close()
 
@@ -169,4 +176,4 @@ def test_the_sweep_never_sends_more_than_the_team_allows(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "raise --max-requests or --max-seconds" in captured.err
-    assert 0 < completions <= 250
+    assert 100 <= completions <= 250, "the server received some steps' requests and never more than allowed"
