@@ -6,7 +6,8 @@ zero-load floors fit their class's targets) by a fleet of several groups behind 
 repeated with other seeds (`simulator.envelope.measure_envelope`), on steady arrivals drawn from the
 trace's requests by default (`--arrivals trace` keeps the trace's time profile: see that module for
 why the decision code wants the steady figure). Any `capacityWorkSecondsPerSecond` already in the
-manifest is ignored: it is what this command replaces.
+manifest is ignored: it is what this command replaces. With `--endpoint URL --model NAME` the
+envelope is measured on a live OpenAI-compatible server instead (`simulator.cli_endpoint`).
 """
 
 from __future__ import annotations
