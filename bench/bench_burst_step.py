@@ -9,7 +9,8 @@ then 63.6 a second from t = 600 s for 900 s. At the simulator's 120 s median rea
 needs ceil(1.2 x 63.6 / C) groups (1.2: the queue-work signal's safety factor; C: the measured
 envelope the run reports). Printed per policy and gateway setting: when a decision first asked for
 that count (seconds after the step), when that many groups were Ready, the share of the burst's
-offered requests that met the SLO, and the run's GPU-hours. Asserts nothing.
+offered requests that met the SLO, and the run's GPU-hours (a fleet that already held that count
+before the step shows 0 and 0). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def needed_groups(report: dict) -> int | None:
 
 def burst_figures(report: dict, needed: int) -> dict[str, float | None]:
     """When the needed count was asked for and Ready (seconds after the step), the burst's met share."""
+    alive = [g for g in report["groups"] if g["ended_seconds"] is None or g["ended_seconds"] > STEP_AT]
+    ready_at_step = sum(1 for g in alive if g["ready_seconds"] is not None and g["ready_seconds"] <= STEP_AT)
     asked = next(
         (
             e["time_seconds"]
@@ -63,8 +66,10 @@ def burst_figures(report: dict, needed: int) -> dict[str, float | None]:
         ),
         None,
     )
-    ready_times = sorted(g["ready_seconds"] for g in report["groups"] if g["ready_seconds"] is not None)
+    ready_times = sorted(g["ready_seconds"] for g in alive if g["ready_seconds"] is not None)
     ready = ready_times[needed - 1] if len(ready_times) >= needed else None
+    if ready_at_step >= needed:  # the fleet held the burst's count before it came
+        asked, ready = STEP_AT, STEP_AT
     series = report["timeseries"]
     offered = met = 0.0
     for start, rate, share in zip(
