@@ -44,10 +44,13 @@ typecheck: venv
 layers: venv
 	$(VENV)/bin/lint-imports
 
-# UNIT_PRIORITY: a command the unit tests run under (`make test` gives `nice -n 10`).
+# The unit tests run on UNIT_WORKERS workers (pytest-xdist; an idle worker takes tests queued for
+# the other, so the two long envelope searches do not end up one after the other); `UNIT_WORKERS=0`
+# runs them in one process. UNIT_PRIORITY: a command they run under (`make test` gives `nice -n 10`).
+UNIT_WORKERS ?= 2
 UNIT_PRIORITY ?=
 unit: venv binaries
-	$(UNIT_PRIORITY) $(VENV)/bin/pytest -q tests
+	$(UNIT_PRIORITY) $(VENV)/bin/pytest -q $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist worksteal) tests
 
 # The OS tools the test bed runs (iproute2, openssl), installed with apt-get when missing.
 os-packages:
