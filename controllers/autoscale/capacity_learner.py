@@ -6,18 +6,19 @@ evidence (`capacity_evidence`), in ratios to the prior's C at the decision's mix
 whole grid, `CapacityProfile.calibrated`, so the ratio does not depend on the mix), and the learner
 (`observe`) folds it into one number, log(learnt C / prior C):
 
-- over: requests wait in the engines now (`waiting_per_group`) or the SLO missed under load (the
-  decision's `load_driven`): the groups serve all they can and it is not enough, so C is at most the
-  work they served (plus `bound_margin`), and the estimate moves down to it. Not when they served
-  less than `burst_fraction` of the most they served within the SLO in the last
-  `held_memory_seconds`, for less than `burst_seconds`: then the wait is a burst the rate window
-  has not caught up with, or the SLO window's memory of one, not the groups' capacity.
+- over: requests wait in the engines now (`waiting_per_group`): the groups serve all they can and it
+  is not enough, so C is at most the work they served (plus `bound_margin`), and the estimate moves
+  down to it. Not while they serve less than `burst_fraction` of the most they served within the
+  SLO in the last `held_memory_seconds`, for less than `burst_seconds`: such a wait is a burst the
+  rate window has not caught up with, not the groups' capacity. A miss the SLO window still
+  remembers while nothing waits is no evidence either: the window outlasts the load that caused it,
+  and the work served since is not what the groups can do.
 - held: the SLO held, so C is at least the work served; an estimate below it moves up to it.
 - headroom: the SLO held, nothing waits, and the groups served at least `probe_utilisation` of the
   capacity in use: the estimate rises by `probe_step_fraction`, at most once per
   `probe_interval_seconds` (the SLO's answer to a step takes a while to show). Capacity above the
   estimate is only found by trying it, as TCP finds a path's rate: steps up while the SLO holds,
-  back to the work served when it stops holding under load. Served work alone (a lower bound) cannot raise an
+  back to the work served when requests wait. Served work alone (a lower bound) cannot raise an
   estimate that sets the group count: the autoscaler keeps each group below the capacity it is told.
 
 Each update moves the estimate by at most `max_step_fraction`. The value stays within
@@ -57,15 +58,15 @@ class LearnerSettings:
     probe_step_fraction: float = 0.05
     probe_utilisation: float = 0.6
     burst_fraction: float = 0.8
-    """Waiting or a miss while the groups serve less than this share of the most they served within
-    the SLO lately is a burst (or the SLO window's memory of one), not their capacity."""
+    """Requests waiting while the groups serve less than this share of the most they served within
+    the SLO lately is a burst, not their capacity."""
     held_memory_seconds: float = 600.0
     """How long the most served within the SLO is remembered for that test."""
     burst_seconds: float = 60.0
     """A wait or miss that lasts this long counts whatever the groups served before: a burst is over
     by then, or the rate window has caught up with it; a slower engine is not."""
     bound_margin: float = 0.1
-    waiting_per_group: float = 4.0
+    waiting_per_group: float = 2.0
     """Requests waiting per group from which the groups count as saturated."""
     probe_interval_seconds: float = 60.0
     """The least time between two headroom steps: the SLO's answer to one step takes a while."""
@@ -221,23 +222,20 @@ def observe(
     if weight <= 0:
         return state
     residual = target - state.log_ratio
-    if state.evidence_end is not None:
-        high = max(0.0, state.cusum_high + weight * residual - settings.change_drift)
-        low = max(0.0, state.cusum_low - weight * residual - settings.change_drift)
-        if max(high, low) > settings.change_threshold:
-            return LearnerState(
-                identity=state.identity,
-                log_ratio=target,
-                weight=weight,
-                evidence_start=now,
-                evidence_end=now,
-                held_mark=evidence.lower_ratio,
-                held_mark_at=now if evidence.lower_ratio is not None else None,
-                restarts=state.restarts + 1,
-                note="change detected: relearning",
-            )
-    else:
-        high = low = 0.0
+    high = max(0.0, state.cusum_high + weight * residual - settings.change_drift)
+    low = max(0.0, state.cusum_low - weight * residual - settings.change_drift)
+    if max(high, low) > settings.change_threshold:
+        return LearnerState(
+            identity=state.identity,
+            log_ratio=target,
+            weight=weight,
+            evidence_start=now,
+            evidence_end=now,
+            held_mark=evidence.lower_ratio,
+            held_mark_at=now if evidence.lower_ratio is not None else None,
+            restarts=state.restarts + 1,
+            note="change detected: relearning",
+        )
     step = _clamp(residual, settings.log_step)
     return replace(
         state,
@@ -321,7 +319,7 @@ def capacity_evidence(
     busy = served >= settings.probe_utilisation * estimates.capacity_per_group
     return CapacityEvidence(
         identity=identity,
-        upper_ratio=served / prior_at_mix if saturated or estimates.load_driven is True else None,
+        upper_ratio=served / prior_at_mix if saturated else None,
         lower_ratio=served / prior_at_mix if held else None,
         headroom=held and not saturated and busy,
         served_work_per_group=served,
