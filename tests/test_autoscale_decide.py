@@ -340,7 +340,9 @@ def test_record_is_json_in_the_decision_log_shape() -> None:
         "proposals",
         "result",
         "reason",
+        "capacity",
     }
+    assert record["capacity"] is None  # the snapshot said nothing of where its capacity came from
     assert record["policy_revision"] == "slo-2026-07-16.3"
     assert record["slo_ms"] == {"class": "interactive", "ttft": 2000.0, "itl": 80.0}
     assert record["inputs"]["coming_groups"] == 1

@@ -207,4 +207,5 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
         time=now,
         model_group=snapshot.name,
         slo=policy.primary_class,
+        capacity=snapshot.capacity,
     )

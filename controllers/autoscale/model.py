@@ -462,6 +462,34 @@ class ClassFeasibility:
         )
 
 
+class CapacitySource(StrEnum):
+    """Where the capacity a decision uses comes from (`status.capacity.source`).
+
+    prior: the service-time model (or the catalogue behind it); learnt: the prior refined from the
+    ModelGroup's own engines (`capacity_learner`); measured: the team's
+    `profile.capacityWorkSecondsPerSecond`, used as given unless the ModelGroup opts into learning."""
+
+    PRIOR = "prior"
+    LEARNT = "learnt"
+    MEASURED = "measured"
+
+
+@dataclass(frozen=True, slots=True)
+class LearntCapacity:
+    """The capacity C at the profile's reference mix a decision uses, where it comes from and why.
+
+    confidence: 0 for a prior nothing has confirmed, growing towards 1 with evidence (1 for a
+    measured figure). evidence_start / evidence_end: the window of the evidence behind a learnt
+    value (None without evidence)."""
+
+    source: CapacitySource
+    work_seconds_per_second: float
+    confidence: float
+    evidence_start: float | None = None
+    evidence_end: float | None = None
+    reason: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelGroupSnapshot:
     """One ModelGroup at one instant: its groups, their metrics, and its capacity profile.
@@ -473,6 +501,8 @@ class ModelGroupSnapshot:
     from engine metrics (queue, slack, attainment against offered requests).
     group_ready_seconds: how long a group asked for now takes to become capacity
     (`controllers.autoscale.snapshot.expected_ready_seconds`); None while unknown.
+    capacity: where the profile's capacity comes from (prior, learnt, measured), carried into the
+    decision and its record.
     """
 
     spec_replicas: int
@@ -484,6 +514,8 @@ class ModelGroupSnapshot:
     feasibility: tuple[ClassFeasibility, ...] = ()
     gateway: GatewayObservation | None = None
     group_ready_seconds: float | None = None
+    capacity: LearntCapacity | None = None
+    """The capacity in `profile` and its source; None: the profile's, not said."""
 
     def __post_init__(self) -> None:
         if self.spec_replicas < 0:
@@ -692,6 +724,8 @@ class Decision:
     time: float
     model_group: str
     slo: SloTargets
+    capacity: LearntCapacity | None = None
+    """The capacity the decision used and its source (the snapshot's)."""
 
     @property
     def changes(self) -> bool:
@@ -731,7 +765,22 @@ class Decision:
                 "guards": [str(guard) for guard in self.guards],
             },
             "reason": self.reason,
+            "capacity": _capacity_record(self.capacity),
         }
+
+
+def _capacity_record(capacity: LearntCapacity | None) -> dict[str, object] | None:
+    """The capacity a decision used: its source, value and confidence, and the evidence window."""
+    if capacity is None:
+        return None
+    return {
+        "source": str(capacity.source),
+        "work_seconds_per_second": _json_number(capacity.work_seconds_per_second),
+        "confidence": _json_number(capacity.confidence),
+        "evidence_start": _json_number(capacity.evidence_start),
+        "evidence_end": _json_number(capacity.evidence_end),
+        "reason": capacity.reason,
+    }
 
 
 def _inputs_record(counts: GroupCounts, estimates: Estimates) -> dict[str, object]:
