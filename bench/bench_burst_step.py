@@ -19,9 +19,9 @@ import argparse
 import json
 import math
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_GROUP = ROOT / "manifests" / "samples" / "modelgroup-llama-8b-tp1.yaml"
@@ -34,7 +34,7 @@ TRACE = (
 )
 
 
-def simulate(out: Path, autoscaler: str, gateway: bool, seed: int) -> dict:
+def simulate(out: Path, autoscaler: str, gateway: bool, seed: int) -> dict[str, Any]:
     argv = [
         str(ROOT / ".venv" / "bin" / "goodput"), "simulate", "--trace", TRACE, "--initial-groups", "2",
         "--modelgroup", str(MODEL_GROUP), "--policy", str(SLO_POLICY), "--autoscaler", autoscaler,
@@ -43,18 +43,19 @@ def simulate(out: Path, autoscaler: str, gateway: bool, seed: int) -> dict:
     if gateway:
         argv.append("--gateway")
     subprocess.run(argv, check=True, capture_output=True, text=True)
-    return json.loads((out / "report.json").read_text())
+    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    return report
 
 
-def needed_groups(report: dict) -> int | None:
+def needed_groups(report: dict[str, Any]) -> int | None:
     """The count the burst needs at the envelope goodput's run measured (None: no envelope in it)."""
     envelope = report["config"].get("capacity_envelope")
     if not envelope:
         return None
-    return math.ceil(SAFETY_FACTOR * BASE_RATE * MULTIPLIER / envelope["requests_per_second"] - 1e-9)
+    return math.ceil(SAFETY_FACTOR * BASE_RATE * MULTIPLIER / float(envelope["requests_per_second"]) - 1e-9)
 
 
-def burst_figures(report: dict, needed: int) -> dict[str, float | None]:
+def burst_figures(report: dict[str, Any], needed: int) -> dict[str, float | None]:
     """When the needed count was asked for and Ready (seconds after the step), the burst's met share."""
     alive = [g for g in report["groups"] if g["ended_seconds"] is None or g["ended_seconds"] > STEP_AT]
     ready_at_step = sum(1 for g in alive if g["ready_seconds"] is not None and g["ready_seconds"] <= STEP_AT)
@@ -124,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
