@@ -13,8 +13,12 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | 
 
 # Every set-up step is a prerequisite of the step that needs it, so `make test` on a fresh machine
 # installs the OS tools, creates the virtual environment and builds the cluster's binaries (the chart
-# tests in `unit` run helm and kubectl) before anything uses them.
-test: lint typecheck layers unit e2e
+# tests in `unit` run helm and kubectl) before anything uses them. The unit tests run beside the
+# stories, at a low CPU priority: most of a story is waiting on its cluster's clocks, and the unit
+# tests take the CPU the clusters leave. Each one's output is printed whole when it ends (the unit
+# tests' first), and `make test` fails if either does.
+test: lint typecheck layers
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit e2e UNIT_PRIORITY="nice -n 10"
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml testbed/pyproject.toml | os-packages
@@ -40,8 +44,13 @@ typecheck: venv
 layers: venv
 	$(VENV)/bin/lint-imports
 
+# The unit tests run on UNIT_WORKERS workers (pytest-xdist; an idle worker takes tests queued for
+# the other, so the two long envelope searches do not end up one after the other); `UNIT_WORKERS=0`
+# runs them in one process. UNIT_PRIORITY: a command they run under (`make test` gives `nice -n 10`).
+UNIT_WORKERS ?= 2
+UNIT_PRIORITY ?=
 unit: venv binaries
-	$(VENV)/bin/pytest -q tests
+	$(UNIT_PRIORITY) $(VENV)/bin/pytest -q $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist worksteal) tests
 
 # The OS tools the test bed runs (iproute2, openssl), installed with apt-get when missing.
 os-packages:
@@ -59,9 +68,10 @@ e2e: venv binaries
 
 # What CI and a new contributor go through: a clone of HEAD with an empty binary cache, then
 # `make test`. Measured on two cores (docs/benchmarks.md, "How long the tests take"): `make test` from
-# a fresh clone with Go's caches shared took 1884 s (unit 407 s, e2e on three workers 1295 s); the
-# first build of the binaries with nothing cached took 41 minutes before Prometheus was built without
-# the service discoveries the test bed does not use.
+# a fresh clone of 51059e7 with Go's caches shared took 1884 s (unit 407 s, e2e on three workers
+# 1295 s, one after the other, the image built inside the chart's story); the first build of the
+# binaries with nothing cached took 41 minutes before Prometheus was built without the service
+# discoveries the test bed does not use.
 fresh-check:
 	tools/fresh-machine-check.sh
 
@@ -141,18 +151,30 @@ chart-package:
 # container registry need be reachable), then the Containerfile with buildah (chroot isolation, its
 # storage under out/image), written as an OCI archive. Repository and tag are the chart's defaults
 # (image.repository, appVersion), so `helm install` on a cluster that loaded the archive runs it.
+# The archive's layers are compressed at gzip's fastest level (it is read on the machine that wrote
+# it: a cluster's runtime imports it, the chart's e2e story unpacks it; buildah writes an OCI archive
+# compressed even when told not to), and dpkg skips its fsyncs while it fills the base's tree (a
+# tarball, not a system that must survive a power cut).
+# One build at a time: `make image` waits for a build already running (the e2e session starts one in
+# the background, e2e/conftest.py); `image-build` is the build itself, for a caller that holds
+# $(IMAGE_LOCK).
 IMAGE_REPOSITORY := ghcr.io/goodput-dev/goodput
 IMAGE_TAG := $(shell sed -n 's/^appVersion: "\(.*\)"$$/\1/p' charts/goodput/Chart.yaml)
 IMAGE_OUT := out/image
 IMAGE_ARCHIVE := $(IMAGE_OUT)/goodput-$(IMAGE_TAG).oci.tar
+IMAGE_LOCK := $(IMAGE_OUT)/.build.lock
 DEBIAN_SUITE ?= bookworm
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
 # The host's CA bundle, lent to the build's pip (for a TLS-inspecting proxy on the way to PyPI).
 BUILD_CA_BUNDLE ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt))
 BUILDAH := buildah --root $(CURDIR)/$(IMAGE_OUT)/storage --runroot $(CURDIR)/$(IMAGE_OUT)/run --storage-driver vfs
 
-.PHONY: image
+.PHONY: image image-build
 image:
+	mkdir -p $(IMAGE_OUT)
+	flock $(IMAGE_LOCK) $(MAKE) --no-print-directory image-build
+
+image-build:
 	@missing=""; for tool in buildah mmdebstrap; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "make image: installing$$missing with apt-get (Debian packages buildah and mmdebstrap)"; \
@@ -160,7 +182,7 @@ image:
 	fi
 	mkdir -p $(IMAGE_OUT)
 	test -s $(IMAGE_OUT)/base-$(DEBIAN_SUITE).tar || mmdebstrap --variant=minbase \
-	  --include=python3,python3-venv,ca-certificates \
+	  --include=python3,python3-venv,ca-certificates --dpkgopt=force-unsafe-io \
 	  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
 	  --dpkgopt='path-exclude=/usr/share/locale/*' \
 	  $(DEBIAN_SUITE) $(IMAGE_OUT)/base-$(DEBIAN_SUITE).tar $(DEBIAN_MIRROR)
@@ -170,5 +192,6 @@ image:
 	  $(if $(BUILD_CA_BUNDLE),--volume $(BUILD_CA_BUNDLE):/run/build-ca.crt:ro --build-arg PIP_CERT=/run/build-ca.crt) \
 	  --build-arg VERSION=$(IMAGE_TAG) -f Containerfile -t $(IMAGE_REPOSITORY):$(IMAGE_TAG) .
 	rm -f $(IMAGE_ARCHIVE)
-	$(BUILDAH) push $(IMAGE_REPOSITORY):$(IMAGE_TAG) oci-archive:$(IMAGE_ARCHIVE):$(IMAGE_REPOSITORY):$(IMAGE_TAG)
+	$(BUILDAH) push --compression-format gzip --compression-level 1 $(IMAGE_REPOSITORY):$(IMAGE_TAG) \
+	  oci-archive:$(IMAGE_ARCHIVE):$(IMAGE_REPOSITORY):$(IMAGE_TAG)
 	@echo "$(IMAGE_ARCHIVE): $(IMAGE_REPOSITORY):$(IMAGE_TAG)"

@@ -801,6 +801,12 @@ class Profile(SpecModel):
     capacity_work_seconds_per_second: float | None = Field(default=None, gt=0)
     """Work one group sustains per second while still meeting the SLO (its capacity envelope, not its
     peak); absent: derived from the service-time model."""
+    learn_capacity: bool | None = None
+    """Whether the autoscaler refines the capacity from this ModelGroup's own engines (the served work
+    while the SLO held, and at which it stopped holding). Absent: it learns when
+    `capacityWorkSecondsPerSecond` is absent (the service-time model is a prior) and uses a measured
+    figure as given; true: a measured figure is the learner's starting point; false: never learn.
+    `status.capacity` says which capacity is in use."""
     max_num_seqs: int | None = Field(default=None, ge=1, le=65536)
     """vLLM --max-num-seqs for every group; absent: vLLM's default for `gpu`."""
     max_num_batched_tokens: int | None = Field(default=None, ge=1, le=1048576)
@@ -1035,6 +1041,39 @@ class Proposal(StatusModel):
     """The inputs behind the proposal, for example 'Q_work=412s lambda_w=38.2/s C=9.1/s'."""
 
 
+CapacitySourceName = Literal["prior", "learnt", "measured"]
+
+
+class DecisionCapacity(StatusModel):
+    """The capacity a decision used: where it comes from and how sure it is."""
+
+    source: CapacitySourceName
+    """'prior' (the service-time model), 'learnt' (refined from this ModelGroup's engines) or
+    'measured' (`profile.capacityWorkSecondsPerSecond`)."""
+    work_seconds_per_second: float = Field(gt=0)
+    """Capacity C of one group at the profile's reference request mix."""
+    confidence: float = Field(ge=0, le=1)
+    """0 for a prior nothing confirmed, growing towards 1 with evidence; 1 for a measured figure."""
+
+
+class EvidenceWindow(StatusModel):
+    """The time span of the evidence behind a learnt capacity."""
+
+    start: Timestamp
+    """The first evidence since learning (re)started."""
+    end: Timestamp
+    """The latest evidence."""
+
+
+class CapacityStatus(DecisionCapacity):
+    """The capacity the autoscaler uses for this ModelGroup, and why."""
+
+    evidence_window: EvidenceWindow | None = None
+    """Absent for a prior or a measured figure used as given."""
+    reason: str = Field(default="", max_length=256)
+    """Why this source: for example 'learning', 'change detected: relearning', 'evidence stale'."""
+
+
 class ScalingDecision(StatusModel):
     """One autoscaler decision: its inputs, what each signal proposed, and what was done."""
 
@@ -1058,6 +1097,8 @@ class ScalingDecision(StatusModel):
     """The policy's mode: only 'Active' decisions are applied."""
     shadow: bool = False
     """True for a decision of the shadow policy, which is never applied."""
+    capacity: DecisionCapacity | None = None
+    """The capacity the decision used (absent where the decision did not say)."""
 
 
 DrainOutcome = Literal["Drained", "TimedOut"]
@@ -1187,6 +1228,10 @@ class ModelGroupStatus(StatusModel):
     )
     """Per SLO class: the prompt length beyond which its TTFT target is unreachable, the share of
     prompts past it, and attainment against offered requests and against the attainable ceiling."""
+    capacity: CapacityStatus | None = None
+    """The capacity per group the autoscaler decides with: its source (prior, learnt, measured),
+    value, confidence and the window of the evidence behind it. Absent until the autoscaler decided
+    (unknown, never 0)."""
     autoscaler_state: str | None = Field(default=None, max_length=65536)
     """The autoscaler's memory (recent recommendations, scale events, the goodput signal's trial) in a
     compact versioned form, so an operator restart keeps its stabilisation windows and step limits.

@@ -100,7 +100,9 @@ ScalingLimited (no further group can be placed)."""
 AUTOSCALER_STATUS = StatusOwner(
     field_manager="goodput-autoscaler",
     kind="ModelGroup",
-    fields=frozenset({"lastDecision", "decisions", "shadowDecision", "feasibility", "autoscalerState"}),
+    fields=frozenset(
+        {"lastDecision", "decisions", "shadowDecision", "feasibility", "capacity", "autoscalerState"}
+    ),
     condition_types=frozenset(
         {
             ConditionType.SCALING_ACTIVE,

@@ -461,9 +461,6 @@ def test_the_operator_reconciles_a_sample_with_only_the_charts_permissions(
 # --- the operator's image, as the chart deploys it ---------------------------------------------------
 
 IMAGE_TAG = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
-IMAGE_ARCHIVE = ROOT / "out" / "image" / f"goodput-{IMAGE_TAG}.oci.tar"
-# The layers the image holds (Containerfile); a newer source file means the archive is stale.
-IMAGE_LAYERS = ("api", "estimators", "controllers", "operator", "simulator", "gateway", "agent")
 
 
 def unpack_oci_archive(archive: Path, rootfs: Path) -> dict[str, Any]:
@@ -505,20 +502,12 @@ def blob_of_path(archive: tarfile.TarFile, name: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def operator_rootfs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """`make image`'s archive unpacked; built first when absent or older than the operator's sources
-    (minutes: Debian packages, wheels), since an older operator would refuse fields of the CRDs."""
-    sources = [path for layer in IMAGE_LAYERS for path in (ROOT / layer).rglob("*.py")]
-    newest_source = max(
-        path.stat().st_mtime for path in [*sources, ROOT / "pyproject.toml", ROOT / "Containerfile"]
-    )
-    if not IMAGE_ARCHIVE.exists() or IMAGE_ARCHIVE.stat().st_mtime < newest_source:
-        built = subprocess.run(
-            ["make", "image"], cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False
-        )
-        assert built.returncode == 0, f"make image failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
+def operator_rootfs(
+    operator_image_archive: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Any]]:
+    """`make image`'s archive unpacked (e2e/conftest.py builds it, or waits for the session's build)."""
     rootfs = tmp_path_factory.mktemp("image") / "rootfs"
-    return rootfs, unpack_oci_archive(IMAGE_ARCHIVE, rootfs)
+    return rootfs, unpack_oci_archive(operator_image_archive, rootfs)
 
 
 @contextlib.contextmanager
@@ -569,6 +558,8 @@ def self_contained(kubeconfig: Path) -> Path:
     return kubeconfig
 
 
+# Its setup may wait for the image's build (minutes), on top of the story.
+@pytest.mark.timeout(1800)
 def test_the_operator_image_serves_a_model_group_with_the_charts_account_and_environment(
     cluster: LocalCluster,
     *,

@@ -44,12 +44,14 @@ def work_left_when_ready(
 
     Until then the serving groups drain the backlog at their spare rate (their capacity above the
     arrival rate); what they drain sooner is demand no new group can serve, so only the rest may ask
-    for groups. Unknown ready time or arrival rate: all of it, as if capacity came at once.
+    for groups. An arrival rate beyond their capacity adds its excess until then: in a burst, the
+    backlog a new group meets is the one that built up while it started. Unknown ready time or
+    arrival rate: all of the waiting work, as if capacity came at once.
     """
     if ready_seconds is None or ready_seconds <= 0 or arrival_work_rate is None:
         return waiting_work_seconds
-    spare_rate = max(0.0, serving_groups * capacity_per_group - arrival_work_rate)
-    return max(0.0, waiting_work_seconds - spare_rate * ready_seconds)
+    net_rate = arrival_work_rate - serving_groups * capacity_per_group
+    return max(0.0, waiting_work_seconds + net_rate * ready_seconds)
 
 
 def arrival_demand_groups(arrival_work_rate: float, capacity_per_group: float, safety_factor: float) -> float:

@@ -71,6 +71,16 @@ from goodput.api.base import GROUP, VERSION
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale import decide
+from goodput.controllers.autoscale.capacity_learner import (
+    LearnerState,
+    PriorCapacity,
+    capacity_evidence,
+    capacity_identity,
+    estimate,
+    learns,
+    observe,
+    with_capacity,
+)
 from goodput.controllers.autoscale.feasible_demand import snapshot_attainability
 from goodput.controllers.autoscale.model import Decision, DecisionState, Mode
 from goodput.controllers.autoscale.record import (
@@ -229,6 +239,9 @@ class Memory:
     state_text: str | None = None
     state_written_at: float | None = None
     profiles: dict[str, CapacityProfile] = field(default_factory=dict)
+    capacity: LearnerState = field(default_factory=LearnerState)
+    """The capacity learner's state for the active policy: in memory only, so a restart decides on
+    the prior (or the measured figure) until the engines show evidence again."""
     written_status: dict[str, Any] | None = None
     """The autoscaler's part of the status it last applied (wire form), until the watch shows it."""
     written_at: float = 0.0
@@ -490,13 +503,22 @@ class Autoscaler:
         decided = Decided()
         if plan.active is not None:
             reading = readings[self._windows(plan.active)]
+            learning = _capacity_learning(parsed, plan.active)
+            capacity = estimate(memory.capacity, learning.prior, now)
+            compiled = dataclasses.replace(plan.active, profile=with_capacity(plan.active.profile, capacity))
             snapshot = build_snapshot(
-                parsed, status, plan.active, reading.groups, now=now, gateway=reading.gateway
+                parsed, status, compiled, reading.groups, now=now, gateway=reading.gateway
             )
+            snapshot = dataclasses.replace(snapshot, capacity=capacity)
             started = time.perf_counter()
             active = decide(snapshot, plan.active.policy, memory.active, now)
             self.metrics.duration.labels("decide").observe(time.perf_counter() - started)
+            if learning.prior.learn:
+                evidence = capacity_evidence(active, plan.active.profile, learning.identity)
+                if evidence is not None:
+                    memory.capacity = observe(memory.capacity, evidence, now)
             decided = Decided(
+                capacity=capacity,
                 active=active,
                 health=metrics_health(snapshot, plan.active.policy.staleness.max_age_seconds),
                 verdict=snapshot_attainability(
@@ -773,6 +795,25 @@ class Autoscaler:
             return previous.model_copy(update={"conditions": conditions})
 
         await self._write_status(obj, recorded, memory=None, clear_shadow=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _CapacityLearning:
+    prior: PriorCapacity
+    identity: str
+
+
+def _capacity_learning(model_group: ModelGroup, compiled: CompiledPolicy) -> _CapacityLearning:
+    """The active profile's capacity as the learner's prior, whether it is learnt, and what it
+    belongs to (the prior's inputs and the engine image)."""
+    profile = model_group.spec.profile
+    measured = profile is not None and profile.capacity_work_seconds_per_second is not None
+    learn = learns(measured, profile.learn_capacity if profile is not None else None)
+    prior = compiled.profile.reference.work_per_second
+    return _CapacityLearning(
+        PriorCapacity(prior, measured=measured, learn=learn),
+        capacity_identity(prior, model_group.spec.engine.image, profile.gpu if profile is not None else ""),
+    )
 
 
 def _version(obj: Mapping[str, Any]) -> int | None:

@@ -12,13 +12,14 @@ from typing import Any
 
 from goodput.api.modelgroup import ModelGroupStatus
 from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
-from goodput.controllers.autoscale.model import Decision
+from goodput.controllers.autoscale.model import Decision, LearntCapacity
 from goodput.controllers.autoscale.record import (
     FailureReason,
     MetricsHealth,
     attainability_conditions,
     attainability_event,
     autoscaler_conditions,
+    capacity_status,
     decision_events,
     failure_conditions,
     failure_event,
@@ -65,6 +66,8 @@ class Decided:
     shadow: Decision | None = None
     health: MetricsHealth | None = None
     verdict: AttainabilityVerdict | None = None
+    capacity: LearntCapacity | None = None
+    """The capacity the active decision used (`status.capacity`)."""
 
 
 def with_own_status(watched: Mapping[str, Any], written: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -105,6 +108,19 @@ def repeats_recent_decision(
         if old is not None and fresh is not None:
             same_times[name] = fresh.model_copy(update={"time": old.time})
             stamps.append(old.time.timestamp())
+    old_capacity, new_capacity = previous.capacity, new.capacity
+    if old_capacity is not None and new_capacity is not None and old_capacity.evidence_window is not None:
+        # More evidence at the same value is not news: the window's end and the confidence move on
+        # every tick while learning, and are refreshed with the record.
+        window = new_capacity.evidence_window
+        same_times["capacity"] = new_capacity.model_copy(
+            update={
+                "confidence": old_capacity.confidence,
+                "evidence_window": None
+                if window is None
+                else window.model_copy(update={"end": old_capacity.evidence_window.end}),
+            }
+        )
     if not stamps or new.model_copy(update=same_times) != previous:
         return False
     return all(now - stamp < refresh_seconds for stamp in stamps)
@@ -139,6 +155,8 @@ def recorded_status(
                 conditions, decided.verdict, generation=generation, now=when
             )
             new = new.model_copy(update={"feasibility": feasibility_status(decided.active)})
+        if decided.capacity is not None:
+            new = new.model_copy(update={"capacity": capacity_status(decided.capacity)})
     elif stopped is not None:
         conditions = failure_conditions(
             new.conditions, reason=stopped.reason, message=stopped.message, generation=generation, now=when

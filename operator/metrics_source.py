@@ -260,6 +260,11 @@ def _class_figures(class_name: str, series: GroupSeries) -> GatewayClassFigures:
         missed_requests=count(QueryQuantity.GATEWAY_MISSED),
         ttft=histogram(QueryQuantity.GATEWAY_TTFT_BUCKETS),
         itl=histogram(QueryQuantity.GATEWAY_ITL_BUCKETS),
+        recent_offered_per_second=(
+            count(QueryQuantity.GATEWAY_OFFERED_RECENT)
+            if QueryQuantity.GATEWAY_OFFERED_RECENT in values
+            else None
+        ),
     )
 
 

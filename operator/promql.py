@@ -77,6 +77,7 @@ class QueryQuantity(StrEnum):
     GATEWAY_EARLIEST_SLACK = "gateway_earliest_slack"
     GATEWAY_ADMITTED = "gateway_admitted"
     GATEWAY_REJECTED = "gateway_rejected"
+    GATEWAY_OFFERED_RECENT = "gateway_offered_recent"
     GATEWAY_INFEASIBLE = "gateway_infeasible"
     GATEWAY_ATTAINING = "gateway_attaining"
     GATEWAY_MISSED = "gateway_missed"
@@ -103,6 +104,8 @@ GATEWAY_QUANTITIES = frozenset(
 GATEWAY_CLASS_LABEL = "slo_class"
 # The gateway's admission outcomes (controllers.requests.admission.Outcome): these proceeded to a group.
 PROCEEDED_OUTCOMES = "admitted|deferred|degraded"
+# Offered: every request that reached admission, whether it proceeded or was refused.
+OFFERED_SELECTOR = f'outcome=~"{PROCEEDED_OUTCOMES}|rejected"'
 # vLLM's finished_reason values (vllm-contract §1.2): completed requests, and those that were not.
 FINISHED_REASONS = "stop|length|repetition"
 ABORTED_REASONS = "abort|error"
@@ -303,6 +306,10 @@ def scoped_gateway_sub_queries(scope: Scope, windows: Windows) -> dict[QueryQuan
             "goodput_gateway_requests_total", f'outcome=~"{PROCEEDED_OUTCOMES}"'
         ),
         QueryQuantity.GATEWAY_REJECTED: counted("goodput_gateway_requests_total", 'outcome="rejected"'),
+        QueryQuantity.GATEWAY_OFFERED_RECENT: (
+            f"sum {by_class} (rate(goodput_gateway_requests_total"
+            f"{scope.selector(OFFERED_SELECTOR)}[{windows.rate_seconds}s]))"
+        ),
         QueryQuantity.GATEWAY_INFEASIBLE: counted("goodput_gateway_requests_infeasible_total"),
         QueryQuantity.GATEWAY_ATTAINING: counted("goodput_gateway_requests_finished_total", 'slo_met="true"'),
         QueryQuantity.GATEWAY_MISSED: counted("goodput_gateway_requests_finished_total", 'slo_met="false"'),

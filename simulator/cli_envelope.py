@@ -6,7 +6,8 @@ zero-load floors fit their class's targets) by a fleet of several groups behind 
 repeated with other seeds (`simulator.envelope.measure_envelope`), on steady arrivals drawn from the
 trace's requests by default (`--arrivals trace` keeps the trace's time profile: see that module for
 why the decision code wants the steady figure). Any `capacityWorkSecondsPerSecond` already in the
-manifest is ignored: it is what this command replaces.
+manifest is ignored: it is what this command replaces. With `--endpoint URL --model NAME` the
+envelope is measured on a live OpenAI-compatible server instead (`simulator.cli_endpoint`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from goodput.simulator import cli_endpoint
 from goodput.simulator.cli_simulate import add_common_arguments, bench_from
 from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
 from goodput.simulator.feasible import NoFeasibleRequestsError
@@ -27,6 +29,7 @@ from goodput.simulator.runner import Bench
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
+    cli_endpoint.add_arguments(parser)
     parser.add_argument("--groups", type=int, default=4, help="groups in the trial fleet (default 4)")
     parser.add_argument("--repeats", type=int, default=2, help="seeded repeats of each trial (default 2)")
     parser.add_argument(
@@ -40,13 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def profile_block(bench: Bench, envelope: CapacityEnvelope) -> dict[str, Any]:
     """The manifest's `profile` with the measured figure in `capacityWorkSecondsPerSecond`."""
-    group = bench.setup.model_group
-    profile = group.spec.profile if group is not None else None
-    fields: dict[str, Any] = (
-        profile.model_dump(by_alias=True, exclude_none=True, mode="json") if profile is not None else {}
-    )
-    fields["capacityWorkSecondsPerSecond"] = float(f"{envelope.work_seconds_per_second:.4g}")
-    return {"profile": fields}
+    return cli_endpoint.profile_fields(bench, envelope.work_seconds_per_second, None)
 
 
 def explanation(bench: Bench, envelope: CapacityEnvelope) -> list[str]:
@@ -76,6 +73,8 @@ def explanation(bench: Bench, envelope: CapacityEnvelope) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.endpoint:
+        return cli_endpoint.run(args)
     try:
         bench = bench_from(args)
         bench.setup = dataclasses.replace(bench.setup, measured_capacity_work_seconds_per_second=None)

@@ -127,6 +127,18 @@ def _add_world_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trace-limit", type=int, help="read only the first N rows of the trace")
     parser.add_argument(
+        "--capacity-prior-factor",
+        type=float,
+        default=1.0,
+        help="start goodput from a capacity prior this many times the simulator's own (for example 0.5 "
+        "or 2), to see how fast --learn-capacity converges (default 1)",
+    )
+    parser.add_argument(
+        "--learn-capacity",
+        action="store_true",
+        help="goodput refines its capacity from the simulated engines, as the operator does",
+    )
+    parser.add_argument(
         "--capacity-trial-seconds",
         type=float,
         default=300.0,
@@ -177,6 +189,8 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         progress=progress,
         trace_limit=args.trace_limit,
         capacity_trial_seconds=args.capacity_trial_seconds,
+        capacity_prior_factor=args.capacity_prior_factor,
+        learn_capacity=args.learn_capacity,
         gateway=args.gateway,
         engine=getattr(args, "engine", "event"),
         tick_seconds=getattr(args, "tick_seconds", 0.1),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
@@ -433,18 +433,33 @@ def _names(index: np.ndarray | None, names: tuple[str, ...], default: str, count
 
 
 def gateway_observation(
-    samples: Sequence[tuple[float, GatewaySample]], now: float, window_seconds: float
+    samples: Sequence[tuple[float, GatewaySample]],
+    now: float,
+    window_seconds: float,
+    recent_window_seconds: float | None = None,
 ) -> GatewayObservation | None:
     """What the operator reads from Prometheus about the gateway at `now` (`gateway_from_result`):
-    the latest scrape's gauges, its age, and the counters' increase over the window before it."""
+    the latest scrape's gauges, its age, the counters' increase over the window before it, and the
+    offered requests' per-second rate over the recent window (as PromQL `rate` reads it: between the
+    first and the last sample inside it)."""
     if not samples:
         return None
     latest_time, latest = samples[-1]
     earlier = next((sample for time, sample in samples if time >= latest_time - window_seconds - 1e-9), None)
     before = {entry.class_name: entry for entry in earlier.classes} if earlier is not None else {}
+    recent_window = window_seconds if recent_window_seconds is None else recent_window_seconds
+    first_time, first = next(
+        (pair for pair in samples if pair[0] >= latest_time - recent_window - 1e-9), samples[-1]
+    )
+    first_offered = {entry.class_name: entry.offered for entry in first.classes}
+    span = latest_time - first_time
     classes = []
     for entry in latest.classes:
-        classes.append(_class_figures(entry, before.get(entry.class_name), earlier is latest))
+        figures = _class_figures(entry, before.get(entry.class_name), earlier is latest)
+        if span > 0:
+            recent = (entry.offered - first_offered.get(entry.class_name, 0)) / span
+            figures = replace(figures, recent_offered_per_second=max(0.0, recent))
+        classes.append(figures)
     return GatewayObservation(
         age_seconds=max(0.0, now - latest_time),
         classes=tuple(classes),

@@ -8,6 +8,7 @@ ModelGroup. Nothing here decides anything; it only translates.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -16,11 +17,20 @@ import numpy as np
 from goodput.api.modelgroup import GroupState, ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
+from goodput.controllers.autoscale.capacity_learner import (
+    LearnerState,
+    PriorCapacity,
+    capacity_evidence,
+    estimate,
+    observe,
+    with_capacity,
+)
 from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GroupMetrics,
     GroupObservation,
+    LearntCapacity,
     ModelGroupSnapshot,
     ScalingPolicy,
     SloTargets,
@@ -283,7 +293,7 @@ def snapshot_from(
         name=name,
         metrics_window_seconds=window_seconds,
         now=observation.now,
-        gateway=gateway_observation(scraped, observation.now, window_seconds),
+        gateway=gateway_observation(scraped, observation.now, window_seconds, rate_window_seconds),
         group_ready_seconds=expected_ready_seconds(
             declared_ready_seconds,
             [info.ready_at - info.created_at for info in observation.groups if info.ready_at is not None],
@@ -307,6 +317,12 @@ class GoodputPolicy:
     name: str = "goodput"
     state: DecisionState = field(default_factory=DecisionState.initial)
     last_decision: Decision | None = None
+    learn_capacity: bool = False
+    """Refine the profile's capacity from the simulated engines (`capacity_learner`), as the operator
+    does; off: the profile's capacity is used as compiled."""
+    learner: LearnerState = field(default_factory=LearnerState)
+    capacity_history: list[tuple[float, LearntCapacity]] = field(default_factory=list)
+    """Each tick's capacity in use, for a benchmark of how fast it converges."""
 
     @property
     def interval_seconds(self) -> float:
@@ -321,19 +337,36 @@ class GoodputPolicy:
 
     @classmethod
     def for_setup(
-        cls, setup: SimulationSetup, workload: Workload, envelope: CapacityEnvelope | None
+        cls,
+        setup: SimulationSetup,
+        workload: Workload,
+        envelope: CapacityEnvelope | None,
+        *,
+        capacity_prior_factor: float = 1.0,
+        learn_capacity: bool = False,
     ) -> GoodputPolicy:
+        """The policy the operator would run for the setup. capacity_prior_factor scales the
+        compiled capacity (the simulator's own, or its measured envelope) to start from a wrong
+        prior; learn_capacity runs the operator's capacity learner."""
+        if not (capacity_prior_factor > 0 and math.isfinite(capacity_prior_factor)):
+            raise ValueError(
+                f"--capacity-prior-factor must be a positive number, not {capacity_prior_factor}"
+            )
         compiled = compile_for_setup(setup, workload, envelope)
         group: ModelGroup | None = setup.model_group
         name = (group.metadata.name if group is not None else None) or "simulated"
         declared = group.spec.profile.ready_time_seconds if group and group.spec.profile else None
         ready = None if declared is None else float(declared)
+        profile = compiled.profile
+        if capacity_prior_factor != 1.0:
+            profile = profile.calibrated(profile.reference.work_per_second * capacity_prior_factor)
         return cls(
             compiled.policy,
-            compiled.profile,
+            profile,
             model_group=name,
             metrics_window_seconds=compiled.metrics_window_seconds,
             declared_ready_seconds=ready,
+            learn_capacity=learn_capacity,
         )
 
     def describe(self) -> dict[str, float | str]:
@@ -344,6 +377,7 @@ class GoodputPolicy:
             "policy_revision": policy.revision,
             "interval_seconds": policy.interval_seconds,
             "capacity_work_seconds_per_second": self.profile.reference.work_per_second,
+            "capacity_learning": "on" if self.learn_capacity else "off",
             "queue_work": "off"
             if signals.queue_work is None
             else f"T_d={signals.queue_work.drain_target_seconds:g}s s={signals.queue_work.safety_factor:g}",
@@ -360,19 +394,30 @@ class GoodputPolicy:
             "rate_window_seconds": self.effective_rate_window_seconds,
         }
 
+    def capacity_in_use(self, now: float) -> LearntCapacity:
+        """The capacity this tick decides with: the learner's estimate, or the compiled prior."""
+        prior = PriorCapacity(self.profile.reference.work_per_second, learn=self.learn_capacity)
+        return estimate(self.learner, prior, now)
+
     def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        capacity = self.capacity_in_use(observation.now)
         snapshot = snapshot_from(
             observation,
-            self.profile,
+            with_capacity(self.profile, capacity),
             self.metrics_window_seconds,
             self.model_group,
             policy=self.policy,
             rate_window_seconds=self.effective_rate_window_seconds,
             declared_ready_seconds=self.declared_ready_seconds,
         )
-        decision = decide(snapshot, self.policy, self.state, observation.now)
+        decision = decide(replace(snapshot, capacity=capacity), self.policy, self.state, observation.now)
         self.state = decision.next_state
         self.last_decision = decision
+        self.capacity_history.append((observation.now, capacity))
+        if self.learn_capacity:
+            evidence = capacity_evidence(decision, self.profile, identity=self.model_group)
+            if evidence is not None:
+                self.learner = observe(self.learner, evidence, observation.now)
         desired = decision.desired_groups if decision.applies else observation.desired_groups
         winner = next((p for p in decision.proposals if p.signal is decision.signal), None)
         detail: dict[str, float | str] = {"signal": str(decision.signal), "guards": ",".join(decision.guards)}

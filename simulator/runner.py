@@ -72,6 +72,10 @@ class RunOptions:
     bin_seconds: float = 30.0
     capacity_trial_seconds: float = 300.0
     kpa_target_per_group: float = 16.0
+    capacity_prior_factor: float = 1.0
+    """goodput's capacity prior as a multiple of the simulator's own (to start from a wrong one)."""
+    learn_capacity: bool = False
+    """goodput refines its capacity from the simulated engines, as the operator does."""
     gateway: bool = False
     """Put the gateway's request path (admission, fair queue, routing) in front of the groups."""
     engine: str = "event"
@@ -244,11 +248,22 @@ class Bench:
         if name == "goodput":
             from goodput.simulator.goodput_policy import GoodputPolicy
 
-            return GoodputPolicy.for_setup(self.setup, self.workload, self.envelope)
+            return GoodputPolicy.for_setup(
+                self.setup,
+                self.workload,
+                self.envelope,
+                capacity_prior_factor=self.options.capacity_prior_factor,
+                learn_capacity=self.options.learn_capacity,
+            )
         raise ValueError(f"unknown autoscaler {name!r}; choose one of {', '.join(POLICIES)}")
 
-    def run(self, name: str) -> tuple[SimulationResult, dict[str, Any]]:
-        autoscaler = self.autoscaler(name)
+    def run(
+        self, name: str, autoscaler: FleetPolicy | None = None
+    ) -> tuple[SimulationResult, dict[str, Any]]:
+        """One policy's replay and report; `autoscaler`: one already built by `autoscaler(name)`,
+        for a caller that reads its state afterwards (a benchmark of the capacity it learnt)."""
+        if autoscaler is None:
+            autoscaler = self.autoscaler(name)
         config = SimulationConfig(
             fleet=self.fleet,
             seed=self.options.seed,

@@ -340,7 +340,9 @@ def test_record_is_json_in_the_decision_log_shape() -> None:
         "proposals",
         "result",
         "reason",
+        "capacity",
     }
+    assert record["capacity"] is None  # the snapshot said nothing of where its capacity came from
     assert record["policy_revision"] == "slo-2026-07-16.3"
     assert record["slo_ms"] == {"class": "interactive", "ttft": 2000.0, "itl": 80.0}
     assert record["inputs"]["coming_groups"] == 1
@@ -446,14 +448,18 @@ def test_only_the_backlog_left_when_a_new_group_is_ready_asks_for_groups(case: B
         assert f"R={case.ready_seconds:g}s" in queue_work.detail
 
 
-def test_the_backlog_left_when_ready_never_exceeds_the_backlog_and_shrinks_with_spare_capacity() -> None:
+def test_the_backlog_left_when_ready_shrinks_with_spare_capacity_and_grows_with_excess_arrivals() -> None:
+    utilisations = (0.2, 0.5, 0.8, 0.99, 1.2, 1.5)
     lefts = [
         decide(backlogged(u, 8.0, 60.0), PERMISSIVE, DecisionState.initial(), 0.0).estimates
-        for u in (0.2, 0.5, 0.8, 1.0, 1.2)
+        for u in utilisations
     ]
-    for estimates in lefts:
-        assert estimates.waiting_work_at_ready_seconds is not None
-        assert estimates.waiting_work_seconds is not None
-        assert 0.0 <= estimates.waiting_work_at_ready_seconds <= estimates.waiting_work_seconds
+    for utilisation, estimates in zip(utilisations, lefts, strict=True):
+        left, waiting = estimates.waiting_work_at_ready_seconds, estimates.waiting_work_seconds
+        assert left is not None and waiting is not None
+        if utilisation < 1.0:  # spare capacity drains some of it before a new group is ready
+            assert 0.0 <= left <= waiting
+        else:  # arrivals beyond capacity add their excess until then
+            assert left > waiting
     left = [estimates.waiting_work_at_ready_seconds for estimates in lefts]
     assert left == sorted(left)

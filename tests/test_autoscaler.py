@@ -298,6 +298,7 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
         "lastDecision",
         "decisions",
         "feasibility",
+        "capacity",
         "autoscalerState",
         "conditions",
     }

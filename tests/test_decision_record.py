@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -22,10 +23,12 @@ from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale.behavior import stabilize
 from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
 from goodput.controllers.autoscale.model import (
+    CapacitySource,
     ClassFeasibility,
     Decision,
     DecisionState,
     GoodputTrial,
+    LearntCapacity,
     Mode,
     Recommendation,
     ScaleEvent,
@@ -40,6 +43,7 @@ from goodput.controllers.autoscale.record import (
     attainability_conditions,
     attainability_event,
     autoscaler_conditions,
+    capacity_status,
     decision_entry,
     decision_events,
     decode_states,
@@ -516,3 +520,29 @@ def test_the_feasibility_status_carries_each_class_and_the_primarys_attainments(
     assert interactive.attainment_attainable == pytest.approx(0.8 / 0.875)
     assert (realtime.unmet_field, realtime.attainment_offered) == ("itlSeconds", None)
     assert batch.infeasible_share is None
+
+
+@pytest.mark.parametrize(
+    ("case", "value", "shown"),
+    [
+        ("a positive figure is shown", 0.91, True),
+        ("zero is not a capacity", 0.0, False),
+        ("an infinite figure is not shown", math.inf, False),
+        ("NaN is not shown", math.nan, False),
+    ],
+)
+def test_status_capacity_shows_only_a_figure_it_can_trust(case: str, value: float, shown: bool) -> None:
+    learnt = LearntCapacity(CapacitySource.LEARNT, value, 0.5, evidence_start=NOW, evidence_end=NOW + 60)
+    status = capacity_status(learnt)
+    assert (status is not None) is shown, case
+    if status is not None:
+        assert status.model_dump(by_alias=True, mode="json", exclude_none=True) == {
+            "source": "learnt",
+            "workSecondsPerSecond": 0.91,
+            "confidence": 0.5,
+            "evidenceWindow": {
+                "start": "2027-01-15T08:00:00Z",
+                "end": "2027-01-15T08:01:00Z",
+            },
+            "reason": "",
+        }

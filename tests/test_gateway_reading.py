@@ -52,6 +52,11 @@ CUSTOM = SeriesLabels(namespace="kubernetes_namespace", model_group="app", group
             '{namespace="ml",model_group="chat",outcome="rejected"}[120s]))',
         ),
         (
+            QueryQuantity.GATEWAY_OFFERED_RECENT,
+            "sum by (slo_class) (rate(goodput_gateway_requests_total"
+            '{namespace="ml",model_group="chat",outcome=~"admitted|deferred|degraded|rejected"}[30s]))',
+        ),
+        (
             QueryQuantity.GATEWAY_ATTAINING,
             "sum by (slo_class) (increase(goodput_gateway_requests_finished_total"
             '{namespace="ml",model_group="chat",slo_met="true"}[120s]))',
@@ -122,6 +127,7 @@ ANSWER: list[dict[str, Any]] = [
     sample(QueryQuantity.GATEWAY_EARLIEST_SLACK, -0.5, slo_class="interactive"),
     sample(QueryQuantity.GATEWAY_ADMITTED, 90, slo_class="interactive"),
     sample(QueryQuantity.GATEWAY_REJECTED, 10, slo_class="interactive"),
+    sample(QueryQuantity.GATEWAY_OFFERED_RECENT, 2.5, slo_class="interactive"),
     sample(QueryQuantity.GATEWAY_INFEASIBLE, 4, slo_class="interactive"),
     sample(QueryQuantity.GATEWAY_ATTAINING, 80, slo_class="interactive"),
     sample(QueryQuantity.GATEWAY_MISSED, 8, slo_class="interactive"),
@@ -147,6 +153,7 @@ def test_the_answer_becomes_the_gateways_view() -> None:
     assert (interactive.offered_requests, interactive.admitted_requests) == (100, 90)
     assert (interactive.rejected_requests, interactive.infeasible_requests) == (10, 4)
     assert (interactive.attaining_requests, interactive.missed_requests) == (80, 8)
+    assert interactive.recent_offered_per_second == 2.5
     assert interactive.ttft is not None
     assert interactive.ttft.upper_bounds == (0.5, 1.0)
     assert interactive.ttft.cumulative_counts == (70, 86, 88)
@@ -160,6 +167,7 @@ def test_an_idle_class_has_no_slack_and_nan_counts_nothing() -> None:
     assert batch is not None
     assert batch.earliest_slack_seconds is None
     assert batch.admitted_requests == 0
+    assert batch.recent_offered_per_second is None  # not exported: unknown, not 0
     assert gateway.earliest_slack_seconds == -0.5
 
 

@@ -228,10 +228,14 @@ def test_slots_free_only_as_answers_come_back() -> None:
 
 
 def as_prometheus_answer(
-    sample: GatewaySample, earlier: GatewaySample, age_seconds: float
+    sample: GatewaySample,
+    earlier: GatewaySample,
+    age_seconds: float,
+    recent: tuple[float, GatewaySample, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The gateway's series as the operator's snapshot query answers them: gauges of the latest
-    scrape, counters' increases and bucket increases over the window."""
+    scrape, counters' increases and bucket increases over the window, and, given `recent` (the first
+    sample inside the recent window, its time, the latest's time), the offered requests' rate."""
 
     def series(quantity: QueryQuantity, value: float, **labels: str) -> dict[str, Any]:
         return {"metric": {QUERY_LABEL: quantity.value, **labels}, "value": [0, str(value)]}
@@ -258,6 +262,11 @@ def as_prometheus_answer(
             series(QueryQuantity.GATEWAY_ATTAINING, entry.attaining - start.attaining, **label),
             series(QueryQuantity.GATEWAY_MISSED, entry.missed - start.missed, **label),
         ]
+        if recent is not None:
+            first_time, first, latest_time = recent
+            offered = {e.class_name: e.offered for e in first.classes}.get(entry.class_name, 0)
+            rate = (entry.offered - offered) / (latest_time - first_time)
+            answer.append(series(QueryQuantity.GATEWAY_OFFERED_RECENT, rate, **label))
         bounds = (*entry.ttft.upper_bounds, math.inf)
         for bound, later, first in zip(
             bounds, entry.ttft.cumulative_counts, start.ttft.cumulative_counts, strict=True
@@ -295,11 +304,14 @@ def gateway_samples(seconds: float, every_seconds: float) -> list[tuple[float, G
 
 def test_the_simulators_gateway_view_is_the_one_the_operator_parses_from_prometheus() -> None:
     samples = gateway_samples(90.0, 5.0)
-    window, now = 60.0, samples[-1][0] + 7.0
-    simulated = gateway_observation(samples, now, window)
+    window, recent_window, now = 60.0, 20.0, samples[-1][0] + 7.0
+    simulated = gateway_observation(samples, now, window, recent_window)
     latest_time, latest = samples[-1]
     earlier = next(sample for time, sample in samples if time >= latest_time - window - 1e-9)
-    parsed = gateway_from_result(as_prometheus_answer(latest, earlier, now - latest_time))
+    first_time, first = next(pair for pair in samples if pair[0] >= latest_time - recent_window - 1e-9)
+    parsed = gateway_from_result(
+        as_prometheus_answer(latest, earlier, now - latest_time, (first_time, first, latest_time))
+    )
     assert simulated is not None and parsed is not None
     assert simulated.age_seconds == pytest.approx(parsed.age_seconds)
     assert simulated.running_requests == parsed.running_requests > 0
@@ -314,6 +326,7 @@ def test_the_simulators_gateway_view_is_the_one_the_operator_parses_from_prometh
             "rejected_requests",
             "attaining_requests",
             "missed_requests",
+            "recent_offered_per_second",
         ):
             assert getattr(mine, name) == pytest.approx(getattr(theirs, name)), name
         assert (
@@ -325,6 +338,8 @@ def test_the_simulators_gateway_view_is_the_one_the_operator_parses_from_prometh
             assert mine.ttft.cumulative_counts == pytest.approx(theirs.ttft.cumulative_counts)
     chat = simulated.figures_for("chat")
     assert chat is not None and chat.offered_requests > 0 and chat.attaining_requests > 0
+    # arrivals every 50 ms: 20 a second over the recent window
+    assert chat.recent_offered_per_second == pytest.approx(20.0, rel=0.05)
 
 
 @settings(max_examples=25, deadline=None)

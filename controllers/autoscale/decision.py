@@ -5,7 +5,8 @@
 1. observe: count groups by state; pool the fresh metrics of ready groups (stale or missing ones
    are set aside, never guessed);
 2. estimate, of feasible demand only (a class's share past its feasible threshold is set aside: no
-   number of groups meets its SLO): λ_w, Q_work, C for the current mix, predicted queue wait, queue
+   number of groups meets its SLO): λ_w (the larger of served and offered work, plus the queue's
+   growth since recent ticks: `arrival`), Q_work, C for the current mix, predicted queue wait, queue
    budget, slack, KV demand, attainment and goodput (`goodput.estimators`); with a gateway in
    front (`snapshot.gateway`), its exact figures replace the engines' inference: queued and running
    work, slack, the prompts it holds, client-side TTFT/ITL, attainment against offered requests;
@@ -19,9 +20,10 @@
    move at all (Freeze);
 6. stabilisation, step policies and [min, max] bounds, with the HPA's `behavior` semantics;
 7. guards on capacity: an unschedulable group holds scale-out; groups already placing, provisioning
-   or warming are capacity on its way, so only a rising arrival rate adds more (decisions do not
-   stack); scale-in happens only if the remaining groups keep the queue inside its budget and the
-   KV caches inside their limit under p90 work estimates; the bounds still win;
+   or warming are capacity on its way, so only an arrival rate beyond them adds more (decisions
+   stack while the offered work says the first step was short); scale-in happens only if the
+   remaining groups keep the queue inside its budget and the KV caches inside their limit under
+   p90 work estimates; the bounds still win;
 8. mode: Frozen holds the count; Advisory computes and records but does not apply.
 
 The operator and the simulator call the same function; it does no I/O and reads no clock.
@@ -32,6 +34,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from goodput.api.reasons import Guard
+from goodput.controllers.autoscale.arrival import remember_queue
 from goodput.controllers.autoscale.behavior import clamp, limit_rate, stabilize
 from goodput.controllers.autoscale.estimate import compute_estimates
 from goodput.controllers.autoscale.guards import capacity_guard, knowledge_guard
@@ -88,6 +91,7 @@ def _next_state(
     policy: ScalingPolicy,
     now: float,
     goodput_trial: GoodputTrial | None,
+    waiting_work_seconds: float | None,
 ) -> DecisionState:
     """Remember this tick's recommendation and, if applied, its change; forget what no window needs."""
     up_rules, down_rules = policy.scale_up, policy.scale_down
@@ -107,6 +111,7 @@ def _next_state(
         scale_down_events=down_events,
         started=True,
         goodput_trial=goodput_trial,
+        queue_readings=remember_queue(state.queue_readings, waiting_work_seconds, now),
     )
 
 
@@ -145,7 +150,7 @@ def _apply_behaviour(
 def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionState, now: float) -> Decision:
     """Decide how many complete groups `snapshot`'s ModelGroup should run; see the module docstring."""
     observation = ObservedGroups(snapshot, policy)
-    estimates, slack_summary = compute_estimates(observation, snapshot, policy, now)
+    estimates, slack_summary = compute_estimates(observation, snapshot, policy, now, state.queue_readings)
     trial = judge_trial(state.goodput_trial, observation, estimates, snapshot.metrics_window_seconds, now)
     proposals, goodput_held = propose(observation, estimates, slack_summary, snapshot, policy, trial=trial)
     current = observation.current
@@ -194,6 +199,7 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
             goodput_trial=next_trial(
                 trial, estimates, signal, current=current, desired=trail.desired, applies=applies, now=now
             ),
+            waiting_work_seconds=estimates.waiting_work_seconds,
         ),
         policy_revision=policy.revision,
         mode=policy.mode,
@@ -201,4 +207,5 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
         time=now,
         model_group=snapshot.name,
         slo=policy.primary_class,
+        capacity=snapshot.capacity,
     )

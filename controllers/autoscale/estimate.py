@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from goodput.controllers.autoscale.arrival import (
+    ArrivalReading,
+    offered_work_rate,
+    queue_growth_work_rate,
+    remember_queue,
+)
 from goodput.controllers.autoscale.model import (
     Estimates,
     GatewayClassFigures,
     GatewayObservation,
     GoodputSignal,
     ModelGroupSnapshot,
+    QueueReading,
     ScalingPolicy,
     SloCheck,
 )
@@ -368,21 +375,32 @@ def _queue_budget(profile: CapacityProfile, policy: ScalingPolicy) -> float:
 
 
 def compute_estimates(
-    observation: ObservedGroups, snapshot: ModelGroupSnapshot, policy: ScalingPolicy, now: float
+    observation: ObservedGroups,
+    snapshot: ModelGroupSnapshot,
+    policy: ScalingPolicy,
+    now: float,
+    queue_readings: tuple[QueueReading, ...] = (),
 ) -> tuple[Estimates, SlackSummary | None]:
+    """Every figure the signals read; `queue_readings` are the earlier ticks' queued work, for the
+    queue's growth (`controllers.autoscale.arrival`)."""
     profile = snapshot.profile
     mix = observation.mix
     capacity = profile.capacity_per_group(mix.mean_input_tokens, mix.mean_output_tokens)
-    arrival = (
-        arrival_work_rate(profile.pricing, observation.prompt_rate, observation.generation_rate, mix)
-        if observation.fresh > 0
-        else None
-    )
     queue_work, waiting_requests, running_requests, serving_groups = _queue_view(observation, snapshot)
     budget = _queue_budget(profile, policy)
+    # A queue longer than a request can afford to wait behind means the serving groups are saturated.
+    saturated = queue_work is not None and queue_work.waiting_seconds > budget * serving_groups * capacity
+    arrival = _arrival(
+        observation,
+        snapshot,
+        queue_work,
+        queue_readings,
+        now=now,
+        saturated_work_rate=serving_groups * capacity if saturated else 0.0,
+    )
     ready_seconds = snapshot.group_ready_seconds
     predicted_wait, left_when_ready = _queue_outlook(
-        queue_work, serving_groups, capacity, arrival, ready_seconds
+        queue_work, serving_groups, capacity, arrival.arrival_work_rate, ready_seconds
     )
     slack_summary = _request_slack(observation, snapshot, policy, capacity, now)
     earliest_slack = _earliest_slack(observation, slack_summary, budget, predicted_wait)
@@ -396,7 +414,10 @@ def compute_estimates(
         capacity_per_group=capacity,
         waiting_requests=waiting_requests,
         running_requests=running_requests,
-        arrival_work_rate=arrival,
+        arrival_work_rate=arrival.arrival_work_rate,
+        served_work_rate=arrival.served_work_rate,
+        offered_work_rate=arrival.offered_work_rate,
+        queue_growth_work_rate=arrival.queue_growth_work_rate,
         queue_work_seconds=None if queue_work is None else queue_work.total_seconds,
         waiting_work_seconds=None if queue_work is None else queue_work.waiting_seconds,
         running_work_seconds=None if queue_work is None else queue_work.running_seconds,
@@ -423,6 +444,33 @@ def compute_estimates(
         feasibility=snapshot.feasibility,
     )
     return estimates, slack_summary
+
+
+def _arrival(
+    observation: ObservedGroups,
+    snapshot: ModelGroupSnapshot,
+    queue_work: QueueWork | None,
+    queue_readings: tuple[QueueReading, ...],
+    *,
+    now: float,
+    saturated_work_rate: float,
+) -> ArrivalReading:
+    """Served work from the fresh engines, offered work from a fresh gateway, and the queue's growth."""
+    pricing, mix = snapshot.profile.pricing, observation.mix
+    served = (
+        arrival_work_rate(pricing, observation.prompt_rate, observation.generation_rate, mix)
+        if observation.fresh > 0
+        else None
+    )
+    waiting = None if queue_work is None else queue_work.waiting_seconds
+    return ArrivalReading(
+        served_work_rate=served,
+        offered_work_rate=offered_work_rate(
+            observation.gateway, pricing, mix, snapshot.metrics_window_seconds
+        ),
+        queue_growth_work_rate=queue_growth_work_rate(remember_queue(queue_readings, waiting, now), now),
+        saturated_work_rate=saturated_work_rate,
+    )
 
 
 def _queue_outlook(

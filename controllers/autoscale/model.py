@@ -396,6 +396,9 @@ class GatewayClassFigures:
     missed_requests: float = 0.0
     ttft: Histogram | None = None
     itl: Histogram | None = None
+    recent_offered_per_second: float | None = None
+    """Offered requests per second over the recent rate window (the token rates' window, shorter
+    than the goodput window): how a burst shows within an interval or two. None: not exported."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -412,6 +415,9 @@ class GatewayClassFigures:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} of class {self.class_name!r} must be finite and >= 0, got {value}")
+        recent = self.recent_offered_per_second
+        if recent is not None and not (math.isfinite(recent) and recent >= 0):
+            raise ValueError(f"recent_offered_per_second of {self.class_name!r} must be >= 0, got {recent}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,6 +512,34 @@ class ClassFeasibility:
         )
 
 
+class CapacitySource(StrEnum):
+    """Where the capacity a decision uses comes from (`status.capacity.source`).
+
+    prior: the service-time model (or the catalogue behind it); learnt: the prior refined from the
+    ModelGroup's own engines (`capacity_learner`); measured: the team's
+    `profile.capacityWorkSecondsPerSecond`, used as given unless the ModelGroup opts into learning."""
+
+    PRIOR = "prior"
+    LEARNT = "learnt"
+    MEASURED = "measured"
+
+
+@dataclass(frozen=True, slots=True)
+class LearntCapacity:
+    """The capacity C at the profile's reference mix a decision uses, where it comes from and why.
+
+    confidence: 0 for a prior nothing has confirmed, growing towards 1 with evidence (1 for a
+    measured figure). evidence_start / evidence_end: the window of the evidence behind a learnt
+    value (None without evidence)."""
+
+    source: CapacitySource
+    work_seconds_per_second: float
+    confidence: float
+    evidence_start: float | None = None
+    evidence_end: float | None = None
+    reason: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelGroupSnapshot:
     """One ModelGroup at one instant: its groups, their metrics, and its capacity profile.
@@ -517,6 +551,8 @@ class ModelGroupSnapshot:
     from engine metrics (queue, slack, attainment against offered requests).
     group_ready_seconds: how long a group asked for now takes to become capacity
     (`controllers.autoscale.snapshot.expected_ready_seconds`); None while unknown.
+    capacity: where the profile's capacity comes from (prior, learnt, measured), carried into the
+    decision and its record.
     """
 
     spec_replicas: int
@@ -528,6 +564,8 @@ class ModelGroupSnapshot:
     feasibility: tuple[ClassFeasibility, ...] = ()
     gateway: GatewayObservation | None = None
     group_ready_seconds: float | None = None
+    capacity: LearntCapacity | None = None
+    """The capacity in `profile` and its source; None: the profile's, not said."""
 
     def __post_init__(self) -> None:
         if self.spec_replicas < 0:
@@ -545,6 +583,13 @@ class Recommendation(NamedTuple):
 
     at: float
     groups: int
+
+
+class QueueReading(NamedTuple):
+    """A tick's waiting work, for how fast the queue grows between ticks."""
+
+    at: float
+    waiting_work_seconds: float
 
 
 class ScaleEvent(NamedTuple):
@@ -604,6 +649,7 @@ class DecisionState:
     scale_down_events: tuple[ScaleEvent, ...] = ()
     started: bool = False
     goodput_trial: GoodputTrial | None = None
+    queue_readings: tuple[QueueReading, ...] = ()
 
     @classmethod
     def initial(cls) -> DecisionState:
@@ -689,6 +735,12 @@ class Estimates:
     """Of the waiting work, what will still wait when a group asked for now is ready (the serving
     groups drain the rest first): the backlog more groups can serve. None: unknown."""
     group_ready_seconds: float | None = None
+    served_work_rate: float | None = None
+    """What the fresh engines served over the metrics window (`arrival_work_rate` is made of it, the
+    gateway's `offered_work_rate` and the queue's `queue_growth_work_rate`:
+    `controllers.autoscale.arrival`)."""
+    offered_work_rate: float | None = None
+    queue_growth_work_rate: float | None = None
 
 
 def _json_number(value: float | None) -> float | None:
@@ -722,6 +774,8 @@ class Decision:
     time: float
     model_group: str
     slo: SloTargets
+    capacity: LearntCapacity | None = None
+    """The capacity the decision used and its source (the snapshot's)."""
 
     @property
     def changes(self) -> bool:
@@ -761,7 +815,22 @@ class Decision:
                 "guards": [str(guard) for guard in self.guards],
             },
             "reason": self.reason,
+            "capacity": _capacity_record(self.capacity),
         }
+
+
+def _capacity_record(capacity: LearntCapacity | None) -> dict[str, object] | None:
+    """The capacity a decision used: its source, value and confidence, and the evidence window."""
+    if capacity is None:
+        return None
+    return {
+        "source": str(capacity.source),
+        "work_seconds_per_second": _json_number(capacity.work_seconds_per_second),
+        "confidence": _json_number(capacity.confidence),
+        "evidence_start": _json_number(capacity.evidence_start),
+        "evidence_end": _json_number(capacity.evidence_end),
+        "reason": capacity.reason,
+    }
 
 
 def _inputs_record(counts: GroupCounts, estimates: Estimates) -> dict[str, object]:
@@ -790,6 +859,9 @@ def _estimates_record(estimates: Estimates) -> dict[str, object]:
         "mean_output_tokens": estimates.mean_output_tokens,
         "capacity_work_per_second_per_group": estimates.capacity_per_group,
         "arrival_work_rate": estimates.arrival_work_rate,
+        "served_work_rate": estimates.served_work_rate,
+        "offered_work_rate": estimates.offered_work_rate,
+        "queue_growth_work_rate": estimates.queue_growth_work_rate,
         "queue_work_seconds": estimates.queue_work_seconds,
         "waiting_work_seconds": estimates.waiting_work_seconds,
         "running_work_seconds": estimates.running_work_seconds,

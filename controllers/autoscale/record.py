@@ -29,7 +29,10 @@ from typing import Any, Literal
 
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
 from goodput.api.modelgroup import (
+    CapacityStatus,
     ClassFeasibilityStatus,
+    DecisionCapacity,
+    EvidenceWindow,
     ModelGroupStatus,
     Proposal,
     ScalingDecision,
@@ -40,6 +43,7 @@ from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
     GoodputTrial,
+    LearntCapacity,
     Mode,
     ModelGroupSnapshot,
     Recommendation,
@@ -95,7 +99,35 @@ def decision_entry(decision: Decision, *, shadow: bool = False) -> ScalingDecisi
         policy_revision=decision.policy_revision[:_MAX_REASON],
         mode=decision.mode.value,
         shadow=shadow,
+        capacity=decision_capacity(decision.capacity),
     )
+
+
+def decision_capacity(capacity: LearntCapacity | None) -> DecisionCapacity | None:
+    """The capacity a decision used, as its record carries it (None: the decision did not say, or
+    the figure is not a positive finite number and is not shown)."""
+    if capacity is None or not (0 < capacity.work_seconds_per_second < math.inf):
+        return None
+    return DecisionCapacity(
+        source=capacity.source.value,
+        work_seconds_per_second=float(f"{capacity.work_seconds_per_second:.6g}"),
+        confidence=round(min(1.0, max(0.0, capacity.confidence)), 3),
+    )
+
+
+def capacity_status(capacity: LearntCapacity | None) -> CapacityStatus | None:
+    """`status.capacity`: the capacity in use, its source and confidence, the window of its evidence
+    and why. None (the field stays absent, unknown) when there is none to show."""
+    entry = decision_capacity(capacity)
+    if entry is None or capacity is None:
+        return None
+    start, end = capacity.evidence_start, capacity.evidence_end
+    window = (
+        EvidenceWindow(start=datetime.fromtimestamp(start, UTC), end=datetime.fromtimestamp(end, UTC))
+        if start is not None and end is not None
+        else None
+    )
+    return CapacityStatus(**entry.model_dump(), evidence_window=window, reason=capacity.reason[:256])
 
 
 def _outcome(entry: ScalingDecision) -> tuple[object, ...]:
