@@ -59,7 +59,9 @@ from goodput.simulator.workload import Workload
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The endpoint's flags, beside the simulated envelope's."""
     group = parser.add_argument_group("a live endpoint (instead of the simulator)")
-    group.add_argument("--endpoint", help="base URL of an OpenAI-compatible server, e.g. http://vllm:8000")
+    group.add_argument(
+        "--endpoint", help="base URL of an OpenAI-compatible server, e.g. http://vllm-chat:8000"
+    )
     group.add_argument("--model", help="the served model name (as /v1/models lists it)")
     group.add_argument("--max-requests", type=int, default=5000, help="requests sent at most (default 5000)")
     group.add_argument(
@@ -202,7 +204,7 @@ def _classes(args: argparse.Namespace, bench: Bench) -> tuple[ClassTargets, ...]
 def _check_flags(args: argparse.Namespace) -> None:
     if not args.endpoint.startswith(("http://", "https://")):
         raise ValueError(
-            f"--endpoint {args.endpoint!r} is no URL: give the server's base URL, e.g. http://vllm:8000"
+            f"--endpoint {args.endpoint!r} is no URL: give the server's base URL, e.g. http://vllm-chat:8000"
         )
     if not args.model:
         raise ValueError(

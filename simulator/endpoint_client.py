@@ -23,6 +23,7 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from goodput.api import vllm_names
 from goodput.simulator.endpoint_sweep import RequestTiming, SweepStep, arrival_offsets
 
 PROMPT_TOKEN_IDS = (1000, 20000)
@@ -138,7 +139,7 @@ async def _kv_capacity(session: aiohttp.ClientSession, endpoint: Endpoint) -> in
         return None
     try:
         for family in text_string_to_metric_families(text):
-            if family.name == "vllm:cache_config_info":
+            if family.name == vllm_names.CACHE_CONFIG_INFO:
                 labels = family.samples[0].labels
                 return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
     except (ValueError, KeyError, IndexError):
@@ -153,7 +154,7 @@ async def requests_in_server(session: aiohttp.ClientSession, endpoint: Endpoint)
         text = await _get(session, endpoint, "/metrics")
     except EndpointError:
         return None
-    names = {"vllm:num_requests_running", "vllm:num_requests_waiting"}
+    names = {vllm_names.NUM_REQUESTS_RUNNING, vllm_names.NUM_REQUESTS_WAITING}
     try:
         samples = [
             sample.value
