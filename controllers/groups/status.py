@@ -24,7 +24,8 @@ from goodput.api.modelgroup import (
     ReadyTime,
 )
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.groups.model import Assessment, DrainEnded, Plan
+from goodput.controllers import naming
+from goodput.controllers.groups.model import Assessment, DomainBackoff, DrainEnded, Plan
 from goodput.controllers.ownership import GROUP_STATUS
 
 # Drains kept in `status.drain.recent`, newest first.
@@ -259,13 +260,20 @@ def _scaling_limited(plan: Plan) -> tuple[ConditionStatus, str, str]:
         return (
             "True",
             plan.backoffs[0].reason,
-            "; ".join(
-                f"a group did not fit {b.domain} in time ({b.reason}); domain avoided until "
-                f"{b.until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-                for b in plan.backoffs
-            ),
+            "; ".join(_backoff_text(b) for b in plan.backoffs),
         )
     return "False", Reason.DESIRED_WITHIN_RANGE, "every wanted group could be placed"
+
+
+def _backoff_text(backoff: DomainBackoff) -> str:
+    until = backoff.until.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if backoff.domain == naming.NEW_NODES_DOMAIN:
+        return (
+            f"a group got no new nodes in time ({backoff.reason}); no nodes asked for until {until}: "
+            "check the node autoscaler's NodePool or node groups, or raise "
+            "spec.placement.nodeProvisioning.provisioningTimeoutSeconds"
+        )
+    return f"a group did not fit {backoff.domain} in time ({backoff.reason}); domain avoided until {until}"
 
 
 def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[ConditionStatus, str, str]:
