@@ -42,6 +42,7 @@ FILE_SECONDS: dict[str, float] = {
     "test_drain": 1270,
     "test_autoscaler": 1070,
     "test_keda": 700,
+    "test_nodes_on_demand": 300,
     "test_chart_install": 900,
     "test_gateway": 750,
     "test_emulator": 680,

@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from test_api_models import minimal_model_group_spec
 from test_groups import CLIQUE, NOW, PLACEMENT, RULES, TEMPLATE, group, pod, world
 
-from goodput.api.modelgroup import ModelGroupSpec
+from goodput.api.modelgroup import ModelGroupSpec, ModelGroupStatus
 from goodput.api.reasons import EventReason, NoFitReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.groups.controller import plan_model_group
 from goodput.controllers.groups.lifecycle import GroupEvent, next_phase
 from goodput.controllers.groups.model import DomainBackoff, Plan, World
 from goodput.controllers.groups.placement import NoFit, ProvisionNodes, provision_or_limit
+from goodput.controllers.groups.status import model_group_status
 from goodput.controllers.groups.template import placement_rules, readiness_rules
 
 NEW = naming.NEW_NODES_DOMAIN
@@ -278,3 +279,15 @@ def test_a_group_waiting_for_nodes_is_kept_or_deleted_whole(waited_seconds: int,
         assert not deleted
     else:
         assert deleted
+
+
+def test_progressing_says_a_group_waits_for_new_nodes() -> None:
+    plan = plan_model_group(
+        full_world(on_new_nodes("g4", "released", created=NOW - timedelta(seconds=60)), desired=5)
+    )
+    status = model_group_status(
+        ModelGroupStatus(), name="llama-70b", generation=1, desired_groups=5, plan=plan, now=NOW
+    )
+    progressing = next(c for c in status.conditions if c.type == "Progressing")
+    assert progressing.reason == Reason.NODES_PROVISIONING
+    assert "g4 waiting for new nodes" in progressing.message

@@ -297,6 +297,8 @@ def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[Condit
     if not_starting:
         return "True", Reason.CONTAINERS_NOT_STARTING, "; ".join(not_starting)
     phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
+    if phase is not None and phase[0] == "Placing" and _awaiting_nodes(plan.groups):
+        return "True", Reason.NODES_PROVISIONING, summary + _awaiting_nodes(plan.groups)
     if phase is not None:
         return "True", phase[1], summary + _waits(plan.groups)
     return "False", Reason.STABLE, "no group is placing, starting or draining"
@@ -313,6 +315,12 @@ def _summary(counts: Counter[str]) -> str:
 
 # Warming groups whose wait the Progressing condition spells out (the rest are counted).
 _WAITS_SHOWN = 3
+
+
+def _awaiting_nodes(groups: Iterable[Assessment]) -> str:
+    """Which placing groups wait for a node autoscaler (`placement.nodeProvisioning`), if any."""
+    waiting = [g.name for g in groups if g.state == "Placing" and g.reason == Reason.NODES_PROVISIONING]
+    return f"; group(s) {', '.join(waiting)} waiting for new nodes" if waiting else ""
 
 
 def _waits(groups: Iterable[Assessment]) -> str:
