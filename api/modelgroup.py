@@ -936,6 +936,18 @@ class ModelGroupSpec(SpecModel):
             ),
         ),
         CelRule(
+            rule="!has(self.placement) || !has(self.placement.nodeProvisioning) || "
+            "!has(self.placement.nodeProvisioning.mode) || self.placement.nodeProvisioning.mode == 'Off' "
+            "|| !has(self.engine.gpuDeviceClassName)",
+            message="`placement.nodeProvisioning.mode` must be Off when `engine.gpuDeviceClassName` is "
+            "set: node autoscalers do not size new nodes from ResourceClaims, so request GPUs as a "
+            "device-plugin resource (`engine.gpuResourceName`) to have nodes created",
+            field_path=".placement.nodeProvisioning.mode",
+            check=lambda spec: (
+                spec.placement.node_provisioning.mode == "Off" or spec.engine.gpu_device_class_name is None
+            ),
+        ),
+        CelRule(
             rule="has(self.profile) || (!has(self.policyRef) && !has(self.shadowPolicyRef))",
             message="`profile` must be set when `policyRef` or `shadowPolicyRef` is set: the autoscaler "
             "prices work with it",

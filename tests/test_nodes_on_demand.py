@@ -257,6 +257,15 @@ def test_bad_node_provisioning_is_refused_naming_the_field(bad: dict[str, Any]) 
         ModelGroupSpec.model_validate(minimal_model_group_spec(placement={"nodeProvisioning": bad}))
 
 
+def test_pods_mode_with_a_device_class_is_refused_naming_both_fields() -> None:
+    engine = {"image": "vllm/vllm-openai:v0.33.0", "gpuDeviceClassName": "gpu.nvidia.com"}
+    with pytest.raises(ValueError, match=r"nodeProvisioning.*gpuDeviceClassName"):
+        ModelGroupSpec.model_validate(
+            minimal_model_group_spec(engine=engine, placement={"nodeProvisioning": {"mode": "Pods"}})
+        )
+    ModelGroupSpec.model_validate(minimal_model_group_spec(engine=engine))
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     waited_seconds=st.integers(min_value=0, max_value=1700),
