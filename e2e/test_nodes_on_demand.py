@@ -190,9 +190,14 @@ def test_a_node_pool_that_never_launches_releases_the_whole_group_and_says_why(
         wait_for(
             pending_ungated, timeout_seconds=60, describe=lambda: f"two pending ranks\n{operator.log_tail()}"
         )
-        assert condition(status(cluster, namespace, "llama"), "Progressing").get("reason") in (
-            "NodesProvisioning",
-            "GroupsPlacing",  # the first pass after creation, before the release is observed
+        # The ModelGroup says so: Progressing, reason NodesProvisioning, naming the waiting group.
+        wait_for(
+            lambda: (
+                condition(status(cluster, namespace, "llama"), "Progressing").get("reason")
+                == "NodesProvisioning"
+            ),
+            timeout_seconds=30,
+            describe=lambda: f"Progressing NodesProvisioning; status {status(cluster, namespace, 'llama')}",
         )
 
         def released() -> dict[str, Any]:
