@@ -662,6 +662,20 @@ class NodeAffinity(SpecModel):
     """Nodes the scheduler prefers, beside goodput's own preference for the group's domain."""
 
 
+class NodeProvisioning(SpecModel):
+    """Whether a group that no existing topology domain fits asks a node autoscaler for new nodes."""
+
+    mode: Literal["Off", "Pods"] = "Off"
+    """'Off' (the default): a group is created only where existing nodes fit it whole; past that the
+    ModelGroup reports `ScalingLimited`. 'Pods': the group's pods are created anyway, ungated and
+    pending, with GPU requests and a pod affinity that keeps the whole group in one `topologyKey`
+    domain, so Karpenter or the cluster-autoscaler sees them and creates nodes."""
+    provisioning_timeout_seconds: int = Field(default=600, ge=30, le=7200)
+    """Longest a group may wait for new nodes. Past it the WHOLE group is deleted (no node keeps a
+    partial group), `ScalingLimited` and a `NodeProvisioningTimeout` Event say why, and no new
+    nodes are asked for again until the placement back-off has passed."""
+
+
 class Placement(SpecModel):
     """Where the pods of a group may run. A group is placed as a whole or not at all."""
 
@@ -689,6 +703,8 @@ class Placement(SpecModel):
     """Node labels every engine pod requires, as a list of key and value."""
     node_affinity: NodeAffinity | None = None
     """Node affinity of the engine pods, as in a Pod spec."""
+    node_provisioning: NodeProvisioning = NodeProvisioning()
+    """Asking a node autoscaler (Karpenter, the cluster-autoscaler) for nodes when none fit a group."""
 
 
 class PolicyRef(SpecModel):
@@ -923,6 +939,18 @@ class ModelGroupSpec(SpecModel):
             field_path=".engine.volumeMounts",
             check=lambda spec: (
                 {m.name for m in spec.engine.volume_mounts} <= {v.name for v in spec.pod.volumes}
+            ),
+        ),
+        CelRule(
+            rule="!has(self.placement) || !has(self.placement.nodeProvisioning) || "
+            "!has(self.placement.nodeProvisioning.mode) || self.placement.nodeProvisioning.mode == 'Off' "
+            "|| !has(self.engine.gpuDeviceClassName)",
+            message="`placement.nodeProvisioning.mode` must be Off when `engine.gpuDeviceClassName` is "
+            "set: node autoscalers do not size new nodes from ResourceClaims, so request GPUs as a "
+            "device-plugin resource (`engine.gpuResourceName`) to have nodes created",
+            field_path=".placement.nodeProvisioning.mode",
+            check=lambda spec: (
+                spec.placement.node_provisioning.mode == "Off" or spec.engine.gpu_device_class_name is None
             ),
         ),
         CelRule(

@@ -71,6 +71,11 @@ class Reason:
     STABLE: Final = "Stable"
     GROUP_FAILED: Final = "GroupFailed"
     SCHEDULE_TIMEOUT: Final = "ScheduleTimeout"
+    NODES_PROVISIONING: Final = "NodesProvisioning"
+    """A group no existing domain fitted waits, pending, for a node autoscaler to create nodes."""
+    NODE_PROVISIONING_TIMEOUT: Final = "NodeProvisioningTimeout"
+    """A group waited for new nodes past `placement.nodeProvisioning.provisioningTimeoutSeconds`: it
+    was deleted whole, and no nodes are asked for until the back-off has passed."""
     DRAIN_TIMEOUT: Final = "DrainTimeout"
     NCCL_UNHEALTHY: Final = "NcclUnhealthy"
     REVISION_MISMATCH: Final = "RevisionMismatch"
@@ -215,6 +220,8 @@ class EventReason:
     GROUP_FAILED: Final = "GroupFailed"
     GROUP_DELETED: Final = "GroupDeleted"
     SCHEDULE_TIMEOUT: Final = "ScheduleTimeout"
+    NODE_PROVISIONING_TIMEOUT: Final = "NodeProvisioningTimeout"
+    """A group's new nodes did not come in time; the whole group was deleted (see Reason's)."""
     DRAIN_STARTED: Final = "DrainStarted"
     """A ready group was chosen for scale-in: its gate went False on every rank."""
     DRAIN_FINISHED: Final = "DrainFinished"
@@ -245,6 +252,7 @@ class NoFitReason(StrEnum):
     DOMAINS_BACKED_OFF = Reason.DOMAINS_BACKED_OFF
     NO_ELIGIBLE_NODES = Reason.NO_ELIGIBLE_NODES
     TOPOLOGY_LABEL_MISSING = Reason.TOPOLOGY_LABEL_MISSING
+    NODE_PROVISIONING_TIMEOUT = Reason.NODE_PROVISIONING_TIMEOUT
 
 
 class Attainability(StrEnum):

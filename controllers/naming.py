@@ -74,6 +74,9 @@ MODEL_GROUP_KIND: Final = "ModelGroup"
 # The topology domain of a node without the topology label (Preferred placement): the node alone.
 # A label value cannot hold "/", so it never collides with a domain named by a label value.
 NODE_DOMAIN_PREFIX: Final = "node/"
+# The domain of a group that no existing domain fitted and that waits for a node autoscaler to
+# create nodes for it (`placement.nodeProvisioning`); the same "/" keeps it apart from label values.
+NEW_NODES_DOMAIN: Final = "new-nodes/"
 
 # A DNS-1123 label is at most 63 characters; the longest suffix we add is "-g99999-999".
 _MAX_DNS_LABEL: Final = 63
@@ -172,6 +175,7 @@ __all__ = [
     "MANAGED_BY",
     "MODEL_GROUP_API_VERSION",
     "MODEL_GROUP_KIND",
+    "NEW_NODES_DOMAIN",
     "NODE_DOMAIN_PREFIX",
     "POD_CLAIM_NAME",
     "SCHEDULING_GATE",

@@ -53,6 +53,7 @@ FILE_SECONDS: dict[str, float] = {
     "test_autoscaler": 1070,
     "test_keda": 700,
     "test_chart_install": 360,
+    "test_nodes_on_demand": 300,
     "test_gateway": 750,
     "test_emulator": 680,
     "test_ab": 600,

@@ -11,6 +11,10 @@ KWOK_VERSION=v0.8.0
 PROMETHEUS_VERSION=v0.316.0   # the Go module's v0.316.0 is Prometheus 3.16.0
 HELM_VERSION=v3.22.0
 KEDA_VERSION=v2.21.0      # the live A/B run's peer autoscaler: its operator and metrics API server
+KARPENTER_VERSION=v1.15.0 # the node autoscaler of the nodes-on-demand story: its KWOK cloud provider
+# Karpenter v1.15.0's go.mod asks for Go 1.26.9: its one `go build` runs on this toolchain, which the
+# go command takes from the Go module proxy like any module; every other build keeps the machine's Go.
+KARPENTER_GOTOOLCHAIN=go1.27.3
 
 # The build's own generation: raised whenever how a program is built changes (flags, tags), so that a
 # binary built the old way is not taken from the cache. 2: Prometheus with only the service discoveries
@@ -18,7 +22,7 @@ KEDA_VERSION=v2.21.0      # the live A/B run's peer autoscaler: its operator and
 BUILD_GENERATION=2
 
 CACHE=${GOODPUT_CACHE:-$HOME/.cache/goodput}
-BIN="$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-prom-$PROMETHEUS_VERSION-helm-$HELM_VERSION-keda-$KEDA_VERSION-b$BUILD_GENERATION"
+BIN="$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-prom-$PROMETHEUS_VERSION-helm-$HELM_VERSION-keda-$KEDA_VERSION-karpenter-$KARPENTER_VERSION-b$BUILD_GENERATION"
 case "${1:-}" in
   --print-bin-dir) echo "$BIN"; exit 0 ;;
   "") ;;
@@ -43,6 +47,7 @@ step() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 # build DIR LDFLAGS TAGS NAME=PACKAGE...: builds the programs of one wrapper module whose binaries are
 # not cached yet, in one `go build` (packages they share are compiled once, and one program links
 # while the next compiles). A program is named after its package's last element, renamed to NAME.
+# GOTOOLCHAIN, when set by the caller for one wrapper, is the Go that builds it.
 build() {
   local dir=$1 ldflags=$2 tags=$3; shift 3
   local names=() packages=() pair
@@ -54,7 +59,7 @@ build() {
   step "${names[*]}: building ${packages[*]} (the first build takes minutes)"
   local started=$SECONDS partial="$BIN/.partial-$dir" i
   rm -rf "$partial" && mkdir -p "$partial"
-  (cd "$here/$dir" && go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$partial/" "${packages[@]}")
+  (cd "$here/$dir" && GOTOOLCHAIN=${GOTOOLCHAIN:-local} go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$partial/" "${packages[@]}")
   for i in "${!names[@]}"; do mv "$partial/$(exec_name "${packages[$i]}")" "$BIN/${names[$i]}"; done
   rm -rf "$partial"
   step "${names[*]}: built in $((SECONDS - started)) s"
@@ -113,6 +118,7 @@ build k8s "$k8s_ldflags" "$k8s_tags" "${k8s_programs[@]}"
 build prometheus "-s -w" "$prom_tags" prometheus=github.com/prometheus/prometheus/cmd/prometheus
 build helm "$helm_ldflags" "" helm=helm.sh/helm/v3/cmd/helm
 build keda "-s -w" "" "${keda_programs[@]}"
+GOTOOLCHAIN=$KARPENTER_GOTOOLCHAIN build karpenter "-s -w" "" karpenter=sigs.k8s.io/karpenter/kwok
 # A failed prefetch is the build's to report (each `go build` downloads what it lacks).
 [[ -z "$prefetcher" ]] || wait "$prefetcher" || true
 
@@ -125,6 +131,14 @@ fi
 if [[ ! -d "$BIN/keda-crds" ]]; then
   cp -r "$GOMODCACHE/github.com/kedacore/keda/v2@$KEDA_VERSION/config/crd/bases" "$BIN/keda-crds.partial"
   chmod -R u+w "$BIN/keda-crds.partial" && mv "$BIN/keda-crds.partial" "$BIN/keda-crds"
+fi
+# Karpenter's CRDs (NodePool, NodeClaim, NodeOverlay, CapacityBuffer) and its KWOK provider's
+# KWOKNodeClass ship inside its module, like KEDA's.
+if [[ ! -d "$BIN/karpenter-crds" ]]; then
+  mkdir -p "$BIN/karpenter-crds.partial"
+  karpenter_src="$GOMODCACHE/sigs.k8s.io/karpenter@$KARPENTER_VERSION"
+  cp "$karpenter_src"/pkg/apis/crds/*.yaml "$karpenter_src"/kwok/apis/crds/*.yaml "$BIN/karpenter-crds.partial/"
+  chmod -R u+w "$BIN/karpenter-crds.partial" && mv "$BIN/karpenter-crds.partial" "$BIN/karpenter-crds"
 fi
 step "all binaries in $BIN"
 echo "$BIN"

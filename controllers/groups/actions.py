@@ -206,7 +206,12 @@ def _replaced(tick: Tick, step: GroupTransition, actions: _Actions, superseded: 
     if any(pod.marked_group_ready for pod in group.pods):
         actions.unready.append(GateChange(group.name, group.pod_names, False, group.reason, group.message))
     actions.deletions.append(_deletion(tick, group))
-    if group.schedule_timed_out and group.domain:
+    if group.failure is GroupEvent.NODES_NOT_PROVISIONED:
+        backoff = tick.world.rules.backoff_seconds
+        message = f"group {group.name} deleted whole: {group.message}; no new nodes asked for {backoff:g}s"
+        record = EventRecord("Warning", EventReason.NODE_PROVISIONING_TIMEOUT, message, group.name)
+        actions.events.append(record)
+    elif group.schedule_timed_out and group.domain:
         backoff = tick.world.rules.backoff_seconds
         message = (
             f"group {group.name} deleted: {group.message}; domain {group.domain} backed off for {backoff:g}s"

@@ -152,6 +152,8 @@ def _placing(base: Assessment, world: World) -> Assessment:
     """Not every pod bound: Placing, or Failed (ScheduleTimedOut) past the schedule timeout."""
     rules = world.rules
     live = base.pods
+    if base.waits_for_new_nodes and not any(pod.gated for pod in live):
+        return _awaiting_nodes(base, world)
     if seconds_between(base.created_at, world.now) > rules.schedule_timeout_seconds:
         return _failed(
             base,
@@ -167,6 +169,32 @@ def _placing(base: Assessment, world: World) -> Assessment:
         else f"waiting for the scheduler{_unschedulable_detail(live)}"
     )
     return replace(base, state="Placing", reason=Reason.GROUPS_PLACING, message=message, gated=gated)
+
+
+def _awaiting_nodes(base: Assessment, world: World) -> Assessment:
+    """Pending for new nodes: Placing (reason NodesProvisioning), or Failed (NodesNotProvisioned)
+    once not every pod is bound within the provisioning timeout. The failure deletes the whole
+    group, so a node that did come holds no partial group for long, and the node autoscaler's
+    consolidation takes it back."""
+    timeout = world.rules.provisioning_timeout_seconds
+    detail = _unschedulable_detail(base.pods)
+    if seconds_between(base.created_at, world.now) > timeout:
+        bound = sum(1 for pod in base.pods if pod.node_name)
+        return _failed(
+            base,
+            Reason.NODE_PROVISIONING_TIMEOUT,
+            f"{bound}/{len(base.pods)} pod(s) bound to nodes within {timeout:g}s of asking a node "
+            f"autoscaler for nodes{detail}; check that a Karpenter NodePool or a cluster-autoscaler node "
+            "group can create nodes with the group's GPUs and labels (its limits, instance types and "
+            "requirements), or raise spec.placement.nodeProvisioning.provisioningTimeoutSeconds",
+            GroupEvent.NODES_NOT_PROVISIONED,
+        )
+    return replace(
+        base,
+        state="Placing",
+        reason=Reason.NODES_PROVISIONING,
+        message=f"waiting for a node autoscaler to create nodes{detail}",
+    )
 
 
 def _startup_overdue(base: Assessment, world: World) -> bool:

@@ -7,6 +7,7 @@
     Ready ──Outdated──▶ Draining; Placing / Provisioning / Warming ──Outdated──▶ Deleted
                                                 (a rollout replaces a group of an older template)
     any live state ──RankFailed──▶ Failed; Placing ──ScheduleTimedOut──▶ Failed;
+    Placing ──NodesNotProvisioned──▶ Failed     (a group waiting for new nodes got none in time)
     Provisioning / Warming ──StartupTimedOut──▶ Failed; Failed ──Replaced──▶ Deleted
 
 Bound, Started and the failures are observed in the group's pods (`assess`); the other transitions
@@ -41,6 +42,7 @@ class GroupEvent(StrEnum):
     DRAIN_TIMED_OUT = "DrainTimedOut"
     RANK_FAILED = "RankFailed"
     SCHEDULE_TIMED_OUT = "ScheduleTimedOut"
+    NODES_NOT_PROVISIONED = "NodesNotProvisioned"
     STARTUP_TIMED_OUT = "StartupTimedOut"
     REPLACED = "Replaced"
 
@@ -63,6 +65,7 @@ TRANSITIONS: dict[tuple[GroupState | None, GroupEvent], Phase] = {
     ("Provisioning", GroupEvent.OUTDATED): "Deleted",
     ("Warming", GroupEvent.OUTDATED): "Deleted",
     ("Placing", GroupEvent.SCHEDULE_TIMED_OUT): "Failed",
+    ("Placing", GroupEvent.NODES_NOT_PROVISIONED): "Failed",
     ("Provisioning", GroupEvent.STARTUP_TIMED_OUT): "Failed",
     ("Warming", GroupEvent.STARTUP_TIMED_OUT): "Failed",
     **{

@@ -50,6 +50,8 @@ class ReadinessRules:
     nccl_required: bool = True
     revision_check: bool = True
     schedule_timeout_seconds: float = 300
+    # A group waiting for new nodes (`placement.nodeProvisioning`) may wait this long instead.
+    provisioning_timeout_seconds: float = 600
     startup_timeout_seconds: float = 1800
     warmup_retry_seconds: float = 5
     warmup_prompt: str = "Hello, my name is"
@@ -203,6 +205,11 @@ class Assessment:
     def schedule_timed_out(self) -> bool:
         """Failed because no pod was bound in time: the domain is backed off."""
         return self.failure is GroupEvent.SCHEDULE_TIMED_OUT
+
+    @property
+    def waits_for_new_nodes(self) -> bool:
+        """Created for nodes a node autoscaler is to add (`placement.nodeProvisioning`)."""
+        return self.domain == naming.NEW_NODES_DOMAIN
 
     @property
     def pod_names(self) -> tuple[str, ...]:

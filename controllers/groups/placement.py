@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from goodput.api.modelgroup import NodeAffinityTerm, NodeSelectorRequirement, Toleration
 from goodput.api.reasons import NoFitReason
@@ -113,6 +114,8 @@ class PlacementRules:
     """The device resource the group's pods request; nodes and claims are counted in it."""
     required_node_terms: tuple[NodeAffinityTerm, ...] = ()
     """The spec's required node affinity: a node must meet one term (empty: no constraint)."""
+    provision_nodes: bool = False
+    """`placement.nodeProvisioning.mode: Pods`: a group no domain fits asks for new nodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,22 @@ class Placed:
 class NoFit:
     reason: NoFitReason
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisionNodes:
+    """No existing domain fits, so the group is created for nodes a node autoscaler will add: its
+    pods pending and visible, held in one domain by their own affinity. `why` is the no-fit that
+    made it so, for the group's creation message."""
+
+    why: NoFit
+
+
+# What new nodes can cure: GPUs that are not there, nodes that do not match, labels they lack.
+# A backed-off domain is not among them: its nodes exist and will be tried again.
+_CURABLE_BY_NEW_NODES = frozenset(
+    {NoFitReason.INSUFFICIENT_GPUS, NoFitReason.NO_ELIGIBLE_NODES, NoFitReason.TOPOLOGY_LABEL_MISSING}
+)
 
 
 def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
@@ -301,6 +320,24 @@ def _place(
     if unlabelled:
         message += "; " + missing_label_message(unlabelled, rules)
     return NoFit(NoFitReason.INSUFFICIENT_GPUS, message)
+
+
+def provision_or_limit(
+    no_fit: NoFit, rules: PlacementRules, provisioning_backed_off_until: datetime | None
+) -> ProvisionNodes | NoFit:
+    """What to do when no existing domain fits: ask for new nodes where the spec allows it and the
+    last request did not time out lately; otherwise the no-fit stands (`ScalingLimited`)."""
+    if not rules.provision_nodes or no_fit.reason not in _CURABLE_BY_NEW_NODES:
+        return no_fit
+    if provisioning_backed_off_until is not None:
+        return NoFit(
+            NoFitReason.NODE_PROVISIONING_TIMEOUT,
+            f"{no_fit.message}; an earlier group got no new nodes within "
+            "spec.placement.nodeProvisioning.provisioningTimeoutSeconds, so none are asked for until "
+            f"{provisioning_backed_off_until.strftime('%Y-%m-%dT%H:%M:%SZ')}: check that a Karpenter "
+            "NodePool or a cluster-autoscaler node group can create nodes with the group's GPUs and labels",
+        )
+    return ProvisionNodes(no_fit)
 
 
 def unlabelled_nodes(nodes: Iterable[NodeInventory], rules: PlacementRules) -> tuple[str, ...]:

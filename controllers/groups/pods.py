@@ -341,7 +341,7 @@ def _render_pod(
     spec: dict[str, Any] = {
         "schedulingGates": [{"name": naming.SCHEDULING_GATE}],
         "readinessGates": [{"conditionType": naming.CONDITION_GROUP_READY}],
-        "affinity": {"nodeAffinity": _domain_affinity(template, domain)},
+        "affinity": _affinity(template, group, domain),
         "containers": [_render_container(template, group, rank, leader_address)],
         "volumes": [
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}},
@@ -409,6 +409,53 @@ def _pod_options(options: PodOptions) -> dict[str, Any]:
     if options.priority_class_name:
         rendered["priorityClassName"] = options.priority_class_name
     return rendered
+
+
+def _affinity(template: GroupTemplate, group: str, domain: str) -> dict[str, Any]:
+    """Where the group's pods may run: the domain placement chose, or, for a group that waits for new
+    nodes (`naming.NEW_NODES_DOMAIN`), whichever one domain its first pod lands in."""
+    if domain != naming.NEW_NODES_DOMAIN:
+        return {"nodeAffinity": _domain_affinity(template, domain)}
+    return new_nodes_affinity(template, group)
+
+
+def new_nodes_affinity(template: GroupTemplate, group: str) -> dict[str, Any]:
+    """Affinity of a group's pods that a node autoscaler is to make room for: the spec's own node
+    affinity, and a pod affinity to the group's other pods on the topology key, which keeps the whole
+    group in one domain (Karpenter and the cluster-autoscaler both simulate it when they choose what
+    to create). Required mode: the affinity is required and the new nodes must carry the topology
+    label; Preferred mode: the domain is the strongest preference, as for existing nodes."""
+    user = template.node_affinity or NodeAffinity()
+    required = user.required_during_scheduling_ignored_during_execution
+    user_terms = [_pod_dict(term) for term in required.node_selector_terms] if required else []
+    preferred = [_pod_dict(item) for item in user.preferred_during_scheduling_ignored_during_execution]
+    node_affinity: dict[str, Any] = {}
+    required_key, preferred_key = (
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "preferredDuringSchedulingIgnoredDuringExecution",
+    )
+    same_group = {
+        "labelSelector": {
+            "matchLabels": {naming.LABEL_MODEL_GROUP: template.model_group, naming.LABEL_GROUP: group}
+        },
+        "topologyKey": template.topology_key,
+    }
+    pod_affinity: dict[str, Any]
+    if template.placement_mode == "Required":
+        labelled = {"matchExpressions": [{"key": template.topology_key, "operator": "Exists"}]}
+        terms = [_and_terms(term, labelled) for term in user_terms] or [labelled]
+        node_affinity[required_key] = {"nodeSelectorTerms": terms}
+        pod_affinity = {required_key: [same_group]}
+    else:
+        if user_terms:
+            node_affinity[required_key] = {"nodeSelectorTerms": user_terms}
+        pod_affinity = {preferred_key: [{"weight": 100, "podAffinityTerm": same_group}]}
+    if preferred:
+        node_affinity[preferred_key] = preferred
+    affinity: dict[str, Any] = {"podAffinity": pod_affinity}
+    if node_affinity:
+        affinity["nodeAffinity"] = node_affinity
+    return affinity
 
 
 def _domain_affinity(template: GroupTemplate, domain: str) -> dict[str, Any]:

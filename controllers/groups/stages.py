@@ -50,7 +50,9 @@ from goodput.controllers.groups.placement import (
     NoFit,
     Placed,
     PlacementRules,
+    ProvisionNodes,
     place_group,
+    provision_or_limit,
 )
 from goodput.controllers.groups.pods import render_group
 
@@ -144,7 +146,14 @@ def failures(tick: Tick) -> Tick:
     world = tick.world
     for group in tick.in_state("Failed"):
         backoffs = tick.backoffs
-        if group.schedule_timed_out and group.domain:
+        if group.failure is GroupEvent.NODES_NOT_PROVISIONED:
+            # No new nodes came: ask again only after the back-off, never in a tight loop.
+            until = world.now + timedelta(seconds=world.rules.backoff_seconds)
+            backoffs = (
+                *(b for b in backoffs if b.domain != naming.NEW_NODES_DOMAIN),
+                DomainBackoff(naming.NEW_NODES_DOMAIN, until, NoFitReason.NODE_PROVISIONING_TIMEOUT),
+            )
+        elif group.schedule_timed_out and group.domain:
             # The scheduler's own words say whether GPUs were what was missing.
             cause = NoFitReason.INSUFFICIENT_GPUS if naming.GPU_RESOURCE in group.message else group.reason
             until = world.now + timedelta(seconds=world.rules.backoff_seconds)
@@ -322,34 +331,31 @@ def _create(tick: Tick, shortfall: int) -> Tick:
     ]
     shape = GroupShape(template.pods_per_group, template.gpus_per_pod, template.gpu_resource)
     for _ in range(shortfall):
-        backed_off = frozenset(b.domain for b in tick.backoffs)
-        decision = place_group(
-            inventory, shape, world.placement, groups_by_spread_value=spread_counts, backed_off=backed_off
-        )
-        if not isinstance(decision, Placed):
+        decision = _place_or_provision(tick, inventory, shape, spread_counts)
+        if isinstance(decision, NoFit):
             return replace(tick, placement_limit=decision)
         name = naming.group_name(tick.group_counter)
         replaces = replaced.pop(0) if replaced else None
-        manifests = render_group(template, name, decision.domain, replaces)
-        inventory = inventory.with_group(world.placement.topology_key, decision.domain, shape)
-        spread_counts[decision.spread_value] = spread_counts.get(decision.spread_value, 0) + 1
+        if isinstance(decision, Placed):
+            domain = decision.domain
+            inventory = inventory.with_group(world.placement.topology_key, domain, shape)
+            spread_counts[decision.spread_value] = spread_counts.get(decision.spread_value, 0) + 1
+            where = f"in {world.placement.topology_key}={domain}"
+        else:
+            domain = naming.NEW_NODES_DOMAIN
+            where = f"for new nodes ({decision.why.message})"
+        manifests = render_group(template, name, domain, replaces)
         # As the next pass will see it: every pod created, the gang released, none bound yet.
         created = [
             replace(view, created_at=world.now, gated=False)
             for manifest in manifests.pods
             if (view := parse_pod(manifest)) is not None
         ]
-        group = assess_group(name, created, world) or Assessment(
-            name, "Placing", (), decision.domain, world.now
+        group = assess_group(name, created, world) or Assessment(name, "Placing", (), domain, world.now)
+        message = f"group {name} created {where} ({shape.pods} pod(s) × {shape.gpus_per_pod} GPU(s))" + (
+            f", replacing {replaces}" if replaces else ""
         )
-        message = (
-            f"group {name} created in {world.placement.topology_key}={decision.domain} "
-            f"({shape.pods} pod(s) × {shape.gpus_per_pod} GPU(s))"
-            + (f", replacing {replaces}" if replaces else "")
-        )
-        creation = GroupCreation(
-            name, decision.domain, manifests.service, manifests.pods, manifests.claim_template
-        )
+        creation = GroupCreation(name, domain, manifests.service, manifests.pods, manifests.claim_template)
         tick = tick.moved(
             group,
             transition(name, None, GroupEvent.CREATED, message),
@@ -357,6 +363,22 @@ def _create(tick: Tick, shortfall: int) -> Tick:
             group_counter=tick.group_counter + 1,
         )
     return tick
+
+
+def _place_or_provision(
+    tick: Tick, inventory: Inventory, shape: GroupShape, spread_counts: Mapping[str, int]
+) -> Placed | ProvisionNodes | NoFit:
+    """An existing domain for the next group; else new nodes, where the spec asks for them and no
+    recent request for nodes timed out; else why not."""
+    world = tick.world
+    backed_off = frozenset(b.domain for b in tick.backoffs)
+    decision = place_group(
+        inventory, shape, world.placement, groups_by_spread_value=spread_counts, backed_off=backed_off
+    )
+    if isinstance(decision, Placed):
+        return decision
+    nodes_backoff = next((b.until for b in tick.backoffs if b.domain == naming.NEW_NODES_DOMAIN), None)
+    return provision_or_limit(decision, world.placement, nodes_backoff)
 
 
 def _scale_in(tick: Tick, surplus: int) -> Tick:

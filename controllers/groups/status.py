@@ -23,7 +23,8 @@ from goodput.api.modelgroup import (
     ReadyTime,
 )
 from goodput.api.reasons import ConditionType, Reason
-from goodput.controllers.groups.model import Assessment, DrainEnded, Plan
+from goodput.controllers import naming
+from goodput.controllers.groups.model import Assessment, DomainBackoff, DrainEnded, Plan
 from goodput.controllers.ownership import GROUP_STATUS
 
 # Drains kept in `status.drain.recent`, newest first.
@@ -245,13 +246,20 @@ def _scaling_limited(plan: Plan) -> tuple[ConditionStatus, str, str]:
         return (
             "True",
             plan.backoffs[0].reason,
-            "; ".join(
-                f"a group did not fit {b.domain} in time ({b.reason}); domain avoided until "
-                f"{b.until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-                for b in plan.backoffs
-            ),
+            "; ".join(_backoff_text(b) for b in plan.backoffs),
         )
     return "False", Reason.DESIRED_WITHIN_RANGE, "every wanted group could be placed"
+
+
+def _backoff_text(backoff: DomainBackoff) -> str:
+    until = backoff.until.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if backoff.domain == naming.NEW_NODES_DOMAIN:
+        return (
+            f"a group got no new nodes in time ({backoff.reason}); no nodes asked for until {until}: "
+            "check the node autoscaler's NodePool or node groups, or raise "
+            "spec.placement.nodeProvisioning.provisioningTimeoutSeconds"
+        )
+    return f"a group did not fit {backoff.domain} in time ({backoff.reason}); domain avoided until {until}"
 
 
 def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[ConditionStatus, str, str]:
@@ -275,6 +283,8 @@ def _progressing(plan: Plan, counts: Counter[str], summary: str) -> tuple[Condit
     if not_starting:
         return "True", Reason.CONTAINERS_NOT_STARTING, "; ".join(not_starting)
     phase = next(((state, reason) for state, reason in _PHASES if counts[state]), None)
+    if phase is not None and phase[0] == "Placing" and _awaiting_nodes(plan.groups):
+        return "True", Reason.NODES_PROVISIONING, summary + _awaiting_nodes(plan.groups)
     if phase is not None:
         return "True", phase[1], summary + _waits(plan.groups)
     return "False", Reason.STABLE, "no group is placing, starting or draining"
@@ -291,6 +301,12 @@ def _summary(counts: Counter[str]) -> str:
 
 # Warming groups whose wait the Progressing condition spells out (the rest are counted).
 _WAITS_SHOWN = 3
+
+
+def _awaiting_nodes(groups: Iterable[Assessment]) -> str:
+    """Which placing groups wait for a node autoscaler (`placement.nodeProvisioning`), if any."""
+    waiting = [g.name for g in groups if g.state == "Placing" and g.reason == Reason.NODES_PROVISIONING]
+    return f"; group(s) {', '.join(waiting)} waiting for new nodes" if waiting else ""
 
 
 def _waits(groups: Iterable[Assessment]) -> str:

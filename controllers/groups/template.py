@@ -124,6 +124,7 @@ def placement_rules(spec: ModelGroupSpec) -> PlacementRules:
         tolerations=tuple(placement.tolerations),
         gpu_resource=placement_resource(spec),
         required_node_terms=_required_node_terms(spec),
+        provision_nodes=placement.node_provisioning.mode == "Pods",
     )
 
 
@@ -146,6 +147,7 @@ def readiness_rules(spec: ModelGroupSpec, tuning: ControllerTuning = ControllerT
         nccl_required=readiness.nccl_check == "Required",
         revision_check=readiness.revision_check,
         schedule_timeout_seconds=spec.placement.schedule_timeout_seconds,
+        provisioning_timeout_seconds=spec.placement.node_provisioning.provisioning_timeout_seconds,
         startup_timeout_seconds=spec.engine.startup_timeout_seconds,
         warmup_retry_seconds=tuning.warmup_retry_seconds,
         warmup_prompt=readiness.warmup.prompt,

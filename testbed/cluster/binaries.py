@@ -21,6 +21,7 @@ REQUIRED = (
     "prometheus",
     "keda-operator",
     "keda-adapter",
+    "karpenter",
 )
 BIN_DIR_ENV = "GOODPUT_BIN_DIR"
 
