@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ from goodput.testbed.cluster.topology import Topology
 from goodput.testbed.operator_process import OperatorProcess, fake_leaders, local_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "e2e"))  # the e2e story's ModelGroup is shared, not duplicated
+
+from test_nodes_on_demand import model_group as e2e_model_group  # noqa: E402
+
 NAMESPACE = "bench-nodes-on-demand"
 NAME = "llama"
 POOL = "bench-gpu"
@@ -57,26 +62,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def model_group(replicas: int) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "goodput.dev/v1alpha1",
-            "kind": "ModelGroup",
-            "metadata": {"name": NAME, "namespace": NAMESPACE},
-            "spec": {
-                "model": {"name": "meta-llama/Llama-3.1-70B-Instruct", "revision": "main"},
-                "engine": {"image": "vllm/vllm-openai:v0.33.0"},
-                "parallelism": {"tensor": 8, "pipeline": 2, "gpusPerPod": 8},
-                "placement": {
-                    "mode": "Required",
-                    "nodeSelector": [{"key": POOL_LABEL, "value": NAMESPACE}],
-                    "nodeProvisioning": {"mode": "Pods", "provisioningTimeoutSeconds": 300},
-                },
-                "replicas": replicas,
-                "maxReplicas": 16,
-                "readiness": {"ncclCheck": "Skip", "revisionCheck": False},
-                "drain": {"minLifetimeSeconds": 0},
-            },
-        }
+    """The e2e story's ModelGroup (two 8-GPU pods a group, nodes asked for when none fit), in the
+    bench's namespace and pool, with room for the bench's largest scale-out."""
+    return e2e_model_group(
+        NAME, NAMESPACE, replicas=replicas, timeout_seconds=300, pool_label=POOL_LABEL, max_replicas=16
     )
 
 

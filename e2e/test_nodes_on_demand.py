@@ -38,7 +38,15 @@ def karpenter_running(cluster: LocalCluster, goodput_crds: list[str]) -> Iterato
         karpenter.stop(cluster)
 
 
-def model_group(name: str, namespace: str, *, replicas: int, timeout_seconds: int) -> str:
+def model_group(
+    name: str,
+    namespace: str,
+    *,
+    replicas: int,
+    timeout_seconds: int,
+    pool_label: str = POOL_LABEL,
+    max_replicas: int = 4,
+) -> str:
     """A 70B-style ModelGroup (two 8-GPU pods per group, held in one NVLink clique) that asks for
     nodes when none fit: `placement.nodeProvisioning.mode: Pods`."""
     body: dict[str, Any] = {
@@ -51,11 +59,11 @@ def model_group(name: str, namespace: str, *, replicas: int, timeout_seconds: in
             "parallelism": {"tensor": 8, "pipeline": 2, "gpusPerPod": 8},
             "placement": {
                 "mode": "Required",
-                "nodeSelector": [{"key": POOL_LABEL, "value": namespace}],
+                "nodeSelector": [{"key": pool_label, "value": namespace}],
                 "nodeProvisioning": {"mode": "Pods", "provisioningTimeoutSeconds": timeout_seconds},
             },
             "replicas": replicas,
-            "maxReplicas": 4,
+            "maxReplicas": max_replicas,
             "readiness": {"ncclCheck": "Skip", "revisionCheck": False},
             "drain": {"minLifetimeSeconds": 0},
         },
