@@ -66,8 +66,8 @@ e2e: venv binaries
 
 # What CI and a new contributor go through: a clone of HEAD with an empty binary cache, then
 # `make test`. Measured on two cores (docs/benchmarks.md, "How long the tests take"): `make test` from
-# a fresh clone of 51059e7 with Go's caches shared took 1884 s (unit 407 s, e2e on three workers
-# 1295 s, one after the other, the image built inside the chart's story); the first build of the
+# a fresh clone of 3f8e218 with Go's caches shared took 2071 s (unit on two workers 303 s, e2e on
+# three workers 1545 s, one story failing on its own precondition); the first build of the
 # binaries with nothing cached took 41 minutes before Prometheus was built without the service
 # discoveries the test bed does not use.
 fresh-check:
