@@ -78,7 +78,8 @@ def test_stop_returns_only_after_the_process_let_go_of_its_port(tmp_path: Path) 
     server = (
         "import signal, socket, sys, time\n"
         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
-        f"open({str(port_file)!r}, 'w').write(str(s.getsockname()[1]))\n"
+        f"open({str(port_file)!r} + '.part', 'w').write(str(s.getsockname()[1]))\n"
+        f"import os; os.replace({str(port_file)!r} + '.part', {str(port_file)!r})\n"
         "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))\n"
         "while True: time.sleep(1)\n"
     )
@@ -108,7 +109,8 @@ threading.Thread(target=hold_then_exit).start()
 def on_term(*_):
     stopping.set(); ctypes.CDLL(None).syscall({sys_exit}, 0)
 signal.signal(signal.SIGTERM, on_term)
-open({port_file!r}, 'w').write(str(s.getsockname()[1]))
+open({port_file!r} + '.part', 'w').write(str(s.getsockname()[1]))
+os.replace({port_file!r} + '.part', {port_file!r})  # the port appears whole, never half-written
 while True: time.sleep(1)
 """
 
