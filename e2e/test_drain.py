@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import random
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import pytest
 import yaml
 
 from goodput.api.times import parse_rfc3339
+from goodput.operator.engine import parse_leader_metrics
 from goodput.testbed.cluster.controlplane import LocalCluster
 from goodput.testbed.cluster.testing import wait_for
 from goodput.testbed.crash_points import CRASH_POINTS
@@ -186,6 +189,13 @@ def ready_endpoints(cluster: LocalCluster, namespace: str) -> set[str]:
     }
 
 
+def running_on(address: str) -> int:
+    """Requests the engine at `address` is generating for now (its own /metrics page)."""
+    with urllib.request.urlopen(f"http://{address}:{PORT}/metrics", timeout=5) as answer:
+        sample = parse_leader_metrics(answer.read().decode(), datetime.now(UTC))
+    return sample.running if sample is not None else 0
+
+
 def describe(cluster: LocalCluster, namespace: str, operator: OperatorProcess) -> str:
     return f"status {json.dumps(status(cluster, namespace))}\noperator log:\n{operator.log_tail(25)}"
 
@@ -340,7 +350,12 @@ def test_restarting_the_operator_mid_drain_finishes_the_drain_without_losing_or_
     trace = write_trace(tmp_path / "long.jsonl", steady(1, 30, (1500, 2000), seed=3))
     load = LoadProcess(cluster, f"{namespace}/{SERVED}", trace, tmp_path / "load.json", 30).start()
     try:
-        time.sleep(8)
+        # Whichever group is drained, it has work in flight (the load's start-up can take seconds).
+        wait_for(
+            lambda: all(running_on(address) >= 1 for address in leaders.values()),
+            timeout_seconds=30,
+            describe="both leaders generating",
+        )
         scale(cluster, namespace, 1)
         victim = draining_group(cluster, namespace)
         (survivor,) = set(leaders) - {victim}
@@ -409,7 +424,12 @@ def test_a_scale_out_during_a_drain_puts_the_draining_group_back_in_service(
     trace = write_trace(tmp_path / "long.jsonl", steady(1, 30, (1500, 2000), seed=4))
     load = LoadProcess(cluster, f"{namespace}/{SERVED}", trace, tmp_path / "load.json", 30).start()
     try:
-        time.sleep(8)
+        # Whichever group is drained, it has work in flight (the load's start-up can take seconds).
+        wait_for(
+            lambda: all(running_on(address) >= 1 for address in leaders.values()),
+            timeout_seconds=30,
+            describe="both leaders generating",
+        )
         scale(cluster, namespace, 1)
         victim = draining_group(cluster, namespace)
         wait_for(
