@@ -116,6 +116,37 @@ def post_events_with_kopf(body: kopf.Body, events: Iterable[EventRecord]) -> Non
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
+EVENT_REPORTING_COMPONENT = "goodput"
+
+
+def event_manifest(body: Mapping[str, Any], event: EventRecord, now: datetime) -> dict[str, Any]:
+    """A core v1 Event about the object `body`, as kopf's queue would post it (same component,
+    so `kubectl describe` and event selectors see one source)."""
+    metadata = body["metadata"]
+    moment = rfc3339_millis(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": metadata["namespace"], "generateName": f"{metadata['name']}."},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "uid": metadata.get("uid"),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "source": {"component": EVENT_REPORTING_COMPONENT},
+        "reportingComponent": EVENT_REPORTING_COMPONENT,
+        "reportingInstance": EVENT_REPORTING_COMPONENT,
+        "firstTimestamp": moment,
+        "lastTimestamp": moment,
+        "count": 1,
+    }
+
+
 @dataclass
 class Runtime:
     """What every handler shares, held in kopf's operator memo."""
@@ -186,7 +217,7 @@ def _register_lifecycle(registry: kopf.OperatorRegistry) -> None:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=naming.DOMAIN, key="last-handled-configuration"
         )
-        settings.posting.reporting_component = "goodput"
+        settings.posting.reporting_component = EVENT_REPORTING_COMPONENT
         settings.posting.level = logging.WARNING
         settings.peering.mandatory = not runtime.settings.standalone
         settings.watching.server_timeout = 300
@@ -932,8 +963,19 @@ class PlanWrites:
         any restart), and only then every readiness gate False (see `DrainStart`)."""
         await self.mark_draining(start)
         if start.event is not None:
-            self.loop.runtime.post_events(self.loop.body, [start.event])
+            await self.announce(start.event)
         await self.set_gates(GateChange(start.group, start.pods, False, start.reason, start.message))
+
+    async def announce(self, event: EventRecord) -> None:
+        """Post `event` before the next write: once every gate is False a restarted operator no
+        longer resumes the start, so an Event still in kopf's queue at a kill would be lost for good.
+        A refused post (RBAC, admission) falls back to the queue rather than holding the drain."""
+        try:
+            manifest = event_manifest(self.loop.body, event, datetime.now(UTC))
+            await asyncio.to_thread(self.kube.create_event, manifest)
+        except KubeError as error:
+            self.loop.logger.warning(f"posting {event.reason} failed ({error}); queued instead")
+            self.loop.runtime.post_events(self.loop.body, [event])
 
     async def mark_draining(self, start: DrainStart) -> None:
         since = rfc3339_millis(start.since)

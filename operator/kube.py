@@ -183,6 +183,13 @@ class KubeApi:
     def delete_service(self, namespace: str, name: str) -> None:
         self._delete("services", f"/api/v1/namespaces/{namespace}/services/{name}")
 
+    # Events
+
+    def create_event(self, manifest: Mapping[str, Any]) -> None:
+        """Post a core v1 Event now (kopf's own posting is queued, and a kill can lose the queue)."""
+        namespace = manifest["metadata"]["namespace"]
+        self.request("POST", "events", f"/api/v1/namespaces/{namespace}/events", manifest)
+
     # Dynamic resource allocation
 
     def create_resource_claim_template(self, manifest: Mapping[str, Any]) -> bool:

@@ -97,6 +97,7 @@ class FakeApiServer:
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     writes: list[tuple[str, str]] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
+    queued_events: list[EventRecord] = field(default_factory=list)
     kill_at: int | None = None
     dead: bool = False
     violations: list[str] = field(default_factory=list)
@@ -111,8 +112,18 @@ class FakeApiServer:
             self.writes.append((kind, name))
 
     def post_events(self, _body: object, events: Any) -> None:
+        """kopf's queue: posted some time later, so a kill before the pass ends loses them."""
         if not self.dead:
-            self.events.extend(events)
+            self.queued_events.extend(events)
+
+    def flush_queued_events(self) -> None:
+        """The pass ended alive: kopf's queue got its Events out."""
+        self.events.extend(self.queued_events)
+        self.queued_events.clear()
+
+    def create_event(self, manifest: dict[str, Any]) -> None:
+        self._write("event", manifest["reason"])
+        self.events.append(EventRecord(manifest["type"], manifest["reason"], manifest["message"]))
 
     def patch_custom(
         self, plural: str, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
@@ -234,7 +245,12 @@ class Operator:
         for group, (in_flight, finished) in leaders.items():
             sample = LeaderSample(datetime.now(UTC), in_flight, 0, finished_total=finished)
             self.loop.leader_readings[group] = self.loop.leader_samples[group] = sample
-        asyncio.run(self.loop.reconcile())
+        try:
+            asyncio.run(self.loop.reconcile())
+        except OperatorKilledError:
+            self.api.queued_events.clear()  # died with its queue
+            raise
+        self.api.flush_queued_events()
 
 
 def serving_cluster() -> FakeApiServer:

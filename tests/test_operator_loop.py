@@ -77,6 +77,8 @@ NODES = [node(f"{c}-{i}", c, z) for c, z in (("a", "z1"), ("b", "z2"), ("c", "z1
 class FakeKube:
     calls: list[tuple[str, ...]] = field(default_factory=list)
     status_writes: list[dict[str, Any]] = field(default_factory=list)
+    # Every Event the operator posted, through kopf's queue or at once through the API.
+    events: list[EventRecord] = field(default_factory=list)
     pod_patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     # What the next status apply, or the creation of these pods, answers instead of succeeding.
     status_failure: KubeError | None = None
@@ -129,6 +131,9 @@ class FakeKube:
     def delete_service(self, namespace: str, name: str) -> None:
         self.calls.append(("delete-service", name))
 
+    def create_event(self, manifest: dict[str, Any]) -> None:
+        self.events.append(EventRecord(manifest["type"], manifest["reason"], manifest["message"]))
+
 
 @dataclass
 class Harness:
@@ -162,14 +167,14 @@ def harness(
     claims: dict[str, list[tuple[str, GpuClaim]]] | None = None,
 ) -> Harness:
     kube = FakeKube()
-    events: list[EventRecord] = []
     runtime = runtime or Runtime(
         settings=Settings(),
         kube=kube,  # type: ignore[arg-type]
         metrics=OperatorMetrics(),
-        post_events=lambda _body, posted: events.extend(posted),
+        post_events=lambda _body, posted: kube.events.extend(posted),
     )
     kube = runtime.kube  # type: ignore[assignment]
+    events = kube.events
     pods: dict[tuple[str, str], list[Any]] = {}
     claims = claims if claims is not None else {"cluster": []}
     routes: dict[str, list[tuple[RouteView, ...]]] = {}
@@ -351,16 +356,14 @@ def two_ready_groups(settings: Settings | None = None, replicas: int = 1) -> Har
     """A harness whose index shows groups g0 and g1 whole and ready, and `replicas` wanted."""
     runtime = None
     if settings is not None:
-        events: list[EventRecord] = []
+        kube = FakeKube()
         runtime = Runtime(
             settings=settings,
-            kube=FakeKube(),  # type: ignore[arg-type]
+            kube=kube,  # type: ignore[arg-type]
             metrics=OperatorMetrics(),
-            post_events=lambda _body, posted: events.extend(posted),
+            post_events=lambda _body, posted: kube.events.extend(posted),
         )
     h = harness(runtime=runtime)
-    if runtime is not None:
-        h.events = events
     h.run()
     views = []
     for index, group in enumerate(("g0", "g1")):
