@@ -201,12 +201,16 @@ class ScalingRules(SpecModel):
 
 
 class ScaleUpRules(ScalingRules):
-    """Scale-up behaviour: act at once, add up to 100 % or 2 groups a minute, whichever is more."""
+    """Scale-up behaviour: act at once, add up to 100 % or 4 groups a minute, whichever is more.
+
+    Four groups, as the HPA's default scale-up allows four pods: a burst to three times the load of
+    two groups needs five, and a limit of two held the fifth a whole minute (and its ready time)
+    behind the first step. The ceiling on spend is `maxReplicas`, not this limit."""
 
     policies: tuple[StepPolicy, ...] = Field(
         default=(
             StepPolicy(type="Percent", value=100, period_seconds=60),
-            StepPolicy(type="Groups", value=2, period_seconds=60),
+            StepPolicy(type="Groups", value=4, period_seconds=60),
         ),
         max_length=8,
     )

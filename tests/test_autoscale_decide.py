@@ -205,7 +205,7 @@ CASES = [
         "step policies limit a large scale-out",
         world(*ready_groups(1, 8.0)),
         DEFAULT,
-        3,
+        5,  # 1 + max(100 %, 4 groups)
         Guard.SCALE_UP_LIMIT,
         (Guard.SCALE_UP_LIMIT,),
     ),

@@ -81,6 +81,8 @@ def policy_body(
                 "mode": mode,
                 "intervalSeconds": 10,
                 "signals": {"goodput": {"enabled": False}},
+                # A step limit below maxReplicas, so that an overloaded group meets it.
+                "scaleUp": {"policies": [{"type": "Groups", "value": 2, "periodSeconds": 10}]},
                 "scaleDown": {
                     "stabilizationWindowSeconds": window,
                     "policies": [{"type": "Groups", "value": 1, "periodSeconds": 10}],

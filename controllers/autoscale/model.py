@@ -191,7 +191,7 @@ def _api_rules(rules: api.ScalingRules) -> ScalingRules:
 
 
 def default_scale_up() -> ScalingRules:
-    """The API's default: act at once; add up to 100 % or 2 groups a minute, whichever is more."""
+    """The API's default: act at once; add up to 100 % or 4 groups a minute, whichever is more."""
     return _api_rules(_API_AUTOSCALING.scale_up)
 
 
