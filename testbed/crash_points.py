@@ -1,4 +1,5 @@
-"""The operator killed at a named write of a drain: the crash stories of issue 18 (`e2e/test_drain.py`).
+"""The operator killed at a named write of a drain: the crash stories
+of issue 18 (`e2e/test_drain_killed.py`).
 
 `python -m goodput.testbed.crash_points --kill-at STEP run ...` runs the operator exactly as
 `goodput run ...` does, except that one write method of the group loop's `PlanWrites` is wrapped:
