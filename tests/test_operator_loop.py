@@ -620,6 +620,9 @@ NOT_WRITTEN = frozenset(
         "transitions",
         "readiness_reported",
         "rollout",
+        "ready_breakdowns",
+        "stalls",
+        "stalls_reported",
     }
 )
 
