@@ -1168,6 +1168,17 @@ class DecisionCapacity(StatusModel):
     """0 for a prior nothing confirmed, growing towards 1 with evidence; 1 for a measured figure."""
 
 
+class DecisionReadyTime(StatusModel):
+    """The ready time a decision looked ahead by (the backlog the serving groups drain before a
+    group asked for now is ready asks for no group), and where it comes from."""
+
+    source: Literal["prior", "measured"]
+    """'prior' (`profile.readyTimeSeconds`) or 'measured' (the 90th percentile of the recent groups
+    in `status.readyTime`, or their median while there are fewer than 5 and no prior)."""
+    seconds: float = Field(ge=0)
+    """The ready time used."""
+
+
 class EvidenceWindow(StatusModel):
     """The time span of the evidence behind a learnt capacity."""
 
@@ -1211,6 +1222,9 @@ class ScalingDecision(StatusModel):
     """True for a decision of the shadow policy, which is never applied."""
     capacity: DecisionCapacity | None = None
     """The capacity the decision used (absent where the decision did not say)."""
+    ready_time: DecisionReadyTime | None = None
+    """The ready time the decision looked ahead by and its source; absent: unknown (no backlog was
+    discounted by a ready time)."""
 
 
 DrainOutcome = Literal["Drained", "TimedOut"]
