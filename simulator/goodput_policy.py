@@ -59,7 +59,7 @@ from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
-from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
+from goodput.simulator.fleet_policy import FleetObservation, GroupInfo, PolicyAnswer
 from goodput.simulator.gateway import gateway_observation
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
 from goodput.simulator.report import ClassTargets
@@ -305,9 +305,17 @@ def snapshot_from(
     )
 
 
+def measured_ready(info: GroupInfo) -> float | None:
+    """A group's ready time, once it became ready; None for a group the run started warm (created
+    ready at the start: it has no ready time, and a 0 would drag the estimate down)."""
+    if info.ready_at is None or info.ready_at <= info.created_at:
+        return None
+    return info.ready_at - info.created_at
+
+
 def ready_seconds_of(observation: FleetObservation) -> list[float]:
-    """The ready time of each observed group that is ready."""
-    return [info.ready_at - info.created_at for info in observation.groups if info.ready_at is not None]
+    """The ready time of each observed group that became ready."""
+    return [seconds for info in observation.groups if (seconds := measured_ready(info)) is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,9 +329,11 @@ class ReadyHistory:
     def seen(self, observation: FleetObservation) -> ReadyHistory:
         known = {name for name, _, _ in self.samples}
         new = [
-            (info.name, info.ready_at, info.ready_at - info.created_at)
+            (info.name, info.ready_at, seconds)
             for info in observation.groups
-            if info.ready_at is not None and info.name not in known
+            if info.ready_at is not None
+            and info.name not in known
+            and (seconds := measured_ready(info)) is not None
         ]
         merged = sorted([*new, *self.samples], key=lambda sample: sample[1], reverse=True)
         return ReadyHistory(tuple(merged[:RECENT_READY_SAMPLES]))

@@ -314,7 +314,10 @@ def observed_groups(now: float, groups: tuple[GroupInfo, ...]) -> FleetObservati
 def test_the_simulated_groups_ready_times_are_kept_after_they_leave_and_feed_the_operators_estimate() -> None:
     """As the operator keeps `status.readyTime.recent`: a group's ready time stays after a scale-in
     removed it, each group once; five of them replace the declared ready time with their own p90."""
-    history = ReadyHistory()
+    # Two groups the run started warm were created ready: they have no ready time to learn from.
+    warm = (GroupInfo("group-w0", "Ready", 0.0, 0.0), GroupInfo("group-w1", "Ready", 0.0, 0.0))
+    history = ReadyHistory().seen(observed_groups(0.0, warm))
+    assert history.seconds == []
     for index, seconds in enumerate((100.0, 110.0, 120.0, 130.0, 150.0)):
         created = 1000.0 * index
         group = GroupInfo(f"group-{index}", "Ready", created, created + seconds)
