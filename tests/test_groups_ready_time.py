@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from test_groups import NOW, group, world
+from test_groups import NOW, RULES, group, world
 
 from goodput.api.modelgroup import ModelGroupStatus
 from goodput.api.reasons import EventReason
@@ -146,3 +146,23 @@ def test_the_phase_histogram_sees_each_known_phase_once() -> None:
     assert observed("ContainerStart", "count") == 1.0, "an unknown phase is not observed as 0"
     metrics.forget_model_group("serving", "llama-70b")
     assert observed("WeightLoad") is None
+
+
+def test_a_simulated_groups_loading_time_is_its_weight_load() -> None:
+    """The simulator's group world binds a group's pods after placement, starts their engines at once
+    and marks them ready after the loading time: its phases read as the operator reads them."""
+    from goodput.controllers.groups.ready_phases import breakdown, milestones_of
+    from goodput.simulator.group_world import bound, instant, started
+
+    ranks = [
+        started(bound(pod, instant(5.0)), instant(125.0), RULES)
+        for pod in group("g0", "released", created=instant(0.0))
+    ]
+    phases = breakdown(milestones_of(ranks, instant(0.0), instant(126.0), ranks_checked=True), instant(130.0))
+    assert [(p.phase.value, p.seconds) for p in phases.phases] == [
+        ("Scheduling", 5.0),
+        ("ContainerStart", 0.0),
+        ("WeightLoad", 120.0),
+        ("RankFormation", 0.0),
+        ("WarmUp", 1.0),
+    ]
