@@ -829,8 +829,10 @@ class Profile(SpecModel):
     """vLLM --max-num-batched-tokens for every group; absent: vLLM's default for `gpu`."""
     ready_time_seconds: int | None = Field(default=None, ge=1, le=86400)
     """Expected time from creating a group to it serving (placement, image, weights, rank
-    initialisation, compilation, warm-up); absent: learnt from the groups' measured ready times.
-    Queued work the ready groups drain before then asks for no new group."""
+    initialisation, compilation, warm-up). A prior: once 5 groups were measured
+    (`status.readyTime.recent`), the autoscaler uses their 90th percentile (at most 3x their
+    median) instead; absent, the median of the groups measured so far. Queued work the ready groups
+    drain before then asks for no new group."""
 
 
 class Warmup(SpecModel):
@@ -1028,6 +1030,88 @@ class ReadyTime(StatusModel):
     """From /health until the NCCL, revision and warm-up checks passed."""
     total_seconds: float = Field(ge=0)
     """From creation to ready."""
+    phases: tuple[PhaseSeconds, ...] = Field(default=(), max_length=8)
+    """The same time in finer phases, in order (Scheduling, ContainerStart, WeightLoad, RankFormation
+    where the NCCL check is required, WarmUp); see `status.readyTime`."""
+
+
+ReadyPhaseName = Literal["Scheduling", "ContainerStart", "WeightLoad", "RankFormation", "WarmUp"]
+"""A phase of a group's ready time, ended by its last rank: bound to a node (PodScheduled), engine
+container running (image pulled, init containers done), engine answering /health (weights loaded),
+NCCLHealthy (ranks formed), and the group-ready gate (revision check and warm-up passed)."""
+
+
+class PhaseSeconds(StatusModel):
+    """One phase of one group's ready time."""
+
+    phase: ReadyPhaseName
+    """The phase."""
+    seconds: float | None = Field(default=None, ge=0)
+    """How long the group spent in it; absent: unknown (its end was not recorded: its time counts
+    in the next phase)."""
+
+
+class ReadyPhaseSummary(StatusModel):
+    """The recent groups' time in one phase."""
+
+    phase: ReadyPhaseName
+    """The phase."""
+    samples: int = Field(ge=0)
+    """Recent groups whose time in this phase is known."""
+    p50_seconds: float | None = Field(default=None, ge=0)
+    """Median over those groups; absent with none."""
+    p90_seconds: float | None = Field(default=None, ge=0)
+    """90th percentile (nearest rank) over those groups; absent with none."""
+
+
+class ReadySample(StatusModel):
+    """One group's ready time, kept after the group is gone."""
+
+    group: str = Field(max_length=63)
+    """The group (names are never reused, so a group is recorded once)."""
+    ready_at: Timestamp
+    """When it became ready."""
+    total_seconds: float = Field(ge=0)
+    """From creation to ready."""
+    phases: tuple[PhaseSeconds, ...] = Field(default=(), max_length=8)
+    """By phase, in order."""
+
+
+class ReadyPhaseStall(StatusModel):
+    """A group not ready whose current phase has lasted past its bound."""
+
+    group: str = Field(max_length=63)
+    """The group."""
+    phase: ReadyPhaseName
+    """The phase it is stuck in."""
+    seconds: float = Field(ge=0)
+    """How long it has been in that phase."""
+    bound_seconds: float = Field(ge=0)
+    """The bound it passed: 3x the recent groups' 90th percentile in that phase (at least 60 s) once
+    5 of them recorded it, else half of `readiness.startupTimeoutSeconds`."""
+
+
+# Groups kept in `status.readyTime.recent`: the distribution the autoscaler reads.
+RECENT_READY_SAMPLES = 20
+
+
+class ReadyTimeSummary(StatusModel):
+    """How long this ModelGroup's groups took to become ready, whole and by phase, over the latest
+    groups; and the groups whose current phase is stalled."""
+
+    samples: int = Field(default=0, ge=0)
+    """Groups in `recent`."""
+    p50_seconds: float | None = Field(default=None, ge=0)
+    """Median ready time over `recent`; absent with none."""
+    p90_seconds: float | None = Field(default=None, ge=0)
+    """90th percentile (nearest rank) ready time over `recent`; absent with none."""
+    by_phase: tuple[ReadyPhaseSummary, ...] = Field(default=(), max_length=8)
+    """The same, per phase."""
+    recent: tuple[ReadySample, ...] = Field(default=(), max_length=RECENT_READY_SAMPLES)
+    """The latest groups to become ready, newest first (at most 20)."""
+    stalled: tuple[ReadyPhaseStall, ...] = Field(default=(), max_length=64)
+    """Groups not ready whose current phase has lasted past its bound, with the phase named (a
+    ReadyPhaseStalled Warning Event is posted once per group and phase)."""
 
 
 class GroupStatus(StatusModel):
@@ -1084,6 +1168,17 @@ class DecisionCapacity(StatusModel):
     """0 for a prior nothing confirmed, growing towards 1 with evidence; 1 for a measured figure."""
 
 
+class DecisionReadyTime(StatusModel):
+    """The ready time a decision looked ahead by (the backlog the serving groups drain before a
+    group asked for now is ready asks for no group), and where it comes from."""
+
+    source: Literal["prior", "measured"]
+    """'prior' (`profile.readyTimeSeconds`) or 'measured' (the 90th percentile of the recent groups
+    in `status.readyTime`, or their median while there are fewer than 5 and no prior)."""
+    seconds: float = Field(ge=0)
+    """The ready time used."""
+
+
 class EvidenceWindow(StatusModel):
     """The time span of the evidence behind a learnt capacity."""
 
@@ -1127,6 +1222,9 @@ class ScalingDecision(StatusModel):
     """True for a decision of the shadow policy, which is never applied."""
     capacity: DecisionCapacity | None = None
     """The capacity the decision used (absent where the decision did not say)."""
+    ready_time: DecisionReadyTime | None = None
+    """The ready time the decision looked ahead by and its source; absent: unknown (no backlog was
+    discounted by a ready time)."""
 
 
 DrainOutcome = Literal["Drained", "TimedOut"]
@@ -1245,6 +1343,9 @@ class ModelGroupStatus(StatusModel):
     drain: DrainSummary | None = None
     """Scale-in drains: how many ended idle, timed out or were cancelled, and the requests they
     finished and aborted."""
+    ready_time: ReadyTimeSummary | None = None
+    """Ready time of the latest groups, whole and by phase (median, 90th percentile), and the groups
+    whose current phase is stalled. Absent until a group became ready or stalled."""
     last_decision: ScalingDecision | None = None
     """The latest decision of the bound policy."""
     decisions: tuple[ScalingDecision, ...] = Field(default=(), max_length=10)

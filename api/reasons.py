@@ -233,6 +233,9 @@ class EventReason:
     ROLLOUT_STALLED: Final = "RolloutStalled"
     """Groups of the new pod template kept failing: the rollout stopped and old groups keep serving."""
     READINESS_WAITING: Final = "ReadinessWaiting"
+    READY_PHASE_STALLED: Final = "ReadyPhaseStalled"
+    """A starting group has been in one phase of its ready time (Scheduling, ContainerStart,
+    WeightLoad, RankFormation, WarmUp) longer than its bound: the message names the phase."""
     CONTAINERS_NOT_STARTING: Final = "ContainersNotStarting"
     """A starting group's rank waits on something waiting does not fix (an image that cannot be
     pulled, a Secret or key that does not exist): the message names the rank and the spec field."""

@@ -83,6 +83,7 @@ GROUP_STATUS = StatusOwner(
             "outdatedGroups",
             "groups",
             "drain",
+            "readyTime",
         }
     ),
     condition_types=frozenset(

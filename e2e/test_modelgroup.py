@@ -220,6 +220,23 @@ def test_a_70b_model_group_serves_only_complete_healthy_warm_groups(
         for group in final["groups"]:
             assert group["state"] == "Ready"
             assert group["readyTime"]["totalSeconds"] >= group["readyTime"]["warmingSeconds"] > 0
+            # The same time in finer phases, in order; the known ones add up to the whole.
+            phases = group["readyTime"]["phases"]
+            assert [p["phase"] for p in phases] == [
+                "Scheduling",
+                "ContainerStart",
+                "WeightLoad",
+                "RankFormation",
+                "WarmUp",
+            ]
+            known = sum(p["seconds"] for p in phases if "seconds" in p)
+            assert abs(known - group["readyTime"]["totalSeconds"]) <= 0.1 * len(phases)
+        # Both groups recorded once, with the distribution the autoscaler looks ahead by.
+        ready_time = final["readyTime"]
+        assert ready_time["samples"] == 2
+        assert sorted(s["group"] for s in ready_time["recent"]) == sorted(g["name"] for g in final["groups"])
+        assert ready_time["p90Seconds"] >= ready_time["p50Seconds"] > 0
+        assert "stalled" not in ready_time or ready_time["stalled"] == []
         table = cluster.kubectl("get", "mg", "llama", "-n", namespace).stdout.splitlines()
         assert table[0].split()[:3] == ["NAME", "DESIRED", "READY"]
         assert table[1].split()[:3] == ["llama", "2", "2"]

@@ -80,7 +80,13 @@ from goodput.controllers.groups.observation import (
     pod_accelerator,
 )
 from goodput.controllers.groups.placement import GpuClaim, Inventory
-from goodput.controllers.groups.status import invalid_spec_status, model_group_status, with_others_conditions
+from goodput.controllers.groups.ready_phases import ReadyPhase
+from goodput.controllers.groups.status import (
+    invalid_spec_status,
+    model_group_status,
+    recent_ready_phases,
+    with_others_conditions,
+)
 from goodput.controllers.groups.template import (
     ControllerTuning,
     group_template,
@@ -600,6 +606,8 @@ class ModelGroupLoop:
         self.probes_in_flight: set[str] = set()
         # Groups whose wait for readiness was reported with an Event (once per group and process).
         self.readiness_reported: set[str] = set()
+        # Stalled ready-time phases reported with an Event, as "group/phase" (once per process).
+        self.stalls_reported: set[str] = set()
         self.unrecorded_drains: list[DrainEnded] = []
         # Drains cancelled in passes whose status write lost a conflict: counted at the next write.
         self.unrecorded_cancellations = 0
@@ -639,6 +647,7 @@ class ModelGroupLoop:
             deleting=deleting,
             recorded_drains=_recorded(previous),
             devices=devices,
+            recent_ready=recent_ready_phases(previous.ready_time),
         )
         plan = plan_model_group(world)
         self._reserve_gpus(plan)
@@ -650,6 +659,7 @@ class ModelGroupLoop:
             # done is not, and a write that failed is a Warning with the API server's answer.
             self.runtime.post_events(self.body, ledger.events(plan))
             self.readiness_reported.update(plan.readiness_reported)
+            self.stalls_reported.update(plan.stalls_reported)
         _record(self.runtime.metrics, self.namespace, self.name, world, plan)
         await self._record_status(previous, plan, world, generation)
 
@@ -696,6 +706,7 @@ class ModelGroupLoop:
         deleting: bool = False,
         recorded_drains: frozenset[str] = frozenset(),
         devices: DevicePlacement = NO_DEVICE_CLASS,
+        recent_ready: tuple[Mapping[ReadyPhase, float], ...] = (),
     ) -> World:
         spec = model_group.spec
         settings = self.runtime.settings
@@ -713,6 +724,7 @@ class ModelGroupLoop:
             for group in [g for g in memory if g not in live_groups]:
                 del memory[group]
         self.readiness_reported &= live_groups
+        self.stalls_reported = {key for key in self.stalls_reported if key.split("/", 1)[0] in live_groups}
         tuning = ControllerTuning(
             warmup_retry_seconds=settings.warmup_retry_seconds,
             placement_backoff_seconds=settings.placement_backoff_seconds,
@@ -745,6 +757,8 @@ class ModelGroupLoop:
             deleting=deleting,
             recorded_drains=recorded_drains,
             acting_since=self.acting_since,
+            recent_ready_phases=recent_ready,
+            stalls_reported=frozenset(self.stalls_reported),
         )
 
     async def apply(self, plan: Plan, world: World, ledger: StepLedger | None = None) -> None:
@@ -1050,6 +1064,9 @@ def _record(metrics: OperatorMetrics, namespace: str, name: str, world: World, p
                 ("total", times.total_seconds),
             ):
                 metrics.group_ready_seconds.labels(phase).observe(seconds)
+        phases = plan.ready_breakdowns.get(group.name)
+        if phases is not None:
+            metrics.ready_phases(namespace, name, phases)
     counts: dict[str, int] = {}
     for group in plan.groups:
         counts[group.state] = counts.get(group.state, 0) + 1

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from goodput.api.modelgroup import GROUP_STATES
 from goodput.controllers.groups.model import DrainEnded
+from goodput.controllers.groups.ready_phases import ReadyBreakdown, ReadyPhase
 from goodput.controllers.metric_buckets import GROUP_LIFECYCLE_BUCKETS_SECONDS, RECONCILE_BUCKETS_SECONDS
 
 DRAIN_OUTCOMES = ("Drained", "TimedOut", "Cancelled")
@@ -81,6 +82,15 @@ class OperatorMetrics:
             "goodput_group_ready_seconds",
             "Time for a group to become ready, by phase.",
             ["phase"],
+            registry=r,
+            buckets=GROUP_LIFECYCLE_BUCKETS_SECONDS,
+        )
+        self.group_ready_phase_seconds = Histogram(
+            "goodput_group_ready_phase_seconds",
+            "Time a group spent in each phase of its ready time (Scheduling, ContainerStart, WeightLoad, "
+            "RankFormation, WarmUp), observed once when it became ready; a phase whose end was not "
+            "recorded is not observed (its time is in the next phase).",
+            ["namespace", "model_group", "phase"],
             registry=r,
             buckets=GROUP_LIFECYCLE_BUCKETS_SECONDS,
         )
@@ -160,6 +170,14 @@ class OperatorMetrics:
             else:
                 counter.labels(namespace, name).inc(value)
 
+    def ready_phases(self, namespace: str, name: str, phases: ReadyBreakdown) -> None:
+        """One group that became ready: each known phase once (an unknown one is never observed as 0)."""
+        for phase in phases.phases:
+            if phase.seconds is not None:
+                self.group_ready_phase_seconds.labels(namespace, name, phase.phase.value).observe(
+                    phase.seconds
+                )
+
     def drain_cancelled(self, namespace: str, name: str) -> None:
         self.drains.labels(namespace, name, "Cancelled").inc()
 
@@ -174,6 +192,9 @@ class OperatorMetrics:
             for family in (self.drain_duration, self.drains):
                 with contextlib.suppress(KeyError):
                     family.remove(namespace, name, outcome)
+        for phase in ReadyPhase:
+            with contextlib.suppress(KeyError):
+                self.group_ready_phase_seconds.remove(namespace, name, phase.value)
         for counter in (self.drain_requests_finished, self.drain_requests_aborted):
             with contextlib.suppress(KeyError):
                 counter.remove(namespace, name)

@@ -41,12 +41,12 @@ from goodput.controllers.autoscale.model import (
     GroupObservation,
     ModelGroupSnapshot,
 )
+from goodput.controllers.autoscale.ready_time import estimate_ready_time
 from goodput.controllers.autoscale.snapshot import (
     ModelGroupCounts,
     aligned,
     capacity_view,
     clamped,
-    expected_ready_seconds,
     model_group_snapshot,
     unplaceable,
 )
@@ -369,11 +369,24 @@ def build_snapshot(
         metrics_window_seconds=compiled.metrics_window_seconds,
         now=now,
         gateway=gateway,
-        group_ready_seconds=expected_ready_seconds(
+        ready_time=estimate_ready_time(
             model_group.spec.profile.ready_time_seconds if model_group.spec.profile is not None else None,
-            [group.ready_time.total_seconds for group in status.groups if group.ready_time is not None],
+            measured_ready_seconds(status),
         ),
     )
+
+
+def measured_ready_seconds(status: ModelGroupStatus) -> list[float]:
+    """The recent groups' ready times: `status.readyTime.recent`, and any group serving now that is
+    not in it yet (a status written before the record existed)."""
+    recent = status.ready_time.recent if status.ready_time is not None else ()
+    recorded = {sample.group for sample in recent}
+    current = [
+        group.ready_time.total_seconds
+        for group in status.groups
+        if group.ready_time is not None and group.name not in recorded
+    ]
+    return [sample.total_seconds for sample in recent] + current
 
 
 def query_windows(compiled: CompiledPolicy, rate_window_seconds: float) -> Windows:

@@ -9,12 +9,12 @@ ModelGroup. Nothing here decides anything; it only translates.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from goodput.api.modelgroup import GroupState, ModelGroup
+from goodput.api.modelgroup import RECENT_READY_SAMPLES, GroupState, ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale.capacity_learner import (
@@ -35,11 +35,11 @@ from goodput.controllers.autoscale.model import (
     ScalingPolicy,
     SloTargets,
 )
+from goodput.controllers.autoscale.ready_time import estimate_ready_time
 from goodput.controllers.autoscale.snapshot import (
     ModelGroupCounts,
     aligned,
     clamped,
-    expected_ready_seconds,
     model_group_snapshot,
 )
 from goodput.controllers.compile.scaling import (
@@ -59,7 +59,7 @@ from goodput.estimators.attainment import histogram_delta
 from goodput.estimators.capacity import CapacityProfile
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import CapacityEnvelope
-from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
+from goodput.simulator.fleet_policy import FleetObservation, GroupInfo, PolicyAnswer
 from goodput.simulator.gateway import gateway_observation
 from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsView
 from goodput.simulator.report import ClassTargets
@@ -272,6 +272,7 @@ def snapshot_from(
     policy: ScalingPolicy,
     rate_window_seconds: float | None = None,
     declared_ready_seconds: float | None = None,
+    measured_ready_seconds: Sequence[float] | None = None,
 ) -> ModelGroupSnapshot:
     """The `ModelGroupSnapshot` the operator would build at `observation.now`, by the same assembly.
 
@@ -280,6 +281,9 @@ def snapshot_from(
     A failed group's replacement not created yet (a replacement delay) is capacity on its way, as the
     operator counts it; the simulated cluster always has room, so it is never unschedulable, and it
     runs no rollout, so no group is outdated.
+
+    measured_ready_seconds: the recent groups' ready times, as the operator keeps them in
+    `status.readyTime.recent` (absent: those of the groups observed now).
     """
     counts = ModelGroupCounts(observation.desired_groups, observation.min_groups, observation.max_groups)
     scraped = [
@@ -294,11 +298,49 @@ def snapshot_from(
         metrics_window_seconds=window_seconds,
         now=observation.now,
         gateway=gateway_observation(scraped, observation.now, window_seconds, rate_window_seconds),
-        group_ready_seconds=expected_ready_seconds(
+        ready_time=estimate_ready_time(
             declared_ready_seconds,
-            [info.ready_at - info.created_at for info in observation.groups if info.ready_at is not None],
+            measured_ready_seconds if measured_ready_seconds is not None else ready_seconds_of(observation),
         ),
     )
+
+
+def measured_ready(info: GroupInfo) -> float | None:
+    """A group's ready time, once it became ready; None for a group the run started warm (created
+    ready at the start: it has no ready time, and a 0 would drag the estimate down)."""
+    if info.ready_at is None or info.ready_at <= info.created_at:
+        return None
+    return info.ready_at - info.created_at
+
+
+def ready_seconds_of(observation: FleetObservation) -> list[float]:
+    """The ready time of each observed group that became ready."""
+    return [seconds for info in observation.groups if (seconds := measured_ready(info)) is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyHistory:
+    """The latest groups' ready times, kept after the groups are gone, as `status.readyTime.recent`
+    keeps them: a group once (names are never reused), at most RECENT_READY_SAMPLES, newest first."""
+
+    samples: tuple[tuple[str, float, float], ...] = ()
+    """(group, ready at, ready seconds), newest first."""
+
+    def seen(self, observation: FleetObservation) -> ReadyHistory:
+        known = {name for name, _, _ in self.samples}
+        new = [
+            (info.name, info.ready_at, seconds)
+            for info in observation.groups
+            if info.ready_at is not None
+            and info.name not in known
+            and (seconds := measured_ready(info)) is not None
+        ]
+        merged = sorted([*new, *self.samples], key=lambda sample: sample[1], reverse=True)
+        return ReadyHistory(tuple(merged[:RECENT_READY_SAMPLES]))
+
+    @property
+    def seconds(self) -> list[float]:
+        return [seconds for _, _, seconds in self.samples]
 
 
 @dataclass
@@ -316,6 +358,7 @@ class GoodputPolicy:
     """The ModelGroup's `profile.readyTimeSeconds`; absent: learnt from the simulated groups."""
     name: str = "goodput"
     state: DecisionState = field(default_factory=DecisionState.initial)
+    ready_history: ReadyHistory = field(default_factory=ReadyHistory)
     last_decision: Decision | None = None
     learn_capacity: bool = False
     """Refine the profile's capacity from the simulated engines (`capacity_learner`), as the operator
@@ -401,6 +444,7 @@ class GoodputPolicy:
 
     def recommend(self, observation: FleetObservation) -> PolicyAnswer:
         capacity = self.capacity_in_use(observation.now)
+        self.ready_history = self.ready_history.seen(observation)
         snapshot = snapshot_from(
             observation,
             with_capacity(self.profile, capacity),
@@ -409,6 +453,7 @@ class GoodputPolicy:
             policy=self.policy,
             rate_window_seconds=self.effective_rate_window_seconds,
             declared_ready_seconds=self.declared_ready_seconds,
+            measured_ready_seconds=self.ready_history.seconds,
         )
         decision = decide(replace(snapshot, capacity=capacity), self.policy, self.state, observation.now)
         self.state = decision.next_state

@@ -116,9 +116,16 @@ def created_pods(manifests: tuple[dict[str, Any], ...], now: datetime) -> list[P
 
 
 def bound(pod: PodView, now: datetime) -> PodView:
-    """The scheduler bound the pod to its domain's node for its rank."""
+    """The scheduler bound the pod to its domain's node for its rank; its engine starts at once (the
+    image is cached), so the group's loading time is all WeightLoad in its ready-time phases."""
     node = f"node-{(pod.topology_domain or 'd0').removeprefix('d')}-{pod.rank}"
-    return replace(pod, node_name=node, ip=f"sim://{pod.name}", scheduled=ConditionView("True", "", "", now))
+    return replace(
+        pod,
+        node_name=node,
+        ip=f"sim://{pod.name}",
+        scheduled=ConditionView("True", "", "", now),
+        engine_started_at=now,
+    )
 
 
 def started(pod: PodView, now: datetime, rules: ReadinessRules) -> PodView:

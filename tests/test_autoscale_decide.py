@@ -40,6 +40,7 @@ from goodput.controllers.autoscale.model import (
     ScalingPolicy,
     StaleMetricsAction,
 )
+from goodput.controllers.autoscale.ready_time import estimate_ready_time
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.queueing import QueuedRequest
 
@@ -463,3 +464,23 @@ def test_the_backlog_left_when_ready_shrinks_with_spare_capacity_and_grows_with_
             assert left > waiting
     left = [estimates.waiting_work_at_ready_seconds for estimates in lefts]
     assert left == sorted(left)
+
+
+def test_the_measured_ready_times_replace_the_prior_and_the_record_says_which_was_used() -> None:
+    """Declared: groups ready in 2 s, so the backlog asks for a group. Five groups measured took
+    100-120 s: the look ahead uses their distribution, the spare capacity drains the backlog first,
+    and the record says the ready time was measured."""
+    snapshot = backlogged(0.6, 8.0, None)
+    answers = {}
+    for name, measured in (("prior", []), ("measured", [100.0, 105.0, 110.0, 115.0, 120.0])):
+        estimate = estimate_ready_time(2.0, measured)
+        assert estimate is not None
+        looked_ahead = dataclasses.replace(
+            snapshot, group_ready_seconds=estimate.seconds, group_ready_source=estimate.source
+        )
+        answers[name] = decide(looked_ahead, PERMISSIVE, DecisionState.initial(), 0.0)
+    assert answers["prior"].desired_groups > 3
+    assert answers["measured"].desired_groups == 3
+    record = answers["measured"].to_record()["estimates"]
+    assert (record["group_ready_seconds"], record["group_ready_source"]) == (120.0, "measured")  # type: ignore[index]
+    assert answers["prior"].to_record()["estimates"]["group_ready_source"] == "prior"  # type: ignore[index]

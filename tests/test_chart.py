@@ -1124,6 +1124,7 @@ def test_the_dashboard_shows_what_an_operator_of_goodput_watches(
         "Attainment",
         "Drains",
         "GPU-hours",
+        "Ready time by phase",
     ):
         assert topic in titles, f"no panel about {topic}: {titles}"
     registry = CollectorRegistry()

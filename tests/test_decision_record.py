@@ -546,3 +546,22 @@ def test_status_capacity_shows_only_a_figure_it_can_trust(case: str, value: floa
             },
             "reason": "",
         }
+
+
+@pytest.mark.parametrize(
+    ("case", "seconds", "source", "shown"),
+    [
+        ("a measured ready time", 184.0, "measured", {"source": "measured", "seconds": 184.0}),
+        ("the declared prior", 120.0, "prior", {"source": "prior", "seconds": 120.0}),
+        ("unknown: no ready time is made up", None, None, None),
+    ],
+)
+def test_a_status_decision_says_which_ready_time_it_looked_ahead_by(
+    case: str, seconds: float | None, source: str | None, shown: dict[str, object] | None
+) -> None:
+    observed = dataclasses.replace(
+        world(group(load(0.5), name="g0")), group_ready_seconds=seconds, group_ready_source=source
+    )
+    entry = decision_entry(decide(observed, PERMISSIVE, DecisionState.initial(), NOW))
+    recorded = entry.ready_time.model_dump(by_alias=True, mode="json") if entry.ready_time else None
+    assert recorded == shown, case

@@ -23,7 +23,15 @@ from typing import Any
 import pytest
 
 from goodput.api.conditions import Condition
-from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus, Profile, ReadyTime
+from goodput.api.modelgroup import (
+    GroupStatus,
+    ModelGroup,
+    ModelGroupStatus,
+    Profile,
+    ReadySample,
+    ReadyTime,
+    ReadyTimeSummary,
+)
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale.model import DecisionState
@@ -367,7 +375,7 @@ def test_the_ready_time_a_decision_expects_is_the_declared_one_else_the_groups_m
         )
     )
     learnt = build_snapshot(MODEL_GROUP, measured, compiled(), {}, now=1.0)
-    assert learnt.group_ready_seconds == 50.0
+    assert (learnt.group_ready_seconds, learnt.group_ready_source) == (50.0, "measured")
     profile = {
         **MODEL_GROUP.spec.profile.model_dump(by_alias=True, exclude_none=True),
         "readyTimeSeconds": 300,
@@ -375,7 +383,17 @@ def test_the_ready_time_a_decision_expects_is_the_declared_one_else_the_groups_m
     declared = MODEL_GROUP.model_copy(
         update={"spec": MODEL_GROUP.spec.model_copy(update={"profile": Profile.model_validate(profile)})}
     )
-    assert build_snapshot(declared, measured, compiled(), {}, now=1.0).group_ready_seconds == 300.0
+    prior = build_snapshot(declared, measured, compiled(), {}, now=1.0)
+    assert (prior.group_ready_seconds, prior.group_ready_source) == (300.0, "prior")
+    # Once five groups were recorded in status.readyTime.recent (kept after the groups are gone),
+    # their 90th percentile replaces the declared figure.
+    recent = tuple(
+        ReadySample(group=f"old{index}", ready_at=NOW, total_seconds=seconds)
+        for index, seconds in enumerate((100.0, 110.0, 120.0, 130.0, 200.0))
+    )
+    history = measured.model_copy(update={"ready_time": ReadyTimeSummary(samples=5, recent=recent)})
+    distribution = build_snapshot(declared, history, compiled(), {}, now=1.0)
+    assert (distribution.group_ready_seconds, distribution.group_ready_source) == (200.0, "measured")
     assert (
         build_snapshot(
             MODEL_GROUP, status_with(("g0", "Placing")), compiled(), {}, now=1.0

@@ -623,6 +623,9 @@ NOT_WRITTEN = frozenset(
         "transitions",
         "readiness_reported",
         "rollout",
+        "ready_breakdowns",
+        "stalls",
+        "stalls_reported",
     }
 )
 
@@ -640,3 +643,56 @@ def test_the_loop_applies_every_step_of_the_apply_order_and_the_order_names_ever
     assert order("drain_starts") < order("unready") < order("deletions")
     assert order("drain_outcomes") < order("deletions") and order("drain_outcomes") < order("drains_ended")
     assert order("annotations") < order("creations") < order("gate_releases")
+
+
+def _loading_weights(manifest: dict[str, Any], node_name: str, started_seconds_ago: float) -> dict[str, Any]:
+    """A rank bound and running whose engine has not answered /health since it started."""
+    pod = copy.deepcopy(manifest)
+    now = datetime.now(UTC)
+
+    def ago(seconds: float) -> str:
+        return (now - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    pod["metadata"]["creationTimestamp"] = ago(started_seconds_ago + 20)
+    pod["spec"]["nodeName"] = node_name
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "10.200.0.6",
+        "containerStatuses": [
+            {"name": "vllm", "restartCount": 0, "state": {"running": {"startedAt": ago(started_seconds_ago)}}}
+        ],
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": ago(started_seconds_ago + 10)},
+            {"type": "ContainersReady", "status": "False", "lastTransitionTime": ago(started_seconds_ago)},
+        ],
+    }
+    return pod
+
+
+def test_a_stalled_phase_is_announced_once_and_a_ready_groups_time_is_kept_in_status() -> None:
+    h = harness()
+    h.run()
+    views = []
+    for rank in range(2):
+        ready = parse_pod(_ready(_pod_manifest(h, "g0", rank), f"a-{rank}", restarts=0))
+        loading = parse_pod(
+            _loading_weights(_pod_manifest(h, "g1", rank), f"b-{rank}", started_seconds_ago=1000)
+        )
+        assert ready is not None and loading is not None
+        views += [ready, loading]
+    h.pods[("serving", "llama")] = views
+    h.claims["cluster"] = [(f"serving/{p.name}", GpuClaim(8, p.node_name)) for p in views]
+    counted: Any = {
+        **copy.deepcopy(MODEL_GROUP),
+        "metadata": {**MODEL_GROUP["metadata"], "annotations": {naming.ANNOTATION_GROUP_COUNTER: "2"}},
+    }
+    h.loop.body = kopf.Body(counted)
+    h.run()
+    h.run()
+    stalled = [e for e in h.events if e.reason == "ReadyPhaseStalled"]
+    assert len(stalled) == 1, "announced once, not on every pass"
+    assert stalled[0].type == "Warning" and "group g1 stalled in WeightLoad" in stalled[0].message
+    ready_time = h.kube.status_writes[-1]["status"]["readyTime"]
+    assert [(s["group"], s["phase"]) for s in ready_time["stalled"]] == [("g1", "WeightLoad")]
+    assert [(s["group"], s["totalSeconds"]) for s in ready_time["recent"]] == [("g0", 60.0)]
+    assert ready_time["p50Seconds"] == 60.0

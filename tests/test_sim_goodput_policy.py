@@ -23,7 +23,12 @@ from goodput.simulator.config import build_setup, load_model_group, load_slo_pol
 from goodput.simulator.engine import EngineConfig
 from goodput.simulator.fleet import FleetConfig
 from goodput.simulator.fleet_policy import FleetObservation, GroupInfo
-from goodput.simulator.goodput_policy import GoodputPolicy, snapshot_from, what_if_scaling_policy
+from goodput.simulator.goodput_policy import (
+    GoodputPolicy,
+    ReadyHistory,
+    snapshot_from,
+    what_if_scaling_policy,
+)
 from goodput.simulator.metrics import (
     ITL_BUCKETS_SECONDS,
     TTFT_BUCKETS_SECONDS,
@@ -289,3 +294,48 @@ def test_what_only_the_operators_compile_had_holds_in_the_simulator() -> None:
     policy = what_if_scaling_policy(no_steps, 1, 6, 9, fallback_classes=())
     assert policy.warm_groups == 6
     assert [(p.type, p.value) for p in policy.scale_up.policies] == [(StepPolicyType.GROUPS, 6)]
+
+
+def observed_groups(now: float, groups: tuple[GroupInfo, ...]) -> FleetObservation:
+    return FleetObservation(
+        now=now,
+        desired_groups=len(groups),
+        placing_groups=0,
+        provisioning_groups=0,
+        ready_groups=len(groups),
+        draining_groups=0,
+        min_groups=1,
+        max_groups=8,
+        metrics=MetricsView(now, ()),
+        groups=groups,
+    )
+
+
+def test_the_simulated_groups_ready_times_are_kept_after_they_leave_and_feed_the_operators_estimate() -> None:
+    """As the operator keeps `status.readyTime.recent`: a group's ready time stays after a scale-in
+    removed it, each group once; five of them replace the declared ready time with their own p90."""
+    # Two groups the run started warm were created ready: they have no ready time to learn from.
+    warm = (GroupInfo("group-w0", "Ready", 0.0, 0.0), GroupInfo("group-w1", "Ready", 0.0, 0.0))
+    history = ReadyHistory().seen(observed_groups(0.0, warm))
+    assert history.seconds == []
+    for index, seconds in enumerate((100.0, 110.0, 120.0, 130.0, 150.0)):
+        created = 1000.0 * index
+        group = GroupInfo(f"group-{index}", "Ready", created, created + seconds)
+        history = history.seen(observed_groups(created + seconds + 10, (group,)))
+        history = history.seen(observed_groups(created + seconds + 20, (group,)))
+    assert sorted(history.seconds) == [100.0, 110.0, 120.0, 130.0, 150.0]
+    now = observed_groups(6000.0, (GroupInfo("group-4", "Ready", 4000.0, 4150.0),))
+    snapshot = snapshot_from(
+        now,
+        PROFILE,
+        window_seconds=60.0,
+        name="llama",
+        policy=POLICY,
+        declared_ready_seconds=60.0,
+        measured_ready_seconds=history.seconds,
+    )
+    assert (snapshot.group_ready_seconds, snapshot.group_ready_source) == (150.0, "measured")
+    only_now = snapshot_from(
+        now, PROFILE, window_seconds=60.0, name="llama", policy=POLICY, declared_ready_seconds=60.0
+    )
+    assert (only_now.group_ready_seconds, only_now.group_ready_source) == (60.0, "prior")

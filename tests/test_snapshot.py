@@ -17,7 +17,6 @@ from goodput.controllers.autoscale.snapshot import (
     ModelGroupCounts,
     aligned,
     clamped,
-    expected_ready_seconds,
     model_group_snapshot,
     unplaceable,
     wanted_groups,
@@ -270,20 +269,3 @@ def test_histograms_unlike_most_groups_are_dropped_and_only_theirs() -> None:
     kept = aligned(groups)
     assert [kept[name].ttft for name in "abc"] == [common, common, None]
     assert [kept[name].itl for name in "abc"] == [common, None, common]
-
-
-@pytest.mark.parametrize(
-    ("declared", "measured", "expected"),
-    [
-        (120.0, [30.0, 40.0], 120.0),
-        (None, [30.0, 90.0, 40.0], 40.0),
-        (None, [30.0, 40.0], 35.0),
-        (None, [], None),
-        (None, [-1.0], None),
-    ],
-    ids=["the declared readyTimeSeconds", "the measured median", "an even count", "unknown", "nonsense"],
-)
-def test_the_expected_ready_time_is_declared_or_learnt(
-    declared: float | None, measured: list[float], expected: float | None
-) -> None:
-    assert expected_ready_seconds(declared, measured) == expected

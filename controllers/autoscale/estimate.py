@@ -424,6 +424,7 @@ def compute_estimates(
         waiting_work_seconds_p90=None if queue_work is None else queue_work.waiting_seconds_p90,
         waiting_work_at_ready_seconds=left_when_ready,
         group_ready_seconds=ready_seconds,
+        group_ready_source=snapshot.group_ready_source,
         predicted_queue_wait_seconds=predicted_wait,
         queue_budget_seconds=budget,
         earliest_slack_seconds=earliest_slack,

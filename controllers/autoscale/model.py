@@ -18,6 +18,7 @@ from typing import NamedTuple
 from goodput.api import slopolicy as api
 from goodput.api.modelgroup import GroupState
 from goodput.api.reasons import Guard, Signal
+from goodput.controllers.autoscale.ready_time import ReadyTimeSource
 from goodput.estimators.attainment import GoodputReport, Histogram
 from goodput.estimators.capacity import CapacityProfile
 from goodput.estimators.queueing import QueuedRequest
@@ -550,7 +551,9 @@ class ModelGroupSnapshot:
     gateway: the gateway's figures when one fronts the ModelGroup; they replace what is inferred
     from engine metrics (queue, slack, attainment against offered requests).
     group_ready_seconds: how long a group asked for now takes to become capacity
-    (`controllers.autoscale.snapshot.expected_ready_seconds`); None while unknown.
+    (`controllers.autoscale.ready_time.estimate_ready_time`); None while unknown.
+    group_ready_source: where that figure comes from: "prior" (the declared readyTimeSeconds) or
+    "measured" (the ModelGroup's recent groups); None while unknown.
     capacity: where the profile's capacity comes from (prior, learnt, measured), carried into the
     decision and its record.
     """
@@ -564,6 +567,7 @@ class ModelGroupSnapshot:
     feasibility: tuple[ClassFeasibility, ...] = ()
     gateway: GatewayObservation | None = None
     group_ready_seconds: float | None = None
+    group_ready_source: ReadyTimeSource | None = None
     capacity: LearntCapacity | None = None
     """The capacity in `profile` and its source; None: the profile's, not said."""
 
@@ -735,6 +739,8 @@ class Estimates:
     """Of the waiting work, what will still wait when a group asked for now is ready (the serving
     groups drain the rest first): the backlog more groups can serve. None: unknown."""
     group_ready_seconds: float | None = None
+    group_ready_source: ReadyTimeSource | None = None
+    """Where `group_ready_seconds` comes from: "prior" (declared) or "measured" (recent groups)."""
     served_work_rate: float | None = None
     """What the fresh engines served over the metrics window (`arrival_work_rate` is made of it, the
     gateway's `offered_work_rate` and the queue's `queue_growth_work_rate`:
@@ -884,6 +890,8 @@ def _estimates_record(estimates: Estimates) -> dict[str, object]:
         "slo_batch_per_group": estimates.slo_batch_per_group,
     }
     record: dict[str, object] = {name: _json_number(value) for name, value in figures.items()}
+    # Which ready time the look ahead used: "prior" (declared) or "measured"; None while unknown.
+    record["group_ready_source"] = estimates.group_ready_source
     record["slo_checks"] = [
         {
             "name": check.name,

@@ -32,6 +32,7 @@ from goodput.api.modelgroup import (
     CapacityStatus,
     ClassFeasibilityStatus,
     DecisionCapacity,
+    DecisionReadyTime,
     EvidenceWindow,
     ModelGroupStatus,
     Proposal,
@@ -42,6 +43,7 @@ from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
 from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
+    Estimates,
     GoodputTrial,
     LearntCapacity,
     Mode,
@@ -100,7 +102,16 @@ def decision_entry(decision: Decision, *, shadow: bool = False) -> ScalingDecisi
         mode=decision.mode.value,
         shadow=shadow,
         capacity=decision_capacity(decision.capacity),
+        ready_time=decision_ready_time(decision.estimates),
     )
+
+
+def decision_ready_time(estimates: Estimates) -> DecisionReadyTime | None:
+    """The ready time a decision looked ahead by, as its record carries it (None: unknown)."""
+    seconds, source = estimates.group_ready_seconds, estimates.group_ready_source
+    if seconds is None or source is None or not (0 <= seconds < math.inf):
+        return None
+    return DecisionReadyTime(source=source, seconds=round(seconds, 1))
 
 
 def decision_capacity(capacity: LearntCapacity | None) -> DecisionCapacity | None:

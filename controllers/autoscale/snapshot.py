@@ -23,6 +23,7 @@ from goodput.controllers.autoscale.model import (
     ModelGroupSnapshot,
     ScalingPolicy,
 )
+from goodput.controllers.autoscale.ready_time import ReadyTimeEstimate
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.capacity import CapacityProfile
 
@@ -168,18 +169,6 @@ def capacity_view(
     )
 
 
-def expected_ready_seconds(declared_seconds: float | None, measured_seconds: Sequence[float]) -> float | None:
-    """How long a group asked for now takes to become capacity: the ModelGroup's declared
-    `profile.readyTimeSeconds`, else the median of its groups' measured ready times, else unknown."""
-    if declared_seconds is not None and declared_seconds > 0:
-        return float(declared_seconds)
-    measured = sorted(seconds for seconds in measured_seconds if seconds >= 0)
-    if not measured:
-        return None
-    middle = len(measured) // 2
-    return measured[middle] if len(measured) % 2 else (measured[middle - 1] + measured[middle]) / 2
-
-
 def model_group_snapshot(
     observations: Iterable[GroupObservation],
     counts: ModelGroupCounts,
@@ -190,7 +179,7 @@ def model_group_snapshot(
     metrics_window_seconds: float,
     now: float,
     gateway: GatewayObservation | None = None,
-    group_ready_seconds: float | None = None,
+    ready_time: ReadyTimeEstimate | None = None,
 ) -> ModelGroupSnapshot:
     """The snapshot `decide` reads, from the groups observed (with their engine metrics) and the
     ModelGroup's counts: the same assembly, feasibility included, in the operator and the simulator."""
@@ -204,5 +193,6 @@ def model_group_snapshot(
         metrics_window_seconds=metrics_window_seconds,
         feasibility=snapshot_feasibility(profile, policy, evidence),
         gateway=gateway,
-        group_ready_seconds=group_ready_seconds,
+        group_ready_seconds=None if ready_time is None else ready_time.seconds,
+        group_ready_source=None if ready_time is None else ready_time.source,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from goodput.api.modelgroup import ACTIVE_STATES
+from goodput.api.modelgroup import ACTIVE_STATES, COMING_STATES
 from goodput.api.reasons import EventReason, Reason
 from goodput.controllers import naming
 from goodput.controllers.events import EventRecord
@@ -39,6 +39,7 @@ from goodput.controllers.groups.model import (
     seconds_between,
 )
 from goodput.controllers.groups.pods import SHUTDOWN_MARGIN_SECONDS
+from goodput.controllers.groups.ready_phases import PhaseStall, ReadyBreakdown, stall_bounds, stalled
 from goodput.controllers.groups.stages import Tick
 
 
@@ -77,6 +78,9 @@ def plan_actions(tick: Tick) -> Plan:
     outcomes = [_ending(tick.observed[name], record, tick) for name, record in tick.drains_ending.items()]
     reported = _start_problems(final, world) + _readiness_waits(final, world)
     actions.events.extend(event for _, event in reported)
+    breakdowns, stalls = _ready_phases(final, world)
+    stall_events = _stall_events(stalls, world)
+    actions.events.extend(event for _, event in stall_events)
     rollout = _rollout_status(tick, final)
     actions.events.extend(_rollout_events(rollout, world))
     return Plan(
@@ -108,7 +112,44 @@ def plan_actions(tick: Tick) -> Plan:
         transitions=tick.transitions,
         readiness_reported=tuple(name for name, _ in reported),
         rollout=rollout,
+        ready_breakdowns=breakdowns,
+        stalls=stalls,
+        stalls_reported=tuple(key for key, _ in stall_events),
     )
+
+
+def _ready_phases(
+    final: list[Assessment], world: World
+) -> tuple[dict[str, ReadyBreakdown], dict[str, PhaseStall]]:
+    """Every group's ready time by phase, and the starting groups stalled in one: past a few times
+    what the recent groups took in that phase, or half the start-up timeout before there are enough
+    of them (the timeout itself fails the group)."""
+    bounds = stall_bounds(world.recent_ready_phases, world.rules.startup_timeout_seconds / 2)
+    breakdowns: dict[str, ReadyBreakdown] = {}
+    stalls: dict[str, PhaseStall] = {}
+    for group in final:
+        phases = group.ready_breakdown(world.now, ranks_checked=world.rules.nccl_required)
+        breakdowns[group.name] = phases
+        stall = stalled(phases, bounds) if group.state in COMING_STATES else None
+        if stall is not None:
+            stalls[group.name] = stall
+    return breakdowns, stalls
+
+
+def _stall_events(stalls: dict[str, PhaseStall], world: World) -> list[tuple[str, EventRecord]]:
+    """A Warning naming the stalled phase, once per group and phase."""
+    events = []
+    for name, stall in stalls.items():
+        key = f"{name}/{stall.phase}"
+        if key in world.stalls_reported:
+            continue
+        source = "3x the recent groups' p90" if stall.measured else "half the start-up timeout"
+        message = (
+            f"group {name} stalled in {stall.phase}: {stall.seconds:.0f}s, past its bound of "
+            f"{stall.bound_seconds:.0f}s ({source})"
+        )
+        events.append((key, EventRecord("Warning", EventReason.READY_PHASE_STALLED, message)))
+    return events
 
 
 def _annotations(tick: Tick) -> dict[str, str]:

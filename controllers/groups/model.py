@@ -40,6 +40,13 @@ from goodput.controllers.groups.placement import (
     PlacementRules,
 )
 from goodput.controllers.groups.pods import GroupTemplate
+from goodput.controllers.groups.ready_phases import (
+    PhaseStall,
+    ReadyBreakdown,
+    ReadyPhase,
+    breakdown,
+    milestones_of,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +171,10 @@ class World:
     # When this operator first acted on this ModelGroup (its first pass); None: not told. A drain
     # that began before then was resumed, and its time limit counts from here (`drain_deadline`).
     acting_since: datetime | None = None
+    # The latest groups' ready time by phase (`status.readyTime.recent`): the phases' stall bounds.
+    recent_ready_phases: tuple[Mapping[ReadyPhase, float], ...] = ()
+    # Stalled phases already reported with an Event, as "group/phase" (the operator's memory).
+    stalls_reported: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +251,11 @@ class Assessment:
             warming_seconds=seconds_between(running, self.ready_at),
             total_seconds=seconds_between(self.created_at, self.ready_at),
         )
+
+    def ready_breakdown(self, now: datetime, *, ranks_checked: bool) -> ReadyBreakdown:
+        """The group's ready time by phase, from its ranks' recorded milestones (`ready_phases`)."""
+        milestones = milestones_of(self.pods, self.created_at, self.ready_at, ranks_checked=ranks_checked)
+        return breakdown(milestones, now)
 
 
 # Actions, in the order the operator applies them (`APPLY_ORDER`).
@@ -416,6 +432,12 @@ class Plan:
     # Groups whose wait for readiness this plan reports with an Event, for the operator to remember.
     readiness_reported: tuple[str, ...] = ()
     rollout: RolloutStatus | None = None
+    # Each group's ready time by phase (its phase in progress while starting), by group name.
+    ready_breakdowns: Mapping[str, ReadyBreakdown] = field(default_factory=dict)
+    # Starting groups whose current phase has lasted past its bound, by group name.
+    stalls: Mapping[str, PhaseStall] = field(default_factory=dict)
+    # Stalls this plan reports with an Event ("group/phase"), for the operator to remember.
+    stalls_reported: tuple[str, ...] = ()
 
 
 def parse_backoffs(text: str | None) -> tuple[DomainBackoff, ...]:

@@ -17,6 +17,7 @@ from goodput.api.times import parse_rfc3339
 from goodput.controllers import naming
 from goodput.controllers.groups.drain import DecidedDrain, DrainProgress, parse_outcome, parse_progress
 from goodput.controllers.groups.placement import GpuClaim, NodeInventory, Taint
+from goodput.controllers.groups.pods import ENGINE_CONTAINER_NAME
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -63,6 +64,9 @@ class PodView:
     """Why the engine container is not running yet, when the kubelet says (image pull, config)."""
     drain_outcome: DecidedDrain | None = None
     """How the group's drain ended, written before any rank is deleted (see `drain`)."""
+    engine_started_at: datetime | None = None
+    """When the engine container last started running (`state.running.startedAt`): the image is
+    pulled and the init containers are done; None while it does not run."""
 
     @property
     def terminated(self) -> bool:
@@ -247,7 +251,16 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         engine_healthy=_condition(conditions.get(naming.CONDITION_ENGINE_HEALTHY)),
         waiting=_container_waiting(status),
         drain_outcome=parse_outcome(annotations.get(naming.ANNOTATION_DRAIN_OUTCOME), group),
+        engine_started_at=_engine_started_at(status),
     )
+
+
+def _engine_started_at(status: Mapping[str, Any]) -> datetime | None:
+    for container in status.get("containerStatuses") or ():
+        if isinstance(container, Mapping) and container.get("name") == ENGINE_CONTAINER_NAME:
+            running = (container.get("state") or {}).get("running") or {}
+            return parse_rfc3339(running.get("startedAt"))
+    return None
 
 
 def _container_waiting(status: Mapping[str, Any]) -> ContainerWaiting | None:

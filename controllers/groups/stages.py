@@ -180,10 +180,14 @@ def readiness(tick: Tick) -> Tick:
         ready = replace(group, state="Ready", reason=Reason.GROUPS_READY, message="", ready_at=now)
         times = ready.ready_times()
         assert times is not None  # ready_at is set
+        phases = ready.ready_breakdown(now, ranks_checked=tick.world.rules.nccl_required).phases
+        by_phase = ", ".join(
+            f"{p.phase} {'unknown' if p.seconds is None else f'{p.seconds:.1f}s'}" for p in phases
+        )
         message = (
             f"group {group.name} ready in {times.total_seconds:.1f}s (placing "
             f"{times.placing_seconds:.1f}s, provisioning {times.provisioning_seconds:.1f}s, "
-            f"warming {times.warming_seconds:.1f}s)"
+            f"warming {times.warming_seconds:.1f}s; {by_phase})"
         )
         step = transition(group.name, "Warming", GroupEvent.WARMED_UP, message)
         tick = tick.moved(ready, step, became_ready=(*tick.became_ready, ready))

@@ -17,14 +17,21 @@ from goodput.api.conditions import Condition, ConditionStatus, set_condition
 from goodput.api.labels import leader_label_selector
 from goodput.api.modelgroup import (
     RECENT_DRAINS,
+    RECENT_READY_SAMPLES,
     DrainSummary,
     GroupStatus,
     ModelGroupStatus,
+    PhaseSeconds,
+    ReadyPhaseStall,
+    ReadyPhaseSummary,
+    ReadySample,
     ReadyTime,
+    ReadyTimeSummary,
 )
 from goodput.api.reasons import ConditionType, Reason
 from goodput.controllers import naming
 from goodput.controllers.groups.model import Assessment, DomainBackoff, DrainEnded, Plan
+from goodput.controllers.groups.ready_phases import PhaseStall, ReadyBreakdown, ReadyPhase, nearest_rank
 from goodput.controllers.ownership import GROUP_STATUS
 
 # Drains kept in `status.drain.recent`, newest first.
@@ -37,7 +44,17 @@ _PHASES = (
 )
 
 
-def group_status(group: Assessment) -> GroupStatus:
+def phase_seconds(phases: ReadyBreakdown | None) -> tuple[PhaseSeconds, ...]:
+    """A breakdown's phases as status shows them (to 0.1 s); an unknown phase has no seconds."""
+    if phases is None:
+        return ()
+    return tuple(
+        PhaseSeconds(phase=p.phase.value, seconds=None if p.seconds is None else round(p.seconds, 1))
+        for p in phases.phases
+    )
+
+
+def group_status(group: Assessment, phases: ReadyBreakdown | None = None) -> GroupStatus:
     times = group.ready_times()
     ready_time = None
     if times is not None:
@@ -46,6 +63,7 @@ def group_status(group: Assessment) -> GroupStatus:
             provisioning_seconds=round(times.provisioning_seconds, 1),
             warming_seconds=round(times.warming_seconds, 1),
             total_seconds=round(times.total_seconds, 1),
+            phases=phase_seconds(phases),
         )
     return GroupStatus(
         name=group.name,
@@ -58,6 +76,69 @@ def group_status(group: Assessment) -> GroupStatus:
         drain_started_at=group.draining_since,
         outdated=group.outdated,
         message=group.message or None,
+    )
+
+
+def ready_time_summary(previous: ReadyTimeSummary | None, plan: Plan) -> ReadyTimeSummary | None:
+    """The latest groups' ready times with the groups that became ready since added (once each: a
+    group's name is never reused), their median and 90th percentile whole and by phase, and the
+    groups stalled now. Absent while no group was ever ready or stalled."""
+    recent = previous.recent if previous is not None else ()
+    recorded = {sample.group for sample in recent}
+    new = [
+        ReadySample(
+            group=group.name,
+            ready_at=group.ready_at,
+            total_seconds=round(phases.total_seconds, 1),
+            phases=phase_seconds(phases),
+        )
+        for group in plan.groups
+        if group.ready_at is not None
+        and group.name not in recorded
+        and (phases := plan.ready_breakdowns.get(group.name)) is not None
+        and phases.total_seconds is not None
+    ]
+    samples = tuple(sorted([*new, *recent], key=lambda s: s.ready_at, reverse=True)[:RECENT_READY_SAMPLES])
+    stalls = tuple(_stall_status(name, stall) for name, stall in sorted(plan.stalls.items()))
+    if not samples and not stalls:
+        return None
+    totals = [sample.total_seconds for sample in samples]
+    return ReadyTimeSummary(
+        samples=len(samples),
+        p50_seconds=nearest_rank(totals, 0.5),
+        p90_seconds=nearest_rank(totals, 0.9),
+        by_phase=tuple(_phase_summary(phase, samples) for phase in ReadyPhase),
+        recent=samples,
+        stalled=stalls,
+    )
+
+
+def _phase_summary(phase: ReadyPhase, samples: Sequence[ReadySample]) -> ReadyPhaseSummary:
+    known = [p.seconds for s in samples for p in s.phases if p.phase == phase and p.seconds is not None]
+    return ReadyPhaseSummary(
+        phase=phase.value,
+        samples=len(known),
+        p50_seconds=nearest_rank(known, 0.5),
+        p90_seconds=nearest_rank(known, 0.9),
+    )
+
+
+def _stall_status(group: str, stall: PhaseStall) -> ReadyPhaseStall:
+    return ReadyPhaseStall(
+        group=group,
+        phase=stall.phase.value,
+        seconds=round(stall.seconds, 1),
+        bound_seconds=round(stall.bound_seconds, 1),
+    )
+
+
+def recent_ready_phases(summary: ReadyTimeSummary | None) -> tuple[dict[ReadyPhase, float], ...]:
+    """The recent groups' known phase times, as the group controller's stall bounds read them."""
+    if summary is None:
+        return ()
+    return tuple(
+        {ReadyPhase(p.phase): p.seconds for p in sample.phases if p.seconds is not None}
+        for sample in summary.recent
     )
 
 
@@ -102,7 +183,10 @@ def model_group_status(
             "revision": plan.rollout.revision if plan.rollout is not None else previous.revision,
             "updated_groups": plan.rollout.updated if plan.rollout is not None else 0,
             "outdated_groups": plan.rollout.outdated if plan.rollout is not None else 0,
-            "groups": tuple(group_status(group) for group in plan.groups),
+            "groups": tuple(
+                group_status(group, plan.ready_breakdowns.get(group.name)) for group in plan.groups
+            ),
+            "ready_time": ready_time_summary(previous.ready_time, plan),
             "drain": drain_summary(
                 previous.drain,
                 [*unrecorded_drains, *plan.drains_ended],
