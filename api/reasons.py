@@ -171,6 +171,8 @@ class Reason:
     """The history runs back in time or holds a figure no work rate can have."""
     FORECAST_STALE: Final = "ForecastStale"
     """The history was last read too long ago to forecast from."""
+    READY_TIME_UNKNOWN: Final = "ReadyTimeUnknown"
+    """No `profile.readyTimeSeconds` and no group measured yet: no horizon to forecast at."""
     HISTORY_QUERY_FAILED: Final = "HistoryQueryFailed"
     """Prometheus did not answer the history query; the last forecaster is kept until it is stale."""
 
