@@ -1,8 +1,8 @@
 """The forecast's history, read from Prometheus at a low cadence and never in a decision's way.
 
 A ModelGroup with `spec.forecast` has its offered work (`promql.OFFERED_WORK_SERIES`, the decision's
-arrival estimate the operator exports) read back over up to `HISTORY_SECONDS` every
-`HISTORY_REFRESH_SECONDS`, and fitted one ready time ahead (`controllers.autoscale.forecast`). The read runs
+arrival estimate the operator exports) read back over `ForecastSettings.history_seconds` every
+`refresh_seconds`, and fitted one ready time ahead (`controllers.autoscale.forecast`). The read runs
 as a task of its own: a decision uses the forecaster the last read left (none before the first has
 finished), so a slow Prometheus delays the forecast, never the decision. A failed read keeps the
 last forecaster until it is stale (`ForecastSettings.max_age_seconds`), and says so.
@@ -11,6 +11,7 @@ last forecaster until it is stale (`ForecastSettings.max_age_seconds`), and says
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,19 +19,14 @@ from typing import Protocol
 
 from goodput.api.modelgroup import Forecast
 from goodput.api.reasons import Reason
-from goodput.controllers.autoscale.forecast import ForecastSettings, WorkForecaster, fit_forecaster
+from goodput.controllers.autoscale.forecast import DEFAULT_FORECAST_SETTINGS, WorkForecaster, fit_forecaster
 from goodput.controllers.autoscale.record import ForecastHealth, forecast_health
 from goodput.operator.metrics_source import MetricsUnavailableError
 from goodput.operator.promql import offered_work_history_query
 
 log = logging.getLogger("goodput.autoscaler")
 
-HISTORY_SECONDS = 7 * 86_400.0
-"""A week: the daily profile, and the weekly swing in the level correction and the error."""
-HISTORY_REFRESH_SECONDS = 600.0
-"""How often the history is read again: the forecast moves with the day, not the minute."""
-STEP_SECONDS = 60.0
-"""The history's resolution: 10,080 points a week, under Prometheus's 11,000 per range query."""
+SETTINGS = DEFAULT_FORECAST_SETTINGS
 
 
 class HistorySource(Protocol):
@@ -58,7 +54,7 @@ class ForecastMemory:
 
     def due(self, now: float) -> bool:
         idle = self.reading is None or self.reading.done()
-        return idle and (self.read_at is None or now - self.read_at >= HISTORY_REFRESH_SECONDS)
+        return idle and (self.read_at is None or now - self.read_at >= SETTINGS.refresh_seconds)
 
     def usable(self, now: float) -> WorkForecaster | None:
         """The forecaster a decision may read: none once stale (`forecast_work` says so too)."""
@@ -81,15 +77,15 @@ def read_and_fit(
     try:
         samples = source.history(
             offered_work_history_query(namespace, name),
-            start=now - HISTORY_SECONDS,
+            start=now - SETTINGS.history_seconds,
             end=now,
-            step_seconds=STEP_SECONDS,
+            step_seconds=SETTINGS.step_seconds,
         )
     except MetricsUnavailableError as error:
         return ForecastHealth(
             "False", Reason.HISTORY_QUERY_FAILED, f"{error}; scaling reacts to the load only"
         )
-    settings = ForecastSettings(step_seconds=STEP_SECONDS, error_quantile=forecast.error_quantile)
+    settings = dataclasses.replace(SETTINGS, error_quantile=forecast.error_quantile)
     fitted = fit_forecaster(samples, horizon_seconds, settings)
     return fitted if isinstance(fitted, WorkForecaster) else forecast_health(fitted)
 

@@ -12,11 +12,14 @@ import pytest
 from test_autoscaler import IDLE, NAME, NAMESPACE, START, Harness, harness, model_group_body
 
 from goodput.api.reasons import Signal
-from goodput.operator.autoscaler_forecast import HISTORY_REFRESH_SECONDS, HISTORY_SECONDS, STEP_SECONDS
+from goodput.controllers.autoscale.forecast import DEFAULT_FORECAST_SETTINGS
 from goodput.operator.metrics_source import MetricsUnavailableError, history_from_result
 from goodput.operator.promql import offered_work_history_query
 
 DAY = 86_400.0
+HISTORY_SECONDS = DEFAULT_FORECAST_SETTINGS.history_seconds
+HISTORY_REFRESH_SECONDS = DEFAULT_FORECAST_SETTINGS.refresh_seconds
+STEP_SECONDS = DEFAULT_FORECAST_SETTINGS.step_seconds
 
 
 def offered(days: float, level: float) -> list[tuple[float, float]]:

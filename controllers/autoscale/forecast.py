@@ -69,6 +69,12 @@ class ForecastSettings:
     """The past forecasts the margin is measured on must span at least this long."""
     max_age_seconds: float = 1800.0
     """A forecaster fitted on a history that ends longer ago than this is not used."""
+    history_seconds: float = 7 * DAY_SECONDS
+    """How much history is read: a week, for the daily profile, and for the weekly swing in the
+    level correction and the measured error."""
+    refresh_seconds: float = 600.0
+    """How often the history is read and fitted again: the forecast moves with the day, not the
+    minute. At the default step a week is 10,080 points, under Prometheus's 11,000 per range query."""
 
     def __post_init__(self) -> None:
         if not 0 < self.step_seconds <= self.max_gap_seconds:
