@@ -10,6 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pydantic
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_autoscale_world import PERMISSIVE, group, load, ready_groups, world
 from test_forecast import HORIZON, STEP, diurnal, fitted, history
 
@@ -199,3 +201,29 @@ def test_groups_on_their_way_do_not_hold_back_a_forecast_floor() -> None:
     assert decision.signal is Signal.FORECAST
     assert Guard.CAPACITY_COMING not in decision.guards
     assert decision.desired_groups > 3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    groups=st.integers(min_value=1, max_value=6),
+    utilisation=st.floats(min_value=0.0, max_value=4.0),
+    level=st.floats(min_value=0.0, max_value=6.0),
+    floor=st.integers(min_value=0, max_value=12),
+    hour=st.integers(min_value=0, max_value=23),
+)
+def test_floors_only_ever_raise_the_reactive_count_and_a_closed_window_changes_nothing(
+    groups: int, utilisation: float, level: float, floor: int, hour: int
+) -> None:
+    reactive = world(*ready_groups(groups, utilisation))
+    now = at(f"2026-03-02T{hour:02d}:30")
+    entry = window("08:00", "18:00", floor=floor)
+    forecaster = fitted(history(2.0, lambda t: level * diurnal(t)), HORIZON)
+    forecaster = dataclasses.replace(
+        forecaster, grid_start=forecaster.grid_start + now - forecaster.history_end
+    )
+    alone = decide_with(reactive, now)
+    ahead = decide_with(dataclasses.replace(reactive, replica_schedule=(entry,), forecaster=forecaster), now)
+    assert ahead.desired_groups >= alone.desired_groups
+    if not 8 <= hour < 18:
+        closed = decide_with(dataclasses.replace(reactive, replica_schedule=(entry,)), now)
+        assert closed.desired_groups == alone.desired_groups and closed.proposals == alone.proposals
