@@ -545,6 +545,7 @@ class Autoscaler:
                     snapshot, plan.active.policy, tensor_parallel=parsed.spec.parallelism.tensor
                 ),
                 forecast=memory.forecast.health if parsed.spec.forecast is not None else None,
+                forecast_asked=parsed.spec.forecast is not None,
             )
             ages = [group.metrics.age_seconds for group in snapshot.groups if group.metrics is not None]
             self.metrics.record_age(namespace, name, max(ages) if ages else None)

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from goodput.api.modelgroup import ModelGroupStatus
+from goodput.api.reasons import ConditionType
 from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
 from goodput.controllers.autoscale.model import Decision, LearntCapacity
 from goodput.controllers.autoscale.record import (
@@ -73,6 +74,8 @@ class Decided:
     forecast: ForecastHealth | None = None
     """Whether `spec.forecast`'s history gave a forecast (the Forecasting condition); None: not asked
     for, or not read yet."""
+    forecast_asked: bool = False
+    """The ModelGroup sets `spec.forecast`: without it, a Forecasting condition left from before goes."""
 
 
 def with_own_status(watched: Mapping[str, Any], written: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -164,6 +167,8 @@ def recorded_status(
             new = new.model_copy(update={"capacity": capacity_status(decided.capacity)})
         if decided.forecast is not None:
             conditions = forecasting_conditions(conditions, decided.forecast, generation=generation, now=when)
+        elif not decided.forecast_asked:
+            conditions = tuple(c for c in conditions if c.type != ConditionType.FORECASTING)
     elif stopped is not None:
         conditions = failure_conditions(
             new.conditions, reason=stopped.reason, message=stopped.message, generation=generation, now=when

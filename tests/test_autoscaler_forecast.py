@@ -136,6 +136,16 @@ def test_without_spec_forecast_nothing_is_read_and_no_condition_is_set() -> None
     assert history.asked == [] and h.condition("Forecasting") is None
 
 
+def test_removing_spec_forecast_removes_the_condition() -> None:
+    h = forecasting(History(offered(3, level=2.0)))
+    run_ticks(h, 0.0, 10.0)
+    assert h.condition("Forecasting") == ("True", "ForecastReady")
+    del h.api.body["spec"]["forecast"]
+    h.api.body["metadata"]["generation"] = 5
+    run_ticks(h, 20.0)
+    assert h.condition("Forecasting") is None
+
+
 def test_a_scheduled_window_is_the_decisions_reason() -> None:
     window = {"name": "launch", "start": "00:00", "end": "23:59", "timeZone": "UTC", "minReplicas": 3}
     h = harness(model_group_body(replicaSchedule=[window]), groups={"g0": IDLE})
