@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from goodput.api.reasons import Signal
 from goodput.controllers.autoscale.arrival import mean_request_work_seconds
 from goodput.estimators.queueing import TrafficMix
 from goodput.simulator.config import build_setup
+from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
 from goodput.simulator.goodput_policy import GoodputPolicy
 from goodput.simulator.rate_traces import RateSeries, load_rate_series, workload_from_rates
 from goodput.simulator.report import judge
@@ -40,8 +41,9 @@ from goodput.simulator.simulation import SimulationConfig, simulate
 from goodput.simulator.workload import ClassRule, Workload, assign_classes, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_GROUP = ROOT / "manifests" / "samples" / "modelgroup-llama-8b-tp1.yaml"
-SLO_POLICY = ROOT / "manifests" / "samples" / "slopolicy-interactive.yaml"
+SAMPLES = ROOT / "manifests" / "samples"
+MODELS = {"8b": "modelgroup-llama-8b-tp1.yaml", "70b": "modelgroup-llama-70b-tp8-pp2.yaml"}
+SLO_POLICY = SAMPLES / "slopolicy-interactive.yaml"
 RATES = "azure2024_code_1week_reqpermin_DIGITIZED.csv"
 LENGTHS = "AzureLLMInferenceTrace_code.csv"
 DAY = 86_400.0
@@ -73,14 +75,38 @@ def offered_history(
     ]
 
 
-def figures(result: Any, policy: GoodputPolicy, classes: Any) -> dict[str, Any]:
+@dataclass
+class TracedPolicy(GoodputPolicy):
+    """goodput's policy, keeping per tick the forecast's proposal, the largest reactive one and the
+    decision's count."""
+
+    ticks: list[tuple[int | None, int, int]] = field(default_factory=list)
+
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        answer = super().recommend(observation)
+        decision = self.last_decision
+        if decision is not None:
+            ahead = (Signal.FORECAST, Signal.SCHEDULE)
+            forecast = next((p.groups for p in decision.proposals if p.signal is Signal.FORECAST), None)
+            reactive = max((p.groups for p in decision.proposals if p.signal not in ahead), default=0)
+            self.ticks.append((forecast, reactive, decision.desired_groups))
+        return answer
+
+
+def figures(result: Any, policy: TracedPolicy, classes: Any) -> dict[str, Any]:
     met = judge(result, classes).met
     ups = [change for change in result.scale_events if change.to_groups > change.from_groups]
     ahead = [c for c in ups if c.detail.get("signal") in (Signal.FORECAST, Signal.SCHEDULE)]
     outcomes: dict[str, int] = {}
     for _, outcome in policy.forecast_outcomes:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    forecasting = [(f, r, d) for f, r, d in policy.ticks if f is not None]
     return {
+        "forecast_ticks": len(forecasting),
+        "forecast_above_reactive": sum(1 for f, r, _ in forecasting if f > r),
+        "forecast_share_of_reactive": float(np.mean([f / r for f, r, _ in forecasting if r > 0]))
+        if forecasting
+        else math.nan,
         "gpu_hours": result.gpu_seconds / 3600.0,
         "attainment": float(met.sum()) / max(1, len(result.workload)),
         "scale_ups_ahead": len(ahead),
@@ -102,11 +128,15 @@ def main() -> None:
         default=None,
         help="median group ready time (default: the profile's)",
     )
+    parser.add_argument("--model", choices=sorted(MODELS), default="8b", help="the sample ModelGroup")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     setup = build_setup(
-        MODEL_GROUP, SLO_POLICY, ready_time_seconds=args.ready_time_seconds, step_noise_sigma=0.04
+        SAMPLES / MODELS[args.model],
+        SLO_POLICY,
+        ready_time_seconds=args.ready_time_seconds,
+        step_noise_sigma=0.04,
     )
     series = load_rate_series(args.traces / RATES)
     lengths = load_trace(str(args.traces / LENGTHS), args.seed)
@@ -142,7 +172,8 @@ def main() -> None:
         f"request; ready time {setup.ready_time_seconds:g} s; {initial} groups at start"
     )
     for name, forecast in (("reactive", False), ("forecast", True)):
-        policy = GoodputPolicy.for_setup(setup, workload, None, forecast=forecast, offered_history=history)
+        policy = TracedPolicy.for_setup(setup, workload, None, forecast=forecast, offered_history=history)
+        assert isinstance(policy, TracedPolicy)
         policy.declared_ready_seconds = setup.ready_time_seconds  # the horizon is the run's ready time
         began = time.perf_counter()
         result = simulate(workload, config, policy)
@@ -152,6 +183,12 @@ def main() -> None:
             f"scale-ups ahead {row['scale_ups_ahead']} (+{row['groups_asked_ahead']} groups) "
             f"reactive {row['scale_ups_reactive']}  fits {row['fits']}  ({time.perf_counter() - began:.0f} s)"
         )
+        if forecast:
+            print(
+                f"          forecast proposed on {row['forecast_ticks']} of {len(policy.ticks)} ticks, "
+                f"above every reactive proposal on {row['forecast_above_reactive']}; on average "
+                f"{row['forecast_share_of_reactive']:.2f}x the largest reactive proposal"
+            )
 
 
 if __name__ == "__main__":
