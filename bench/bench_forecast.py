@@ -1,7 +1,7 @@
 """Scale ahead of the day: goodput with and without its forecaster on a real day's rise, in the
 simulator at real time scale.
 
-    python bench/bench_forecast.py [--traces ../shared/traces] [--level 0.5] [--start-hour 11]
+    python bench/bench_forecast.py [--traces DIR] [--level 0.5] [--start-hour 11]
                                    [--hours 6] [--ready-time-seconds 120] [--seed 0]
 
 The Azure 2024 code week's rates (requests per minute, digitized), at their own time scale (no
@@ -118,7 +118,12 @@ def figures(result: Any, policy: TracedPolicy, classes: Any) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    parser.add_argument(
+        "--traces",
+        type=Path,
+        default=ROOT.parent / "shared" / "traces",
+        help="the public traces (the Makefile's TRACES)",
+    )
     parser.add_argument("--level", type=float, default=0.5, help="times the trace's own request rate")
     parser.add_argument("--start-hour", type=float, default=11.0, help="report window start, UTC, Tuesday")
     parser.add_argument("--hours", type=float, default=6.0, help="report window length")
