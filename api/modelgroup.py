@@ -896,6 +896,69 @@ class Rollout(SpecModel):
     """Ready groups below `replicas` a rollout may take out of service at once."""
 
 
+Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_CLOCK_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+class ScheduledReplicas(SpecModel):
+    """A floor on the group count for a time of day: what a team knows about its load and the
+    history does not show yet (a launch, a batch window, the working day of a new region). The
+    autoscaler proposes at least `minReplicas` groups inside the window; it may propose more."""
+
+    cel_rules = (
+        CelRule(
+            rule="self.start != self.end",
+            message="`end` must differ from `start`: a window that starts when it ends is empty",
+            field_path=".end",
+            check=lambda entry: entry.start != entry.end,
+        ),
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Names the window in decision records (`schedule` proposals)."""
+    start: str = Field(max_length=5, pattern=_CLOCK_PATTERN)
+    """Local time the window opens, "HH:MM" (24 h)."""
+    end: str = Field(max_length=5, pattern=_CLOCK_PATTERN)
+    """Local time the window closes, "HH:MM"; earlier than `start`: it closes the next day."""
+    days: tuple[Weekday, ...] = Field(
+        default=(), max_length=7, json_schema_extra={"x-kubernetes-list-type": "set"}
+    )
+    """Days the window opens on ("Mon" .. "Sun"); empty: every day. A window past midnight
+    belongs to the day it opened."""
+    time_zone: str = Field(default="UTC", min_length=1, max_length=64)
+    """IANA time zone of `start` and `end` ("Europe/Paris"); daylight saving time is followed."""
+    min_replicas: int = Field(ge=0, le=1000)
+    """Fewest groups proposed inside the window. Above `maxReplicas` it is clamped to
+    `maxReplicas`, and the decision says so (guard TooManyReplicas)."""
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_time_zone(cls, value: str) -> str:
+        """A zone the operator cannot load would make the window open at a guessed time."""
+        if not _time_zone_known(value):
+            raise ValueError(f"{value!r} is not an IANA time zone (for example UTC or America/New_York)")
+        return value
+
+
+def _time_zone_known(name: str) -> bool:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+class Forecast(SpecModel):
+    """Asking for groups ahead of a rise the ModelGroup's own history forecasts."""
+
+    error_quantile: float = Field(default=0.9, ge=0.5, le=0.99)
+    """The share of past forecast errors the safety margin covers: 0.9 sizes the groups for the
+    forecast plus the error it stayed under nine times in ten."""
+
+
 # With optionalOldSelf, oldSelf is absent on create, so the bounds then apply to `replicas` too.
 _REPLICAS_UNCHANGED = "(oldSelf.hasValue() && oldSelf.value().replicas == self.replicas)"
 
@@ -1007,6 +1070,14 @@ class ModelGroupSpec(SpecModel):
     """How groups are removed on scale-in."""
     rollout: Rollout = Rollout()
     """How a changed pod template replaces running groups."""
+    replica_schedule: tuple[ScheduledReplicas, ...] = Field(
+        default=(), max_length=32, json_schema_extra=list_map("name")
+    )
+    """Floors on the group count by time of day, as a team knows its load; with `policyRef`."""
+    forecast: Forecast | None = None
+    """Forecast the offered work from the ModelGroup's history and ask for groups one ready time
+    ahead of a rise; absent: the autoscaler only reacts. Needs a week's history at most, a day and
+    an hour at least; until then (or when the history has gaps) it reacts, and says why."""
 
 
 GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]

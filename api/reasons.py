@@ -33,6 +33,9 @@ class ConditionType:
     """The metrics behind the signals are present and fresh."""
     ACCEPTED: Final = "Accepted"
     """SLOPolicy: the spec was read and compiled; groups may bind to it."""
+    FORECASTING: Final = "Forecasting"
+    """ModelGroup with `spec.forecast`: whether the offered work's history gives a forecast (False:
+    the reason says why, and the autoscaler only reacts)."""
     SLO_ATTAINABLE: Final = "SLOAttainable"
     """ModelGroup: every class's demand can meet its SLO on groups of this shape (False: a share
     of it cannot on any number of groups; the message names the prompt length and the fixes)."""
@@ -157,6 +160,22 @@ class Reason:
     FEASIBILITY_UNKNOWN: Final = "FeasibilityUnknown"
     """No prompt lengths observed yet: nothing is counted infeasible."""
 
+    # Forecast (Forecasting): whether the history gives a forecast; if not, the decision only reacts
+    FORECAST_READY: Final = "ForecastReady"
+    """A forecast one ready time ahead, with a margin measured on the history's own past errors."""
+    HISTORY_TOO_SHORT: Final = "HistoryTooShort"
+    """Less than a day, the horizon and the margin's hour of history: nothing to forecast from yet."""
+    HISTORY_GAPS: Final = "HistoryGaps"
+    """A gap in the history cut it shorter than a forecast needs."""
+    HISTORY_RESET: Final = "HistoryReset"
+    """The history runs back in time or holds a figure no work rate can have."""
+    FORECAST_STALE: Final = "ForecastStale"
+    """The history was last read too long ago to forecast from."""
+    READY_TIME_UNKNOWN: Final = "ReadyTimeUnknown"
+    """No `profile.readyTimeSeconds` and no group measured yet: no horizon to forecast at."""
+    HISTORY_QUERY_FAILED: Final = "HistoryQueryFailed"
+    """Prometheus did not answer the history query; the last forecaster is kept until it is stale."""
+
 
 class Signal(StrEnum):
     """What proposed a count: each proposal's `signal`, and the winning one is the decision's signal.
@@ -174,6 +193,10 @@ class Signal(StrEnum):
     """Requests held in the gateway's queue at zero groups: what wakes a pool scaled to zero."""
     WARM_FLOOR = "warmFloor"
     MIN_REPLICAS = "minReplicas"
+    FORECAST = "forecast"
+    """The work the ModelGroup's history forecasts one ready time ahead, with its measured margin."""
+    SCHEDULE = "schedule"
+    """An open window of `spec.replicaSchedule`: the floor a team set for this time of day."""
 
 
 class Guard(StrEnum):

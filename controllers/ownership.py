@@ -110,6 +110,7 @@ AUTOSCALER_STATUS = StatusOwner(
             ConditionType.METRICS_AVAILABLE,
             ConditionType.DECISION_LIMITED,
             ConditionType.SLO_ATTAINABLE,
+            ConditionType.FORECASTING,
         }
     ),
 )

@@ -82,8 +82,10 @@ from goodput.controllers.autoscale.capacity_learner import (
     with_capacity,
 )
 from goodput.controllers.autoscale.feasible_demand import snapshot_attainability
-from goodput.controllers.autoscale.model import Decision, DecisionState, Mode
+from goodput.controllers.autoscale.forecast import WorkForecaster
+from goodput.controllers.autoscale.model import Decision, DecisionState, Mode, ModelGroupSnapshot
 from goodput.controllers.autoscale.record import (
+    ForecastHealth,
     decode_states,
     encode_states,
     failed_rescale_event,
@@ -105,6 +107,13 @@ from goodput.controllers.groups.template import parse_model_group
 from goodput.controllers.hardware import ReadConfig
 from goodput.controllers.ownership import AUTOSCALER_STATUS
 from goodput.estimators.capacity import CapacityProfile
+from goodput.operator.autoscaler_forecast import (
+    ForecastMemory,
+    HistorySource,
+    read_and_fit,
+    ready_time_unknown,
+    refresh,
+)
 from goodput.operator.autoscaler_metrics import AutoscalerMetrics
 from goodput.operator.autoscaler_record import (
     Decided,
@@ -247,6 +256,9 @@ class Memory:
     written_at: float = 0.0
     written_version: int | None = None
     """The resourceVersion the API server gave that write, when it is a number."""
+    forecast: ForecastMemory = field(default_factory=ForecastMemory)
+    """The forecaster of `spec.forecast` and the health of its last history read (in memory only:
+    a restart reads the history again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,9 +299,12 @@ class Autoscaler:
         clock: Callable[[], float] = time.time,
         executor: Executor | None = None,
         record_executor: Executor | None = None,
+        history: HistorySource | None = None,
+        history_executor: Executor | None = None,
     ) -> None:
         """`executor` runs the blocking Kubernetes calls that act (the scale writes) and read;
-        `record_executor` the status applies (None: `executor`; both None: asyncio's default)."""
+        `record_executor` the status applies (None: `executor`; both None: asyncio's default);
+        `history` answers the forecast's range queries on `history_executor` (None: no forecast)."""
         self.kube = kube
         self.source = source
         self.metrics = metrics
@@ -297,6 +312,8 @@ class Autoscaler:
         self.clock = clock
         self.executor = executor
         self.record_executor = record_executor or executor
+        self.history = history
+        self.history_executor = history_executor
         self.memories: dict[tuple[str, str], Memory] = {}
         self.model_configs = ModelConfigReader(
             lambda path: self._call(self.kube.request, "GET", "configmaps", path), clock=clock
@@ -506,8 +523,11 @@ class Autoscaler:
             learning = _capacity_learning(parsed, plan.active)
             capacity = estimate(memory.capacity, learning.prior, now)
             compiled = dataclasses.replace(plan.active, profile=with_capacity(plan.active.profile, capacity))
-            snapshot = build_snapshot(
-                parsed, status, compiled, reading.groups, now=now, gateway=reading.gateway
+            snapshot = self._ahead(
+                parsed,
+                build_snapshot(parsed, status, compiled, reading.groups, now=now, gateway=reading.gateway),
+                memory,
+                now,
             )
             snapshot = dataclasses.replace(snapshot, capacity=capacity)
             started = time.perf_counter()
@@ -524,18 +544,65 @@ class Autoscaler:
                 verdict=snapshot_attainability(
                     snapshot, plan.active.policy, tensor_parallel=parsed.spec.parallelism.tensor
                 ),
+                forecast=memory.forecast.health if parsed.spec.forecast is not None else None,
+                forecast_asked=parsed.spec.forecast is not None,
             )
             ages = [group.metrics.age_seconds for group in snapshot.groups if group.metrics is not None]
             self.metrics.record_age(namespace, name, max(ages) if ages else None)
         if plan.shadow is not None:
             reading = readings[self._windows(plan.shadow)]
-            snapshot = build_snapshot(
-                parsed, status, plan.shadow, reading.groups, now=now, gateway=reading.gateway
+            snapshot = self._ahead(
+                parsed,
+                build_snapshot(parsed, status, plan.shadow, reading.groups, now=now, gateway=reading.gateway),
+                memory,
+                now,
             )
             decided = dataclasses.replace(
                 decided, shadow=decide(snapshot, plan.shadow.policy, memory.shadow, now)
             )
         return decided
+
+    def _ahead(
+        self, parsed: ModelGroup, snapshot: ModelGroupSnapshot, memory: Memory, now: float
+    ) -> ModelGroupSnapshot:
+        """The snapshot with the scheduled floors and the forecaster of `spec.forecast` (whatever the
+        last history read left: a read due now starts in the background and serves later ticks)."""
+        spec = parsed.spec
+        forecaster = None
+        if spec.forecast is not None:
+            self._read_history_if_due(parsed, snapshot.group_ready_seconds, memory.forecast, now)
+            forecaster = memory.forecast.usable(now)
+        return dataclasses.replace(snapshot, replica_schedule=spec.replica_schedule, forecaster=forecaster)
+
+    def _read_history_if_due(
+        self, parsed: ModelGroup, horizon_seconds: float | None, memory: ForecastMemory, now: float
+    ) -> None:
+        forecast, history = parsed.spec.forecast, self.history
+        if forecast is None or history is None or not memory.due(now):
+            return
+        if horizon_seconds is None:
+            memory.health, memory.forecaster = ready_time_unknown(), None
+            return
+        namespace, name = parsed.metadata.namespace or "", parsed.metadata.name or ""
+        read = functools.partial(
+            read_and_fit,
+            history,
+            namespace,
+            name,
+            horizon_seconds=horizon_seconds,
+            forecast=forecast,
+            now=now,
+        )
+
+        async def offload(
+            blocking: Callable[[], WorkForecaster | ForecastHealth],
+        ) -> WorkForecaster | ForecastHealth:
+            return await self._call(blocking, executor=self.history_executor)
+
+        where = {"namespace": namespace, "model_group": name}
+        memory.reading = asyncio.get_running_loop().create_task(
+            refresh(memory, read, offload, now=now, where=where)
+        )
 
     async def _record(
         self,

@@ -58,10 +58,19 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, settings: AutoscalerSet
             on_query=metrics.count_query,
             executor=queries,
         )
+        # the forecast's week of history is read on a thread of its own, never in the snapshots' way
+        histories = ThreadPoolExecutor(1, thread_name_prefix="autoscaler-history")
         memo.autoscaler = Autoscaler(
-            runtime.kube, source, metrics, settings, executor=acts, record_executor=records
+            runtime.kube,
+            source,
+            metrics,
+            settings,
+            executor=acts,
+            record_executor=records,
+            history=reader,
+            history_executor=histories,
         )
-        memo.autoscaler_executors = (acts, records, queries)
+        memo.autoscaler_executors = (acts, records, queries, histories)
         log.info("autoscaler reading Prometheus at %s", settings.prometheus_url)
 
     @kopf.on.cleanup(id="autoscaler_stop", registry=registry)

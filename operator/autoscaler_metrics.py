@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from goodput.controllers.autoscale.model import Decision
 from goodput.controllers.metric_buckets import DECISION_BUCKETS_SECONDS
+from goodput.operator.promql import OFFERED_WORK_SERIES
 
 
 class AutoscalerMetrics:
@@ -71,7 +72,7 @@ class AutoscalerMetrics:
             registry=registry,
         )
         self.arrival_work_rate = Gauge(
-            "goodput_autoscaler_arrival_work_rate",
+            OFFERED_WORK_SERIES,
             "Estimated arriving work, in work-seconds per second.",
             labels,
             registry=registry,

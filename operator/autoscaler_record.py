@@ -11,10 +11,12 @@ from datetime import datetime
 from typing import Any
 
 from goodput.api.modelgroup import ModelGroupStatus
+from goodput.api.reasons import ConditionType
 from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
 from goodput.controllers.autoscale.model import Decision, LearntCapacity
 from goodput.controllers.autoscale.record import (
     FailureReason,
+    ForecastHealth,
     MetricsHealth,
     attainability_conditions,
     attainability_event,
@@ -24,6 +26,7 @@ from goodput.controllers.autoscale.record import (
     failure_conditions,
     failure_event,
     feasibility_status,
+    forecasting_conditions,
     record_decisions,
 )
 from goodput.controllers.compile.scaling import (
@@ -68,6 +71,11 @@ class Decided:
     verdict: AttainabilityVerdict | None = None
     capacity: LearntCapacity | None = None
     """The capacity the active decision used (`status.capacity`)."""
+    forecast: ForecastHealth | None = None
+    """Whether `spec.forecast`'s history gave a forecast (the Forecasting condition); None: not asked
+    for, or not read yet."""
+    forecast_asked: bool = False
+    """The ModelGroup sets `spec.forecast`: without it, a Forecasting condition left from before goes."""
 
 
 def with_own_status(watched: Mapping[str, Any], written: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -157,6 +165,10 @@ def recorded_status(
             new = new.model_copy(update={"feasibility": feasibility_status(decided.active)})
         if decided.capacity is not None:
             new = new.model_copy(update={"capacity": capacity_status(decided.capacity)})
+        if decided.forecast is not None:
+            conditions = forecasting_conditions(conditions, decided.forecast, generation=generation, now=when)
+        elif not decided.forecast_asked:
+            conditions = tuple(c for c in conditions if c.type != ConditionType.FORECASTING)
     elif stopped is not None:
         conditions = failure_conditions(
             new.conditions, reason=stopped.reason, message=stopped.message, generation=generation, now=when

@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -508,6 +509,28 @@ class PrometheusMetricsSource:
             )
         return result
 
+    def history(
+        self, query: str, *, start: float, end: float, step_seconds: float
+    ) -> list[tuple[float, float]]:
+        """The samples of a range query's one series, (time, value), oldest first; none when
+        Prometheus holds nothing. Values Prometheus writes as NaN stay NaN: the forecaster names them."""
+        try:
+            result = self._client.custom_query_range(
+                query,
+                datetime.fromtimestamp(start, UTC),
+                datetime.fromtimestamp(end, UTC),
+                f"{step_seconds:g}s",
+            )
+        except requests.RequestException as error:
+            raise self._unavailable(error) from error
+        except OSError as error:
+            raise MetricsUnavailableError(
+                f"Prometheus at {self.url}: cannot read the bearer token: {_short(error)}"
+            ) from error
+        except (PrometheusApiClientException, ValueError, KeyError) as error:
+            raise MetricsUnavailableError(f"Prometheus at {self.url} failed: {_short(error)}") from error
+        return history_from_result(result, self.url)
+
     def _unavailable(self, error: requests.RequestException) -> MetricsUnavailableError:
         """What went wrong, without the query (the URL of a failed request repeats all of it)."""
         cause = getattr(error.args[0], "reason", None) if error.args else None
@@ -526,6 +549,21 @@ class PrometheusMetricsSource:
 
     def close(self) -> None:
         self._client.close()
+
+
+def history_from_result(result: object, url: str) -> list[tuple[float, float]]:
+    """A range query's matrix as one series of (time, value); MetricsUnavailableError when the
+    answer is not a matrix of at most one series of number pairs."""
+    if not isinstance(result, list) or len(result) > 1:
+        raise MetricsUnavailableError(f"Prometheus at {url} answered the history query with no single series")
+    if not result:
+        return []
+    try:
+        return [(float(at), float(value)) for at, value in result[0]["values"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise MetricsUnavailableError(
+            f"Prometheus at {url} answered a malformed matrix: {_short(error)}"
+        ) from error
 
 
 def _short(error: BaseException, limit: int = 300) -> str:

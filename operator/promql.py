@@ -359,3 +359,15 @@ def leader_targets_query(labels: SeriesLabels, namespace: str, pods: tuple[str, 
     """The scrape targets of these leader pods and whether their last scrape worked (`up`): none
     means nothing scrapes them (no monitor, or one no Prometheus selects)."""
     return f"up{{{labels.namespace}={label_value(namespace)},{_pods_matcher(pods)}}}"
+
+
+OFFERED_WORK_SERIES = "goodput_autoscaler_arrival_work_rate"
+"""The decision's arrival estimate in work-seconds per second (offered work where a gateway fronts
+the ModelGroup, served work and the queue's growth where none does), exported by the operator under
+its own `namespace` and `model_group` labels (its monitors honour them): the forecast's history."""
+
+
+def offered_work_history_query(namespace: str, model_group: str) -> str:
+    """One ModelGroup's offered work over time, one series whichever operator replica exported it."""
+    selector = f"namespace={label_value(namespace)},model_group={label_value(model_group)}"
+    return f"max({OFFERED_WORK_SERIES}{{{selector}}})"

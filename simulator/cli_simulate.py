@@ -139,6 +139,13 @@ def _add_world_arguments(parser: argparse.ArgumentParser) -> None:
         help="goodput refines its capacity from the simulated engines, as the operator does",
     )
     parser.add_argument(
+        "--forecast",
+        action="store_true",
+        help="goodput forecasts the offered work from the run's own history and asks for groups one "
+        "ready time ahead of a rise, as the operator does with spec.forecast (it forecasts once the "
+        "run has a day and about two hours behind it)",
+    )
+    parser.add_argument(
         "--capacity-trial-seconds",
         type=float,
         default=300.0,
@@ -191,6 +198,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         capacity_trial_seconds=args.capacity_trial_seconds,
         capacity_prior_factor=args.capacity_prior_factor,
         learn_capacity=args.learn_capacity,
+        forecast=args.forecast,
         gateway=args.gateway,
         engine=getattr(args, "engine", "event"),
         tick_seconds=getattr(args, "tick_seconds", 0.1),

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from goodput.api.modelgroup import RECENT_READY_SAMPLES, GroupState, ModelGroup
+from goodput.api.modelgroup import RECENT_READY_SAMPLES, GroupState, ModelGroup, ScheduledReplicas
+from goodput.api.reasons import Reason
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale.capacity_learner import (
@@ -24,6 +25,12 @@ from goodput.controllers.autoscale.capacity_learner import (
     estimate,
     observe,
     with_capacity,
+)
+from goodput.controllers.autoscale.forecast import (
+    DEFAULT_FORECAST_SETTINGS,
+    ForecastUnavailable,
+    WorkForecaster,
+    fit_forecaster,
 )
 from goodput.controllers.autoscale.model import (
     Decision,
@@ -36,6 +43,7 @@ from goodput.controllers.autoscale.model import (
     SloTargets,
 )
 from goodput.controllers.autoscale.ready_time import estimate_ready_time
+from goodput.controllers.autoscale.record import forecast_health
 from goodput.controllers.autoscale.snapshot import (
     ModelGroupCounts,
     aligned,
@@ -366,6 +374,19 @@ class GoodputPolicy:
     learner: LearnerState = field(default_factory=LearnerState)
     capacity_history: list[tuple[float, LearntCapacity]] = field(default_factory=list)
     """Each tick's capacity in use, for a benchmark of how fast it converges."""
+    forecast: bool = False
+    """Run the operator's forecaster (`spec.forecast`) on `offered_history`, refitted every
+    `ForecastSettings.refresh_seconds` of simulated time; off: the decision only reacts."""
+    offered_history: list[tuple[float, float]] = field(default_factory=list)
+    """Offered work per second by time: what the run started with (a benchmark's previous days)
+    and, appended each tick, the arrival estimate of every decision, as the operator reads its own
+    exported series back from Prometheus."""
+    forecaster: WorkForecaster | None = None
+    forecast_fitted_at: float | None = None
+    forecast_outcomes: list[tuple[float, str]] = field(default_factory=list)
+    """Each fit's outcome by time: ForecastReady or why not (the Forecasting condition's reason)."""
+    replica_schedule: tuple[ScheduledReplicas, ...] = ()
+    """The ModelGroup's `spec.replicaSchedule` (simulated time 0 is 1970-01-01 00:00 UTC)."""
 
     @property
     def interval_seconds(self) -> float:
@@ -387,10 +408,14 @@ class GoodputPolicy:
         *,
         capacity_prior_factor: float = 1.0,
         learn_capacity: bool = False,
+        forecast: bool = False,
+        offered_history: list[tuple[float, float]] | None = None,
     ) -> GoodputPolicy:
         """The policy the operator would run for the setup. capacity_prior_factor scales the
         compiled capacity (the simulator's own, or its measured envelope) to start from a wrong
-        prior; learn_capacity runs the operator's capacity learner."""
+        prior; learn_capacity runs the operator's capacity learner; forecast its forecaster, on
+        `offered_history` (work-seconds per second by simulated time, before 0 for days before the
+        run) and the run's own decisions."""
         if not (capacity_prior_factor > 0 and math.isfinite(capacity_prior_factor)):
             raise ValueError(
                 f"--capacity-prior-factor must be a positive number, not {capacity_prior_factor}"
@@ -410,6 +435,9 @@ class GoodputPolicy:
             metrics_window_seconds=compiled.metrics_window_seconds,
             declared_ready_seconds=ready,
             learn_capacity=learn_capacity,
+            forecast=forecast,
+            offered_history=list(offered_history or ()),
+            replica_schedule=group.spec.replica_schedule if group is not None else (),
         )
 
     def describe(self) -> dict[str, float | str]:
@@ -421,6 +449,7 @@ class GoodputPolicy:
             "interval_seconds": policy.interval_seconds,
             "capacity_work_seconds_per_second": self.profile.reference.work_per_second,
             "capacity_learning": "on" if self.learn_capacity else "off",
+            "forecast": "on" if self.forecast else "off",
             "queue_work": "off"
             if signals.queue_work is None
             else f"T_d={signals.queue_work.drain_target_seconds:g}s s={signals.queue_work.safety_factor:g}",
@@ -436,6 +465,26 @@ class GoodputPolicy:
             "metrics_window_seconds": self.metrics_window_seconds,
             "rate_window_seconds": self.effective_rate_window_seconds,
         }
+
+    def forecaster_at(self, now: float, horizon_seconds: float | None) -> WorkForecaster | None:
+        """The forecaster this tick reads: refitted when due, as the operator's history read is."""
+        settings = DEFAULT_FORECAST_SETTINGS
+        if not self.forecast:
+            return None
+        if self.forecast_fitted_at is None or now - self.forecast_fitted_at >= settings.refresh_seconds:
+            self.forecast_fitted_at = now
+            fitted: WorkForecaster | ForecastUnavailable | None = None
+            if horizon_seconds is not None:
+                since = now - settings.history_seconds
+                history = [sample for sample in self.offered_history if since <= sample[0] <= now]
+                fitted = fit_forecaster(history, horizon_seconds, settings)
+            self.forecaster = fitted if isinstance(fitted, WorkForecaster) else None
+            outcome = Reason.READY_TIME_UNKNOWN if fitted is None else forecast_health(fitted).reason
+            self.forecast_outcomes.append((now, outcome))
+        forecaster = self.forecaster
+        if forecaster is None or now - forecaster.history_end > forecaster.max_age_seconds:
+            return None
+        return forecaster
 
     def capacity_in_use(self, now: float) -> LearntCapacity:
         """The capacity this tick decides with: the learner's estimate, or the compiled prior."""
@@ -455,8 +504,17 @@ class GoodputPolicy:
             declared_ready_seconds=self.declared_ready_seconds,
             measured_ready_seconds=self.ready_history.seconds,
         )
-        decision = decide(replace(snapshot, capacity=capacity), self.policy, self.state, observation.now)
+        snapshot = replace(
+            snapshot,
+            capacity=capacity,
+            replica_schedule=self.replica_schedule,
+            forecaster=self.forecaster_at(observation.now, snapshot.group_ready_seconds),
+        )
+        decision = decide(snapshot, self.policy, self.state, observation.now)
         self.state = decision.next_state
+        arrival = decision.estimates.arrival_work_rate
+        if self.forecast and arrival is not None:
+            self.offered_history.append((observation.now, arrival))
         self.last_decision = decision
         self.capacity_history.append((observation.now, capacity))
         if self.learn_capacity:

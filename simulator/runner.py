@@ -76,6 +76,8 @@ class RunOptions:
     """goodput's capacity prior as a multiple of the simulator's own (to start from a wrong one)."""
     learn_capacity: bool = False
     """goodput refines its capacity from the simulated engines, as the operator does."""
+    forecast: bool = False
+    """goodput runs the operator's forecaster on the offered work its own decisions estimated."""
     gateway: bool = False
     """Put the gateway's request path (admission, fair queue, routing) in front of the groups."""
     engine: str = "event"
@@ -254,6 +256,7 @@ class Bench:
                 self.envelope,
                 capacity_prior_factor=self.options.capacity_prior_factor,
                 learn_capacity=self.options.learn_capacity,
+                forecast=self.options.forecast,
             )
         raise ValueError(f"unknown autoscaler {name!r}; choose one of {', '.join(POLICIES)}")
 

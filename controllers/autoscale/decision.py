@@ -13,15 +13,18 @@
 3. propose, one count per signal: queueWork, slack, kvCache, goodput, gatewayQueue or
    scaleFromZero (demand at zero groups), warmFloor, minReplicas; goodput adds a group only for
    load-driven SLO misses, one trial at a time, and stops after scale-outs that brought no
-   improvement (GoodputAwaitingEvidence, GoodputNotImproving);
+   improvement (GoodputAwaitingEvidence, GoodputNotImproving); forecast (the history's work one
+   ready time ahead, with its measured margin) and schedule (an open `replicaSchedule` window) are
+   floors asked for ahead of the load;
 4. combine: proportional proposals inside the tolerance band count as no change (per signal, as
    the HPA does per metric), then the largest proposal wins and names the decision's signal;
 5. knowledge: with stale or missing metrics the count never goes down (HoldScaleIn), or does not
    move at all (Freeze);
 6. stabilisation, step policies and [min, max] bounds, with the HPA's `behavior` semantics;
 7. guards on capacity: an unschedulable group holds scale-out; groups already placing, provisioning
-   or warming are capacity on its way, so only an arrival rate beyond them adds more (decisions
-   stack while the offered work says the first step was short); scale-in happens only if the
+   or warming are capacity on its way, so only an arrival rate beyond them, or a forecast or
+   scheduled floor above them, adds more (decisions stack while the offered work says the first
+   step was short); scale-in happens only if the
    remaining groups keep the queue inside its budget and the KV caches inside their limit under
    p90 work estimates; the bounds still win;
 8. mode: Frozen holds the count; Advisory computes and records but does not apply.
@@ -49,7 +52,7 @@ from goodput.controllers.autoscale.model import (
     ScalingPolicy,
 )
 from goodput.controllers.autoscale.observe import ObservedGroups
-from goodput.controllers.autoscale.proposals import combine, judge_trial, next_trial, propose
+from goodput.controllers.autoscale.proposals import ahead_proposals, combine, judge_trial, next_trial, propose
 
 _Timed = TypeVar("_Timed", Recommendation, ScaleEvent)
 
@@ -153,6 +156,8 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
     estimates, slack_summary = compute_estimates(observation, snapshot, policy, now, state.queue_readings)
     trial = judge_trial(state.goodput_trial, observation, estimates, snapshot.metrics_window_seconds, now)
     proposals, goodput_held = propose(observation, estimates, slack_summary, snapshot, policy, trial=trial)
+    ahead = ahead_proposals(snapshot, estimates, policy, now)
+    proposals.extend(ahead)
     current = observation.current
     desired, signal, banded = combine(proposals, current, policy)
     trail = _Trail(desired, str(signal))
@@ -171,6 +176,7 @@ def decide(snapshot: ModelGroupSnapshot, policy: ScalingPolicy, state: DecisionS
             estimates=estimates,
             snapshot=snapshot,
             policy=policy,
+            ahead_groups=max((proposal.groups for proposal in ahead), default=0),
         )
     )
     trail.apply(clamp(trail.desired, policy.min_groups, policy.max_groups))

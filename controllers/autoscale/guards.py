@@ -81,11 +81,14 @@ def capacity_guard(
     estimates: Estimates,
     snapshot: ModelGroupSnapshot,
     policy: ScalingPolicy,
+    ahead_groups: int = 0,
 ) -> tuple[int, Guard | None]:
     """Guards that only ever move the count back toward the current one.
 
     An unschedulable group holds scale-out: more groups would not place either. Groups on their way
-    are capacity: the backlog they will absorb adds nothing, only an arrival rate beyond them does.
+    are capacity: the backlog they will absorb adds nothing, only an arrival rate beyond them does,
+    or a floor asked for ahead of the load (`ahead_groups`: forecast, schedule), which is sized for
+    the load to come, not today's.
     A scale-in must leave enough groups for today's load under p90 work estimates.
     """
     if desired > current and observation.unschedulable > 0:
@@ -95,7 +98,9 @@ def capacity_guard(
         safety = queue_work.safety_factor if queue_work is not None else 1.0
         arrival = estimates.arrival_work_rate or 0.0
         allowed = max(
-            current, ceil_groups(arrival_demand_groups(arrival, estimates.capacity_per_group, safety))
+            current,
+            ceil_groups(arrival_demand_groups(arrival, estimates.capacity_per_group, safety)),
+            ahead_groups,
         )
         if desired > allowed:
             return allowed, Guard.CAPACITY_COMING

@@ -16,8 +16,9 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from goodput.api import slopolicy as api
-from goodput.api.modelgroup import GroupState
+from goodput.api.modelgroup import GroupState, ScheduledReplicas
 from goodput.api.reasons import Guard, Signal
+from goodput.controllers.autoscale.forecast import WorkForecaster
 from goodput.controllers.autoscale.ready_time import ReadyTimeSource
 from goodput.estimators.attainment import GoodputReport, Histogram
 from goodput.estimators.capacity import CapacityProfile
@@ -556,6 +557,9 @@ class ModelGroupSnapshot:
     "measured" (the ModelGroup's recent groups); None while unknown.
     capacity: where the profile's capacity comes from (prior, learnt, measured), carried into the
     decision and its record.
+    replica_schedule: `spec.replicaSchedule`, the floors a team set by time of day.
+    forecaster: the offered work's history fitted one ready time ahead (`forecast.fit_forecaster`);
+    None: no forecast (not asked for, or the history gives none), the decision only reacts.
     """
 
     spec_replicas: int
@@ -570,6 +574,8 @@ class ModelGroupSnapshot:
     group_ready_source: ReadyTimeSource | None = None
     capacity: LearntCapacity | None = None
     """The capacity in `profile` and its source; None: the profile's, not said."""
+    replica_schedule: tuple[ScheduledReplicas, ...] = ()
+    forecaster: WorkForecaster | None = None
 
     def __post_init__(self) -> None:
         if self.spec_replicas < 0:

@@ -1,8 +1,9 @@
 """One proposed count per signal, and how they combine.
 
 queueWork, slack, kvCache, goodput, gatewayQueue or scaleFromZero, warmFloor, minReplicas; goodput
-adds a group only for load-driven SLO misses, one trial at a time. Proportional proposals inside
-the tolerance band count as no change, then the largest proposal wins and names the signal."""
+adds a group only for load-driven SLO misses, one trial at a time; forecast and schedule ask for
+groups ahead of the load (`ahead_proposals`). Proportional proposals inside the tolerance band
+count as no change, then the largest proposal wins and names the signal."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import dataclasses
 from goodput.api.reasons import Guard, Signal
 from goodput.controllers.autoscale.behavior import tolerated_groups
 from goodput.controllers.autoscale.estimate import worst_check
+from goodput.controllers.autoscale.forecast import WorkForecast, forecast_work
 from goodput.controllers.autoscale.model import (
     Estimates,
     GoodputSignal,
@@ -23,6 +25,7 @@ from goodput.controllers.autoscale.model import (
     SlackSignal,
 )
 from goodput.controllers.autoscale.observe import ObservedGroups
+from goodput.controllers.autoscale.schedule import scheduled_floor
 from goodput.estimators.attainment import (
     rose_beyond_noise,
 )
@@ -163,6 +166,32 @@ def propose(
         )
     proposals.append(Proposal(Signal.MIN_REPLICAS, policy.min_groups, float(policy.min_groups), "minimum"))
     return proposals, held
+
+
+def ahead_proposals(
+    snapshot: ModelGroupSnapshot, estimates: Estimates, policy: ScalingPolicy, now: float
+) -> list[Proposal]:
+    """Floors set ahead of the load: the forecast's work one ready time ahead with its measured
+    margin, over the capacity per group; the open `replicaSchedule` window's `minReplicas`.
+
+    Both are floors only: the largest proposal wins, so they never hold back a reactive scale-out,
+    and each is read at `now` (a window past, a forecast fallen) so neither holds a group the load
+    does not need once its time is past. Exact counts: no tolerance band.
+    """
+    proposals = []
+    forecast = forecast_work(snapshot.forecaster, now) if snapshot.forecaster is not None else None
+    capacity = estimates.capacity_per_group
+    if isinstance(forecast, WorkForecast) and 0 < capacity < float("inf"):
+        groups = ceil_groups(forecast.upper_work_rate / capacity)
+        detail = f"{forecast.detail()} C={capacity:.3g}/s"
+        proposals.append(Proposal(Signal.FORECAST, groups, forecast.upper_work_rate, detail))
+    floor = scheduled_floor(snapshot.replica_schedule, now)
+    if floor is not None:
+        detail = f"window {floor.name} ({floor.window}) minReplicas={floor.min_groups}"
+        if floor.min_groups > policy.max_groups:
+            detail += f" above maxReplicas={policy.max_groups}: clamped"
+        proposals.append(Proposal(Signal.SCHEDULE, floor.min_groups, float(floor.min_groups), detail))
+    return proposals
 
 
 def _add_from_zero(proposals: list[Proposal], observation: ObservedGroups) -> None:

@@ -40,6 +40,7 @@ from goodput.api.modelgroup import (
 )
 from goodput.api.reasons import ConditionType, EventReason, Guard, Reason
 from goodput.controllers.autoscale.feasible_demand import AttainabilityVerdict
+from goodput.controllers.autoscale.forecast import ForecastUnavailable, WorkForecaster
 from goodput.controllers.autoscale.model import (
     Decision,
     DecisionState,
@@ -436,6 +437,42 @@ def failure_event(previous: Sequence[Condition], reason: str, message: str) -> E
     if active is not None and active.status == "False" and active.reason == reason:
         return None
     return EventRecord("Warning", reason, message)
+
+
+# --- Forecasting --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastHealth:
+    """Whether the offered work's history gives a forecast, for the Forecasting condition."""
+
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def forecast_health(fitted: WorkForecaster | ForecastUnavailable) -> ForecastHealth:
+    """The Forecasting condition of a fit: True with the figures it rests on, else False with the
+    named outcome (the decision then only reacts)."""
+    if isinstance(fitted, ForecastUnavailable):
+        return ForecastHealth(
+            "False", str(fitted.outcome), f"{fitted.message}; scaling reacts to the load only"
+        )
+    return ForecastHealth(
+        "True",
+        Reason.FORECAST_READY,
+        f"{fitted.history_seconds / 3600:.3g}h of offered work; forecast {fitted.horizon_seconds:g}s ahead "
+        f"with a margin of {fitted.margin_fraction:.3g} (p{fitted.error_quantile * 100:g} of "
+        f"{fitted.errors_measured} past errors)",
+    )
+
+
+def forecasting_conditions(
+    conditions: Sequence[Condition], health: ForecastHealth, *, generation: int, now: datetime
+) -> tuple[Condition, ...]:
+    """`conditions` with Forecasting set to `health`."""
+    outcome = (health.status, health.reason, health.message)
+    return _put(tuple(conditions), ConditionType.FORECASTING, outcome, generation=generation, now=now)
 
 
 # --- Decision state across restarts -----------------------------------------------------------------
