@@ -486,7 +486,6 @@ def test_bad_input_through_the_live_gateway_gets_its_code_and_the_gateway_keeps_
         serving_fleet(stage, 1, gateway)
         cases: dict[str, tuple[bytes | dict[str, Any], dict[str, str], str | None]] = {
             "malformed JSON": (b'{"model": "llama", "prompt": ', {}, None),
-            "unknown model": ({"model": "gpt-9", "prompt": "Hi", "max_tokens": 4}, {}, "model"),
             "negative max_tokens": ({"model": "llama", "prompt": "Hi", "max_tokens": -1}, {}, "max_tokens"),
             "absurd max_tokens": ({"model": "llama", "prompt": "Hi", "max_tokens": 10**12}, {}, "max_tokens"),
             "prompt beyond the context": (
@@ -500,6 +499,9 @@ def test_bad_input_through_the_live_gateway_gets_its_code_and_the_gateway_keeps_
                 None,
             ),
         }
+        unknown = post(gateway.url, {"model": "gpt-9", "prompt": "Hi", "max_tokens": 4})
+        assert unknown.status == 404, unknown
+        assert unknown.body["error"]["param"] == "model" and "gpt-9" in unknown.body["error"]["message"]
         for case, (body, headers, param) in cases.items():
             answer = post(gateway.url, body, **headers)
             assert answer.status == 400, (case, answer)
