@@ -103,6 +103,14 @@ def upstream() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
+@contextmanager
+def upstream_and_gateway() -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """The upstream stand-in and one standalone gateway serving the sample ModelGroup in front of it:
+    their base URLs and the gateway's process."""
+    with upstream() as upstream_url, gateway_process(upstream_url, 1) as (gateway_url, child):
+        yield upstream_url, gateway_url, child
+
+
 def prediction_cost(queue_requests: int, tenants: int, calls: int = 2000) -> None:
     """p50 and p99 of one prediction against a long queue, with a hot tenant holding half of it."""
     rng = np.random.default_rng(1)
