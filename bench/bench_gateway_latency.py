@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import os
 import subprocess
 import sys
 import tempfile
@@ -191,6 +192,12 @@ async def stream_throughput(
     return total / elapsed
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     """A process's resident memory, from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -233,10 +240,17 @@ async def soak(session: aiohttp.ClientSession, url: str, total: int, concurrency
 
 
 async def measure_path(
-    session: aiohttp.ClientSession, args: argparse.Namespace, upstream_url: str, gateway_url: str, count: int
+    session: aiohttp.ClientSession,
+    args: argparse.Namespace,
+    upstream_url: str,
+    gateway_url: str,
+    *,
+    count: int,
+    pid: int,
 ) -> None:
     """Added latency and streamed requests/s through a gateway serving `count` ModelGroups, against
-    the upstream measured just before it."""
+    the upstream measured just before it; and the gateway's CPU time per streamed request, which
+    other work on the machine's cores does not inflate the way it does the wall-clock figures."""
     models = served_models(count)
     await wait_ready(session, gateway_url + "/v1/completions", models[0])
     for url in (upstream_url, gateway_url):  # warm both paths
@@ -254,14 +268,20 @@ async def measure_path(
         f"    added by the gateway p50 {p_routed[0] - p_direct[0]:.2f} ms  "
         f"p99 {p_routed[1] - p_direct[1]:.2f} ms"
     )
+    cpu_before = cpu_seconds(pid)
     rate = await stream_throughput(
         session, gateway_url + "/v1/completions", args.stream_requests, args.concurrency, models
     )
+    cpu_per_request = (cpu_seconds(pid) - cpu_before) / args.stream_requests
     print(
         f"  streamed, {args.concurrency} concurrent clients, {args.stream_requests} requests of 16 tokens"
         f"{spread}:"
     )
     print(f"    {rate:.0f} requests/s through one gateway process")
+    print(
+        f"    the gateway's CPU time: {cpu_per_request * 1000:.3f} ms a request, "
+        f"{1 / cpu_per_request:.0f} requests per CPU-second"
+    )
 
 
 async def measure(args: argparse.Namespace, upstream_url: str) -> None:
@@ -272,7 +292,7 @@ async def measure(args: argparse.Namespace, upstream_url: str) -> None:
         for count in counts:
             with gateway_process(upstream_url, count) as (gateway_url, child):
                 try:
-                    await measure_path(session, args, upstream_url, gateway_url, count)
+                    await measure_path(session, args, upstream_url, gateway_url, count=count, pid=child.pid)
                     if args.soak_requests and count == 1:
                         await soak(
                             session,
