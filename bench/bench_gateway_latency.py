@@ -138,7 +138,7 @@ def prediction_cost(queue_requests: int, tenants: int, calls: int = 2000) -> Non
 
 
 async def wait_ready(
-    session: aiohttp.ClientSession, url: str, model: str = MODEL, attempts: int = 100
+    session: aiohttp.ClientSession, url: str, model: str = MODEL, attempts: int = 300
 ) -> None:
     for _ in range(attempts):
         try:
