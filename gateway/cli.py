@@ -217,7 +217,7 @@ def _load_documents(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def _standalone(args: argparse.Namespace) -> list[tuple[RequestPathPolicy | str, GroupSource]]:
+def standalone_model_groups(args: argparse.Namespace) -> list[tuple[RequestPathPolicy | str, GroupSource]]:
     """Each ModelGroup of the --modelgroup files under its SLOPolicy (by spec.policyRef among the
     --policy files, or the only one), in front of its --upstream groups."""
     model_groups = [ModelGroup.model_validate(doc) for doc in _load_documents(args.modelgroup)]
@@ -283,7 +283,7 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.modelgroup or args.policy:
         if not (args.modelgroup and args.policy):
             raise SystemExit("standalone mode needs both --modelgroup and --policy")
-        for policy, source in _standalone(args):
+        for policy, source in standalone_model_groups(args):
             if isinstance(policy, str):
                 log.error("cannot serve: %s", policy)
                 return 2

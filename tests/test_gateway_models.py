@@ -3,6 +3,7 @@ front on 127.0.0.1 routing each request by its `model` to that ModelGroup's own 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import dataclasses
@@ -24,6 +25,7 @@ from waiting import until
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
+from goodput.gateway.cli import add_arguments, standalone_model_groups
 from goodput.gateway.connections import start_serving
 from goodput.gateway.front import GatewayFront
 from goodput.gateway.groups import GroupEndpoint, StaticGroupSource
@@ -346,3 +348,50 @@ def test_two_modelgroups_serving_one_name_leave_the_newer_out_and_say_so() -> No
             )
 
     run(main)
+
+
+# --- standalone mode: several ModelGroups from files ----------------------------------------------
+
+
+def standalone_args(tmp_path: Path, *upstreams: str) -> Any:
+    documents = []
+    for name, served in (("chat", "llama"), ("code", "qwen")):
+        group = copy.deepcopy(GROUP_DOC)
+        group["metadata"]["name"] = name
+        group["spec"]["model"]["servedName"] = served
+        documents.append(group)
+    (tmp_path / "groups.yaml").write_text(yaml.safe_dump_all(documents))
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(POLICY_DOC))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--modelgroup", str(tmp_path / "groups.yaml"), "--policy", str(tmp_path / "policy.yaml")]
+    return parser.parse_args([*argv, *(f"--upstream={item}" for item in upstreams)])
+
+
+def test_standalone_mode_serves_each_modelgroup_of_the_files_with_its_own_upstreams(tmp_path: Path) -> None:
+    args = standalone_args(tmp_path, "chat/g1=http://a:1", "code/g1=http://b:2", "code/g2=http://c:3/")
+    served = standalone_model_groups(args)
+    policies = [policy for policy, _ in served]
+    assert [(p.model_group, p.served_model) for p in policies if not isinstance(p, str)] == [
+        ("chat", "llama"),
+        ("code", "qwen"),
+    ]
+    sources = [source for _, source in served]
+    assert isinstance(sources[1], StaticGroupSource)
+    assert {g.base_url for g in sources[1]._groups.values()} == {"http://b:2", "http://c:3"}
+
+
+@pytest.mark.parametrize(
+    ("upstream", "message"),
+    [
+        ("g1=http://a:1", "MODELGROUP/GROUP=URL for several"),
+        ("nope/g1=http://a:1", "no ModelGroup 'nope'"),
+        ("chat/g1", "expected GROUP=URL"),
+    ],
+    ids=["unnamed with several ModelGroups", "an unknown ModelGroup", "no URL"],
+)
+def test_a_standalone_upstream_that_names_no_served_modelgroup_is_refused(
+    tmp_path: Path, upstream: str, message: str
+) -> None:
+    with pytest.raises(SystemExit, match=message):
+        standalone_model_groups(standalone_args(tmp_path, upstream))
