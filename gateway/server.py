@@ -145,6 +145,14 @@ class ModelGroupRetiredError(Exception):
     """The ModelGroup a queued request waited for left the gateway; the message says how."""
 
 
+def retired_response(reason: str) -> web.Response:
+    """503 for a request whose ModelGroup left the gateway before an engine took it: the client may
+    retry (the model may be served again, or by another ModelGroup)."""
+    return json_response(
+        503, error_body(reason, "OverloadedError", "model", "ModelGroupRetired"), {"Retry-After": "1"}
+    )
+
+
 class Gateway:
     """One ModelGroup's request path in the gateway process: its groups, fair queue, budgets,
     ledgers and metrics. The process serves many (`front.GatewayFront`), each with its own."""
@@ -508,6 +516,8 @@ class Gateway:
     async def _admit_and_serve(
         self, request: web.Request, parsed: ParsedRequest, shape: RequestShape
     ) -> web.StreamResponse:
+        if self.retired is not None:  # left the gateway while this request awaited a replayed answer
+            return retired_response(self.retired)
         now = self.clock()
         tenant = shape.tenant
         bucket = self._bucket(tenant, now)
@@ -600,11 +610,7 @@ class Gateway:
             return await asyncio.wait_for(asyncio.shield(pending.future), timeout=hold)
         except ModelGroupRetiredError as retired:
             self._refund(item.tenant, item.input_tokens + item.expected_output_tokens)
-            return json_response(
-                503,
-                error_body(str(retired), "OverloadedError", "model", "ModelGroupRetired"),
-                {"Retry-After": "1"},
-            )
+            return retired_response(str(retired))
         except TimeoutError:
             self._withdraw(item)
             message = f"no group could take the request within {hold:.1f}s"
