@@ -18,7 +18,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 from gateway_upstream import Upstream
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from waiting import until
 
@@ -144,6 +144,47 @@ def test_a_model_routes_only_to_a_modelgroup_that_serves_it_whatever_the_order(
     left_out = [name for conflict in served.conflicts for name in conflict.left_out]
     assert len(left_out) == len(claims) - len(served.by_model)
     assert served.model_group_for("gpt-9") is None
+
+
+NAMES, SERVED = ("a", "b", "c", "d"), ("x", "y", "z")
+POLICIES = {(name, served): policy_for(name, served) for name in NAMES for served in SERVED}
+OPERATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["serve", "retire", "rename"]), st.sampled_from(NAMES), st.sampled_from(SERVED)
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPERATIONS)
+def test_while_modelgroups_come_go_and_are_renamed_a_model_reaches_only_a_modelgroup_serving_it(
+    operations: list[tuple[str, str, str]],
+) -> None:
+    """The front's table after any sequence of serving, retiring and renaming: every model it
+    answers for goes to a served ModelGroup that serves that name, every claimed name is answered
+    for, and /v1/models lists exactly those names."""
+
+    async def main() -> None:
+        front = GatewayFront()
+        for operation, name, served in operations:
+            if operation == "serve" and name not in front.model_groups:
+                front.serve(Gateway(POLICIES[name, served], StaticGroupSource()))
+            elif operation == "retire":
+                await front.retire(name, "gone")
+            elif operation == "rename" and name in front.model_groups:
+                front.update_policy(POLICIES[name, served])
+            claimed = {gateway.policy.served_model for gateway in front.model_groups.values()}
+            for model in SERVED:
+                gateway = front.gateway_for(model)
+                if model not in claimed:
+                    assert gateway is None
+                    continue
+                assert gateway is not None and gateway.policy.served_model == model
+                assert front.model_groups[gateway.policy.model_group] is gateway
+            assert set(front.served.by_model) == claimed
+
+    asyncio.run(main())
 
 
 A = policy_for("chat", "llama")
