@@ -2,14 +2,17 @@
 
 Run: .venv/bin/python bench/bench_gateway_latency.py [--requests 2000] [--stream-requests 5000]
      [--queue-requests 20000] [--queue-tenants 2,100,1000]
-     [--soak-requests 50000]
+     [--soak-requests 50000] [--model-groups 20]
 
 Three processes on this machine: a vLLM-like upstream that answers at once (tests/gateway_upstream.py,
 16 tokens, no delay), one `goodput gateway` process in front of it (standalone mode, the sample
 ModelGroup and SLOPolicy), and this client. Added latency: the same small non-streamed completion
 sent one at a time straight to the upstream and through the gateway; the figures are each path's
 p50/p99 and their difference. Throughput: streamed completions through the gateway from
-`--concurrency` concurrent clients. Memory: `--soak-requests` requests from as many distinct
+`--concurrency` concurrent clients. Both are measured twice in the same run, the same way: with the
+gateway serving one ModelGroup, then `--model-groups` ModelGroups (each its own served model, SLO
+classes, queue and group; every group's leader is the same upstream stand-in), the requests spread
+over the models in turn. Memory: `--soak-requests` requests from as many distinct
 tenants, sessions and idempotency keys, the gateway's RSS read as they pass; it grows until the
 gateway's bounded tables are full (100,000 sessions, 100,000 idempotency keys, 10,000 kept answers
 and retry budgets), then holds. All three share the machine's cores, so the throughput is a
@@ -23,15 +26,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
+import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
 import numpy as np
+import yaml
 
 from goodput.controllers.requests.fairness import FairnessPolicy, FairQueue, QueuedItem
 from goodput.testbed.cluster.controlplane import free_port
@@ -39,7 +46,8 @@ from goodput.testbed.cluster.processes import stop_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "manifests" / "samples"
-BODY = {"model": "llama-8b", "prompt": "Hello, my name is", "max_tokens": 16}
+MODEL = "llama-8b"
+BODY = {"model": MODEL, "prompt": "Hello, my name is", "max_tokens": 16}
 
 
 @contextmanager
@@ -51,21 +59,57 @@ def process(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
         stop_child(child, grace_seconds=10)
 
 
+def served_models(count: int) -> list[str]:
+    """The model names of `count` ModelGroups; one ModelGroup keeps the sample's name."""
+    return [MODEL] if count == 1 else [f"model-{index:02d}" for index in range(count)]
+
+
+def write_model_groups(directory: Path, count: int) -> Path:
+    """`count` copies of the sample ModelGroup in one file, each named and serving its own model."""
+    sample = yaml.safe_load((SAMPLES / "modelgroup-llama-8b-tp1.yaml").read_text())
+    documents = []
+    for model in served_models(count):
+        document = copy.deepcopy(sample)
+        document["metadata"]["name"] = model
+        document["spec"]["model"]["servedName"] = model
+        documents.append(document)
+    path = directory / f"modelgroups-{count}.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    return path
+
+
+@contextmanager
+def gateway_process(upstream_url: str, model_groups: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """One standalone `goodput gateway` serving `model_groups` ModelGroups (the sample's, renamed,
+    under the sample SLOPolicy), each with one group led by the upstream: its URL and process."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as directory:
+        models = served_models(model_groups)
+        gateway = [
+            sys.executable, "-m", "goodput.operator.cli", "gateway",
+            "--modelgroup", str(write_model_groups(Path(directory), model_groups)),
+            "--policy", str(SAMPLES / "slopolicy-interactive.yaml"),
+            *(f"--upstream={model}/g1={upstream_url}" for model in models),
+            "--listen-host", "127.0.0.1", "--listen-port", str(port), "--metrics-port", "0",
+        ]  # fmt: skip
+        with process(gateway) as child:
+            yield f"http://127.0.0.1:{port}", child
+
+
+@contextmanager
+def upstream() -> Iterator[str]:
+    """The upstream stand-in on a free loopback port: its base URL."""
+    port = free_port()
+    with process([sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(port)]):
+        yield f"http://127.0.0.1:{port}"
+
+
 @contextmanager
 def upstream_and_gateway() -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
-    """The upstream stand-in and one standalone `goodput gateway` in front of it (the sample
-    ModelGroup and SLOPolicy), on free loopback ports: their base URLs and the gateway's process."""
-    upstream_port, gateway_port = free_port(), free_port()
-    upstream = [sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(upstream_port)]
-    gateway = [
-        sys.executable, "-m", "goodput.operator.cli", "gateway",
-        "--modelgroup", str(SAMPLES / "modelgroup-llama-8b-tp1.yaml"),
-        "--policy", str(SAMPLES / "slopolicy-interactive.yaml"),
-        "--upstream", f"g1=http://127.0.0.1:{upstream_port}",
-        "--listen-host", "127.0.0.1", "--listen-port", str(gateway_port), "--metrics-port", "0",
-    ]  # fmt: skip
-    with process(upstream), process(gateway) as gateway_process:
-        yield f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}", gateway_process
+    """The upstream stand-in and one standalone gateway serving the sample ModelGroup in front of it:
+    their base URLs and the gateway's process."""
+    with upstream() as upstream_url, gateway_process(upstream_url, 1) as (gateway_url, child):
+        yield upstream_url, gateway_url, child
 
 
 def prediction_cost(queue_requests: int, tenants: int, calls: int = 2000) -> None:
@@ -93,10 +137,12 @@ def prediction_cost(queue_requests: int, tenants: int, calls: int = 2000) -> Non
     )
 
 
-async def wait_ready(session: aiohttp.ClientSession, url: str, attempts: int = 100) -> None:
+async def wait_ready(
+    session: aiohttp.ClientSession, url: str, model: str = MODEL, attempts: int = 300
+) -> None:
     for _ in range(attempts):
         try:
-            async with session.post(url, json=BODY) as response:
+            async with session.post(url, json={**BODY, "model": model}) as response:
                 if response.status == 200:
                     return
         except aiohttp.ClientError:
@@ -105,19 +151,27 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, attempts: int = 1
     raise RuntimeError(f"{url} never answered")
 
 
-async def sequential_latencies(session: aiohttp.ClientSession, url: str, count: int) -> np.ndarray:
+async def sequential_latencies(
+    session: aiohttp.ClientSession, url: str, count: int, models: Sequence[str] = (MODEL,)
+) -> np.ndarray:
     latencies = []
-    for _ in range(count):
+    for index in range(count):
+        body = {**BODY, "model": models[index % len(models)]}
         started = time.perf_counter()
-        async with session.post(url, json=BODY) as response:
+        async with session.post(url, json=body) as response:
             await response.read()
             assert response.status == 200, response.status
         latencies.append(time.perf_counter() - started)
     return np.array(latencies)
 
 
-async def stream_throughput(session: aiohttp.ClientSession, url: str, total: int, concurrency: int) -> float:
-    body = {**BODY, "stream": True}
+async def stream_throughput(
+    session: aiohttp.ClientSession,
+    url: str,
+    total: int,
+    concurrency: int,
+    models: Sequence[str] = (MODEL,),
+) -> float:
     remaining = total
     failures = 0
 
@@ -125,6 +179,7 @@ async def stream_throughput(session: aiohttp.ClientSession, url: str, total: int
         nonlocal remaining, failures
         while remaining > 0:
             remaining -= 1
+            body = {**BODY, "stream": True, "model": models[remaining % len(models)]}
             async with session.post(url, json=body) as response:
                 await response.read()
                 failures += response.status != 200
@@ -135,6 +190,12 @@ async def stream_throughput(session: aiohttp.ClientSession, url: str, total: int
     if failures:
         print(f"  {failures} streamed requests failed")
     return total / elapsed
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -178,35 +239,72 @@ async def soak(session: aiohttp.ClientSession, url: str, total: int, concurrency
     print(f"  answers by status: {dict(sorted(statuses.items()))}")
 
 
-async def measure(args: argparse.Namespace, upstream_url: str, gateway_url: str, gateway_pid: int) -> None:
+async def measure_path(
+    session: aiohttp.ClientSession,
+    args: argparse.Namespace,
+    upstream_url: str,
+    gateway_url: str,
+    *,
+    count: int,
+    pid: int,
+) -> None:
+    """Added latency and streamed requests/s through a gateway serving `count` ModelGroups, against
+    the upstream measured just before it; and the gateway's CPU time per streamed request, which
+    other work on the machine's cores does not inflate the way it does the wall-clock figures."""
+    models = served_models(count)
+    await wait_ready(session, gateway_url + "/v1/completions", models[0])
+    for url in (upstream_url, gateway_url):  # warm both paths
+        await sequential_latencies(session, url + "/v1/completions", 200, models)
+    direct = await sequential_latencies(session, upstream_url + "/v1/completions", args.requests, models)
+    routed = await sequential_latencies(session, gateway_url + "/v1/completions", args.requests, models)
+    p_direct = np.percentile(direct, [50, 99]) * 1000
+    p_routed = np.percentile(routed, [50, 99]) * 1000
+    spread = f", spread over {count} models" if count > 1 else ""
+    print(f"one gateway process serving {count} ModelGroup{'s' if count > 1 else ''}:")
+    print(f"  non-streamed, one at a time, {args.requests} requests each{spread}:")
+    print(f"    direct to upstream   p50 {p_direct[0]:.2f} ms  p99 {p_direct[1]:.2f} ms")
+    print(f"    through the gateway  p50 {p_routed[0]:.2f} ms  p99 {p_routed[1]:.2f} ms")
+    print(
+        f"    added by the gateway p50 {p_routed[0] - p_direct[0]:.2f} ms  "
+        f"p99 {p_routed[1] - p_direct[1]:.2f} ms"
+    )
+    cpu_before = cpu_seconds(pid)
+    rate = await stream_throughput(
+        session, gateway_url + "/v1/completions", args.stream_requests, args.concurrency, models
+    )
+    cpu_per_request = (cpu_seconds(pid) - cpu_before) / args.stream_requests
+    print(
+        f"  streamed, {args.concurrency} concurrent clients, {args.stream_requests} requests of 16 tokens"
+        f"{spread}:"
+    )
+    print(f"    {rate:.0f} requests/s through one gateway process")
+    print(
+        f"    the gateway's CPU time: {cpu_per_request * 1000:.3f} ms a request, "
+        f"{1 / cpu_per_request:.0f} requests per CPU-second"
+    )
+
+
+async def measure(args: argparse.Namespace, upstream_url: str) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await wait_ready(session, upstream_url + "/v1/completions")
-        await wait_ready(session, gateway_url + "/v1/completions")
-        for url in (upstream_url, gateway_url):  # warm both paths
-            await sequential_latencies(session, url + "/v1/completions", 200)
-        direct = await sequential_latencies(session, upstream_url + "/v1/completions", args.requests)
-        routed = await sequential_latencies(session, gateway_url + "/v1/completions", args.requests)
-        p_direct = np.percentile(direct, [50, 99]) * 1000
-        p_routed = np.percentile(routed, [50, 99]) * 1000
-        print(f"non-streamed, one at a time, {args.requests} requests each:")
-        print(f"  direct to upstream   p50 {p_direct[0]:.2f} ms  p99 {p_direct[1]:.2f} ms")
-        print(f"  through the gateway  p50 {p_routed[0]:.2f} ms  p99 {p_routed[1]:.2f} ms")
-        print(
-            f"  added by the gateway p50 {p_routed[0] - p_direct[0]:.2f} ms  "
-            f"p99 {p_routed[1] - p_direct[1]:.2f} ms"
-        )
-        rate = await stream_throughput(
-            session, gateway_url + "/v1/completions", args.stream_requests, args.concurrency
-        )
-        print(
-            f"streamed, {args.concurrency} concurrent clients, {args.stream_requests} requests of 16 tokens:"
-        )
-        print(f"  {rate:.0f} requests/s through one gateway process")
-        if args.soak_requests:
-            await soak(
-                session, gateway_url + "/v1/completions", args.soak_requests, args.concurrency, gateway_pid
-            )
+        counts = [1] + ([args.model_groups] if args.model_groups > 1 else [])
+        for count in counts:
+            with gateway_process(upstream_url, count) as (gateway_url, child):
+                try:
+                    await measure_path(session, args, upstream_url, gateway_url, count=count, pid=child.pid)
+                    if args.soak_requests and count == 1:
+                        await soak(
+                            session,
+                            gateway_url + "/v1/completions",
+                            args.soak_requests,
+                            args.concurrency,
+                            child.pid,
+                        )
+                except RuntimeError:
+                    child.terminate()
+                    print(child.communicate(timeout=10)[1].decode()[-2000:])
+                    raise
 
 
 def main() -> None:
@@ -217,17 +315,18 @@ def main() -> None:
     parser.add_argument("--queue-requests", type=int, default=20_000)
     parser.add_argument("--queue-tenants", default="2,100,1000")
     parser.add_argument("--soak-requests", type=int, default=50_000, help="0: no memory soak")
+    parser.add_argument(
+        "--model-groups",
+        type=int,
+        default=20,
+        help="ModelGroups behind one gateway, beside one (1: only one)",
+    )
     args = parser.parse_args()
     print("the deadline gate's place-in-the-fair-order prediction, in process:")
     for tenants in (int(count) for count in args.queue_tenants.split(",")):
         prediction_cost(args.queue_requests, tenants)
-    with upstream_and_gateway() as (upstream_url, gateway_url, gateway_process):
-        try:
-            asyncio.run(measure(args, upstream_url, gateway_url, gateway_process.pid))
-        except RuntimeError:
-            gateway_process.terminate()
-            print(gateway_process.communicate(timeout=10)[1].decode()[-2000:])
-            raise
+    with upstream() as upstream_url:
+        asyncio.run(measure(args, upstream_url))
 
 
 if __name__ == "__main__":

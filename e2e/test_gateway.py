@@ -8,6 +8,8 @@
 - A drain loses no request routed through the gateway, and nothing is routed to the draining group
   after its drain mark.
 - Bad input gets its documented code, and the gateway keeps serving.
+- Two ModelGroups behind one gateway: each request goes to its model's ModelGroup, `/v1/models`
+  lists both, and a deleted ModelGroup's model goes away without a restart while the other serves.
 
 Outcomes are measured from the client side (status, headers, the time to the first streamed chunk)
 and from the gateway's and engines' own counters; no test asserts a timing of its own.
@@ -486,7 +488,6 @@ def test_bad_input_through_the_live_gateway_gets_its_code_and_the_gateway_keeps_
         serving_fleet(stage, 1, gateway)
         cases: dict[str, tuple[bytes | dict[str, Any], dict[str, str], str | None]] = {
             "malformed JSON": (b'{"model": "llama", "prompt": ', {}, None),
-            "unknown model": ({"model": "gpt-9", "prompt": "Hi", "max_tokens": 4}, {}, "model"),
             "negative max_tokens": ({"model": "llama", "prompt": "Hi", "max_tokens": -1}, {}, "max_tokens"),
             "absurd max_tokens": ({"model": "llama", "prompt": "Hi", "max_tokens": 10**12}, {}, "max_tokens"),
             "prompt beyond the context": (
@@ -500,6 +501,9 @@ def test_bad_input_through_the_live_gateway_gets_its_code_and_the_gateway_keeps_
                 None,
             ),
         }
+        unknown = post(gateway.url, {"model": "gpt-9", "prompt": "Hi", "max_tokens": 4})
+        assert unknown.status == 404, unknown
+        assert unknown.body["error"]["param"] == "model" and "gpt-9" in unknown.body["error"]["message"]
         for case, (body, headers, param) in cases.items():
             answer = post(gateway.url, body, **headers)
             assert answer.status == 400, (case, answer)
@@ -536,3 +540,65 @@ def abandon_a_stream(gateway: GatewayProcess) -> None:
         assert b"data: " in response.read1(4096)
     finally:
         connection.close()
+
+
+# --- many ModelGroups, one gateway ----------------------------------------------------------------
+
+SECOND, SECOND_MODEL = "code", "qwen"
+TEAM = "team=e2e"
+
+
+def labelled(group: dict[str, Any]) -> dict[str, Any]:
+    group["metadata"]["labels"] = {"team": "e2e"}
+    return group
+
+
+def test_two_model_groups_behind_one_gateway_are_routed_by_model_and_one_goes_without_a_restart(
+    stage: Stage, tmp_path: Path
+) -> None:
+    second = fixed_fleet(stage.namespace, 1)
+    second["metadata"]["name"] = SECOND
+    second["spec"]["model"]["servedName"] = SECOND_MODEL
+    stage.apply(fixed_policy(stage.namespace), labelled(fixed_fleet(stage.namespace, 1)), labelled(second))
+    log = tmp_path / "gateway.log"
+    with GatewayProcess(stage.cluster, stage.namespace, "", log, selector=TEAM) as gateway:
+        serving_fleet(stage, 1, gateway)
+        stage.wait_ready_groups(SECOND, 1, timeout_seconds=120)
+        wait_for(
+            lambda: (
+                operator_metric(
+                    gateway.metrics_port, "goodput_gateway_routable_groups", {"model_group": SECOND}
+                )
+                == 1
+            ),
+            timeout_seconds=30,
+            describe=lambda: f"the gateway routing to {SECOND}'s group\n{gateway.log_tail()}",
+        )
+        with urllib.request.urlopen(gateway.url + "/v1/models", timeout=10) as reply:
+            assert [model["id"] for model in json.loads(reply.read())["data"]] == ["llama", SECOND_MODEL]
+        groups = {
+            name: {g["name"] for g in stage.status(name).get("groups", []) if g["state"] == "Ready"}
+            for name in (NAME, SECOND)
+        }
+        for model, name in (("llama", NAME), (SECOND_MODEL, SECOND), ("llama", NAME), (SECOND_MODEL, SECOND)):
+            answer = post(gateway.url, {"model": model, "prompt": "Hi", "max_tokens": 4})
+            assert answer.status == 200, answer
+            assert answer.headers["X-Goodput-Group"] in groups[name], (model, answer.headers, groups)
+            assert answer.body["model"] == model
+        for name in (NAME, SECOND):  # the autoscaler's series, per ModelGroup
+            offered = operator_metric(
+                gateway.metrics_port,
+                "goodput_gateway_requests_offered_total",
+                {"model_group": name, "slo_class": "chat", "tenant": "default"},
+            )
+            assert offered == 2, (name, offered)
+
+        stage.cluster.kubectl("delete", "modelgroup", SECOND, "-n", stage.namespace, "--wait=false")
+        wait_for(
+            lambda: post(gateway.url, {"model": SECOND_MODEL, "prompt": "Hi", "max_tokens": 4}).status == 404,
+            timeout_seconds=30,
+            interval_seconds=0.5,
+            describe=lambda: f"{SECOND_MODEL} gone from the gateway\n{gateway.log_tail()}",
+        )
+        assert gateway.process is not None and gateway.process.poll() is None  # the same process
+        assert post(gateway.url, {"model": "llama", "prompt": "Hi", "max_tokens": 4}).status == 200

@@ -1,9 +1,11 @@
-"""`goodput gateway`: serve the OpenAI API in front of one ModelGroup's Ready leaders.
+"""`goodput gateway`: serve the OpenAI API in front of the Ready leaders of one or many ModelGroups.
 
-Cluster mode (default): watch the ModelGroup and its SLOPolicy through the API server (a change
-applies without a restart; one that cannot be compiled is logged and the last good policy stays),
-and watch the group leaders' pods. Standalone mode (`--modelgroup FILE --policy FILE --upstream
-NAME=URL ...`): the same gateway in front of fixed upstreams, for benchmarks and local tries.
+Cluster mode (default): watch the ModelGroups of `--namespace` that `--selector` picks (every one
+without a selector; `--model-group NAME` picks one) with their SLOPolicies through the API server,
+and each served ModelGroup's group leaders' pods. A new, changed or deleted ModelGroup applies
+without a restart; one that cannot be compiled is logged and a served one keeps its last good
+policy. Standalone mode (`--modelgroup FILE --policy FILE --upstream [MODELGROUP/]GROUP=URL ...`):
+the same gateway in front of fixed upstreams, for benchmarks and local tries.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import argparse
 import asyncio
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from prometheus_client import start_http_server
@@ -21,23 +25,40 @@ from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.gateway.connections import start_serving
+from goodput.gateway.front import ANY_MODEL_GROUP, GatewayFront
 from goodput.gateway.groups import GroupEndpoint, GroupSource, StaticGroupSource
-from goodput.gateway.kube import KubeGroupSource, KubePolicySource, api_server_from_environment
+from goodput.gateway.kube import (
+    ApiServer,
+    KubeGroupSource,
+    KubeModelGroupsSource,
+    WatchedModelGroup,
+    api_server_from_environment,
+)
 from goodput.gateway.limits import MIB, ClientLimits
 from goodput.gateway.metrics import GatewayMetrics
+from goodput.gateway.registry import plan_serving
 from goodput.gateway.server import Gateway
 
 log = logging.getLogger("goodput.gateway")
 
+ModelGroupsReport = Mapping[str, WatchedModelGroup]
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model-group", default=os.environ.get("GOODPUT_MODEL_GROUP"), help="ModelGroup to front"
+        "--model-group",
+        default=os.environ.get("GOODPUT_MODEL_GROUP"),
+        help="serve this one ModelGroup (a selector of one)",
+    )
+    parser.add_argument(
+        "--selector",
+        default=os.environ.get("GOODPUT_MODEL_GROUP_SELECTOR", ""),
+        help="label selector of the ModelGroups to serve (default: every ModelGroup of the namespace)",
     )
     parser.add_argument(
         "--namespace",
         default=os.environ.get("POD_NAMESPACE", "default"),
-        help="its namespace (default: $POD_NAMESPACE)",
+        help="the ModelGroups' namespace (default: $POD_NAMESPACE)",
     )
     parser.add_argument("--listen-host", default="0.0.0.0", help="address to serve the OpenAI API on")
     parser.add_argument("--listen-port", type=int, default=8080)
@@ -49,18 +70,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--start-timeout-seconds",
         type=float,
         default=30.0,
-        help="how long to wait for the ModelGroup and SLOPolicy at start",
+        help="how long to wait for the API server's first answer about the ModelGroups at start",
     )
     _add_client_limits(parser.add_argument_group("client limits (docs/gateway.md)"))
     standalone = parser.add_argument_group("standalone mode")
-    standalone.add_argument("--modelgroup", type=Path, help="ModelGroup YAML instead of the API server's")
-    standalone.add_argument("--policy", type=Path, help="SLOPolicy YAML instead of the API server's")
+    standalone.add_argument(
+        "--modelgroup",
+        type=Path,
+        action="append",
+        default=[],
+        help="ModelGroup YAML instead of the API server's (repeatable; a file may hold several)",
+    )
+    standalone.add_argument(
+        "--policy",
+        type=Path,
+        action="append",
+        default=[],
+        help="SLOPolicy YAML (repeatable); a ModelGroup takes the one its policyRef names, or the only one",
+    )
     standalone.add_argument(
         "--upstream",
         action="append",
         default=[],
-        metavar="GROUP=URL",
-        help="a Ready group's leader (repeatable)",
+        metavar="[MODELGROUP/]GROUP=URL",
+        help="a Ready group's leader (repeatable; name the ModelGroup when there are several)",
     )
 
 
@@ -124,83 +157,149 @@ def client_limits(args: argparse.Namespace) -> ClientLimits:
         raise SystemExit(f"client limits: {error}") from None
 
 
-async def _first_policy(
-    source: KubePolicySource, timeout_seconds: float
-) -> tuple[RequestPathPolicy | str, asyncio.Task[None], asyncio.Queue[RequestPathPolicy | str]]:
-    """Start the ModelGroup and SLOPolicy watches and wait for their first compiled policy; later
-    ones arrive on the returned queue."""
-    updates: asyncio.Queue[RequestPathPolicy | str] = asyncio.Queue()
-    task = asyncio.create_task(source.run(updates.put_nowait), name="policy-watch")
+async def _first_report(
+    source: KubeModelGroupsSource, timeout_seconds: float
+) -> tuple[Mapping[str, WatchedModelGroup] | None, asyncio.Task[None], asyncio.Queue[ModelGroupsReport]]:
+    """Start the ModelGroup and SLOPolicy watches and wait for their first report (None when the API
+    server did not answer in time); later ones arrive on the returned queue."""
+    updates: asyncio.Queue[ModelGroupsReport] = asyncio.Queue()
+    task = asyncio.create_task(source.run(updates.put_nowait), name="model-group-watch")
     try:
-        first = await asyncio.wait_for(updates.get(), timeout_seconds)
+        return await asyncio.wait_for(updates.get(), timeout_seconds), task, updates
     except TimeoutError:
-        first = (
-            f"no answer from the API server about {source.namespace}/{source.name} in {timeout_seconds:g}s"
-        )
-    return first, task, updates
+        return None, task, updates
 
 
-async def _follow_policy(gateway: Gateway, updates: asyncio.Queue[RequestPathPolicy | str]) -> None:
-    """Apply every later policy; one that cannot be compiled is logged and the last good one stays."""
-    while True:
-        update = await updates.get()
-        if isinstance(update, str):
-            log.error("keeping the current policy: %s", update)
-            continue
-        try:
-            gateway.update_policy(update)
-        except ValueError as error:
-            log.error("keeping the current policy: %s", error)
-            continue
-        log.info("policy updated for %s", update.model_group)
+class ModelGroupFollower:
+    """Keeps the front serving what the watch selects: a new ModelGroup is served, a changed one
+    updated, a deleted or unselected one retired, all without a restart; one whose policy cannot be
+    compiled is logged, and a served one keeps its last good policy."""
+
+    def __init__(self, front: GatewayFront, server: ApiServer, namespace: str) -> None:
+        self.front = front
+        self.server = server
+        self.namespace = namespace
+
+    async def apply(self, report: Mapping[str, WatchedModelGroup]) -> None:
+        served = {name: gateway.policy for name, gateway in self.front.model_groups.items()}
+        plan = plan_serving(served, {name: watched.policy for name, watched in report.items()})
+        for name, why in plan.unservable.items():
+            what = "keeping the last good policy of" if name in served else "not serving"
+            log.error("%s %s/%s: %s", what, self.namespace, name, why)
+        for name in plan.retire:
+            log.info("retiring ModelGroup %s/%s", self.namespace, name)
+            reason = (
+                f"ModelGroup {self.namespace}/{name} was deleted or is no longer selected by this gateway"
+            )
+            await self.front.retire(name, reason)
+        for name in plan.update:
+            policy = report[name].policy
+            assert not isinstance(policy, str)
+            try:
+                self.front.update_policy(policy)
+            except ValueError as error:
+                log.error("keeping the current policy: %s", error)
+                continue
+            log.info("policy updated for %s/%s", self.namespace, name)
+        for name in plan.start:
+            watched = report[name]
+            assert not isinstance(watched.policy, str) and watched.port is not None
+            source = KubeGroupSource(self.server, self.namespace, name, watched.port)
+            self.front.serve(Gateway(watched.policy, source, metrics=self.front.metrics), watched.created)
+            log.info("serving ModelGroup %s/%s as %r", self.namespace, name, watched.policy.served_model)
+
+    async def follow(self, updates: asyncio.Queue[ModelGroupsReport]) -> None:
+        while True:
+            await self.apply(await updates.get())
 
 
-def _standalone(args: argparse.Namespace) -> tuple[RequestPathPolicy | str, GroupSource]:
-    model_group = ModelGroup.model_validate(yaml.safe_load(args.modelgroup.read_text()))
-    slo = SloPolicy.model_validate(yaml.safe_load(args.policy.read_text()))
-    endpoints = []
+def _load_documents(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def standalone_model_groups(args: argparse.Namespace) -> list[tuple[RequestPathPolicy | str, GroupSource]]:
+    """Each ModelGroup of the --modelgroup files under its SLOPolicy (by spec.policyRef among the
+    --policy files, or the only one), in front of its --upstream groups."""
+    model_groups = [ModelGroup.model_validate(doc) for doc in _load_documents(args.modelgroup)]
+    slos = [SloPolicy.model_validate(doc) for doc in _load_documents(args.policy)]
+    by_name = {slo.metadata.name: slo for slo in slos}
+    names = [model_group.metadata.name or "" for model_group in model_groups]
+    endpoints: dict[str, list[GroupEndpoint]] = {name: [] for name in names}
     for item in args.upstream:
-        name, _, url = item.partition("=")
-        if not name or not url:
-            raise SystemExit(f"--upstream {item!r}: expected GROUP=URL")
-        endpoints.append(GroupEndpoint(name, url.rstrip("/"), ready=True, draining=False))
-    return compile_request_path(model_group, slo), StaticGroupSource(endpoints)
+        target, _, url = item.partition("=")
+        owner, _, group = target.rpartition("/")
+        if not group or not url or (not owner and len(names) != 1):
+            raise SystemExit(f"--upstream {item!r}: expected GROUP=URL, or MODELGROUP/GROUP=URL for several")
+        owner = owner or names[0]
+        if owner not in endpoints:
+            raise SystemExit(f"--upstream {item!r}: no ModelGroup {owner!r} in --modelgroup")
+        endpoints[owner].append(GroupEndpoint(group, url.rstrip("/"), ready=True, draining=False))
+    served: list[tuple[RequestPathPolicy | str, GroupSource]] = []
+    for model_group, name in zip(model_groups, names, strict=True):
+        ref = model_group.spec.policy_ref
+        slo = by_name.get(ref.name) if ref is not None else None
+        slo = slo or (slos[0] if len(slos) == 1 else None)
+        if slo is None:
+            raise SystemExit(f"ModelGroup {name}: no SLOPolicy named by its spec.policyRef in --policy")
+        served.append((compile_request_path(model_group, slo), StaticGroupSource(endpoints[name])))
+    return served
+
+
+async def _serve_from_cluster(
+    args: argparse.Namespace, front: GatewayFront
+) -> list[asyncio.Task[None]] | None:
+    """Serve what the watch selects; None (after logging why) when there is nothing to start from."""
+    server = api_server_from_environment()
+    source = KubeModelGroupsSource(
+        server, args.namespace, selector=args.selector or "", name=args.model_group or None
+    )
+    first, watch, updates = await _first_report(source, args.start_timeout_seconds)
+    if first is None:
+        log.error("cannot serve: no answer from the API server in %gs", args.start_timeout_seconds)
+    elif args.model_group:  # one named ModelGroup: as before, it must be servable at start
+        watched = first.get(args.model_group)
+        why = (
+            f"ModelGroup {args.namespace}/{args.model_group} does not exist"
+            if watched is None
+            else watched.policy
+        )
+        if isinstance(why, str):
+            log.error("cannot serve: %s", why)
+            first = None
+    if first is None:
+        watch.cancel()
+        return None
+    follower = ModelGroupFollower(front, server, args.namespace)
+    await follower.apply(first)
+    return [watch, asyncio.create_task(follower.follow(updates), name="model-group-updates")]
 
 
 async def _serve(args: argparse.Namespace) -> int:
     limits = client_limits(args)
-    source: GroupSource
+    metrics = GatewayMetrics()
+    label = args.model_group or ANY_MODEL_GROUP
+    front = GatewayFront(metrics=metrics, limits=limits, label=label, bytes_per_token=args.bytes_per_token)
     background: list[asyncio.Task[None]] = []
-    updates: asyncio.Queue[RequestPathPolicy | str] | None = None
     if args.modelgroup or args.policy:
         if not (args.modelgroup and args.policy):
             raise SystemExit("standalone mode needs both --modelgroup and --policy")
-        policy, source = _standalone(args)
+        for policy, source in standalone_model_groups(args):
+            if isinstance(policy, str):
+                log.error("cannot serve: %s", policy)
+                return 2
+            front.serve(Gateway(policy, source, metrics=metrics))
     else:
-        if not args.model_group:
-            raise SystemExit("--model-group (or $GOODPUT_MODEL_GROUP) is required")
-        server = api_server_from_environment()
-        policies = KubePolicySource(server, args.namespace, args.model_group)
-        policy, watch, updates = await _first_policy(policies, args.start_timeout_seconds)
-        background.append(watch)
-        if policies.model_group is not None:
-            port = policies.model_group.spec.engine.port
-            source = KubeGroupSource(server, args.namespace, args.model_group, port)
-    if isinstance(policy, str):
-        log.error("cannot serve: %s", policy)
-        for task in background:
-            task.cancel()
-        return 2
-    metrics = GatewayMetrics()
+        tasks = await _serve_from_cluster(args, front)
+        if tasks is None:
+            return 2
+        background.extend(tasks)
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.registry)
-    gateway = Gateway(policy, source, metrics=metrics, bytes_per_token=args.bytes_per_token, limits=limits)
-    if updates is not None:
-        background.append(asyncio.create_task(_follow_policy(gateway, updates), name="policy-updates"))
     runner = await start_serving(
-        gateway.app(), args.listen_host, args.listen_port, limits, gateway.count_connection_closed
+        front.app(), args.listen_host, args.listen_port, limits, front.count_connection_closed
     )
-    log.info("gateway for %s serving on %s:%d", policy.served_model, args.listen_host, args.listen_port)
+    served = ", ".join(front.served.by_model) or "no model yet"
+    log.info("gateway for %s serving on %s:%d", served, args.listen_host, args.listen_port)
     try:
         await asyncio.Event().wait()
     finally:

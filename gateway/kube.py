@@ -5,9 +5,10 @@ bookmarks (`allowWatchBookmarks`), so a watch that ends (the server's `timeoutSe
 connection) resumes from the last version it saw rather than listing again; a 410 Gone (history
 compacted) lists again at once. Failed attempts back off exponentially up to a cap, and a
 successful connection resets the backoff, so an API server outage costs a bounded retry rate.
-Three watches feed the gateway: the leader pods of its ModelGroup (`KubeGroupSource`, routing), and
-the ModelGroup with its SLOPolicy (`KubePolicySource`), recompiled on every change so that a policy
-change applies without a restart. The kubernetes client only loads the configuration (in-cluster
+The gateway watches the ModelGroups it serves with the SLOPolicies of their namespace
+(`KubeModelGroupsSource`), recompiled on every change so that a policy change, a new ModelGroup or
+a deleted one applies without a restart, and each served ModelGroup's leader pods
+(`KubeGroupSource`, routing). The kubernetes client only loads the configuration (in-cluster
 service account or kubeconfig); the watches run on aiohttp, in the gateway's event loop.
 """
 
@@ -260,9 +261,6 @@ class KubeGroupSource:
         await self.watch.run()
 
 
-PolicyCallback = Callable[[RequestPathPolicy | str], None]
-
-
 def compile_from_objects(
     model_groups: Mapping[str, Mapping[str, Any]],
     policies: Mapping[str, Mapping[str, Any]],
@@ -291,42 +289,70 @@ def compile_from_objects(
     return compile_request_path(model_group, slo), model_group
 
 
-class KubePolicySource:
-    """Watches one ModelGroup and the SLOPolicies of its namespace; after every change that alters
-    the compiled request path, reports it (or, as a string, why it cannot be compiled)."""
+@dataclass(frozen=True, slots=True)
+class WatchedModelGroup:
+    """One selected ModelGroup as the watch last compiled it: its request path, or why there is none
+    (then the gateway keeps the last good one, or does not serve it yet); `created` is its
+    creationTimestamp (settles served-name conflicts) and `port` its engine's."""
+
+    policy: RequestPathPolicy | str
+    created: str = ""
+    port: int | None = None
+
+
+ModelGroupsCallback = Callable[[Mapping[str, WatchedModelGroup]], None]
+
+
+class KubeModelGroupsSource:
+    """Watches the ModelGroups of one namespace that a label selector picks (`--selector`), or one
+    named ModelGroup (`--model-group`, a selector of one), and the namespace's SLOPolicies; after
+    every change that alters what is served, reports every selected ModelGroup compiled. A
+    ModelGroup that stops matching the selector or is deleted drops out of the report."""
 
     def __init__(
-        self, server: ApiServer, namespace: str, name: str, *, backoff: WatchBackoff | None = None
+        self,
+        server: ApiServer,
+        namespace: str,
+        *,
+        selector: str = "",
+        name: str | None = None,
+        backoff: WatchBackoff | None = None,
     ) -> None:
         self.namespace = namespace
-        self.name = name
-        self.model_group: ModelGroup | None = None
-        self.last: RequestPathPolicy | str | None = None
-        self._on_policy: PolicyCallback | None = None
+        self.last: dict[str, WatchedModelGroup] | None = None
+        self._on_change: ModelGroupsCallback | None = None
         base = f"{API_PREFIX}/{namespace}"
+        params = {"labelSelector": selector} if selector else {}
+        if name is not None:
+            params["fieldSelector"] = f"metadata.name={name}"
         self.groups = ResourceWatch(
-            server,
-            f"{base}/modelgroups",
-            self._changed,
-            params={"fieldSelector": f"metadata.name={name}"},
-            backoff=backoff,
+            server, f"{base}/modelgroups", self._changed, params=params, backoff=backoff
         )
         self.policies = ResourceWatch(server, f"{base}/slopolicies", self._changed, backoff=backoff)
 
     def _changed(self, _: Mapping[str, Mapping[str, Any]]) -> None:
         if not (self.groups.listed and self.policies.listed):
             return  # both lists first: a policy compiled from half the picture would be a guess
-        result, model_group = compile_from_objects(
-            self.groups.state.objects, self.policies.state.objects, self.namespace, self.name
-        )
-        if model_group is not None:
-            self.model_group = model_group
-        if result == self.last:
+        report = watched_model_groups(self.groups.state.objects, self.policies.state.objects, self.namespace)
+        if report == self.last:
             return
-        self.last = result
-        if self._on_policy is not None:
-            self._on_policy(result)
+        self.last = report
+        if self._on_change is not None:
+            self._on_change(report)
 
-    async def run(self, on_policy: PolicyCallback) -> None:
-        self._on_policy = on_policy
+    async def run(self, on_change: ModelGroupsCallback) -> None:
+        self._on_change = on_change
         await asyncio.gather(self.groups.run(), self.policies.run())
+
+
+def watched_model_groups(
+    model_groups: Mapping[str, Mapping[str, Any]], policies: Mapping[str, Mapping[str, Any]], namespace: str
+) -> dict[str, WatchedModelGroup]:
+    """Every watched ModelGroup compiled against the watched SLOPolicies."""
+    report: dict[str, WatchedModelGroup] = {}
+    for name, raw in model_groups.items():
+        policy, model_group = compile_from_objects(model_groups, policies, namespace, name)
+        metadata = raw.get("metadata") or {}
+        port = model_group.spec.engine.port if model_group is not None else None
+        report[name] = WatchedModelGroup(policy, str(metadata.get("creationTimestamp") or ""), port)
+    return report

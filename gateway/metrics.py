@@ -131,6 +131,13 @@ class GatewayMetrics:
             ["model_group"],
             registry=r,
         )
+        self.name_conflicts = Gauge(
+            "goodput_gateway_served_model_conflicts",
+            "1 for a ModelGroup left out because another, created before it, serves the same model "
+            "name (the gateway serves each name from one ModelGroup).",
+            ["model_group", "served_model"],
+            registry=r,
+        )
         self.ready_groups = Gauge(
             "goodput_gateway_routable_groups", "Groups Ready and not draining.", ["model_group"], registry=r
         )

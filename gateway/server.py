@@ -1,4 +1,6 @@
-"""The gateway: an OpenAI-compatible proxy in front of one ModelGroup's Ready leaders.
+"""One ModelGroup's request path in the gateway: admission, fair queue, routing and proxying to its
+Ready leaders. The gateway process holds one per ModelGroup it serves; `front` reads each request
+and hands it to the one its `model` names.
 
 Per request: read it (400 for anything unreadable), run the admission gates on the current load
 (`controllers.requests.admission`), queue what proceeds in the fair queue
@@ -10,12 +12,14 @@ first-come queue.
 
 Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason` and
 `X-Goodput-Group`; a degraded request also `X-Goodput-Max-Tokens` (the lowered budget). Status codes:
-400 unreadable request, unknown model or class, prompt beyond the context or the class's limits;
-408 a body that did not arrive in time; 409 a duplicate idempotency key whose answer cannot be
-replayed; 413 a body over the size limit; 429 overload, infeasible, tenant budget or retry budget,
-with Retry-After; 502 the engine failed; 503 no group became ready in time, or the bodies in flight
-hold the whole body budget, with Retry-After. What clients may hold of the gateway (connection time,
-connections, body bytes) is bounded by `limits.ClientLimits`, enforced here and in `connections`.
+400 unreadable request, unknown class, prompt beyond the context or the class's limits; 404 a
+model no ModelGroup of the gateway serves; 408 a body that did not arrive in time; 409 a duplicate
+idempotency key whose answer cannot be replayed; 413 a body over the size limit; 429 overload,
+infeasible, tenant budget or retry budget, with Retry-After; 502 the engine failed; 503 no group
+became ready in time, or the bodies in flight hold the whole body budget, or the request's
+ModelGroup left the gateway while it waited, with Retry-After. What clients may hold of the gateway
+(connection time, connections, body bytes) is bounded by `limits.ClientLimits`, enforced in `front`
+and `connections`.
 """
 
 from __future__ import annotations
@@ -52,18 +56,9 @@ from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQ
 from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
-from goodput.gateway.connections import cut_off
 from goodput.gateway.groups import GroupEndpoint, GroupSource
-from goodput.gateway.limits import BodyBudget, BodyLease, BodyRefusedError, ClientLimits, read_body
 from goodput.gateway.metrics import GatewayMetrics
-from goodput.gateway.requests import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    BadRequestError,
-    ParsedRequest,
-    error_body,
-    parse_request,
-)
+from goodput.gateway.requests import ParsedRequest, error_body
 
 log = logging.getLogger("goodput.gateway")
 
@@ -146,8 +141,21 @@ def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | N
     return web.json_response(body, status=status, headers=headers)
 
 
+class ModelGroupRetiredError(Exception):
+    """The ModelGroup a queued request waited for left the gateway; the message says how."""
+
+
+def retired_response(reason: str) -> web.Response:
+    """503 for a request whose ModelGroup left the gateway before an engine took it: the client may
+    retry (the model may be served again, or by another ModelGroup)."""
+    return json_response(
+        503, error_body(reason, "OverloadedError", "model", "ModelGroupRetired"), {"Retry-After": "1"}
+    )
+
+
 class Gateway:
-    """One gateway process's state: groups, fair queue, budgets, ledgers and metrics."""
+    """One ModelGroup's request path in the gateway process: its groups, fair queue, budgets,
+    ledgers and metrics. The process serves many (`front.GatewayFront`), each with its own."""
 
     def __init__(
         self,
@@ -156,18 +164,12 @@ class Gateway:
         *,
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
-        bytes_per_token: float = 4.0,
-        upstream_timeout_seconds: float = 600.0,
-        limits: ClientLimits | None = None,
     ) -> None:
         self.policy = policy
-        self.limits = limits or ClientLimits()
-        self.bodies = BodyBudget(self.limits.body_budget_bytes)
         self.source = source
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
-        self.bytes_per_token = bytes_per_token
-        self.upstream_timeout_seconds = upstream_timeout_seconds
+        self.retired: str | None = None  # why the ModelGroup left the gateway, once it has
         self.groups: dict[str, RoutedGroup] = {}
         self.queue: FairQueue[Pending] = FairQueue(policy.fairness)
         self.queued_work_seconds = 0.0
@@ -182,35 +184,32 @@ class Gateway:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.limits.max_body_bytes)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post(CHAT_PATH, self.proxy)
-        app.router.add_post(COMPLETIONS_PATH, self.proxy)
-        app.router.add_get("/healthz", self.healthz)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-        return app
-
-    async def _start(self, _: web.Application) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.upstream_timeout_seconds, sock_connect=5)
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
+    def start(self, session: aiohttp.ClientSession) -> None:
+        """Follow the group source and publish the gauges; requests go upstream over `session`, the
+        gateway process's one connection pool."""
+        self._session = session
         self._tasks.append(asyncio.create_task(self.source.run(self.on_groups), name="group-source"))
         self._tasks.append(asyncio.create_task(self._publish_gauges(), name="gauges"))
 
-    async def _stop(self, _: web.Application) -> None:
+    async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._session is not None:
-            await self._session.close()
+        self._tasks.clear()
 
-    def count_connection_closed(self, reason: str) -> None:
-        """A connection closed on its client (`connections.ConnectionGuard`), in this gateway's metrics."""
-        self.metrics.connections_closed.labels(self.policy.model_group, reason).inc()
+    async def retire(self, reason: str) -> None:
+        """The ModelGroup left the gateway (deleted, or no longer selected): every request still
+        queued is answered 503 with `reason` rather than dropped, requests in flight finish on their
+        engines, and the queue gauges' series go, so the autoscaler reads no stale queue."""
+        self.retired = reason
+        for item in list(self.queue.items()):
+            future = item.payload.future
+            if not future.done():
+                future.set_exception(ModelGroupRetiredError(reason))
+        await self.stop()
+        self.forget_gauges()
 
     def update_policy(self, policy: RequestPathPolicy) -> None:
         """A changed ModelGroup or SLOPolicy, applied without a restart: the next request is admitted,
@@ -218,7 +217,8 @@ class Gateway:
         virtual counters; a tenant budget whose limit changed starts again, full, at the new limit."""
         if policy.model_group != self.policy.model_group:
             raise ValueError(
-                f"the gateway fronts {self.policy.model_group!r}, not {policy.model_group!r}: restart it"
+                f"this request path is {self.policy.model_group!r}'s, not {policy.model_group!r}'s: "
+                "a ModelGroup gets its own"
             )
         limits = policy.tenant_tokens_per_minute
         self.budgets = {
@@ -388,73 +388,43 @@ class Gateway:
         )
         self.metrics.running_requests.labels(name).set(sum(s.book.in_flight for s in self.groups.values()))
 
+    def forget_gauges(self) -> None:
+        """Take this ModelGroup's gauge series out of the metrics (it left the gateway): a series
+        left behind would show a queue nobody serves."""
+        name = self.policy.model_group
+        for cls in self.policy.admission.classes:
+            for gauge in (
+                self.metrics.queued_requests,
+                self.metrics.queued_work,
+                self.metrics.queued_prompt_tokens,
+                self.metrics.earliest_slack,
+            ):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name, cls)
+        for gauge in (self.metrics.running_work, self.metrics.running_requests, self.metrics.ready_groups):
+            with contextlib.suppress(KeyError):
+                gauge.remove(name)
+
     # --- handlers ------------------------------------------------------------------------------
 
-    async def healthz(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def models(self, _: web.Request) -> web.Response:
+    def model_entry(self) -> dict[str, Any]:
+        """This ModelGroup's entry in `/v1/models` (OpenAI's model object, and vLLM's max_model_len)."""
         served = self.policy.served_model
-        body = {
-            "object": "list",
-            "data": [
-                {
-                    "id": served,
-                    "object": "model",
-                    "owned_by": "goodput",
-                    "root": served,
-                    "max_model_len": self.policy.admission.context_tokens,
-                }
-            ],
+        return {
+            "id": served,
+            "object": "model",
+            "owned_by": "goodput",
+            "root": served,
+            "max_model_len": self.policy.admission.context_tokens,
         }
-        return web.json_response(body)
 
     def tenant_label(self, tenant: str) -> str:
         if tenant in self.policy.listed_tenants or tenant == self.policy.default_tenant:
             return tenant
         return "other"
 
-    async def proxy(self, request: web.Request) -> web.StreamResponse:
-        arrival = self.clock()
-        with self.bodies.lease() as lease:
-            try:
-                parsed = await self._read_request(request, lease)
-            except BodyRefusedError as refusal:
-                return await self._body_refusal(request, refusal)
-            except BadRequestError as error:
-                return json_response(error.status, error_body(str(error), "BadRequestError", error.field))
-            return await self._proxy_parsed(request, parsed, arrival)
-
-    async def _read_request(self, request: web.Request, lease: BodyLease) -> ParsedRequest:
-        """The body, read under the client limits, and parsed; the raw bytes are dropped on return
-        (the lease keeps counting them until the request ends: the parsed copy is about as large)."""
-        raw = await read_body(request, self.limits, lease)
-        return parse_request(raw, request.path, self.bytes_per_token)
-
-    async def _body_refusal(self, request: web.Request, refusal: BodyRefusedError) -> web.StreamResponse:
-        """413, 503 or 408 for a body not read whole, and the connection not reused: aiohttp drains
-        the rest of a refused body for at most its lingering time (10 s), so the client gets the answer
-        rather than a reset. A client too slow to send its body in time gets its answer and the end of
-        the stream at once, and the connection is cut a little later (`connections.cut_off`)."""
-        self.metrics.bodies_refused.labels(self.policy.model_group, refusal.code).inc()
-        headers = {}
-        if refusal.retry_after_seconds is not None:
-            headers["Retry-After"] = str(refusal.retry_after_seconds)
-        kind = "OverloadedError" if refusal.status == 503 else "BadRequestError"
-        response = json_response(refusal.status, error_body(str(refusal), kind, None, refusal.code), headers)
-        response.force_close()
-        if refusal.close:
-            await response.prepare(request)
-            await response.write_eof()
-            cut_off(request.transport)
-        return response
-
-    async def _proxy_parsed(
-        self, request: web.Request, parsed: ParsedRequest, arrival: float
-    ) -> web.StreamResponse:
-        if parsed.model != self.policy.served_model:
-            message = f"unknown model {parsed.model!r}: this gateway serves {self.policy.served_model!r}"
-            return json_response(400, error_body(message, "BadRequestError", "model", "model_not_found"))
+    async def serve(self, request: web.Request, parsed: ParsedRequest, arrival: float) -> web.StreamResponse:
+        """A request for this ModelGroup's model, read whole: admit, queue, route and proxy it."""
         tenant = request.headers.get(TENANT_HEADER) or self.policy.default_tenant
         shape = RequestShape(
             tenant=tenant,
@@ -546,6 +516,8 @@ class Gateway:
     async def _admit_and_serve(
         self, request: web.Request, parsed: ParsedRequest, shape: RequestShape
     ) -> web.StreamResponse:
+        if self.retired is not None:  # left the gateway while this request awaited a replayed answer
+            return retired_response(self.retired)
         now = self.clock()
         tenant = shape.tenant
         bucket = self._bucket(tenant, now)
@@ -636,6 +608,9 @@ class Gateway:
             return pending.future.result()
         try:
             return await asyncio.wait_for(asyncio.shield(pending.future), timeout=hold)
+        except ModelGroupRetiredError as retired:
+            self._refund(item.tenant, item.input_tokens + item.expected_output_tokens)
+            return retired_response(str(retired))
         except TimeoutError:
             self._withdraw(item)
             message = f"no group could take the request within {hold:.1f}s"

@@ -9,11 +9,13 @@
 3. operator and emulator: `goodput run`, and `goodput emulate` serving vLLM's API and metrics at
    every leader pod's IP;
 4. apply `manifests/demo/`: an SLOPolicy with short windows, an 8B TP1 ModelGroup bound to it and a
-   Service over its ready leaders; wait for the first group;
-5. gateway and load: `goodput gateway` in front of the ModelGroup (admission, tenant fairness,
-   routing; Prometheus scrapes it, so the autoscaler reads its queue); a slice of a public trace (a
-   seeded synthetic one if the file is absent) replayed open loop through it by two tenants of the
-   policy, one steady, one that makes the burst (the rate multiplier steps up, then down), while the
+   Service over its ready leaders, and (with the gateway) a second model's ModelGroup from
+   `manifests/demo/second-model/`; wait for the first group of each;
+5. gateway and load: one `goodput gateway` in front of both ModelGroups (admission, tenant
+   fairness, routing by model; Prometheus scrapes it, so the autoscaler reads its queue); a slice of
+   a public trace (a seeded synthetic one if the file is absent) replayed open loop through it to the
+   demo's ModelGroup by two tenants of the policy, one steady, one that makes the burst (the rate
+   multiplier steps up, then down), and a steady trickle to the second model, while the
    ModelGroup's count, groups and decisions are sampled every second;
 6. settle: wait (bounded) for the drains that follow the burst;
 7. report: a timeline per interval and a summary, printed and written under `--out` as JSON and
@@ -58,6 +60,7 @@ from goodput.testbed.cluster.kube import ApiError
 from goodput.testbed.cluster.netns import NetnsError
 from goodput.testbed.cluster.pki import PkiError
 from goodput.testbed.cluster.processes import log_tail, stop_child
+from goodput.testbed.demo_models import ModelProbe, OtherModel, read_other_models, render_other_models
 from goodput.testbed.demo_report import (
     NOT_SENT,
     OK,
@@ -210,31 +213,35 @@ GatewayCounts = dict[str, dict[str, int]]
 """Per tenant, the requests the gateway counted: `offered` and one count per admission outcome."""
 
 
-def gateway_counts(gateway: GatewayProcess) -> GatewayCounts:
-    """What the gateway itself counted, from its metrics: the client's figures are checked against it."""
+def gateway_counts(gateway: GatewayProcess, model_group: str) -> GatewayCounts:
+    """What the gateway itself counted for `model_group`, from its metrics: the client's figures are
+    checked against it."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=5) as reply:
             text = reply.read().decode()
     except OSError as error:
         raise DemoError(f"reading the gateway's metrics failed: {error}") from None
-    return count_by_tenant(text)
+    return count_by_tenant(text, model_group)
 
 
-def served_model(gateway: GatewayProcess) -> str:
-    """The model name the gateway serves (its `/v1/models`), which every request must name."""
+def served_models(gateway: GatewayProcess) -> list[str]:
+    """The model names the gateway serves (its `/v1/models`); every request names one."""
     try:
         with urllib.request.urlopen(gateway.url + "/v1/models", timeout=5) as reply:
-            return str(json.loads(reply.read())["data"][0]["id"])
-    except (OSError, ValueError, KeyError, IndexError) as error:
-        raise DemoError(f"the gateway's /v1/models gave no model: {error!r}") from None
+            return [str(model["id"]) for model in json.loads(reply.read())["data"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DemoError(f"the gateway's /v1/models could not be read: {error!r}") from None
 
 
-def count_by_tenant(metrics_text: str) -> GatewayCounts:
+def count_by_tenant(metrics_text: str, model_group: str | None = None) -> GatewayCounts:
+    """Offered and per-outcome counts by tenant, of one ModelGroup's series (all, without one)."""
     counts: GatewayCounts = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             tenant = sample.labels.get("tenant")
-            if tenant is None:
+            if tenant is None or (
+                model_group is not None and sample.labels.get("model_group") != model_group
+            ):
                 continue
             if sample.name == "goodput_gateway_requests_offered_total":
                 key = "offered"
@@ -612,6 +619,11 @@ class Demo:
         self.out: Path = args.out
         self.namespace: str = args.namespace
         self.objects = read_manifests(args.manifests)
+        # The other models ride with the gateway: without one, nothing would route a request to them.
+        self.other_models: tuple[OtherModel, ...] = (
+            () if args.no_gateway else read_other_models(args.manifests)
+        )
+        self.probe: ModelProbe | None = None
         self.owns_cluster = False
         self.applied_at: datetime | None = None
 
@@ -641,7 +653,7 @@ class Demo:
         self.write_report(
             cluster, sampler=sampler, load=load, report=report, phases=phases, workload=workload,
             end_seconds=end_seconds, started_wall=started_wall,
-            gateway=gateway_counts(gateway) if gateway is not None else {},
+            gateway=gateway_counts(gateway, self.objects.model_group) if gateway is not None else {},
         )  # fmt: skip
         return 0
 
@@ -860,7 +872,8 @@ class Demo:
         return emulator
 
     def apply(self, cluster: controlplane.LocalCluster, operator: ChildProcess) -> None:
-        files = [arg for path in self.objects.files for arg in ("-f", str(path))]
+        paths = (*self.objects.files, *sorted({model.path for model in self.other_models}))
+        files = [arg for path in paths for arg in ("-f", str(path))]
         # Objects left by an earlier demo (--keep) start afresh; the operator removes its finalizers.
         cluster.kubectl(
             "delete", "-n", self.namespace, *files, "--ignore-not-found", "--wait=true", "--timeout=90s",
@@ -870,9 +883,10 @@ class Demo:
         cluster.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump_all(self.documents()))
         if not self.owns_cluster and not self.args.keep:
             self.cleanup.callback(self.delete_objects, cluster, files)
+        others = "".join(f", ModelGroup {model.model_group}" for model in self.other_models)
         self.say(
             f"apply: SLOPolicy {self.objects.policy}, ModelGroup {self.objects.model_group}, "
-            f"Service {self.objects.service} in {self.namespace}"
+            f"Service {self.objects.service}{others} in {self.namespace}"
         )
         if self.args.scaler != "goodput":
             self.apply_baseline(cluster)
@@ -882,7 +896,10 @@ class Demo:
                 raise DemoError(f"the operator exited; its log ends:\n{operator.log_tail()}")
             model_group = self.model_group(cluster)
             status = (model_group or {}).get("status") or {}
-            return bool(status.get("readyGroups", 0) >= 1 and self.endpoints(cluster))
+            others_ready = all(
+                self.ready_groups(cluster, model.model_group) >= 1 for model in self.other_models
+            )
+            return bool(status.get("readyGroups", 0) >= 1 and self.endpoints(cluster) and others_ready)
 
         _wait_until(
             first_group_ready,
@@ -892,13 +909,18 @@ class Demo:
             ),
         )
         self.say(f"ready: {self.objects.model_group} serves through Service {self.objects.service}")
+        for model in self.other_models:
+            self.say(f"ready: {model.model_group} serves {model.served_name}")
+
+    def ready_groups(self, cluster: controlplane.LocalCluster, name: str) -> int:
+        found = cluster.api.get(f"{API}/namespaces/{self.namespace}/modelgroups/{name}") or {}
+        return int((found.get("status") or {}).get("readyGroups") or 0)
 
     def documents(self) -> list[dict[str, Any]]:
         """The manifests as applied: with another scaler, goodput's policy only advises (its decisions
         are recorded, `spec.replicas` is left to the HPA)."""
-        documents = [
-            doc for path in self.objects.files for doc in yaml.safe_load_all(path.read_text()) if doc
-        ]
+        paths = (*self.objects.files, *sorted({model.path for model in self.other_models}))
+        documents = [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
         if self.args.scaler != "goodput":
             for doc in documents:
                 if doc.get("kind") == "SLOPolicy":
@@ -947,11 +969,10 @@ class Demo:
         self.say(f"keda: the HPA reads its metric ({keda.hpa_name(name)})")
 
     def start_gateway(self, cluster: controlplane.LocalCluster) -> GatewayProcess:
-        """`goodput gateway` for the ModelGroup, here as a process (as the operator is); the cluster's
-        Prometheus scrapes it, so the autoscaler reads the gateway's queue and outcomes."""
-        gateway = GatewayProcess(
-            cluster, self.namespace, self.objects.model_group, self.out / "logs" / "gateway.log"
-        )
+        """One `goodput gateway` for every ModelGroup of the demo's namespace, here as a process (as the
+        operator is); the cluster's Prometheus scrapes it, so the autoscaler reads the gateway's queue
+        and outcomes."""
+        gateway = GatewayProcess(cluster, self.namespace, "", self.out / "logs" / "gateway.log")
         gateway.log_path.parent.mkdir(parents=True, exist_ok=True)
         gateway.start()
         self.cleanup.callback(gateway.stop)
@@ -959,9 +980,15 @@ class Demo:
             gateway.wait_serving()
         except (RuntimeError, TimeoutError) as error:
             raise DemoError(f"the gateway did not start: {error}") from None
+        wanted = [self.objects.served_name, *(model.served_name for model in self.other_models)]
+
+        def serving_all() -> bool:
+            return set(wanted) <= set(served_models(gateway))
+
+        _wait_until(serving_all, timeout_seconds=30, what=lambda: f"the gateway serving {', '.join(wanted)}")
         self.say(
-            f"gateway: admission, tenant fairness and routing at {gateway.url} in front of "
-            f"{self.objects.model_group} (log {gateway.log_path})"
+            f"gateway: admission, tenant fairness and routing by model at {gateway.url} in front of "
+            f"{', '.join(wanted)} (log {gateway.log_path})"
         )
         return gateway
 
@@ -1016,7 +1043,7 @@ class Demo:
         args = self.args
         if gateway is not None:
             settings = LoadSettings(
-                model=served_model(gateway),
+                model=self.objects.served_name,
                 duration_seconds=duration,
                 request_timeout_seconds=args.request_timeout_seconds,
                 run_id=f"demo{args.seed}",
@@ -1045,6 +1072,10 @@ class Demo:
         sampler.start()
         self.cleanup.callback(sampler.stop)
         load.start()
+        if gateway is not None and self.other_models:
+            self.probe = ModelProbe(gateway.url, self.other_models, tenant=self.objects.tenants[0])
+            self.probe.start()
+            self.cleanup.callback(self.probe.stop)
         self.say(f"load: started; a line every {args.interval_seconds:g} s")
         next_line = started + args.interval_seconds
         deadline = started + duration + args.request_timeout_seconds + 30
@@ -1055,6 +1086,8 @@ class Demo:
             if time.monotonic() >= next_line:
                 next_line += args.interval_seconds
                 self.say(f"load: {self.describe(sampler.latest(), time.monotonic() - started)}")
+        if self.probe is not None:
+            self.probe.stop()
         return sampler, load, started_wall
 
     def describe(self, sample: ModelGroupSample | None, offset: float) -> str:
@@ -1122,6 +1155,8 @@ class Demo:
         scenario = self.scenario(cluster, phases, workload, started_wall)
         scenario |= {"sampler_failed_reads": sampler.failed_reads, "plots": [path.name for path in plots]}
         scenario["gateway"] = gateway
+        others = self.probe.report() if self.probe is not None else {}
+        scenario["other_models"] = others
         document = report_dict(
             scenario=scenario, rows=rows, summary=summary, decisions=decisions, histories=histories,
             samples=samples, load=report.as_dict(),
@@ -1132,6 +1167,7 @@ class Demo:
                 render_timeline(rows, objects.targets),
                 render_summary(summary, objects.targets, title=self.title(phases)),
                 render_gateway_counts(gateway),
+                *([render_other_models(self.other_models, others)] if self.other_models else []),
                 self.look_further(cluster, plots),
             ]
         )

@@ -206,15 +206,18 @@ class OperatorProcess:
 
 @dataclass
 class GatewayProcess:
-    """`goodput gateway` for one ModelGroup on the host, as a separate process: it watches the
-    ModelGroup, its SLOPolicy and the leader pods through the API server and routes to the leaders'
-    pod IPs (routed into the cluster's network namespace); the cluster's Prometheus scrapes its
-    metrics as a static target labelled with the namespace, as a PodMonitor would label its pod."""
+    """`goodput gateway` on the host, as a separate process, for one ModelGroup (`model_group`), the
+    ModelGroups a label selector picks (`model_group` empty, `selector`), or every ModelGroup of the
+    namespace (both empty): it watches them, their SLOPolicies and the leader pods through the API
+    server and routes to the leaders' pod IPs (routed into the cluster's network namespace); the
+    cluster's Prometheus scrapes its metrics as a static target labelled with the namespace, as a
+    PodMonitor would label its pod."""
 
     cluster: LocalCluster
     namespace: str
     model_group: str
     log_path: Path
+    selector: str = ""
     process: subprocess.Popen[bytes] | None = None
     port: int = 0
     metrics_port: int = 0
@@ -231,8 +234,8 @@ class GatewayProcess:
             "-m",
             "goodput.operator.cli",
             "gateway",
-            "--model-group",
-            self.model_group,
+            *(["--model-group", self.model_group] if self.model_group else []),
+            *(["--selector", self.selector] if self.selector and not self.model_group else []),
             "--namespace",
             self.namespace,
             "--listen-host",
@@ -247,13 +250,13 @@ class GatewayProcess:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
         self.target = write_scrape_target(
             StatePaths(self.cluster.state_dir),
-            f"gateway-{self.namespace}-{self.model_group}",
+            f"gateway-{self.namespace}-{self.model_group or 'selected'}",
             f"127.0.0.1:{self.metrics_port}",
             {"namespace": self.namespace},
         )
 
     def wait_serving(self, timeout_seconds: float = 60.0) -> None:
-        """Until /healthz answers (the ModelGroup and SLOPolicy were read and compiled)."""
+        """Until /healthz answers (the API server's first answer about the ModelGroups was read)."""
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:

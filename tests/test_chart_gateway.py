@@ -90,13 +90,43 @@ def test_the_gateway_pod_meets_the_restricted_pod_security_standard(gateway: Ren
     assert context["capabilities"] == {"drop": ["ALL"]}
 
 
-def test_enabling_the_gateway_without_a_model_group_fails_the_render(
+def gateway_args(rendered: Rendered) -> list[str]:
+    return rendered.one("Deployment", GATEWAY)["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_gateway_by_selector_serves_what_the_selector_picks_and_may_reach_their_engines(
     helm: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    result = helm_template(helm, "-f", values_file(tmp_path, {"gateway": {"enabled": True}}))
+    values = {"gateway": {"enabled": True, "modelGroupSelector": "team=search", "namespace": "inference"}}
+    rendered = render(helm, "-f", values_file(tmp_path, values), "--set", "networkPolicy.enabled=true")
+    assert gateway_args(rendered)[:3] == ["gateway", "--selector=team=search", "--namespace=inference"]
+    policy = rendered.one("NetworkPolicy", GATEWAY)
+    engines = [
+        peer["podSelector"]
+        for rule in policy["spec"]["egress"]
+        for peer in rule.get("to", ())
+        if "podSelector" in peer
+    ]
+    assert engines[-1:] == [{"matchExpressions": [{"key": "goodput.dev/model-group", "operator": "Exists"}]}]
+
+
+def test_a_gateway_with_neither_serves_every_model_group_of_its_namespace(
+    helm: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    rendered = render(helm, "-f", values_file(tmp_path, {"gateway": {"enabled": True}}))
+    assert gateway_args(rendered)[:2] == ["gateway", f"--namespace={NAMESPACE}"]
+
+
+def test_a_model_group_and_a_selector_together_fail_the_render(
+    helm: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    values = {"gateway": {"enabled": True, "modelGroup": "m", "modelGroupSelector": "team=search"}}
+    result = helm_template(helm, "-f", values_file(tmp_path, values))
     assert result.returncode != 0
-    assert "gateway.enabled needs gateway.modelGroup" in result.stderr
+    assert "gateway.modelGroup and gateway.modelGroupSelector" in result.stderr
 
 
 def test_the_schema_refuses_an_unknown_gateway_key(helm: Path, tmp_path: Path) -> None:  # noqa: F811

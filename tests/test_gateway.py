@@ -22,6 +22,7 @@ from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.gateway.connections import CONNECTION_GUARD, ConnectionGuard, start_serving
+from goodput.gateway.front import GatewayFront
 from goodput.gateway.groups import GroupEndpoint, StaticGroupSource, endpoints_from_pods
 from goodput.gateway.limits import ClientLimits
 from goodput.gateway.server import Gateway
@@ -57,6 +58,7 @@ class Rig:
     endpoints: dict[str, GroupEndpoint]
     session: aiohttp.ClientSession
     guard: ConnectionGuard
+    front: GatewayFront
 
     def set_groups(self, **states: tuple[bool, bool]) -> None:
         """Group name -> (ready, draining)."""
@@ -92,13 +94,16 @@ async def rig(
     }
     source = StaticGroupSource(endpoints.values())
     limits = limits or ClientLimits()
-    gateway = Gateway(policy or request_path_policy(), source, limits=limits)
-    runner = await start_serving(gateway.app(), "127.0.0.1", 0, limits, gateway.count_connection_closed)
+    gateway = Gateway(policy or request_path_policy(), source)
+    front = GatewayFront(metrics=gateway.metrics, limits=limits, label=gateway.policy.model_group)
+    front.serve(gateway)
+    runner = await start_serving(front.app(), "127.0.0.1", 0, limits, front.count_connection_closed)
     port = runner.addresses[0][1]
     try:
         async with aiohttp.ClientSession() as session:
             guard = runner.app[CONNECTION_GUARD]
-            yield Rig(f"http://127.0.0.1:{port}", gateway, source, upstreams, endpoints, session, guard)
+            url = f"http://127.0.0.1:{port}"
+            yield Rig(url, gateway, source, upstreams, endpoints, session, guard, front)
     finally:
         await runner.cleanup()
         for server in servers.values():
@@ -171,7 +176,6 @@ BAD_REQUESTS = [
     ("malformed JSON", b"{not json", {}, "valid JSON"),
     ("not an object", b"[1, 2]", {}, "JSON object"),
     ("missing model", json.dumps({"prompt": "x"}).encode(), {}, "`model` is required"),
-    ("unknown model", json.dumps(completion() | {"model": "gpt-9"}).encode(), {}, "unknown model"),
     ("unknown class", json.dumps(completion()).encode(), {"X-Goodput-Class": "gold"}, "unknown SLO class"),
     ("negative max_tokens", json.dumps(completion(max_tokens=-1)).encode(), {}, "between 1 and"),
     ("absurd max_tokens", json.dumps(completion(max_tokens=10**9)).encode(), {}, "between 1 and"),

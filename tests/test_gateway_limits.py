@@ -255,7 +255,7 @@ def test_a_body_declared_past_the_limit_is_refused_before_any_of_it_is_sent() ->
             status, headers, body = await read_answer(reader)
             assert status == 413 and headers["connection"] == "close"
             assert json.loads(body)["error"]["code"] == "BodyTooLarge"
-            assert r.gateway.bodies.held_bytes == 0
+            assert r.front.bodies.held_bytes == 0
             writer.close()
             assert (await r.post(completion())).status == 200
 
@@ -274,7 +274,7 @@ def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> None:
             status, _, body = await read_answer(reader)
             assert status == 413 and "passed 1200 bytes" in json.loads(body)["error"]["message"]
             assert refused(r, "BodyTooLarge") == 1
-            assert r.gateway.bodies.held_bytes == 0
+            assert r.front.bodies.held_bytes == 0
             writer.close()
 
     run(main)
@@ -298,7 +298,7 @@ def test_a_body_not_whole_by_the_body_timeout_gets_408_and_its_connection_is_clo
             assert await seconds_until_closed(reader, started) < 1.0
             sender.cancel()
             assert refused(r, "BodyTimeout") == 1
-            assert r.gateway.bodies.held_bytes == 0
+            assert r.front.bodies.held_bytes == 0
             assert (await r.post(completion())).status == 200
 
     run(main)
@@ -322,9 +322,7 @@ def test_bodies_in_flight_share_one_budget_and_one_that_does_not_fit_gets_503_wi
             )
             writer.write(first[:900])
             await writer.drain()
-            await until(
-                lambda: r.gateway.bodies.held_bytes >= 900, "the gateway holds the first body's bytes"
-            )
+            await until(lambda: r.front.bodies.held_bytes >= 900, "the gateway holds the first body's bytes")
             refused = await r.session.post(
                 r.url + "/v1/completions",
                 data=padded_completion(700),
@@ -335,14 +333,14 @@ def test_bodies_in_flight_share_one_budget_and_one_that_does_not_fit_gets_503_wi
             writer.write(first[900:])
             assert (await read_answer(reader))[0] == 200
             writer.close()
-            assert r.gateway.bodies.held_bytes == 0
+            assert r.front.bodies.held_bytes == 0
             retried = await r.session.post(
                 r.url + "/v1/completions",
                 data=padded_completion(700),
                 headers={"Content-Type": "application/json"},
             )
             assert retried.status == 200
-            assert r.gateway.bodies.held_bytes == 0
+            assert r.front.bodies.held_bytes == 0
 
     run(main)
 

@@ -22,10 +22,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.gateway.cli import ModelGroupFollower
+from goodput.gateway.front import GatewayFront
 from goodput.gateway.groups import StaticGroupSource
 from goodput.gateway.kube import (
     ApiServer,
-    KubePolicySource,
+    KubeModelGroupsSource,
     ResourceWatch,
     WatchBackoff,
     WatchedObjects,
@@ -228,8 +230,8 @@ def test_a_policy_change_reaches_the_running_gateway() -> None:
     updates: list[RequestPathPolicy | str] = []
 
     async def body(server: ApiServer) -> None:
-        source = KubePolicySource(server, "ns", MODEL_GROUP["metadata"]["name"], backoff=FAST)
-        task = asyncio.create_task(source.run(updates.append))
+        source = KubeModelGroupsSource(server, "ns", name=MODEL_GROUP["metadata"]["name"], backoff=FAST)
+        task = asyncio.create_task(source.run(lambda report: updates.append(report[NAME].policy)))
         try:
             await until(lambda: len(updates) >= 2)
             first, second = updates[:2]
@@ -246,6 +248,60 @@ def test_a_policy_change_reaches_the_running_gateway() -> None:
     assert len(updates) == 2  # the same objects again compile to the same policy: not repeated
     watched = api.watches(f"{BASE}/modelgroups")
     assert watched and watched[0]["fieldSelector"] == f"metadata.name={MODEL_GROUP['metadata']['name']}"
+
+
+def labelled(name: str, version: str, served: str, created: str) -> dict[str, Any]:
+    """The sample ModelGroup renamed, serving `served`, labelled for the gateway's selector."""
+    doc = with_version(MODEL_GROUP, version)
+    doc["metadata"].update(name=name, creationTimestamp=created, labels={"team": "search"})
+    doc["spec"]["model"]["servedName"] = served
+    return doc
+
+
+def test_model_groups_selected_come_and_go_in_the_gateway_without_a_restart() -> None:
+    """The watch of a selector, followed into the front: a ModelGroup added while serving is served,
+    its model listed; a deleted one is retired and its model is gone."""
+    first = labelled("chat", "3", "chat-model", "2026-01-01T00:00:00Z")
+    second = labelled("code", "6", "code-model", "2026-01-02T00:00:00Z")
+    api = FakeApi(
+        lists={
+            f"{BASE}/modelgroups": {"metadata": {"resourceVersion": "5"}, "items": [first]},
+            f"{BASE}/slopolicies": {"metadata": {"resourceVersion": "5"}, "items": [SLO_POLICY]},
+            PODS: {"metadata": {"resourceVersion": "5"}, "items": []},
+        },
+        scripts={
+            f"{BASE}/modelgroups": [
+                [{"type": "ADDED", "object": second}],
+                [{"type": "DELETED", "object": with_version(first, "7")}],
+            ]
+        },
+    )
+    seen: list[list[str]] = []
+
+    async def body(server: ApiServer) -> None:
+        front = GatewayFront()
+        follower = ModelGroupFollower(front, server, "ns")
+        source = KubeModelGroupsSource(server, "ns", selector="team=search", backoff=FAST)
+
+        async def apply(report: Any) -> None:
+            await follower.apply(report)
+            seen.append(sorted(front.served.by_model))
+
+        reports: asyncio.Queue[Any] = asyncio.Queue()
+        task = asyncio.create_task(source.run(reports.put_nowait))
+        try:
+            for _ in range(3):
+                await apply(await asyncio.wait_for(reports.get(), 10))
+            assert front.gateway_for("chat-model") is None and set(front.model_groups) == {"code"}
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.gather(*(gateway.stop() for gateway in front.model_groups.values()))
+
+    asyncio.run(asyncio.wait_for(with_api(api, body), 20))
+    assert seen == [["chat-model"], ["chat-model", "code-model"], ["code-model"]]
+    watched = api.watches(f"{BASE}/modelgroups")
+    assert watched and watched[0]["labelSelector"] == "team=search"
 
 
 # --- compiling from what is watched --------------------------------------------------------------
@@ -288,5 +344,5 @@ def test_a_policy_for_another_model_group_is_refused() -> None:
     other["metadata"]["name"] = "other"
     renamed, _ = compile_from_objects({"other": other}, {"interactive": SLO_POLICY}, "ns", "other")
     assert isinstance(renamed, RequestPathPolicy)
-    with pytest.raises(ValueError, match="restart"):
+    with pytest.raises(ValueError, match="gets its own"):
         gateway.update_policy(renamed)

@@ -129,8 +129,8 @@ point ("2.5", "1.0", "2560.0"), so the rules match the series exactly.
 {{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) }}
 {{- fail "watchNamespaces lists a namespace more than once" }}
 {{- end }}
-{{- if and .Values.gateway.enabled (not .Values.gateway.modelGroup) }}
-{{- fail "gateway.enabled needs gateway.modelGroup: the ModelGroup the gateway serves" }}
+{{- if and .Values.gateway.enabled .Values.gateway.modelGroup .Values.gateway.modelGroupSelector }}
+{{- fail "gateway.modelGroup and gateway.modelGroupSelector: set one (one ModelGroup, or the ModelGroups a label selector picks)" }}
 {{- end }}
 {{- if and .Values.agent.enabled (not (include "goodput.agentNamespaces" . | fromJsonArray)) }}
 {{- fail "agent.enabled needs the namespaces that run ModelGroups: set agent.namespaces (or watchNamespaces)" }}
