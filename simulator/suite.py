@@ -7,10 +7,10 @@ from the trace (`rate_traces.days_of`: the Azure 2024 week starts on a Sunday, s
 Monday; ServeGen's language windows run fourteen days) and replayed second for second. Only the
 level is set: the rate is scaled so the busiest window of the case's days needs `peak_groups`
 groups at the service-time model's capacity (the absolute level of a production fleet means
-nothing for one ModelGroup, the day's shape does). The envelope measured on the training day
-(its trials keep the trace's time profile, `arrivals="trace"`) sets the warm start and the
-oracle's capacity; goodput is calibrated on its own envelope, measured by the same search on
-steady arrivals (`FairBench.goodput_envelope`). (prompt, output) pairs are drawn from the matching
+nothing for one ModelGroup, the day's shape does). One envelope, measured on the training day on
+steady arrivals, sets the warm start, the oracle's capacity and goodput's calibration: a trial
+that kept the trace's time profile would squeeze the day onto its 240 s, the compression this
+suite exists to avoid. (prompt, output) pairs are drawn from the matching
 Azure 2023 trace; classes are assigned per request with equal shares by
 `numpy.random.default_rng([seed, 7])` (the traces carry none).
 
@@ -266,7 +266,7 @@ def run_case(
             workload,
             train_fraction=1.0 / case.days,
             seed=seed,
-            envelope_search=EnvelopeSearch(trial_seconds=240.0, refinements=3, arrivals="trace"),
+            envelope_search=EnvelopeSearch(trial_seconds=240.0, refinements=3, arrivals="steady"),
             request_path=request_path_for(setup) if options.gateway else None,
         )
         bench.label = f"{model.name} {case.name}"
