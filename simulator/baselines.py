@@ -538,13 +538,12 @@ def cron_desired_replicas(windows: tuple[CronWindow, ...], second_of_day: float)
 
 def hourly_cron_windows(groups_by_hour: tuple[int, ...]) -> tuple[CronWindow, ...]:
     """One cron trigger per hour of the day with that hour's floor (24 values), as a team writes
-    a ScaledObject from yesterday's profile; an hour with a floor of 1 needs no trigger."""
+    a ScaledObject from yesterday's profile. Every hour keeps its trigger, a floor of 1 too, so a
+    day that never needed more than one group still makes a valid KedaCronQueue."""
     if len(groups_by_hour) != 24:
         raise ValueError(f"an hourly cron schedule takes 24 floors, got {len(groups_by_hour)}")
     return tuple(
-        CronWindow(hour * 3600.0, (hour + 1) * 3600.0, groups)
-        for hour, groups in enumerate(groups_by_hour)
-        if groups > 1
+        CronWindow(hour * 3600.0, (hour + 1) * 3600.0, groups) for hour, groups in enumerate(groups_by_hour)
     )
 
 

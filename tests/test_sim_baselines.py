@@ -540,11 +540,13 @@ def test_keda_cron_queue_without_a_window_is_an_error() -> None:
         KedaCronQueue(target_queue_per_group=30.0)
 
 
-def test_an_hourly_schedule_needs_no_trigger_where_the_floor_is_one() -> None:
+def test_an_hourly_schedule_has_a_trigger_per_hour_even_where_the_floor_is_one() -> None:
     floors = (1,) * 8 + (3,) * 12 + (2,) * 4
     windows = hourly_cron_windows(floors)
-    assert len(windows) == 16
+    assert len(windows) == 24
     assert [cron_desired_replicas(windows, hour * 3600.0 + 1800.0) for hour in range(24)] == list(floors)
+    # a day that never needed more than one group still makes a KedaCronQueue
+    assert KedaCronQueue(30.0, cron_windows=hourly_cron_windows((1,) * 24)).cron_windows
     with pytest.raises(ValueError, match="24 floors"):
         hourly_cron_windows((1, 2))
 

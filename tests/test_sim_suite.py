@@ -99,6 +99,8 @@ def test_the_cron_floor_and_the_fixed_fleet_are_read_off_the_training_day(tmp_pa
     # by day the minutes need three times what they need by night
     assert need[8 * 60 :].mean() == pytest.approx(3 * need[: 8 * 60].mean(), rel=0.1)
     assert bench.hourly_cron_floor() == (1,) * 24  # well under a group in every hour
+    # a floor of one all day is still a cron schedule the policy runs with
+    assert str(bench.policy("keda-cron-queue", 24.0).describe()["cron"]).startswith("0-1 h: 1, 1-2 h: 1")
     assert bench.fixed_groups_at(1.0) == max(setup.min_groups, int(np.ceil(need.max() - 1e-9)))
     assert bench.fixed_groups_at(need.max() / 3) == 3
     with pytest.raises(ValueError, match="load at the peak must be positive"):
