@@ -98,15 +98,17 @@ demo-sim: venv
 	  --modelgroup manifests/samples/modelgroup-llama-8b-tp1.yaml \
 	  --policy manifests/samples/slopolicy-interactive.yaml --out out/demo-sim
 
-# The fair benchmark suite: every trace under $(TRACES) and seeded flash crowds, both sample
-# ModelGroups, each policy tuned on the training window and reported on the test window, with the
-# hindsight oracle. Writes out/bench/table.md, results.json and the cost-versus-attainment plots.
+# The fair benchmark suite: whole days of the rate traces under $(TRACES) at their own time scale
+# and bursts on a diurnal day, both sample ModelGroups, each policy tuned on the training day and
+# reported on the test day, with the hindsight oracle. Hours on 2 cores: a real-time day of the 8B
+# sample is millions of requests (bench/bench_realtime_day.py measures one).
+# Writes out/bench/table.md, results.json and the cost-versus-attainment plots.
 # SEED (default 0, the run docs/benchmarks.md reports) draws every case anew.
 SEED ?= 0
 bench: venv
 	$(PY) bench/bench_suite.py --traces $(TRACES) --out out/bench --workers 2 --seed $(SEED)
 
-# The suite once per seed in SEEDS (about eight minutes each on 2 cores), and each case's verdict
+# The suite once per seed in SEEDS (each as long as `make bench`), and each case's verdict
 # side by side in out/bench-draws/draws.md: whether it holds in every draw or turns with one.
 SEEDS ?= 0 1 2
 bench-draws: venv

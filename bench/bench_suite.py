@@ -1,13 +1,16 @@
-"""The fair benchmark suite (`make bench`): every trace against both sample ModelGroups, each policy
-tuned on the training window and reported on the test window, with the hindsight oracle.
+"""The fair benchmark suite (`make bench`): whole days of every rate trace at their own time scale
+against both sample ModelGroups, each policy tuned on the training day and reported on the test
+day, with the hindsight oracle.
 
-Run: .venv/bin/python bench/bench_suite.py --traces ../shared/traces --out out/bench [--workers 2]
-        [--only TRACE,...] [--models llama-8b-tp1,...] [--gateway] [--seed N]
+Run: .venv/bin/python bench/bench_suite.py --traces TRACES --out out/bench [--workers 2]
+        [--only CASE,...] [--models llama-8b-tp1,...] [--policies goodput,kpa,...]
+        [--shave-trials N] [--gateway] [--seed N]
 
---seed draws every case anew: the thinning or replication of each request trace, the arrivals and
-lengths of each rate series, every request's class and the step-time noise (a flash crowd's
-arrivals and lengths keep their own seed, the trace's). The default, 0, is the run docs/benchmarks.md
-shows; another seed tells whether a case's verdict rests on one draw.
+--seed draws every case anew: the arrivals and lengths of each day, the bursts, every request's
+class and the step-time noise. The default, 0, is the run docs/benchmarks.md shows; another seed
+tells whether a case's verdict rests on one draw. --policies and --shave-trials bound the run time
+(a day of the 8B sample at its level is millions of requests): each run prints its figures and wall
+time to stderr as it ends.
 
 With --gateway every run (each policy's sweep and test, and the oracle's search) has the gateway's
 request path (admission gates, fair queue, routing) in front of the groups; each run's record then
@@ -28,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from goodput.simulator.fair_bench import SUITE_POLICIES
 from goodput.simulator.runner import sanitize
-from goodput.simulator.suite import SUITE_MODELS, TRACES, run_suite
+from goodput.simulator.suite import DAY_CASES, SUITE_MODELS, SuiteOptions, run_suite
 from goodput.simulator.suite_report import markdown, plot_curves
 
 
@@ -54,18 +58,27 @@ def main() -> int:
     parser.add_argument("--samples", type=Path, default=Path("manifests/samples"))
     parser.add_argument("--out", type=Path, default=Path("out/bench"))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", type=lambda text: set(text.split(",")), help="trace names to run")
+    parser.add_argument("--only", type=lambda text: set(text.split(",")), help="day cases to run")
+    parser.add_argument(
+        "--policies",
+        type=lambda text: tuple(text.split(",")),
+        default=SUITE_POLICIES,
+        help=f"policies to tune (default all: {','.join(SUITE_POLICIES)})",
+    )
+    parser.add_argument(
+        "--shave-trials", type=int, default=24, help="test-day runs the oracle may spend shaving (default 24)"
+    )
     parser.add_argument("--models", type=lambda text: set(text.split(",")), help="model names to run")
     parser.add_argument(
         "--gateway", action="store_true", help="the gateway's request path in front of the groups"
     )
     parser.add_argument("--seed", type=int, default=0, help="the draw of every case (default 0)")
     args = parser.parse_args()
-    traces = [t for t in TRACES if args.only is None or t.name in args.only]
+    traces = [t for t in DAY_CASES if args.only is None or t.name in args.only]
     models = [m for m in SUITE_MODELS if args.models is None or m.name in args.models]
     if not traces or not models:
         print(
-            f"bench_suite: nothing to run; traces: {', '.join(t.name for t in TRACES)}; "
+            f"bench_suite: nothing to run; cases: {', '.join(t.name for t in DAY_CASES)}; "
             f"models: {', '.join(m.name for m in SUITE_MODELS)}",
             file=sys.stderr,
         )
@@ -75,11 +88,12 @@ def main() -> int:
         records = run_suite(
             args.traces,
             args.samples,
-            traces=traces,
+            cases=traces,
             models=models,
             workers=args.workers,
-            seed=args.seed,
-            gateway=args.gateway,
+            options=SuiteOptions(
+                policies=args.policies, shave_trials=args.shave_trials, seed=args.seed, gateway=args.gateway
+            ),
         )
     except ValueError as error:
         print(f"bench_suite: {error}", file=sys.stderr)
@@ -91,6 +105,8 @@ def main() -> int:
             plot_curves(record, args.out / record["model"] / record["trace"])
     (args.out / "results.json").write_text(json.dumps(sanitize(records), indent=1) + "\n")
     run = [f"{len(records)} cases", f"{args.workers} worker processes"]
+    run += [f"policies {','.join(args.policies)}"] if args.policies != SUITE_POLICIES else []
+    run += [f"oracle shaving {args.shave_trials} runs"] if args.shave_trials != 24 else []
     run += ["behind the gateway"] if args.gateway else []
     run += [f"seed {args.seed}"] if args.seed else []
     preamble = f"`make bench` ({', '.join(run)}): wall {wall:.0f} s on {machine()}."

@@ -7,11 +7,20 @@
   15 s). A target at zero replicas is not scaled (minReplicas > 0), one outside [min, max] is set to
   the bound without limits. Synced every 15 s. The stabilisation and step policies are the
   controllers' (`controllers.autoscale.behavior`), the same functions goodput's decision calls.
+- HPA on `vllm:num_requests_running` (`HpaRunningRequests`): a Pods metric with an AverageValue
+  target per group (the gauge each group's leader exports, as a Prometheus adapter serves it), the
+  same replica calculation, tolerance and behaviour as above. The GPU-utilisation HPA
+  (`HpaGpuUtilization`) is kept for comparison and labelled as such: a busy fraction reads about 1.0
+  at any real load, so its target either pegs `maxReplicas` or never moves.
 - KEDA: a ScaledObject on `sum(vllm:num_requests_waiting)` is an HPA External metric with an
   AverageValue target: desired = ceil(total / target) against `status.replicas` (ready groups),
   same tolerance and behaviour; KEDA itself, not the HPA, scales a target from zero on activation.
   KEDA's `pollingInterval` (30 s) drives activation and
   `cooldownPeriod` (300 s) only the step to zero (it never delays N → N−1, the HPA window does).
+  `KedaQueue` is the same ScaledObject on `sum(waiting + running)`, the queue a team would scale on;
+  `KedaCronQueue` adds KEDA's cron trigger: `desiredReplicas` inside each window of the day (one
+  replica outside), an External metric of AverageValue 1; the HPA computes one recommendation per
+  trigger and takes the largest.
 - Knative KPA (`pkg/autoscaler/scaling/autoscaler.go`): concurrency averaged over a 60 s stable and
   a 6 s panic window, desired = ceil(average / target per group) bounded by the max scale-up rate
   (1000) and scale-down rate (2); panic when the panic-window proposal is ≥ 200 % of ready, never
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from goodput.api import vllm_names
@@ -56,7 +66,7 @@ from goodput.controllers.autoscale.model import (
     StepPolicy,
     StepPolicyType,
 )
-from goodput.simulator.fleet_policy import FleetObservation, PolicyAnswer
+from goodput.simulator.fleet_policy import FleetObservation, FleetPolicy, PolicyAnswer
 from goodput.simulator.metrics import FleetSample, MetricsView
 
 # ---------------------------------------------------------------------------------------------- HPA
@@ -435,6 +445,189 @@ class KedaWaitingRequests:
         )
 
 
+@dataclass
+class HpaRunningRequests:
+    """HPA on `vllm:num_requests_running` per group: a Pods metric with an AverageValue target.
+
+    What a team that knows vLLM configures instead of GPU utilisation: the requests each group's
+    engine is running, read from its latest scrape (a gauge, as a Prometheus adapter serves it),
+    averaged over the ready groups and held against `target_running_per_group`. Running saturates at
+    the engine's batch limit, so a target near that limit sees no queue behind it; the sweep finds
+    the target a day needs.
+    """
+
+    target_running_per_group: float = 32.0
+    behavior: HpaBehavior = field(default_factory=HpaBehavior)
+    interval_seconds: float = 15.0
+    name: str = "hpa-running"
+    state: HpaState = field(default_factory=HpaState)
+
+    def describe(self) -> dict[str, float | str]:
+        return {
+            "metric": f"{vllm_names.NUM_REQUESTS_RUNNING} (Pods metric, per group)",
+            "target_average_value": self.target_running_per_group,
+            "tolerance": self.behavior.tolerance,
+            "scale_down_stabilization_seconds": self.behavior.scale_down.stabilization_window_seconds,
+            "sync_seconds": self.interval_seconds,
+        }
+
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        current = observation.desired_groups
+        latest = observation.metrics.latest
+        if latest is None:
+            return PolicyAnswer(current, "hpa-running: no metrics yet")
+        values = tuple(float(m.num_requests_running) for m in latest.groups if m.serving)
+        recommended = plain_metric_replicas(
+            values,
+            unready_count=observation.starting_groups,
+            missing_count=max(0, observation.ready_groups - len(values)),
+            current_replicas=current,
+            target=self.target_running_per_group,
+            tolerance=self.behavior.tolerance,
+        )
+        desired, reason, self.state = reconcile_replicas(
+            recommended,
+            current,
+            min_replicas=observation.min_groups,
+            max_replicas=observation.max_groups,
+            behavior=self.behavior,
+            state=self.state,
+            now=observation.now,
+        )
+        mean = sum(values) / len(values) if values else float("nan")
+        return PolicyAnswer(
+            desired,
+            f"hpa-running {reason}: {mean:.1f} running per group vs target {self.target_running_per_group:g}",
+            {"running_per_group": mean, "recommended": recommended},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CronWindow:
+    """One KEDA cron trigger: `desired_replicas` from `start_second_of_day` to `end_second_of_day`
+    (a window may wrap past midnight)."""
+
+    start_second_of_day: float
+    end_second_of_day: float
+    desired_replicas: int
+
+    def __post_init__(self) -> None:
+        for label, value in (
+            ("start_second_of_day", self.start_second_of_day),
+            ("end_second_of_day", self.end_second_of_day),
+        ):
+            if not 0.0 <= value <= DAY_SECONDS:
+                raise ValueError(f"cron window {label} must be in [0, {DAY_SECONDS:g}], got {value}")
+        if self.desired_replicas < 1:
+            raise ValueError(f"cron window desired_replicas must be at least 1, got {self.desired_replicas}")
+
+    def active(self, second_of_day: float) -> bool:
+        if self.start_second_of_day <= self.end_second_of_day:
+            return self.start_second_of_day <= second_of_day < self.end_second_of_day
+        return second_of_day >= self.start_second_of_day or second_of_day < self.end_second_of_day
+
+
+DAY_SECONDS = 86400.0
+
+
+def cron_desired_replicas(windows: tuple[CronWindow, ...], second_of_day: float) -> int:
+    """KEDA's cron scalers together: each reports its `desiredReplicas` inside its window and 1
+    outside (the scaler's default), and the HPA takes the largest."""
+    return max((w.desired_replicas for w in windows if w.active(second_of_day)), default=1)
+
+
+def hourly_cron_windows(groups_by_hour: tuple[int, ...]) -> tuple[CronWindow, ...]:
+    """One cron trigger per hour of the day with that hour's floor (24 values), as a team writes
+    a ScaledObject from yesterday's profile. Every hour keeps its trigger, a floor of 1 too, so a
+    day that never needed more than one group still makes a valid KedaCronQueue."""
+    if len(groups_by_hour) != 24:
+        raise ValueError(f"an hourly cron schedule takes 24 floors, got {len(groups_by_hour)}")
+    return tuple(
+        CronWindow(hour * 3600.0, (hour + 1) * 3600.0, groups) for hour, groups in enumerate(groups_by_hour)
+    )
+
+
+@dataclass
+class KedaQueue:
+    """KEDA ScaledObject on `sum(vllm:num_requests_waiting + vllm:num_requests_running)`: the
+    requests each group holds, waiting or running, against an AverageValue target per group.
+
+    `cron_windows` (set by `KedaCronQueue`): the cron triggers' floor by time of day, combined with
+    the queue trigger by the HPA taking the larger recommendation. `day_offset_seconds` is the time
+    of day at the simulation's t = 0.
+    """
+
+    target_queue_per_group: float = 32.0
+    cron_windows: tuple[CronWindow, ...] = ()
+    day_offset_seconds: float = 0.0
+    behavior: HpaBehavior = field(default_factory=HpaBehavior)
+    interval_seconds: float = 15.0
+    name: str = "keda-queue"
+    state: HpaState = field(default_factory=HpaState)
+
+    def describe(self) -> dict[str, float | str]:
+        described: dict[str, float | str] = {
+            "metric": f"sum({vllm_names.NUM_REQUESTS_WAITING} + {vllm_names.NUM_REQUESTS_RUNNING})",
+            "target_average_value": self.target_queue_per_group,
+            "tolerance": self.behavior.tolerance,
+            "scale_down_stabilization_seconds": self.behavior.scale_down.stabilization_window_seconds,
+            "hpa_sync_seconds": self.interval_seconds,
+        }
+        if self.cron_windows:
+            described["cron"] = ", ".join(
+                f"{w.start_second_of_day / 3600:g}-{w.end_second_of_day / 3600:g} h: {w.desired_replicas}"
+                for w in self.cron_windows
+            )
+        return described
+
+    def recommend(self, observation: FleetObservation) -> PolicyAnswer:
+        current = observation.desired_groups
+        latest = observation.metrics.latest
+        if latest is None:
+            return PolicyAnswer(current, f"{self.name}: no metrics yet")
+        queue = float(sum(m.num_requests_waiting + m.num_requests_running for m in latest.groups))
+        tolerance = self.behavior.tolerance
+        from_queue = max(
+            1,
+            external_average_value_replicas(
+                queue, observation.ready_groups, self.target_queue_per_group, tolerance
+            ),
+        )
+        floor = cron_desired_replicas(
+            self.cron_windows, (observation.now + self.day_offset_seconds) % DAY_SECONDS
+        )
+        from_cron = external_average_value_replicas(float(floor), observation.ready_groups, 1.0, tolerance)
+        recommended = max(from_queue, from_cron) if self.cron_windows else from_queue
+        desired, reason, self.state = reconcile_replicas(
+            recommended,
+            current,
+            min_replicas=max(1, observation.min_groups),
+            max_replicas=observation.max_groups,
+            behavior=self.behavior,
+            state=self.state,
+            now=observation.now,
+        )
+        cron = f", cron floor {floor}" if self.cron_windows else ""
+        return PolicyAnswer(
+            desired,
+            f"{self.name} {reason}: {queue:.0f} waiting or running over {observation.ready_groups} ready "
+            f"groups, target {self.target_queue_per_group:g} per group{cron}",
+            {"queue": queue, "cron_floor": float(floor), "recommended": recommended},
+        )
+
+
+@dataclass
+class KedaCronQueue(KedaQueue):
+    """KEDA's cron scaler (a floor by time of day, `cron_windows`) combined with its queue trigger:
+    what a team that knows its daily profile writes into one ScaledObject."""
+
+    name: str = "keda-cron-queue"
+
+    def __post_init__(self) -> None:
+        if not self.cron_windows:
+            raise ValueError("KedaCronQueue needs at least one cron window (without one it is KedaQueue)")
+
+
 # ---------------------------------------------------------------------------------------------- KPA
 
 
@@ -594,3 +787,139 @@ class FixedFleet:
 def with_target(policy: HpaGpuUtilization, target: float) -> HpaGpuUtilization:
     """A copy of the HPA policy with another utilisation target (for sweeps)."""
     return replace(policy, target_utilization=target, state=HpaState())
+
+
+# ---------------------------------------------------------------------------------------------- settings
+
+_BEHAVIOR_KNOB = "scale_down_stabilization_seconds"
+
+BASELINE_SETTINGS: dict[str, dict[str, str]] = {
+    "hpa": {
+        "target": "GPU busy fraction per group, 0-1 (default 0.8)",
+        "window_seconds": "the busy fraction's rate window (default 60)",
+        _BEHAVIOR_KNOB: "behavior.scaleDown.stabilizationWindowSeconds (default 300)",
+    },
+    "hpa-running": {
+        "target": f"{vllm_names.NUM_REQUESTS_RUNNING} per group, AverageValue (default 32)",
+        _BEHAVIOR_KNOB: "behavior.scaleDown.stabilizationWindowSeconds (default 300)",
+    },
+    "keda": {
+        "target": f"{vllm_names.NUM_REQUESTS_WAITING} per group, AverageValue (default 5)",
+        _BEHAVIOR_KNOB: "behavior.scaleDown.stabilizationWindowSeconds (default 300)",
+    },
+    "keda-queue": {
+        "target": "waiting + running requests per group, AverageValue (default 32)",
+        _BEHAVIOR_KNOB: "behavior.scaleDown.stabilizationWindowSeconds (default 300)",
+    },
+    "keda-cron-queue": {
+        "target": "waiting + running requests per group, AverageValue (default 32)",
+        "cron": "floors by hour of day, START-END:GROUPS joined by '/', e.g. 8-20:4/20-23:2 (required)",
+        _BEHAVIOR_KNOB: "behavior.scaleDown.stabilizationWindowSeconds (default 300)",
+    },
+    "kpa": {
+        "target": "concurrency (running + waiting) per group (default 16)",
+        "stable_window_seconds": "the stable window (default 60)",
+        "panic_threshold": "panic when the panic window's proposal is this many times ready (default 2)",
+    },
+    "fixed": {"groups": "the fleet's size (default: what the peak minute's work needs)"},
+}
+"""Each baseline's settings as `goodput simulate --baseline-setting KEY=VALUE` names them."""
+
+
+def parse_baseline_settings(name: str, pairs: Sequence[str]) -> dict[str, str]:
+    """`KEY=VALUE` texts for baseline `name`, checked against its settings; an error names the
+    setting and lists the ones the baseline has."""
+    if name not in BASELINE_SETTINGS:
+        raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINE_SETTINGS)}")
+    known = BASELINE_SETTINGS[name]
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"--baseline-setting {pair!r}: expected KEY=VALUE")
+        if key not in known:
+            raise ValueError(
+                f"--baseline-setting {key}: baseline {name} has no setting {key!r}; its settings: "
+                + ", ".join(known)
+            )
+        settings[key] = value.strip()
+    if name == "keda-cron-queue" and "cron" not in settings:
+        raise ValueError("--baseline keda-cron-queue needs --baseline-setting cron=START-END:GROUPS/...")
+    return settings
+
+
+def _number(settings: Mapping[str, str], key: str, default: float, *, positive: bool = True) -> float:
+    if key not in settings:
+        return default
+    try:
+        value = float(settings[key])
+    except ValueError:
+        raise ValueError(f"--baseline-setting {key}: {settings[key]!r} is not a number") from None
+    if not math.isfinite(value) or (value <= 0 if positive else value < 0):
+        raise ValueError(
+            f"--baseline-setting {key}: must be {'positive' if positive else 'at least 0'}, got {value:g}"
+        )
+    return value
+
+
+def parse_cron(text: str) -> tuple[CronWindow, ...]:
+    """`8-20:4/20-23:2`: hours of the day and the floor inside them."""
+    windows = []
+    for part in filter(None, (piece.strip() for piece in text.split("/"))):
+        hours, sep, groups = part.partition(":")
+        start, dash, end = hours.partition("-")
+        try:
+            if not sep or not dash:
+                raise ValueError(part)
+            windows.append(CronWindow(float(start) * 3600.0, float(end) * 3600.0, int(groups)))
+        except ValueError as error:
+            raise ValueError(
+                f"--baseline-setting cron: {part!r} is not START-END:GROUPS with hours 0-24 and "
+                f"GROUPS >= 1 ({error})"
+            ) from None
+    if not windows:
+        raise ValueError("--baseline-setting cron: no window given")
+    return tuple(windows)
+
+
+def _behavior(settings: Mapping[str, str]) -> HpaBehavior:
+    window = _number(settings, _BEHAVIOR_KNOB, 300.0, positive=False)
+    default = HpaBehavior()
+    return replace(default, scale_down=replace(default.scale_down, stabilization_window_seconds=window))
+
+
+def baseline_policy(name: str, settings: Mapping[str, str], *, fixed_groups: int) -> FleetPolicy:
+    """Baseline `name` with `settings` (from `parse_baseline_settings`); `fixed_groups`: the fixed
+    fleet's size when no `groups` setting is given."""
+    if name == "hpa":
+        return HpaGpuUtilization(
+            target_utilization=_number(settings, "target", 0.8),
+            metric_window_seconds=_number(settings, "window_seconds", 60.0),
+            behavior=_behavior(settings),
+        )
+    if name == "hpa-running":
+        return HpaRunningRequests(_number(settings, "target", 32.0), behavior=_behavior(settings))
+    if name == "keda":
+        return KedaWaitingRequests(_number(settings, "target", 5.0), behavior=_behavior(settings))
+    if name == "keda-queue":
+        return KedaQueue(_number(settings, "target", 32.0), behavior=_behavior(settings))
+    if name == "keda-cron-queue":
+        return KedaCronQueue(
+            _number(settings, "target", 32.0),
+            cron_windows=parse_cron(settings.get("cron", "")),
+            behavior=_behavior(settings),
+        )
+    if name == "kpa":
+        spec = KpaSpec(
+            target_per_group=_number(settings, "target", 16.0),
+            stable_window_seconds=_number(settings, "stable_window_seconds", 60.0),
+            panic_threshold_percentage=100.0 * _number(settings, "panic_threshold", 2.0),
+        )
+        return KnativeKpa(spec)
+    if name == "fixed":
+        groups = _number(settings, "groups", float(fixed_groups))
+        if groups != int(groups):
+            raise ValueError(f"--baseline-setting groups: must be a whole number, got {groups:g}")
+        return FixedFleet(int(groups))
+    raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINE_SETTINGS)}")

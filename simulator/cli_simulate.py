@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from goodput.simulator.baselines import BASELINE_SETTINGS, parse_baseline_settings
 from goodput.simulator.config import build_setup
 from goodput.simulator.fleet import ROUTERS
 from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE
@@ -161,6 +162,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--autoscaler", choices=POLICIES, default="goodput", help="scaling policy (default goodput)"
     )
     parser.add_argument(
+        "--baseline",
+        choices=tuple(BASELINE_SETTINGS),
+        help="run this baseline (instead of --autoscaler), set with --baseline-setting",
+    )
+    parser.add_argument(
+        "--baseline-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the baseline's settings (repeatable): "
+        + "; ".join(f"{name}: {', '.join(knobs)}" for name, knobs in BASELINE_SETTINGS.items()),
+    )
+    parser.add_argument(
         "--engine",
         choices=("event", "batched"),
         default="event",
@@ -175,9 +189,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def policy_name(args: argparse.Namespace) -> str:
+    """The policy to run: `--baseline` when given (it must agree with an explicit `--autoscaler`)."""
+    baseline = getattr(args, "baseline", None)
+    autoscaler: str = getattr(args, "autoscaler", "goodput")
+    if baseline is None:
+        if getattr(args, "baseline_setting", []):
+            raise ValueError("--baseline-setting needs --baseline NAME (the baseline it sets)")
+        return autoscaler
+    if autoscaler not in ("goodput", baseline):
+        raise ValueError(f"--baseline {baseline} and --autoscaler {autoscaler} name two policies; give one")
+    return str(baseline)
+
+
 def options_from(args: argparse.Namespace) -> RunOptions:
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    baseline = getattr(args, "baseline", None)
+    settings = (
+        parse_baseline_settings(baseline, getattr(args, "baseline_setting", []))
+        if baseline is not None
+        else {}
+    )
     return RunOptions(
+        baseline_settings=tuple(settings.items()),
         trace=args.trace,
         seed=args.seed,
         rate_multiplier=args.rate_multiplier,
@@ -224,16 +258,18 @@ def gateway_outcomes(figures: dict[str, object]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        name = policy_name(args)
         bench = bench_from(args)
         if bench.options.engine == "batched":
-            bench.check_batched(args.autoscaler)
+            bench.check_batched(name)
+        autoscaler = bench.autoscaler(name)
     except (OSError, ValueError) as error:
         print(f"goodput simulate: {error}", file=sys.stderr)
         return 2
-    _, report = bench.run(args.autoscaler)
-    paths = write_report(report, args.out, f"{args.autoscaler} on {bench.workload.name}")
+    _, report = bench.run(name, autoscaler)
+    paths = write_report(report, args.out, f"{name} on {bench.workload.name}")
     print(
-        f"{args.autoscaler}: {report['slo_met_requests']}/{report['offered_requests']} requests met the SLO "
+        f"{name}: {report['slo_met_requests']}/{report['offered_requests']} requests met the SLO "
         f"(attainment {report['attainment_offered']:.3f} of offered), {report['gpu_hours']:.2f} GPU-hours, "
         f"{report['scale_event_count']} scale events"
     )

@@ -111,6 +111,11 @@ def load_rate_series(path: Path) -> RateSeries:
     raise ValueError(f"{path}: unknown rate trace; expected a file named azure2024_* or servegen_*")
 
 
+def mean_rate(series: RateSeries) -> float:
+    """The series' time-weighted mean rate (requests per second)."""
+    return float(np.sum(series.rate_per_second * series.length_seconds)) / series.span_seconds
+
+
 def renewal_arrivals(
     rng: np.random.Generator, start: float, end: float, rate: float, cv: float
 ) -> np.ndarray:
@@ -130,20 +135,25 @@ def workload_from_rates(
     series: RateSeries,
     lengths: Workload,
     *,
-    duration_seconds: float,
+    duration_seconds: float | None,
     mean_rate_per_second: float,
     seed: int,
 ) -> Workload:
     """The series' shape on [0, duration_seconds), at `mean_rate_per_second` on average, with
-    (prompt, output) pairs drawn from `lengths`."""
+    (prompt, output) pairs drawn from `lengths`. `duration_seconds=None` keeps the series' own time
+    scale (no stretch), up to the end of its last window."""
+    if duration_seconds is None:
+        duration_seconds = float(series.start_seconds[-1] + series.length_seconds[-1])
+        stretch = 1.0
+    else:
+        stretch = duration_seconds / series.span_seconds if series.span_seconds > 0 else 0.0
     if duration_seconds <= 0 or mean_rate_per_second <= 0:
         raise ValueError("duration_seconds and mean_rate_per_second must be positive")
     if len(lengths) == 0:
         raise ValueError(f"the length source {lengths.name} holds no requests")
-    total_rate = float(np.sum(series.rate_per_second * series.length_seconds)) / series.span_seconds
+    total_rate = mean_rate(series)
     if total_rate <= 0:
         raise ValueError(f"{series.source}: every window has rate 0; no requests to replay")
-    stretch = duration_seconds / series.span_seconds
     level = mean_rate_per_second / total_rate
     rng = np.random.default_rng([seed, 23])
     pieces = [
@@ -170,4 +180,32 @@ def workload_from_rates(
         input_tokens=lengths.input_tokens[chosen].astype(np.int64),
         output_tokens=lengths.output_tokens[chosen].astype(np.int64),
         notes=(note,),
+    )
+
+
+def days_of(series: RateSeries, first_day: int, days: int) -> RateSeries:
+    """The windows that start within days [first_day, first_day + days) of the series, the clock
+    restarted at the first day's midnight (second 0 of the series is taken as midnight).
+
+    Why: the real-time suite replays whole days at the trace's own time scale, tuning on one day and
+    reporting on the next, so it needs the days themselves, not the week squeezed onto a duration.
+    """
+    if first_day < 0 or days < 1:
+        raise ValueError(f"days_of: first_day must be >= 0 and days >= 1, got {first_day} and {days}")
+    start, end = first_day * 86400.0, (first_day + days) * 86400.0
+    inside = (series.start_seconds >= start) & (series.start_seconds < end)
+    if not inside.any() or series.start_seconds[-1] + series.length_seconds[-1] < end - 3600.0:
+        raise ValueError(
+            f"{series.source}: holds {series.span_seconds / 86400:.2f} days; days {first_day} to "
+            f"{first_day + days - 1} are not all in it"
+        )
+    starts = series.start_seconds[inside] - start
+    lengths = np.minimum(series.length_seconds[inside], end - start - starts)
+    return RateSeries(
+        f"{series.name}-days-{first_day}-{first_day + days - 1}",
+        starts,
+        lengths,
+        series.rate_per_second[inside],
+        series.cv[inside],
+        f"{series.source}, days {first_day} to {first_day + days - 1}",
     )

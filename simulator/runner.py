@@ -20,13 +20,7 @@ import numpy as np
 
 from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.estimators.work import WorkPricing
-from goodput.simulator.baselines import (
-    FixedFleet,
-    HpaGpuUtilization,
-    KedaWaitingRequests,
-    KnativeKpa,
-    KpaSpec,
-)
+from goodput.simulator.baselines import BASELINE_SETTINGS, FixedFleet, baseline_policy
 from goodput.simulator.batched import BatchedRunSettings, check_tick_seconds, simulate_batched
 from goodput.simulator.config import SimulationSetup
 from goodput.simulator.envelope import (
@@ -44,7 +38,17 @@ from goodput.simulator.report import DEFAULT_GPU_HOUR_PRICE, meets_every_class, 
 from goodput.simulator.simulation import SimulationConfig, SimulationResult, simulate
 from goodput.simulator.workload import ClassRule, Workload, class_weights_from, load_trace, prepare
 
-POLICIES = ("goodput", "hpa", "keda", "kpa", "fixed", "oracle")
+POLICIES = (
+    "goodput",
+    "hpa",
+    "hpa-running",
+    "keda",
+    "keda-queue",
+    "keda-cron-queue",
+    "kpa",
+    "fixed",
+    "oracle",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,8 @@ class RunOptions:
     bin_seconds: float = 30.0
     capacity_trial_seconds: float = 300.0
     kpa_target_per_group: float = 16.0
+    baseline_settings: tuple[tuple[str, str], ...] = ()
+    """A baseline's settings by name (`baselines.BASELINE_SETTINGS`), checked when it is built."""
     capacity_prior_factor: float = 1.0
     """goodput's capacity prior as a multiple of the simulator's own (to start from a wrong one)."""
     learn_capacity: bool = False
@@ -227,14 +233,11 @@ class Bench:
 
     # ------------------------------------------------------------------ policies
     def autoscaler(self, name: str) -> FleetPolicy:
-        if name == "hpa":
-            return HpaGpuUtilization()
-        if name == "keda":
-            return KedaWaitingRequests()
-        if name == "kpa":
-            return KnativeKpa(KpaSpec(target_per_group=self.options.kpa_target_per_group))
-        if name == "fixed":
-            return FixedFleet(self.fixed_groups)
+        if name in BASELINE_SETTINGS:
+            settings = dict(self.options.baseline_settings)
+            if name == "kpa":
+                settings.setdefault("target", str(self.options.kpa_target_per_group))
+            return baseline_policy(name, settings, fixed_groups=self.fixed_groups)
         if name == "oracle":
             rules = self.schedule_rules
             feasible = self.feasibility.feasible
@@ -270,7 +273,7 @@ class Bench:
         config = SimulationConfig(
             fleet=self.fleet,
             seed=self.options.seed,
-            initial_groups=self.initial_groups if name != "fixed" else self.fixed_groups,
+            initial_groups=autoscaler.groups if isinstance(autoscaler, FixedFleet) else self.initial_groups,
             scrape_interval_seconds=self.options.scrape_interval_seconds,
             scrape_delay_seconds=self.options.scrape_delay_seconds,
             horizon_seconds=self.horizon_seconds,

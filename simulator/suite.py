@@ -1,24 +1,26 @@
-"""The benchmark suite: every public trace (and seeded flash crowds) against both sample ModelGroups,
-each case run by `simulator.fair_bench` (train on the first half, report the second).
+"""The benchmark suite at the time scale users live in: whole days of the public rate traces,
+replayed at their own time scale (no compression), each policy tuned on one day and reported on
+the days that follow (`simulator.fair_bench`), plus seeded bursts on top of a diurnal day.
 
-Each trace keeps its shape and is brought to one level per ModelGroup: time is stretched or
-compressed so the trace fills the case's duration, and the rate is thinned or replicated (seeded) to
-a mean of `mean_groups` groups' worth of the service-time model's capacity, so every case needs a
-few groups and sometimes more: the absolute level of a production fleet means nothing for one
-ModelGroup. The level is set in two passes: at the service-time model's capacity, then at the
-capacity the envelope measured on that first pass's training window (so a bursty or prefill-heavy
-trace does not overrun `maxReplicas` by construction); the second pass reuses that envelope. That
-envelope's trials keep the trace's time profile (`arrivals="trace"`): it sets the level, the warm
-start and the oracle's capacity. goodput is calibrated on its own envelope, measured by the same
-search on steady arrivals (as `goodput envelope` offers them) on the second pass's training window
-(`FairBench.goodput_envelope`). Traces without requests (Azure 2024 week, ServeGen) draw (prompt,
-output) pairs from an Azure 2023 trace (`simulator.rate_traces`). Classes are assigned per request
-with equal shares by `numpy.random.default_rng([seed, 7])` (the Azure traces carry none).
+A case is one day case (`DayCase`) against one sample ModelGroup (`ModelCase`). The days are cut
+from the trace (`rate_traces.days_of`: the Azure 2024 week starts on a Sunday, so day 1 is a
+Monday; ServeGen's language windows run fourteen days) and replayed second for second. Only the
+level is set: the rate is scaled so the busiest window of the case's days needs `peak_groups`
+groups at the service-time model's capacity (the absolute level of a production fleet means
+nothing for one ModelGroup, the day's shape does). One envelope, measured on the training day on
+steady arrivals, sets the warm start, the oracle's capacity and goodput's calibration: a trial
+that kept the trace's time profile would squeeze the day onto its 240 s, the compression this
+suite exists to avoid. (prompt, output) pairs are drawn from the matching
+Azure 2023 trace; classes are assigned per request with equal shares by
+`numpy.random.default_rng([seed, 7])` (the traces carry none).
+
+Why real time: squeezed onto a few minutes, a day is shorter than a group's ready time plus the
+scale-down window; no reactive policy can follow it, so a fixed fleet wins by construction and the
+suite cannot tell policies apart.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 import time
@@ -31,34 +33,42 @@ from typing import Any
 import numpy as np
 
 from goodput.estimators.work import WorkPricing
+from goodput.simulator.baselines import DAY_SECONDS
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
-from goodput.simulator.fair_bench import SWEEPS, FairBench, outcome_record
-from goodput.simulator.feasible import NoFeasibleRequestsError
+from goodput.simulator.fair_bench import SUITE_POLICIES, FairBench, FairnessRunFigures, outcome_record
+from goodput.simulator.feasible import Feasibility, NoFeasibleRequestsError
+from goodput.simulator.fleet_policy import FleetPolicy
 from goodput.simulator.oracle import ScheduleRules
-from goodput.simulator.rate_traces import load_rate_series, renewal_arrivals, workload_from_rates
-from goodput.simulator.runner import request_path_for
-from goodput.simulator.workload import (
-    ClassRule,
-    Workload,
-    assign_classes,
-    compress_time,
-    load_trace,
-    multiply_rate,
-    truncate,
+from goodput.simulator.rate_traces import (
+    RateSeries,
+    days_of,
+    load_rate_series,
+    mean_rate,
+    renewal_arrivals,
+    workload_from_rates,
 )
+from goodput.simulator.runner import request_path_for
+from goodput.simulator.workload import ClassRule, Workload, assign_classes, load_trace
 
 
 @dataclass(frozen=True, slots=True)
-class TraceCase:
-    """A trace of the suite: `kind` is "requests" (a request trace), "rates" (a rate series, lengths
-    from `lengths_file`) or "flash" (seeded flash crowds, lengths from `lengths_file`)."""
+class DayCase:
+    """Days of a rate trace: tune on `train_day`, report on the `test_days` after it. With
+    `bursts_per_day`, seeded bursts (x2 to x3 for 60 to 180 s, between 08:00 and 20:00) stand on
+    the diurnal base, whose peak is then `level_share` of the model case's."""
 
     name: str
-    kind: str
     file: str
     lengths_file: str = "AzureLLMInferenceTrace_conv.csv"
-    seed: int = 0
+    train_day: int = 1
+    test_days: int = 1
+    bursts_per_day: int = 0
+    level_share: float = 1.0
+
+    @property
+    def days(self) -> int:
+        return 1 + self.test_days
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,83 +76,66 @@ class ModelCase:
     name: str
     modelgroup: str
     policy: str
-    duration_seconds: float
-    """The shortest case; longer where the ModelGroup's ready time and minimum lifetime need it
-    (`case_duration_seconds`)."""
-    mean_groups: float
+    peak_groups: float
+    """Groups the busiest window of the case's days needs at the service-time model's capacity."""
 
 
-TRACES: tuple[TraceCase, ...] = (
-    TraceCase("azure-code-2023", "requests", "AzureLLMInferenceTrace_code.csv"),
-    TraceCase("azure-conv-2023", "requests", "AzureLLMInferenceTrace_conv.csv"),
-    TraceCase(
-        "azure-code-2024-week",
-        "rates",
-        "azure2024_code_1week_reqpermin_DIGITIZED.csv",
-        "AzureLLMInferenceTrace_code.csv",
-    ),
-    TraceCase("azure-conv-2024-week", "rates", "azure2024_conv_1week_reqpermin_DIGITIZED.csv"),
-    TraceCase("mooncake", "requests", "mooncake_synthetic_trace.jsonl"),
-    TraceCase("servegen-m-large", "rates", "servegen_language_m-large_aggregate_rate.csv"),
-    TraceCase("servegen-m-mid", "rates", "servegen_language_m-mid_aggregate_rate.csv"),
-    TraceCase("servegen-m-small", "rates", "servegen_language_m-small_aggregate_rate.csv"),
-    TraceCase("servegen-mm-image", "rates", "servegen_multimodal_mm-image_aggregate_rate.csv"),
-    TraceCase("servegen-deepseek-r1", "rates", "servegen_reason_deepseek-r1_aggregate_rate.csv"),
-    TraceCase("flash-crowd-1", "flash", "", seed=1),
-    TraceCase("flash-crowd-2", "flash", "", seed=2),
+AZURE_CODE_2024 = "azure2024_code_1week_reqpermin_DIGITIZED.csv"
+AZURE_CONV_2024 = "azure2024_conv_1week_reqpermin_DIGITIZED.csv"
+
+DAY_CASES: tuple[DayCase, ...] = (
+    DayCase("azure-code-2024", AZURE_CODE_2024, "AzureLLMInferenceTrace_code.csv"),
+    DayCase("azure-conv-2024", AZURE_CONV_2024),
+    DayCase("servegen-m-large", "servegen_language_m-large_aggregate_rate.csv"),
+    DayCase("servegen-m-mid", "servegen_language_m-mid_aggregate_rate.csv"),
+    DayCase("servegen-m-small", "servegen_language_m-small_aggregate_rate.csv"),
+    DayCase("bursts-on-azure-conv-2024", AZURE_CONV_2024, bursts_per_day=3, level_share=0.5),
 )
 
 SUITE_MODELS: tuple[ModelCase, ...] = (
-    ModelCase("llama-8b-tp1", "modelgroup-llama-8b-tp1.yaml", "slopolicy-interactive.yaml", 1000.0, 2.0),
-    ModelCase("llama-70b-tp8pp2", "modelgroup-llama-70b-tp8-pp2.yaml", "slopolicy-batch.yaml", 2000.0, 1.2),
+    ModelCase("llama-8b-tp1", "modelgroup-llama-8b-tp1.yaml", "slopolicy-interactive.yaml", 4.0),
+    ModelCase("llama-70b-tp8pp2", "modelgroup-llama-70b-tp8-pp2.yaml", "slopolicy-batch.yaml", 3.0),
 )
 
 
-def flash_crowds(lengths: Workload, duration_seconds: float, rate_per_second: float, seed: int) -> Workload:
-    """Poisson arrivals at a base rate with one flash crowd in each half (x3 to x5 for 60 to 180 s,
-    at seeded times), lengths drawn from `lengths`. The base is set so the mean stays at `rate`."""
-    rng = np.random.default_rng([seed, 31])
-    bursts = []
-    for half in range(2):
-        length = float(rng.uniform(60.0, 180.0))
-        start = float(rng.uniform(half + 0.2, half + 0.7) * duration_seconds / 2)
-        bursts.append((start, start + length, float(rng.uniform(3.0, 5.0))))
-    extra = sum((end - start) * (factor - 1) for start, end, factor in bursts)
-    base = rate_per_second * duration_seconds / (duration_seconds + extra)
-    edges = sorted({0.0, duration_seconds, *(t for start, end, _ in bursts for t in (start, end))})
-    pieces = []
-    for start, end in itertools.pairwise(edges):
-        factor = next((f for s, e, f in bursts if s <= start < e), 1.0)
-        pieces.append(renewal_arrivals(rng, start, end, base * factor, 1.0))
-    arrivals = np.sort(np.concatenate(pieces))
-    chosen = rng.integers(0, len(lengths), size=arrivals.size)
-    described = "; ".join(f"x{f:.1f} in [{s:.0f}, {e:.0f}) s" for s, e, f in bursts)
+def rate_at(series: RateSeries, seconds: float) -> float:
+    """The series' rate in the window holding `seconds` (0 outside every window)."""
+    index = int(np.searchsorted(series.start_seconds, seconds, side="right")) - 1
+    if index < 0 or seconds >= series.start_seconds[index] + series.length_seconds[index]:
+        return 0.0
+    return float(series.rate_per_second[index])
+
+
+def bursts_on(
+    base: Workload, series: RateSeries, level: float, lengths: Workload, *, bursts_per_day: int, seed: int
+) -> Workload:
+    """`base` with seeded bursts on top: each adds Poisson arrivals at (factor - 1) times the base
+    rate where it starts, so the offered rate steps to x2 to x3 for 60 to 180 s."""
+    rng = np.random.default_rng([seed, 41])
+    days = math.ceil(base.span_seconds / DAY_SECONDS)
+    pieces, described = [base.arrival_seconds], []
+    for day in range(days):
+        for _ in range(bursts_per_day):
+            start = day * DAY_SECONDS + float(rng.uniform(8.0, 20.0)) * 3600.0
+            length, factor = float(rng.uniform(60.0, 180.0)), float(rng.uniform(2.0, 3.0))
+            extra = (factor - 1.0) * level * rate_at(series, start)
+            pieces.append(renewal_arrivals(rng, start, start + length, extra, 1.0))
+            described.append(f"x{factor:.1f} at {start:.0f} s for {length:.0f} s")
+    added = np.concatenate(pieces[1:]) if len(pieces) > 1 else np.zeros(0)
+    chosen = rng.integers(0, len(lengths), size=added.size)
+    arrivals = np.concatenate([base.arrival_seconds, added])
+    order = np.argsort(arrivals, kind="stable")
     return Workload(
-        name=f"flash-crowd-{seed}",
-        arrival_seconds=arrivals,
-        input_tokens=lengths.input_tokens[chosen],
-        output_tokens=lengths.output_tokens[chosen],
-        notes=(
-            f"flash crowds over Poisson {base:.3g} req/s: {described}; lengths from {lengths.name}; "
-            f"seed {seed}",
-        ),
+        name=base.name,
+        arrival_seconds=arrivals[order],
+        input_tokens=np.concatenate([base.input_tokens, lengths.input_tokens[chosen]])[order],
+        output_tokens=np.concatenate([base.output_tokens, lengths.output_tokens[chosen]])[order],
+        notes=(*base.notes, f"bursts (seed {seed}): " + "; ".join(described)),
     )
 
 
-def case_duration_seconds(model: ModelCase, setup: SimulationSetup) -> float:
-    """The case's duration: the model case's, or long enough that each half (the fair benchmark
-    trains on one and reports the other) holds a group's ready time and its minimum lifetime.
-
-    Why: a test window shorter than that cannot show a scale-in. With the 70B sample's 600 s ready
-    time and 1,800 s minimum lifetime, a group asked for in a 1,000 s window could never be let go
-    in it, and every policy that starts from the same warm groups ends on the same cost."""
-    group = setup.model_group
-    lifetime_seconds = float(group.spec.drain.min_lifetime_seconds) if group is not None else 0.0
-    return max(model.duration_seconds, 2.0 * (setup.ready_time_seconds + lifetime_seconds))
-
-
 def case_workload(
-    trace: TraceCase,
+    case: DayCase,
     setup: SimulationSetup,
     model: ModelCase,
     traces_dir: Path,
@@ -150,32 +143,25 @@ def case_workload(
     *,
     rate_per_group: float | None = None,
 ) -> Workload:
-    """The trace brought to the case's duration and a mean of `model.mean_groups` groups' worth of
-    `rate_per_group` (default: the service-time model's capacity), classes assigned."""
+    """The case's days at their own time scale, the busiest window at `model.peak_groups` groups'
+    worth of `rate_per_group` (default: the service-time model's capacity), classes assigned."""
     from goodput.simulator.runner import analytic_rate_per_group
 
-    lengths_source = traces_dir / trace.lengths_file
-    source = traces_dir / trace.file
-    base = load_trace(str(source if trace.kind == "requests" else lengths_source), seed)
+    lengths = load_trace(str(traces_dir / case.lengths_file), seed)
+    series = days_of(load_rate_series(traces_dir / case.file), case.train_day, case.days)
     pricing = WorkPricing.from_step_model(setup.engine.cost)
     per_group = (
-        rate_per_group if rate_per_group is not None else analytic_rate_per_group(setup, base, pricing)
+        rate_per_group if rate_per_group is not None else analytic_rate_per_group(setup, lengths, pricing)
     )
-    rate = model.mean_groups * per_group
-    duration = model.duration_seconds
-    if trace.kind == "requests":
-        shaped = compress_time(base, base.span_seconds / duration)
-        shaped = truncate(multiply_rate(shaped, rate * duration / len(shaped), seed), duration)
-    elif trace.kind == "rates":
-        shaped = workload_from_rates(
-            load_rate_series(source), base, duration_seconds=duration, mean_rate_per_second=rate, seed=seed
-        )
-    elif trace.kind == "flash":
-        shaped = flash_crowds(base, duration, rate, trace.seed)
-    else:
-        raise ValueError(f"trace case {trace.name}: unknown kind {trace.kind!r}")
+    peak_rate = model.peak_groups * case.level_share * per_group
+    level = peak_rate / float(series.rate_per_second.max())
+    shaped = workload_from_rates(
+        series, lengths, duration_seconds=None, mean_rate_per_second=level * mean_rate(series), seed=seed
+    )
+    if case.bursts_per_day:
+        shaped = bursts_on(shaped, series, level, lengths, bursts_per_day=case.bursts_per_day, seed=seed)
     names = tuple(c.name for c in setup.classes)
-    return replace(assign_classes(shaped, ClassRule(names, tuple(1.0 for _ in names)), seed), name=trace.name)
+    return replace(assign_classes(shaped, ClassRule(names, tuple(1.0 for _ in names)), seed), name=case.name)
 
 
 def _envelope_record(envelope: CapacityEnvelope) -> dict[str, Any]:
@@ -191,21 +177,45 @@ def _envelope_record(envelope: CapacityEnvelope) -> dict[str, Any]:
     }
 
 
-def _policies_record(bench: FairBench) -> dict[str, Any]:
+class TimedBench(FairBench):
+    """A FairBench that prints every run's figures and wall time to stderr as it ends: a day-long
+    case runs for hours, and what each run cost and reached is worth reading before it ends."""
+
+    label: str = ""
+
+    def run(
+        self, workload: Workload, feasibility: Feasibility, autoscaler: FleetPolicy, horizon: float
+    ) -> FairnessRunFigures:
+        started = time.perf_counter()
+        figures = super().run(workload, feasibility, autoscaler, horizon)
+        wall = time.perf_counter() - started
+        pace = len(workload) / max(wall, 1e-9)
+        print(
+            f"{self.label} {autoscaler.name} {autoscaler.describe()}: {len(workload)} requests over "
+            f"{horizon / 3600:.1f} h in {wall:.0f} s wall ({pace:.0f} requests/s); "
+            f"met {figures.attainment_offered:.3f} of offered on {figures.gpu_hours:.1f} GPU-h, "
+            f"{figures.scale_outs} scale-outs, {figures.scale_ins} scale-ins",
+            file=sys.stderr,
+            flush=True,
+        )
+        return figures
+
+
+def _policies_record(bench: FairBench, policies: Sequence[str]) -> dict[str, Any]:
     """Every policy's sweep on the training window, the setting chosen, and its test-window outcome."""
-    policies = {}
-    for name in SWEEPS:
+    record = {}
+    for name in policies:
         result = bench.tune(name)
-        policies[name] = {
+        record[name] = {
             "sweep": [outcome_record(o) for o in result.sweep],
             "chosen_setting": result.chosen.setting,
             "chosen_met_target_on_train": result.chosen_met_target_on_train,
             "test": outcome_record(result.test),
         }
-    return policies
+    return record
 
 
-def _oracle_record(bench: FairBench, setup: SimulationSetup) -> dict[str, Any]:
+def _oracle_record(bench: FairBench, setup: SimulationSetup, shave_trials: int) -> dict[str, Any]:
     """The hindsight oracle under the ModelGroup's lead time, minimum lifetime and bounds."""
     group = setup.model_group
     rules = ScheduleRules(
@@ -214,7 +224,7 @@ def _oracle_record(bench: FairBench, setup: SimulationSetup) -> dict[str, Any]:
         min_groups=setup.min_groups,
         max_groups=setup.max_groups,
     )
-    oracle = bench.oracle(rules)
+    oracle = bench.oracle(rules, shave_trials=shave_trials)
     return {
         "fluid_bound_gpu_hours": oracle.fluid_bound_gpu_hours,
         "searched": outcome_record(oracle.searched),
@@ -225,56 +235,58 @@ def _oracle_record(bench: FairBench, setup: SimulationSetup) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class SuiteOptions:
+    """What a suite run covers: the policies tuned (default all of `SUITE_POLICIES`), the oracle's
+    shaving budget in test-day runs, the draw, and whether the gateway stands in front."""
+
+    policies: tuple[str, ...] = SUITE_POLICIES
+    shave_trials: int = 24
+    seed: int = 0
+    gateway: bool = False
+
+
 def run_case(
-    trace: TraceCase,
-    model: ModelCase,
-    traces_dir: Path,
-    samples_dir: Path,
-    seed: int = 0,
-    *,
-    gateway: bool = False,
+    case: DayCase, model: ModelCase, traces_dir: Path, samples_dir: Path, options: SuiteOptions
 ) -> dict[str, Any]:
-    """One (trace, ModelGroup) case, as a JSON-ready record; an error becomes the record's `error`.
-    With `gateway`, every run has the request path compiled from the case's manifests in front."""
+    """One (day case, ModelGroup) case, as a JSON-ready record; an error becomes the record's
+    `error`. With `options.gateway`, every run has the request path compiled from the case's
+    manifests in front."""
     started = time.perf_counter()
-    record: dict[str, Any] = {"trace": trace.name, "model": model.name, "seed": seed}
-    if gateway:
+    seed = options.seed
+    record: dict[str, Any] = {"trace": case.name, "model": model.name, "seed": seed}
+    if options.gateway:
         record["gateway"] = True
     try:
         setup = build_setup(samples_dir / model.modelgroup, samples_dir / model.policy, step_noise_sigma=0.04)
         setup = replace(setup, measured_capacity_work_seconds_per_second=None)
-        model = replace(model, duration_seconds=case_duration_seconds(model, setup))
-        search = EnvelopeSearch(trial_seconds=240.0, refinements=3, arrivals="trace")
-        # The level: first at the service-time model's capacity, then at what the envelope measured on
-        # that first training window says a group sustains on this trace's shape (the envelope's trials
-        # thin or replicate the window to each rate, so the figure carries over to the new level).
-        probe = FairBench(
-            setup, case_workload(trace, setup, model, traces_dir, seed), seed=seed, envelope_search=search
-        )
-        envelope = probe.envelope
-        offered_per_group = envelope.requests_per_second / max(probe.train_feasibility.feasible_share, 1e-9)
-        workload = case_workload(trace, setup, model, traces_dir, seed, rate_per_group=offered_per_group)
-        bench = FairBench(
+        workload = case_workload(case, setup, model, traces_dir, seed)
+        bench = TimedBench(
             setup,
             workload,
+            train_fraction=1.0 / case.days,
             seed=seed,
-            envelope_search=search,
-            measured_envelope=envelope,
-            request_path=request_path_for(setup) if gateway else None,
+            envelope_search=EnvelopeSearch(trial_seconds=240.0, refinements=3, arrivals="steady"),
+            request_path=request_path_for(setup) if options.gateway else None,
         )
+        bench.label = f"{model.name} {case.name}"
         record["workload"] = {
             "requests": len(workload),
             "train_requests": len(bench.train),
             "test_requests": len(bench.test),
-            "duration_seconds": model.duration_seconds,
+            "train_day": case.train_day,
+            "test_days": case.test_days,
+            "duration_seconds": case.days * DAY_SECONDS,
             "notes": list(workload.notes),
             "test_feasibility": bench.test_feasibility.describe(),
         }
-        record["envelope"] = _envelope_record(envelope)
-        record["goodput_envelope"] = _envelope_record(bench.goodput_envelope)
+        record["envelope"] = _envelope_record(bench.envelope)
+        if "goodput" in options.policies:
+            record["goodput_envelope"] = _envelope_record(bench.goodput_envelope)
         record["warm_groups"] = bench.warm_groups()
-        record["policies"] = _policies_record(bench)
-        record["oracle"] = _oracle_record(bench, setup)
+        record["cron_floor_by_hour"] = list(bench.hourly_cron_floor())
+        record["policies"] = _policies_record(bench, options.policies)
+        record["oracle"] = _oracle_record(bench, setup, options.shave_trials)
     except (EnvelopeNotFoundError, NoFeasibleRequestsError, ValueError, OSError) as error:
         record["error"] = f"{type(error).__name__}: {error}"
     record["wall_seconds"] = time.perf_counter() - started
@@ -285,21 +297,21 @@ def run_suite(
     traces_dir: Path,
     samples_dir: Path,
     *,
-    traces: Sequence[TraceCase] = TRACES,
+    cases: Sequence[DayCase] = DAY_CASES,
     models: Sequence[ModelCase] = SUITE_MODELS,
     workers: int = 2,
-    seed: int = 0,
-    gateway: bool = False,
+    options: SuiteOptions = SuiteOptions(),
 ) -> list[dict[str, Any]]:
-    """Every case, `workers` at a time; records in the suite's order. `gateway`: every run behind
-    the gateway's request path."""
+    """Every case, `workers` at a time; records in the suite's order."""
     if not traces_dir.is_dir():
         raise ValueError(f"trace folder {traces_dir} does not exist (set TRACES=...)")
-    cases = [(trace, model) for model in models for trace in traces]
+    unknown = [name for name in options.policies if name not in SUITE_POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(unknown)}; the suite has {', '.join(SUITE_POLICIES)}")
+    pairs = [(case, model) for model in models for case in cases]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = [
-            pool.submit(run_case, trace, model, traces_dir, samples_dir, seed, gateway=gateway)
-            for trace, model in cases
+            pool.submit(run_case, case, model, traces_dir, samples_dir, options) for case, model in pairs
         ]
         records = []
         for future in futures:

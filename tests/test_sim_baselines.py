@@ -15,17 +15,28 @@ from goodput.controllers.autoscale.model import (
     StepPolicyType,
 )
 from goodput.simulator.baselines import (
+    BASELINE_SETTINGS,
     HPA_TOLERANCE,
+    CronWindow,
+    FixedFleet,
     HpaBehavior,
     HpaGpuUtilization,
+    HpaRunningRequests,
     HpaState,
+    KedaCronQueue,
+    KedaQueue,
     KedaWaitingRequests,
     KnativeKpa,
     KpaSpec,
     KpaState,
+    baseline_policy,
+    cron_desired_replicas,
     external_average_value_replicas,
+    hourly_cron_windows,
     kpa_decide,
     normalize,
+    parse_baseline_settings,
+    parse_cron,
     plain_metric_replicas,
     reconcile_replicas,
 )
@@ -344,6 +355,7 @@ def scraped(
     *,
     time: float = 0.0,
     waiting: int = 0,
+    running: int = 0,
     busy: float = 0.0,
     in_flight: float = 0.0,
     serving: bool = True,
@@ -352,7 +364,7 @@ def scraped(
     return GroupScrape(
         group=name,
         serving=serving,
-        num_requests_running=0,
+        num_requests_running=running,
         num_requests_waiting=waiting,
         kv_cache_usage_perc=0.0,
         kv_cache_size_tokens=1000,
@@ -424,3 +436,182 @@ def test_kpa_shell_averages_concurrency_over_its_windows_and_keeps_drained_group
     assert recommendation.detail["stable_concurrency"] == pytest.approx((59 * 100 + 50) / 60)
     assert recommendation.detail["mode"] == "panic"  # 6-s window: ceil(≈91.7/20)=5 ≥ 2 × 1 ready
     assert recommendation.desired_groups == 5
+
+
+# ----------------------------------------------------------------------------- HPA on running requests
+
+
+@dataclass(frozen=True)
+class RunningCase:
+    name: str
+    running: tuple[int, ...]
+    desired: int
+    starting: int
+    target: float
+    expected: int
+
+
+RUNNING_CASES = [
+    # the Pods metric's AverageValue: desired = ceil(ready × mean / target)
+    RunningCase("scale-up-to-ceil-of-mean-over-target", (60, 60), 2, 0, 40.0, 3),
+    RunningCase("inside-tolerance-keeps-current", (42, 42), 2, 0, 40.0, 2),
+    RunningCase("scale-down-after-the-first-sync-is-stabilised", (5, 5, 5, 5), 4, 0, 40.0, 4),
+    # a starting group counts as 0 on a scale-up: (60 + 60 + 0) / 3 = 40 is the target
+    RunningCase("a-starting-group-cancels-a-scale-up", (60, 60), 3, 1, 40.0, 3),
+]
+
+
+@pytest.mark.parametrize("case", RUNNING_CASES, ids=[c.name for c in RUNNING_CASES])
+def test_hpa_on_running_requests_per_group(case: RunningCase) -> None:
+    groups = tuple(scraped(f"g{i}", running=value) for i, value in enumerate(case.running))
+    policy = HpaRunningRequests(target_running_per_group=case.target)
+    answer = policy.recommend(
+        observe(
+            [FleetSample(0.0, groups)],
+            now=15.0,
+            desired=case.desired,
+            ready=len(case.running),
+            starting=case.starting,
+        )
+    )
+    assert answer.desired_groups == case.expected
+
+
+def test_hpa_on_running_requests_scales_in_once_its_window_has_passed() -> None:
+    policy = HpaRunningRequests(target_running_per_group=40.0)
+    quiet = [FleetSample(0.0, tuple(scraped(f"g{i}", running=5) for i in range(4)))]
+    assert policy.recommend(observe(quiet, now=0.0, desired=4, ready=4)).desired_groups == 4
+    # 300 s later every recommendation in the window asked for 1: ceil(4 × 5 / 40) = 1
+    later = policy.recommend(observe(quiet, now=301.0, desired=4, ready=4))
+    assert later.desired_groups == 1
+
+
+# ---------------------------------------------------------------------- KEDA on the queue, and its cron
+
+
+def test_keda_queue_counts_waiting_and_running_over_ready_groups() -> None:
+    samples = [FleetSample(0.0, (scraped("a", waiting=10, running=50), scraped("b", waiting=20, running=50)))]
+    answer = KedaQueue(target_queue_per_group=30.0).recommend(observe(samples, now=15.0, desired=2, ready=2))
+    assert answer.detail["queue"] == 130.0
+    assert answer.desired_groups == 5  # ceil(130 / 30)
+
+
+@dataclass(frozen=True)
+class CronCase:
+    name: str
+    windows: tuple[CronWindow, ...]
+    second_of_day: float
+    expected: int
+
+
+NIGHT_AND_DAY = (CronWindow(8 * 3600.0, 20 * 3600.0, 4), CronWindow(22 * 3600.0, 2 * 3600.0, 2))
+CRON_CASES = [
+    CronCase("inside-a-window-its-desired-replicas", NIGHT_AND_DAY, 9 * 3600.0, 4),
+    CronCase("outside-every-window-one-replica", NIGHT_AND_DAY, 21 * 3600.0, 1),
+    CronCase("a-window-past-midnight-before-it", NIGHT_AND_DAY, 23 * 3600.0, 2),
+    CronCase("a-window-past-midnight-after-it", NIGHT_AND_DAY, 1 * 3600.0, 2),
+    CronCase("the-end-is-exclusive", NIGHT_AND_DAY, 20 * 3600.0, 1),
+    CronCase(
+        "overlapping-windows-take-the-largest", (*NIGHT_AND_DAY, CronWindow(0.0, 86400.0, 3)), 9 * 3600.0, 4
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CRON_CASES, ids=[c.name for c in CRON_CASES])
+def test_cron_triggers_together(case: CronCase) -> None:
+    assert cron_desired_replicas(case.windows, case.second_of_day) == case.expected
+
+
+def test_keda_cron_queue_takes_the_larger_of_its_floor_and_its_queue() -> None:
+    windows = (CronWindow(0.0, 3600.0, 5),)
+    samples = [FleetSample(0.0, (scraped("a", running=10), scraped("b", running=10)))]
+    policy = KedaCronQueue(target_queue_per_group=30.0, cron_windows=windows)
+    in_window = policy.recommend(observe(samples, now=15.0, desired=2, ready=2))
+    assert in_window.desired_groups == 5  # the floor: the queue alone asks for ceil(20 / 30) = 1
+    busy = [FleetSample(0.0, (scraped("a", running=100), scraped("b", running=110)))]
+    assert policy.recommend(observe(busy, now=30.0, desired=5, ready=5)).desired_groups == 7
+    # the day offset places t = 0 at 23:00: t = 15 s is outside the window, the floor is 1
+    late = KedaCronQueue(target_queue_per_group=30.0, cron_windows=windows, day_offset_seconds=23 * 3600.0)
+    assert late.recommend(observe(samples, now=15.0, desired=2, ready=2)).detail["cron_floor"] == 1.0
+
+
+def test_keda_cron_queue_without_a_window_is_an_error() -> None:
+    with pytest.raises(ValueError, match="at least one cron window"):
+        KedaCronQueue(target_queue_per_group=30.0)
+
+
+def test_an_hourly_schedule_has_a_trigger_per_hour_even_where_the_floor_is_one() -> None:
+    floors = (1,) * 8 + (3,) * 12 + (2,) * 4
+    windows = hourly_cron_windows(floors)
+    assert len(windows) == 24
+    assert [cron_desired_replicas(windows, hour * 3600.0 + 1800.0) for hour in range(24)] == list(floors)
+    # a day that never needed more than one group still makes a KedaCronQueue
+    assert KedaCronQueue(30.0, cron_windows=hourly_cron_windows((1,) * 24)).cron_windows
+    with pytest.raises(ValueError, match="24 floors"):
+        hourly_cron_windows((1, 2))
+
+
+# ----------------------------------------------------------------------------- settings by name
+
+
+def test_every_baseline_setting_is_taken_by_name() -> None:
+    settings = parse_baseline_settings(
+        "keda-cron-queue",
+        ["target=40", "cron=8-20:4/22-2:2", "scale-down-stabilization-seconds=120"],
+    )
+    policy = baseline_policy("keda-cron-queue", settings, fixed_groups=3)
+    assert isinstance(policy, KedaCronQueue)
+    assert policy.target_queue_per_group == 40.0
+    assert policy.cron_windows == NIGHT_AND_DAY
+    assert policy.behavior.scale_down.stabilization_window_seconds == 120.0
+    fixed = baseline_policy("fixed", parse_baseline_settings("fixed", ["groups=6"]), fixed_groups=3)
+    assert isinstance(fixed, FixedFleet) and fixed.groups == 6
+    assert isinstance(baseline_policy("fixed", {}, fixed_groups=3), FixedFleet)
+    for name in BASELINE_SETTINGS:
+        if name != "keda-cron-queue":
+            assert baseline_policy(name, {}, fixed_groups=3).describe()
+
+
+@dataclass(frozen=True)
+class BadSettingCase:
+    name: str
+    baseline: str
+    pairs: tuple[str, ...]
+    message: str
+
+
+BAD_SETTING_CASES = [
+    BadSettingCase(
+        "unknown-knob-named", "keda-queue", ("targt=4",), "has no setting 'targt'; its settings: target"
+    ),
+    BadSettingCase("not-key-value", "kpa", ("target",), "expected KEY=VALUE"),
+    BadSettingCase("unknown-baseline", "keda-queues", (), "unknown baseline 'keda-queues'"),
+    BadSettingCase("cron-required", "keda-cron-queue", ("target=4",), "needs --baseline-setting cron"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_SETTING_CASES, ids=[c.name for c in BAD_SETTING_CASES])
+def test_a_bad_setting_is_an_error_naming_it(case: BadSettingCase) -> None:
+    with pytest.raises(ValueError, match=case.message):
+        parse_baseline_settings(case.baseline, list(case.pairs))
+
+
+@pytest.mark.parametrize(
+    ("baseline", "pair", "message"),
+    [
+        ("hpa-running", "target=many", "target: 'many' is not a number"),
+        ("hpa-running", "target=0", "target: must be positive"),
+        ("fixed", "groups=2.5", "groups: must be a whole number"),
+        ("keda-cron-queue", "cron=8-20", "'8-20' is not START-END:GROUPS"),
+        ("keda-cron-queue", "cron=8-25:2", "end_second_of_day must be in"),
+        ("keda-cron-queue", "cron=8-20:0", "desired_replicas must be at least 1"),
+    ],
+)
+def test_a_bad_value_is_an_error_naming_its_setting(baseline: str, pair: str, message: str) -> None:
+    settings = parse_baseline_settings(baseline, [pair])
+    with pytest.raises(ValueError, match=message):
+        baseline_policy(baseline, settings, fixed_groups=3)
+
+
+def test_cron_text_reads_hours() -> None:
+    assert parse_cron("8-20:4/22-2:2") == NIGHT_AND_DAY

@@ -232,3 +232,58 @@ def test_the_batched_engine_refuses_what_it_does_not_model(
     assert code == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "refused" / "report.json").exists()
+
+
+def test_simulate_takes_a_baseline_and_its_settings_by_name(
+    tmp_path: Path, manifests: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_group, policy = manifests
+    out = tmp_path / "run"
+    code = main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--modelgroup",
+            str(model_group),
+            "--policy",
+            str(policy),
+            "--baseline",
+            "keda-cron-queue",
+            "--baseline-setting",
+            "target=20",
+            "--baseline-setting",
+            "cron=0-24:3",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    parameters = report["config"]["autoscaler_parameters"]
+    assert parameters["target_average_value"] == 20.0
+    assert parameters["cron"] == "0-24 h: 3"
+    # the cron floor of 3 holds from the first sync on, whatever the queue says
+    assert max(event["to_groups"] for event in report["scale_events"]) == 3
+    assert "keda-cron-queue:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--baseline", "hpa-running", "--baseline-setting", "targt=4"], "has no setting 'targt'"),
+        (
+            ["--baseline", "hpa-running", "--baseline-setting", "target=four"],
+            "target: 'four' is not a number",
+        ),
+        (["--baseline-setting", "target=4"], "--baseline-setting needs --baseline NAME"),
+        (["--baseline", "kpa", "--autoscaler", "hpa"], "name two policies"),
+    ],
+)
+def test_a_bad_baseline_setting_is_refused_naming_it(
+    tmp_path: Path, arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["simulate", "--trace", TRACE, "--out", str(tmp_path), "--no-progress", *arguments])
+    assert code == 2
+    assert message in capsys.readouterr().err

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from goodput.simulator.rate_traces import RateSeries, load_rate_series, workload_from_rates
+from goodput.simulator.rate_traces import RateSeries, days_of, load_rate_series, workload_from_rates
 from goodput.simulator.workload import Workload, load_trace
 
 LENGTHS = Workload(
@@ -78,3 +78,39 @@ def test_the_replay_keeps_the_shape_at_the_mean_rate() -> None:
     assert abs(len(replay) / 2000.0 - 4.0) < 0.4
     assert 2.4 < second / first < 3.8
     assert set(replay.input_tokens.tolist()) <= {100, 200, 300, 400}
+
+
+def _hourly_week() -> RateSeries:
+    """Seven days of hourly windows; the rate is 1 + the day's number, so a day is known by its rate."""
+    starts = np.arange(7 * 24, dtype=np.float64) * 3600.0
+    return RateSeries(
+        "week",
+        starts,
+        np.full(starts.size, 3600.0),
+        1.0 + starts // 86400.0,
+        np.ones(starts.size),
+        "test",
+    )
+
+
+def test_days_are_cut_at_midnight_with_the_clock_restarted() -> None:
+    days = days_of(_hourly_week(), 2, 2)
+    assert days.start_seconds[0] == 0.0
+    assert days.span_seconds == 2 * 86400.0
+    assert sorted(set(days.rate_per_second.tolist())) == [3.0, 4.0]
+
+
+def test_a_real_time_replay_keeps_the_series_time_scale() -> None:
+    days = days_of(_hourly_week(), 1, 2)
+    replay = workload_from_rates(days, LENGTHS, duration_seconds=None, mean_rate_per_second=0.25, seed=1)
+    # day 1 at rate 2 and day 2 at rate 3 (levelled by 0.25 / 2.5): the second day holds 1.5x the first
+    first = int((replay.arrival_seconds < 86400.0).sum())
+    assert 1.35 < (len(replay) - first) / first < 1.65
+    assert 86000.0 < replay.span_seconds < 2 * 86400.0
+    assert "x1 time" in replay.notes[0]
+
+
+@pytest.mark.parametrize(("first", "count"), [(6, 2), (7, 1), (-1, 1), (0, 0)])
+def test_days_outside_the_series_are_an_error(first: int, count: int) -> None:
+    with pytest.raises(ValueError, match="days"):
+        days_of(_hourly_week(), first, count)

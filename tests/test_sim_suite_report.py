@@ -1,4 +1,6 @@
-"""The suite's report names every test run that beat the searched oracle at equal attainment."""
+"""The suite's report: test runs that beat the searched oracle, goodput's goal per part against the
+best tuned baseline, the fluid bound and the searched schedule, and the runs that held their warm
+start, counted from the records."""
 
 from __future__ import annotations
 
@@ -6,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from goodput.simulator.suite_report import POLICY_ORDER, goal_tally, policies_below_the_oracle
+from goodput.simulator.suite_report import (
+    POLICY_ORDER,
+    REACTIVE_BASELINES,
+    best_baseline,
+    goal_tally,
+    policies_below_the_oracle,
+)
 
 
 def _record(oracle: tuple[int, float], **runs: tuple[int, float]) -> dict[str, Any]:
@@ -28,7 +36,7 @@ def _record(oracle: tuple[int, float], **runs: tuple[int, float]) -> dict[str, A
     ("name", "record", "beaten_by"),
     [
         ("cheaper and as many met", _record((100, 2.0), hpa=(100, 1.5)), ["hpa"]),
-        ("cheaper and more met", _record((100, 2.0), keda=(101, 1.9)), ["keda"]),
+        ("cheaper and more met", _record((100, 2.0), **{"keda-queue": (101, 1.9)}), ["keda-queue"]),
         ("cheaper but fewer met", _record((100, 2.0), goodput=(99, 1.0)), []),
         ("as many met at the same cost: a tie", _record((100, 2.0), kpa=(100, 2.0)), []),
     ],
@@ -41,96 +49,71 @@ def test_a_policy_beats_the_oracle_only_by_meeting_as_many_for_less(
     assert [line.split(": ")[1].split()[0] for line in beaten] == beaten_by, name
 
 
-def _case(trace: str, **runs: tuple[float, float]) -> dict[str, Any]:
-    """A case record: (SLO-met per GPU-hour, attainment against offered) for each policy and the oracle."""
+def _case(trace: str, fluid: float = 10.0, **runs: tuple[float, float, float]) -> dict[str, Any]:
+    """A case record: (SLO-met per GPU-hour, attainment of offered, GPU-hours) per policy run."""
 
-    def outcome(good: float, attainment: float) -> dict[str, Any]:
-        return {"good_per_gpu_hour": good, "attainment_offered": attainment}
+    def outcome(good: float, attainment: float, gpu_hours: float) -> dict[str, Any]:
+        return {"good_per_gpu_hour": good, "attainment_offered": attainment, "gpu_hours": gpu_hours}
 
     return {
         "model": "m",
         "trace": trace,
-        "policies": {name: {"test": outcome(*runs[name])} for name in POLICY_ORDER},
-        "oracle": {"searched": outcome(*runs["oracle"])},
+        "policies": {name: {"test": outcome(*runs[name])} for name in POLICY_ORDER if name in runs},
+        "oracle": {"searched": outcome(*runs["oracle"]), "fluid_bound_gpu_hours": fluid},
     }
 
 
-EVEN = {"hpa": (100.0, 1.0), "keda": (100.0, 1.0), "kpa": (100.0, 1.0), "oracle": (150.0, 1.0)}
+EVEN = {name: (100.0, 1.0, 20.0) for name in POLICY_ORDER if name != "goodput"} | {
+    "oracle": (150.0, 1.0, 12.0)
+}
 
 
 @pytest.mark.parametrize(
-    ("name", "record", "ahead_of", "near_oracle", "behind"),
+    ("name", "record", "expected"),
     [
-        ("level with every baseline", _case("t", goodput=(100.0, 1.0), **EVEN), {"hpa": 0, "keda": 0}, 0, []),
+        # (attained, within fluid, ahead of the best baseline, not above the searched GPU-hours, behind)
+        ("level with every baseline", _case("t", goodput=(100.0, 1.0, 20.0), **EVEN), (1, 0, 0, 0, [])),
         (
-            "1.3x HPA, so 1.2x KEDA too",
-            _case("t", goodput=(130.0, 1.0), **EVEN),
-            {"hpa": 1, "keda": 1},
-            0,
-            [],
+            "1.3x the best, 1.1x fluid, under the search",
+            _case("t", goodput=(130.0, 1.0, 11.0), **EVEN),
+            (1, 1, 1, 1, []),
         ),
+        ("1.3x but short of 0.99 met", _case("t", goodput=(130.0, 0.98, 11.0), **EVEN), (0, 1, 0, 1, [])),
+        ("over 1.15x the fluid bound", _case("t", goodput=(130.0, 1.0, 11.6), **EVEN), (1, 0, 1, 1, [])),
         (
-            "1.25x: over KEDA's multiple, under HPA's",
-            _case("t", goodput=(125.0, 1.0), **EVEN),
-            {"hpa": 0, "keda": 1},
-            0,
-            [],
+            "the best baseline sets the bar",
+            _case("t", goodput=(130.0, 1.0, 11.0), **(EVEN | {"kpa": (110.0, 1.0, 20.0)})),
+            (1, 1, 0, 1, []),
         ),
-        (
-            "ahead on cost but below the baselines' attainment",
-            _case("t", goodput=(200.0, 0.9), **EVEN),
-            {"hpa": 0, "keda": 0},
-            1,
-            [],
-        ),
-        ("within 0.9x of the oracle", _case("t", goodput=(135.0, 1.0), **EVEN), {"hpa": 1, "keda": 1}, 1, []),
         (
             "6 % behind a baseline as good: behind",
-            _case("t", goodput=(94.0, 1.0), **EVEN),
-            {"hpa": 0, "keda": 0},
-            0,
-            ["m t (0.94x hpa, 0.94x keda, 0.94x kpa)"],
+            _case("t", goodput=(94.0, 1.0, 20.0), **(EVEN | {"kpa": (100.0, 1.0, 20.0)})),
+            (1, 0, 0, 0, ["m t (" + ", ".join(f"0.94x {n}" for n in POLICY_ORDER if n != "goodput") + ")"]),
         ),
         (
             "behind only a baseline that attained less: not behind",
             _case(
-                "t",
-                goodput=(90.0, 1.0),
-                hpa=(200.0, 0.5),
-                keda=(90.0, 1.0),
-                kpa=(90.0, 1.0),
-                oracle=(150.0, 1.0),
+                "t", goodput=(90.0, 1.0, 20.0), **(EVEN | dict.fromkeys(POLICY_ORDER[1:], (200.0, 0.5, 1.0)))
             ),
-            {"hpa": 0, "keda": 0},
-            0,
-            [],
-        ),
-        (
-            "5 % behind: within the tolerance",
-            _case("t", goodput=(95.0, 1.0), **EVEN),
-            {"hpa": 0, "keda": 0},
-            0,
-            [],
+            (1, 0, 0, 0, []),
         ),
     ],
 )
-def test_the_goal_is_counted_per_part(
-    name: str, record: dict[str, Any], ahead_of: dict[str, int], near_oracle: int, behind: list[str]
-) -> None:
+def test_the_goal_is_counted_per_part(name: str, record: dict[str, Any], expected: tuple[Any, ...]) -> None:
     tally = goal_tally([record, {"model": "m", "trace": "broken", "error": "x"}])
     assert tally.cases == 1, name
-    assert tally.ahead_of == ahead_of, name
-    assert tally.near_oracle == near_oracle, name
-    assert list(tally.behind) == behind, name
+    assert (tally.attained, tally.within_fluid, tally.ahead_of_best, tally.not_above_searched) == expected[
+        :4
+    ], name
+    assert list(tally.behind) == expected[4], name
 
 
-def test_the_oracle_is_counted_as_the_ceiling_of_the_same_goal() -> None:
+def test_the_best_baseline_is_the_one_with_most_met_per_gpu_hour_among_those_tuned() -> None:
     record = _case(
-        "t", goodput=(100.0, 1.0), hpa=(100.0, 1.0), keda=(120.0, 1.0), kpa=(160.0, 1.0), oracle=(150.0, 1.0)
+        "t", goodput=(100.0, 1.0, 10.0), kpa=(90.0, 1.0, 10.0), fixed=(120.0, 1.0, 10.0), oracle=(1, 1, 1)
     )
-    tally = goal_tally([record], "oracle")
-    assert tally.ahead_of == {"hpa": 1, "keda": 1}
-    assert tally.behind == ("m t (0.94x kpa)",)
+    assert best_baseline(record) == "fixed"
+    assert best_baseline(_case("t", goodput=(100.0, 1.0, 10.0), oracle=(1, 1, 1))) is None
 
 
 def test_the_settings_table_shows_both_envelopes_and_a_dash_where_one_was_not_recorded() -> None:
@@ -142,10 +125,11 @@ def test_the_settings_table_shows_both_envelopes_and_a_dash_where_one_was_not_re
     record = _record((100, 2.0))
     for policy in record["policies"].values():
         policy["chosen_setting"] = 1.0
+    del record["policies"]["hpa"]
     record["oracle"] |= {"searched_factor": 0.5, "shaved_group_intervals": 3}
     record["envelope"] = envelope(4.18, 0.995)
     both = settings_table([record | {"goodput_envelope": envelope(10.94, 0.991)}])
-    assert both.splitlines()[-1].endswith("| 0.5 (3) | 4.18 (0.995) | 10.94 (0.991) |")
+    assert both.splitlines()[-1].endswith("| 1 | - | 0.5 (3) | 4.18 (0.995) | 10.94 (0.991) |")
     assert settings_table([record]).splitlines()[-1].endswith("| 4.18 (0.995) | - |")
 
 
@@ -159,98 +143,48 @@ def _table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_the_draws_table_shows_each_case_in_each_draw_and_counts_the_draws_it_is_behind_in() -> None:
+def test_the_draws_table_shows_each_case_in_each_draw_against_the_best_baseline() -> None:
     from goodput.simulator.suite_report import draws_markdown
 
-    behind_then_ahead = (
-        _case(
-            "turns",
-            goodput=(80.0, 1.0),
-            hpa=(100.0, 1.0),
-            keda=(100.0, 1.0),
-            kpa=(100.0, 1.0),
-            oracle=(150.0, 1.0),
-        ),
-        _case("turns", goodput=(130.0, 1.0), **EVEN),
-    )
-    cheaper_at_lower_attainment = _case("lower", goodput=(200.0, 0.9), **(EVEN | {"keda": (50.0, 1.0)}))
-    text = draws_markdown(
-        {
-            1: [behind_then_ahead[1], {"model": "m", "trace": "lower", "error": "x"}],
-            0: [behind_then_ahead[0], cheaper_at_lower_attainment],
-        }
-    )
+    behind = _case("turns", goodput=(80.0, 1.0, 20.0), **EVEN)
+    ahead = _case("turns", goodput=(130.0, 1.0, 11.0), **EVEN)
+    lower = _case("lower", goodput=(200.0, 0.9, 5.0), **(EVEN | {"kpa": (120.0, 1.0, 20.0)}))
+    text = draws_markdown({1: [ahead, {"model": "m", "trace": "lower", "error": "x"}], 0: [behind, lower]})
     rows = _table_rows(text)
-    assert rows["model trace"] == ["seed 0", "seed 1", "behind a baseline in"]
-    assert rows["m turns"] == [
-        "0.80x HPA, 0.80x KEDA; behind 0.80x hpa, 0.80x keda, 0.80x kpa",
-        "1.30x HPA, 1.30x KEDA",
-        "1 of 2 draws",
-    ]
-    assert rows["m lower"] == ["2.00x↓ HPA, 4.00x↓ KEDA", "error", "0 of 1 draws"]
-    assert rows["seed cases"][:2] == ["≥1.3x HPA (oracle)", "≥1.2x KEDA (oracle)"]
-    assert rows["seed cases"][4:] == [
-        "geometric mean goodput/HPA",
-        "geometric mean goodput/KEDA",
-        "geometric mean goodput/KPA",
-        "geometric mean goodput/oracle",
-        "geometric mean oracle/HPA",
-        "geometric mean oracle/KEDA",
-        "held the warm start",
-    ]
-    # seed 0: neither case at a multiple at no lower attainment (the oracle, 150 at 1.0, in both);
-    # the cheaper run at lower attainment is within 0.9x of the oracle, and one case is behind;
-    # the means are geometric: 0.8x and 2x give 1.265x, 0.8x and 4x 1.789x, 80/150 and 200/150
-    # 0.843x; the oracle's over the baselines: 1.5x HPA in both, 1.5x and 3x KEDA give 2.121x
-    assert rows["0 2"] == [
-        "0 (2)",
-        "0 (2)",
-        "1",
-        "1",
-        "1.265",
-        "1.789",
-        "1.265",
-        "0.843",
-        "1.500",
-        "2.121",
-        "-",
-    ]
-    # seed 1: the case that failed counts in none of them
-    assert rows["1 1"] == [
-        "1 (1)",
-        "1 (1)",
-        "0",
-        "1",
-        "1.300",
-        "1.300",
-        "1.300",
-        "0.867",
-        "1.500",
-        "1.500",
-        "-",
-    ]
+    assert rows["model case"] == ["seed 0", "seed 1", "behind a baseline in"]
+    first_baseline = POLICY_ORDER[1]
+    assert rows["m turns"][1] == f"1.30x {first_baseline}"
+    assert rows["m turns"][0].startswith(f"0.80x {first_baseline}; behind 0.80x")
+    assert rows["m turns"][2] == "1 of 2 draws"
+    assert rows["m lower"] == ["1.67x↓ kpa", "error", "0 of 1 draws"]
+    # seed 1: met 1.0 on 11 GPU-h against a fluid bound of 10 and a search of 12
+    assert rows["1 1"][:4] == ["1", "1", "1 (1)", "1"]
 
 
 def test_the_report_counts_the_test_runs_that_held_their_warm_start() -> None:
-    """A run whose fleet never moved is its warm start held: per policy, how many cases that was."""
-    from goodput.simulator.suite_report import draws_markdown, render_goals
+    """A run whose fleet never moved is its warm start held: per policy, and the reactive baselines'
+    runs together against a quarter."""
+    from goodput.simulator.suite_report import render_goals
 
-    def with_changes(record: dict[str, Any], **changes: tuple[int, int]) -> dict[str, Any]:
-        for name in POLICY_ORDER:
-            outs, ins = changes.get(name, (0, 0))
-            record["policies"][name]["test"] |= {"scale_outs": outs, "scale_ins": ins}
+    def with_changes(record: dict[str, Any], moved: set[str]) -> dict[str, Any]:
+        for name, policy in record["policies"].items():
+            policy["test"] |= {"scale_outs": int(name in moved), "scale_ins": 0}
         return record
 
+    everyone = set(POLICY_ORDER)
     records = [
-        with_changes(_case("a", goodput=(130.0, 1.0), **EVEN), goodput=(1, 1), keda=(0, 1), kpa=(2, 0)),
-        with_changes(_case("b", goodput=(100.0, 1.0), **EVEN), goodput=(0, 1)),
+        with_changes(_case("a", goodput=(130.0, 1.0, 11.0), **EVEN), everyone - {"hpa"}),
+        with_changes(_case("b", goodput=(100.0, 1.0, 20.0), **EVEN), everyone - {"hpa", "fixed"}),
         {"model": "m", "trace": "c", "error": "x"},
     ]
-    held = "goodput 0, HPA 2, KEDA 1, KPA 1"
+    text = render_goals(records)
+    runs = 2 * len(REACTIVE_BASELINES)
+    assert f"hpa 2; reactive baselines 2 of {runs} (under a quarter)" in text
+    assert "goodput 0, " in text and "fixed 1" in text
+    stuck = [with_changes(_case("d", goodput=(100.0, 1.0, 20.0), **EVEN), {"goodput"})]
     assert (
-        f"test runs that held their warm start throughout (no scale change), of 2: {held}."
-        in render_goals(records)
+        f"reactive baselines {len(REACTIVE_BASELINES)} of {len(REACTIVE_BASELINES)} (not under"
+        in render_goals(stuck)
     )
-    assert _table_rows(draws_markdown({0: records}))["0 2"][-1] == held
     # records written before runs counted their changes: no figure rather than a wrong one
-    assert "warm start" not in render_goals([_case("d", goodput=(100.0, 1.0), **EVEN)])
+    assert "warm start" not in render_goals([_case("d", goodput=(100.0, 1.0, 20.0), **EVEN)])
