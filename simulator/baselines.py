@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from goodput.api import vllm_names
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale.behavior import clamp, limit_rate, stabilize
+from goodput.controllers.autoscale.forecast import DAY_SECONDS
 from goodput.controllers.autoscale.model import (
     Recommendation,
     ScaleEvent,
@@ -525,9 +526,6 @@ class CronWindow:
         if self.start_second_of_day <= self.end_second_of_day:
             return self.start_second_of_day <= second_of_day < self.end_second_of_day
         return second_of_day >= self.start_second_of_day or second_of_day < self.end_second_of_day
-
-
-DAY_SECONDS = 86400.0
 
 
 def cron_desired_replicas(windows: tuple[CronWindow, ...], second_of_day: float) -> int:

@@ -18,13 +18,13 @@ def _results(path: Path, seed: int | None, good: float) -> Path:
     """One suite run's results.json with one case, goodput at `good` SLO-met per GPU-hour, the rest at 100."""
 
     def outcome(value: float) -> dict[str, Any]:
-        return {"good_per_gpu_hour": value, "attainment_offered": 1.0}
+        return {"good_per_gpu_hour": value, "attainment_offered": 1.0, "gpu_hours": 10.0}
 
     record: dict[str, Any] = {
         "model": "m",
         "trace": "t",
         "policies": {name: {"test": outcome(good if name == "goodput" else 100.0)} for name in POLICY_ORDER},
-        "oracle": {"searched": outcome(150.0)},
+        "oracle": {"searched": outcome(150.0), "fluid_bound_gpu_hours": 9.0},
     }
     if seed is not None:
         record["seed"] = seed
@@ -51,8 +51,9 @@ def test_two_draws_are_set_side_by_side_by_their_seeds(tmp_path: Path) -> None:
     row = next(line for line in out.read_text().splitlines() if line.startswith("| m | t |"))
     # the record without a seed is the default draw, 0, and comes first
     assert row.split(" | ")[2:] == [
-        "0.80x HPA, 0.80x KEDA; behind 0.80x hpa, 0.80x keda, 0.80x kpa",
-        "1.30x HPA, 1.30x KEDA",
+        "0.80x hpa-running; behind 0.80x hpa-running, 0.80x keda-queue, 0.80x keda-cron-queue, 0.80x kpa, "
+        "0.80x fixed, 0.80x hpa",
+        "1.30x hpa-running",
         "1 of 2 draws |",
     ]
 
