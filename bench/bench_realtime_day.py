@@ -22,8 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from goodput.controllers.autoscale.forecast import DAY_SECONDS
 from goodput.estimators.work import WorkPricing
-from goodput.simulator.baselines import DAY_SECONDS
 from goodput.simulator.config import build_setup
 from goodput.simulator.envelope import CapacityEnvelope, request_work_seconds
 from goodput.simulator.fair_bench import SUITE_POLICIES, SWEEPS, FairBench

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from goodput.controllers.autoscale.forecast import DAY_SECONDS
 from goodput.estimators.work import WorkPricing
-from goodput.simulator.baselines import DAY_SECONDS
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.envelope import CapacityEnvelope, EnvelopeNotFoundError, EnvelopeSearch
 from goodput.simulator.fair_bench import SUITE_POLICIES, FairBench, FairnessRunFigures, outcome_record
