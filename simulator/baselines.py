@@ -299,6 +299,36 @@ def _record(state: HpaState, behavior: HpaBehavior, current: int, desired: int, 
     return replace(state, scale_up_events=ups, scale_down_events=downs)
 
 
+def per_group_metric_step(
+    values: tuple[float, ...],
+    target: float,
+    observation: FleetObservation,
+    behavior: HpaBehavior,
+    state: HpaState,
+) -> tuple[int, str, int, HpaState]:
+    """One HPA sync on a per-pod metric with an AverageValue/Utilization target (one value per ready
+    group that reported): the plain-metric recommendation, then the behaviour's stabilisation and
+    step limits. Returns (desired, reason, recommended, next state)."""
+    recommended = plain_metric_replicas(
+        values,
+        unready_count=observation.starting_groups,
+        missing_count=max(0, observation.ready_groups - len(values)),
+        current_replicas=observation.desired_groups,
+        target=target,
+        tolerance=behavior.tolerance,
+    )
+    desired, reason, state = reconcile_replicas(
+        recommended,
+        observation.desired_groups,
+        min_replicas=observation.min_groups,
+        max_replicas=observation.max_groups,
+        behavior=behavior,
+        state=state,
+        now=observation.now,
+    )
+    return desired, reason, recommended, state
+
+
 def group_rates(view: MetricsView, counter: str, window_seconds: float) -> dict[str, float]:
     """Per serving group, a counter's rate over the trailing window (PromQL `rate(counter[window])`).
 
@@ -350,23 +380,8 @@ class HpaGpuUtilization:
             return PolicyAnswer(current, "hpa: no metrics yet")
         utilization = group_rates(observation.metrics, "gpu_busy_seconds_total", self.metric_window_seconds)
         values = tuple(min(1.0, value) for value in utilization.values())
-        missing = max(0, observation.ready_groups - len(values))
-        recommended = plain_metric_replicas(
-            values,
-            unready_count=observation.starting_groups,
-            missing_count=missing,
-            current_replicas=current,
-            target=self.target_utilization,
-            tolerance=self.behavior.tolerance,
-        )
-        desired, reason, self.state = reconcile_replicas(
-            recommended,
-            current,
-            min_replicas=observation.min_groups,
-            max_replicas=observation.max_groups,
-            behavior=self.behavior,
-            state=self.state,
-            now=observation.now,
+        desired, reason, recommended, self.state = per_group_metric_step(
+            values, self.target_utilization, observation, self.behavior, self.state
         )
         mean = sum(values) / len(values) if values else float("nan")
         return PolicyAnswer(
@@ -478,22 +493,8 @@ class HpaRunningRequests:
         if latest is None:
             return PolicyAnswer(current, "hpa-running: no metrics yet")
         values = tuple(float(m.num_requests_running) for m in latest.groups if m.serving)
-        recommended = plain_metric_replicas(
-            values,
-            unready_count=observation.starting_groups,
-            missing_count=max(0, observation.ready_groups - len(values)),
-            current_replicas=current,
-            target=self.target_running_per_group,
-            tolerance=self.behavior.tolerance,
-        )
-        desired, reason, self.state = reconcile_replicas(
-            recommended,
-            current,
-            min_replicas=observation.min_groups,
-            max_replicas=observation.max_groups,
-            behavior=self.behavior,
-            state=self.state,
-            now=observation.now,
+        desired, reason, recommended, self.state = per_group_metric_step(
+            values, self.target_running_per_group, observation, self.behavior, self.state
         )
         mean = sum(values) / len(values) if values else float("nan")
         return PolicyAnswer(
