@@ -141,6 +141,12 @@ def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | N
     return web.json_response(body, status=status, headers=headers)
 
 
+def stream_events(chunk: bytes) -> int:
+    """The token events in a chunk of an engine's server-sent-event stream (its closing `[DONE]`
+    is none): what the gateway and the endpoint picker count as tokens generated."""
+    return chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+
+
 class ModelGroupRetiredError(Exception):
     """The ModelGroup a queued request waited for left the gateway; the message says how."""
 
@@ -423,17 +429,22 @@ class Gateway:
             return tenant
         return "other"
 
-    async def serve(self, request: web.Request, parsed: ParsedRequest, arrival: float) -> web.StreamResponse:
-        """A request for this ModelGroup's model, read whole: admit, queue, route and proxy it."""
-        tenant = request.headers.get(TENANT_HEADER) or self.policy.default_tenant
-        shape = RequestShape(
-            tenant=tenant,
-            class_name=request.headers.get(CLASS_HEADER),
+    def shape_of(self, headers: Mapping[str, str], parsed: ParsedRequest, arrival: float) -> RequestShape:
+        """What the gates read of a request: its body's figures and goodput's headers (`headers` is
+        looked up by the headers' canonical names, so it must match names case-insensitively)."""
+        return RequestShape(
+            tenant=headers.get(TENANT_HEADER) or self.policy.default_tenant,
+            class_name=headers.get(CLASS_HEADER),
             prompt_tokens=parsed.prompt_tokens,
             requested_output_tokens=parsed.requested_output_tokens,
             arrival_time=arrival,
-            is_retry=request.headers.get(RETRY_HEADER, "").lower() in ("1", "true", "yes"),
+            is_retry=headers.get(RETRY_HEADER, "").lower() in ("1", "true", "yes"),
         )
+
+    async def serve(self, request: web.Request, parsed: ParsedRequest, arrival: float) -> web.StreamResponse:
+        """A request for this ModelGroup's model, read whole: admit, queue, route and proxy it."""
+        shape = self.shape_of(request.headers, parsed, arrival)
+        tenant = shape.tenant
         key = request.headers.get(IDEMPOTENCY_HEADER)
         if key:
             duplicate = await self._duplicate(tenant, key, parsed.stream)
@@ -516,6 +527,19 @@ class Gateway:
     async def _admit_and_serve(
         self, request: web.Request, parsed: ParsedRequest, shape: RequestShape
     ) -> web.StreamResponse:
+        placed = await self.place(parsed, shape, request.headers.get(SESSION_HEADER))
+        if isinstance(placed, web.StreamResponse):
+            return placed
+        assert placed.group is not None
+        return await self._serve(request, placed, placed.group)
+
+    async def place(
+        self, parsed: ParsedRequest, shape: RequestShape, session: str | None
+    ) -> Admitted | web.Response:
+        """Admit the request, queue it fairly and wait for a group to take it: the request path up
+        to the engine, shared by the gateway's own proxy and the endpoint picker (which hands the
+        chosen group to Envoy instead). Returns the request with its group set, holding a slot that
+        `settle` gives back, or the answer that refuses it."""
         if self.retired is not None:  # left the gateway while this request awaited a replayed answer
             return retired_response(self.retired)
         now = self.clock()
@@ -541,10 +565,11 @@ class Gateway:
             self.retry_budgets.popitem(last=False)  # the least recent tenant starts a fresh budget
         if bucket is not None:
             self.budgets[tenant] = bucket.spend(decision.budget_tokens, now)
-        group = await self._wait_for_group(admitted, request)
-        if isinstance(group, web.StreamResponse):
+        group = await self._wait_for_group(admitted, session)
+        if isinstance(group, web.Response):
             return group
-        return await self._serve(request, admitted, group)
+        admitted.group = group
+        return admitted
 
     def _bucket(self, tenant: str, now: float) -> TokenBucket | None:
         limit = self.policy.tenant_tokens_per_minute.get(tenant)
@@ -565,7 +590,7 @@ class Gateway:
             decision.http_status, error_body(decision.message, kind, param, decision.reason.value), headers
         )
 
-    async def _wait_for_group(self, admitted: Admitted, request: web.Request) -> str | web.Response:
+    async def _wait_for_group(self, admitted: Admitted, session: str | None) -> str | web.Response:
         """Queue the request fairly and wait for a slot; 503 when the hold runs out."""
         decision, shape = admitted.decision, admitted.shape
         contract = self.policy.admission.contract_for(decision.class_name)
@@ -579,7 +604,7 @@ class Gateway:
             work,
             shape.prompt_tokens + decision.output_tokens,
             prefix_key(admitted.parsed.prompt_text, self.policy.routing),
-            request.headers.get(SESSION_HEADER),
+            session,
             shape.prompt_tokens,
             class_name=contract.name,
         )
@@ -665,7 +690,6 @@ class Gateway:
     async def _serve(self, request: web.Request, admitted: Admitted, group: str) -> web.StreamResponse:
         item = admitted.item
         assert item is not None and self._session is not None
-        pending = item.payload
         endpoint = self.groups[group].endpoint if group in self.groups else None
         generated = 0
         dispatched_at = self.clock()
@@ -687,19 +711,31 @@ class Gateway:
             message = f"group {group} failed to answer: {error or type(error).__name__}"
             return json_response(502, error_body(message, "UpstreamError"), self._headers(admitted, group))
         finally:
-            self._release(group, pending)
-            # KV held: the prompt for the whole residency, each output token from when it was made
-            # (its gaps taken as even over the residency), priced by the policy's kvByteSeconds.
-            held_seconds = self.clock() - dispatched_at
-            kv = kv_byte_seconds(
-                self.policy.admission.pricing.kv_bytes_per_token,
-                item.input_tokens,
-                generated,
-                held_seconds / generated if generated else 0.0,
-                held_seconds if not generated else 0.0,
-            )
-            self.queue.settle(item.tenant, item.expected_output_tokens, generated, kv)
-            self._refund(item.tenant, max(0, item.expected_output_tokens - generated))
+            self.settle(admitted, group, generated, dispatched_at)
+
+    def started(self, admitted: Admitted) -> None:
+        """The placed request's first token came back: its prefill left the group's pipeline."""
+        if admitted.item is not None and admitted.group is not None:
+            self._started(admitted.group, admitted.item.payload)
+
+    def settle(self, admitted: Admitted, group: str, generated: int, dispatched_at: float) -> None:
+        """The placed request is over (answered, failed or abandoned): give back its slot, charge its
+        tenant what it generated and refund the rest of its budget."""
+        item = admitted.item
+        assert item is not None
+        self._release(group, item.payload)
+        # KV held: the prompt for the whole residency, each output token from when it was made
+        # (its gaps taken as even over the residency), priced by the policy's kvByteSeconds.
+        held_seconds = self.clock() - dispatched_at
+        kv = kv_byte_seconds(
+            self.policy.admission.pricing.kv_bytes_per_token,
+            item.input_tokens,
+            generated,
+            held_seconds / generated if generated else 0.0,
+            held_seconds if not generated else 0.0,
+        )
+        self.queue.settle(item.tenant, item.expected_output_tokens, generated, kv)
+        self._refund(item.tenant, max(0, item.expected_output_tokens - generated))
 
     async def _relay_whole(
         self, admitted: Admitted, group: str, upstream: aiohttp.ClientResponse
@@ -709,7 +745,7 @@ class Gateway:
         if upstream.status == 200:
             with contextlib.suppress(ValueError, TypeError, AttributeError):
                 generated = int(json.loads(body)["usage"]["completion_tokens"])
-            self._observe(admitted, None, (), generated)
+            self.observe(admitted, None, (), generated)
         headers = self._headers(admitted, group)
         response = web.Response(
             status=upstream.status, body=body, headers=headers, content_type="application/json"
@@ -731,7 +767,7 @@ class Gateway:
         events = 0
         async for chunk in upstream.content.iter_any():
             now = self.clock()
-            count = chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+            count = stream_events(chunk)
             if count > 0:
                 if first_at is None:
                     first_at = now
@@ -749,10 +785,10 @@ class Gateway:
                 self.metrics.disconnects.labels(self.policy.model_group, "streaming").inc()
                 return response, events
         await response.write_eof()
-        self._observe(admitted, first_at, gaps, events)
+        self.observe(admitted, first_at, gaps, events)
         return response, events
 
-    def _observe(
+    def observe(
         self, admitted: Admitted, first_at: float | None, gaps: Sequence[float], generated: int
     ) -> None:
         """Latency histograms, and whether the request met its class's targets."""
