@@ -6,6 +6,8 @@ and each served ModelGroup's group leaders' pods. A new, changed or deleted Mode
 without a restart; one that cannot be compiled is logged and a served one keeps its last good
 policy. Standalone mode (`--modelgroup FILE --policy FILE --upstream [MODELGROUP/]GROUP=URL ...`):
 the same gateway in front of fixed upstreams, for benchmarks and local tries.
+`goodput gateway endpoint-picker --pool NAME` serves an InferencePool's endpoint picker instead
+(`endpoint_picker_cli`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prometheus_client import start_http_server
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
+from goodput.gateway import endpoint_picker_cli
 from goodput.gateway.connections import start_serving
 from goodput.gateway.front import ANY_MODEL_GROUP, GatewayFront
 from goodput.gateway.groups import GroupEndpoint, GroupSource, StaticGroupSource
@@ -45,6 +48,12 @@ ModelGroupsReport = Mapping[str, WatchedModelGroup]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    picker = parser.add_subparsers(dest="gateway_command", metavar="[endpoint-picker]").add_parser(
+        "endpoint-picker",
+        help="serve an InferencePool's endpoint picker (Envoy ext-proc) with goodput's admission and routing",
+    )
+    endpoint_picker_cli.add_arguments(picker)
+    picker.set_defaults(handler=endpoint_picker_cli.run)
     parser.add_argument(
         "--model-group",
         default=os.environ.get("GOODPUT_MODEL_GROUP"),
