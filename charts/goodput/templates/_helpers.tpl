@@ -156,6 +156,21 @@ app.kubernetes.io/component: gateway
 {{- default .Release.Namespace .Values.gateway.namespace }}
 {{- end }}
 
+{{/* The endpoint picker's object names, labels and selector, and its InferencePool's namespace. */}}
+{{- define "goodput.endpointPicker.fullname" -}}
+{{- printf "%s-endpoint-picker" (include "goodput.fullname" .) }}
+{{- end }}
+
+{{- define "goodput.endpointPicker.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "goodput.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: endpoint-picker
+{{- end }}
+
+{{- define "goodput.endpointPicker.namespace" -}}
+{{- default .Release.Namespace .Values.endpointPicker.namespace }}
+{{- end }}
+
 {{/* The namespaces that get the health agent's ServiceAccount and Role, as a JSON array. */}}
 {{- define "goodput.agentNamespaces" -}}
 {{- default .Values.watchNamespaces .Values.agent.namespaces | uniq | toJson }}
