@@ -8,10 +8,10 @@ and the buffered body (model, stream, max_tokens, and goodput's tenant, class, s
 headers, as the gateway reads them), and runs it through the ModelGroup's request path
 (`server.Gateway.place`: the same admission gates, fair queue and routing the gateway runs), then:
 
-- picked: the request body's answer sets the request header `x-gateway-destination-endpoint` to the
-  leader's `ip:port`, and the same value in the dynamic metadata namespace `envoy.lb` (the protocol
-  allows either; both carry one value). A degraded request's lowered output budget is written into
-  the body, as the gateway does before it proxies.
+- picked: the request header `x-gateway-destination-endpoint` is set to the leader's `ip:port`, and
+  the same value in the dynamic metadata namespace `envoy.lb` (the protocol allows either; both
+  carry one value). A degraded request's lowered output budget is written into the body, as the
+  gateway does before it proxies.
 - refused or held past its hold: an immediate response with the gateway's status, `X-Goodput-*`
   headers, Retry-After and OpenAI error body (400, 404, 429, 503).
 - the answer: its headers gain `X-Goodput-Outcome`, `-Reason`, `-Group`; its body is counted as the
@@ -21,10 +21,13 @@ headers, as the gateway reads them), and runs it through the ModelGroup's reques
   A stream that closes before the answer ended (client gone, upstream failed) settles with what
   was generated.
 
-The picker expects the request body BUFFERED (Envoy's `processing_mode.request_body_mode`) and the
-response body STREAMED or BUFFERED: a proxy that announces another request body mode gets a 500
-that names the setting. Idempotency keys are not honoured here (the picker never holds an answer
-to replay).
+The picker reads the whole request body before it decides, in either request body mode a proxy
+may announce (`protocol_config`): BUFFERED (the headers are answered at once, the pick rides on the
+body's answer) or FULL_DUPLEX_STREAMED (the headers' answer waits for the whole body and carries the
+pick; the body goes back whole after it, as the reference picker does). A proxy that announces
+another request body mode gets a 500 that names the setting; one that announces none is taken as
+BUFFERED. A FULL_DUPLEX_STREAMED response body is passed back chunk by chunk, unchanged.
+Idempotency keys are not honoured here (the picker never holds an answer to replay).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ log = logging.getLogger("goodput.gateway.endpoint_picker")
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_METADATA_NAMESPACE = "envoy.lb"
+FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 MAX_COUNTED_BODY_BYTES = 8 * 1024 * 1024  # a whole answer read for its usage; past this, not counted
 
 
@@ -134,47 +138,89 @@ class Exchange:
     generated: int = 0
     answer: bytearray = field(default_factory=bytearray)
     settled: bool = False
+    duplex_request: bool = False  # FULL_DUPLEX_STREAMED: the picker answers the headers after the body
+    duplex_response: bool = False
 
-    async def answer_to(self, message: ext_proc.ProcessingRequest) -> ext_proc.ProcessingResponse:
+    async def answer_to(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
+        """The answers to one message of the proxy's (none while a duplex request body streams in)."""
         which = message.WhichOneof("request")
         if which == "request_headers":
             return self.on_request_headers(message)
         if which == "request_body":
             return await self.on_request_body(message.request_body)
         if which == "response_headers":
-            return self.on_response_headers(message.response_headers)
+            return [self.on_response_headers(message.response_headers)]
         if which == "response_body":
-            return self.on_response_body(message.response_body)
+            return [self.on_response_body(message.response_body)]
         if which == "request_trailers":
-            return ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
-        return ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
+            return [ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())]
+        return [ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())]
 
-    def on_request_headers(self, message: ext_proc.ProcessingRequest) -> ext_proc.ProcessingResponse:
+    def on_request_headers(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
         self.arrival = self.clock()
         self.headers = header_map(message.request_headers)
-        mode = message.protocol_config.request_body_mode if message.HasField("protocol_config") else None
-        if mode not in (None, processing_mode_pb2.ProcessingMode.BUFFERED):
-            name = processing_mode_pb2.ProcessingMode.BodySendMode.Name(mode)
-            return refused(
-                500,
-                f"the endpoint picker reads the request body BUFFERED; the proxy sends it {name} "
-                "(set processing_mode.request_body_mode: BUFFERED)",
-                "ServerError",
-                None,
-                "BodyModeUnsupported",
-            )
+        if message.HasField("protocol_config"):
+            config = message.protocol_config
+            self.duplex_request = config.request_body_mode == FULL_DUPLEX
+            self.duplex_response = config.response_body_mode == FULL_DUPLEX
+            if config.request_body_mode not in (processing_mode_pb2.ProcessingMode.BUFFERED, FULL_DUPLEX):
+                name = processing_mode_pb2.ProcessingMode.BodySendMode.Name(config.request_body_mode)
+                message_text = (
+                    f"the endpoint picker reads the whole request body; the proxy sends it {name} "
+                    "(set processing_mode.request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED)"
+                )
+                return [refused(500, message_text, "ServerError", None, "BodyModeUnsupported")]
         if message.request_headers.end_of_stream:
-            return refused(400, "a request needs a JSON body", "BadRequestError", None, "BadRequest")
-        return ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())
+            return [refused(400, "a request needs a JSON body", "BadRequestError", None, "BadRequest")]
+        if self.duplex_request:
+            return []  # the headers' answer carries the pick, once the body is whole
+        return [ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())]
 
-    async def on_request_body(self, body: ext_proc.HttpBody) -> ext_proc.ProcessingResponse:
+    async def on_request_body(self, body: ext_proc.HttpBody) -> list[ext_proc.ProcessingResponse]:
         self.body += body.body
         if not body.end_of_stream:
-            return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
-        return await self.place()
+            return (
+                []
+                if self.duplex_request
+                else [ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())]
+            )
+        pick = await self.place()
+        if isinstance(pick, ext_proc.ProcessingResponse):
+            return [pick]
+        endpoint, rewritten = pick
+        headers = {DESTINATION_HEADER: endpoint}
+        if rewritten is not None:
+            headers["content-length"] = str(len(rewritten))
+        metadata = destination_metadata(endpoint)
+        if self.duplex_request:  # the headers' answer, then the body, whole, as the proxy sends it on
+            whole = ext_proc.StreamedBodyResponse(body=rewritten or bytes(self.body), end_of_stream=True)
+            return [
+                ext_proc.ProcessingResponse(
+                    request_headers=ext_proc.HeadersResponse(
+                        response=ext_proc.CommonResponse(header_mutation=set_headers(headers))
+                    ),
+                    dynamic_metadata=metadata,
+                ),
+                ext_proc.ProcessingResponse(
+                    request_body=ext_proc.BodyResponse(
+                        response=ext_proc.CommonResponse(
+                            body_mutation=ext_proc.BodyMutation(streamed_response=whole)
+                        )
+                    )
+                ),
+            ]
+        common = ext_proc.CommonResponse(header_mutation=set_headers(headers))
+        if rewritten is not None:
+            common.body_mutation.body = rewritten
+        return [
+            ext_proc.ProcessingResponse(
+                request_body=ext_proc.BodyResponse(response=common), dynamic_metadata=metadata
+            )
+        ]
 
-    async def place(self) -> ext_proc.ProcessingResponse:
-        """Admit, queue and route the whole request; the pick, or the answer that refuses it."""
+    async def place(self) -> ext_proc.ProcessingResponse | tuple[str, bytes | None]:
+        """Admit, queue and route the whole request: the endpoint picked and the body rewritten with
+        a lowered output budget (None when unchanged), or the answer that refuses it."""
         gateway = self.pool.gateway
         if gateway is None:
             reason = self.pool.refusal or "no ModelGroup"
@@ -203,15 +249,11 @@ class Exchange:
             self.settle()
             return refused(503, f"group {placed.group} went away", "OverloadedError", None, "GroupGone")
         endpoint = state.endpoint.base_url.removeprefix("http://").removeprefix("https://")
-        common = ext_proc.CommonResponse(header_mutation=set_headers({DESTINATION_HEADER: endpoint}))
-        if parsed.requested_output_tokens != placed.decision.output_tokens:
-            rewritten = dict(parsed.body)
-            rewritten[parsed.output_field] = placed.decision.output_tokens
-            common.body_mutation.body = json.dumps(rewritten).encode()
-        return ext_proc.ProcessingResponse(
-            request_body=ext_proc.BodyResponse(response=common),
-            dynamic_metadata=destination_metadata(endpoint),
-        )
+        if parsed.requested_output_tokens == placed.decision.output_tokens:
+            return endpoint, None
+        rewritten = dict(parsed.body)
+        rewritten[parsed.output_field] = placed.decision.output_tokens
+        return endpoint, json.dumps(rewritten).encode()
 
     def on_response_headers(self, headers: ext_proc.HttpHeaders) -> ext_proc.ProcessingResponse:
         status = header_map(headers).get(":status", "0")
@@ -233,7 +275,13 @@ class Exchange:
                 self.answer += body.body
         if body.end_of_stream:
             self.finish()
-        return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse())
+        if not self.duplex_response:
+            return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse())
+        chunk = ext_proc.StreamedBodyResponse(body=body.body, end_of_stream=body.end_of_stream)
+        mutation = ext_proc.BodyMutation(streamed_response=chunk)  # duplex: the chunk goes on unchanged
+        return ext_proc.ProcessingResponse(
+            response_body=ext_proc.BodyResponse(response=ext_proc.CommonResponse(body_mutation=mutation))
+        )
 
     def count_events(self, chunk: bytes) -> None:
         """As the gateway counts a stream it relays: the first event is the request's first token."""
@@ -289,9 +337,9 @@ class EndpointPickerService(ext_proc_grpc.ExternalProcessorServicer):  # type: i
         exchange = Exchange(self.pool, self.clock)
         try:
             async for message in requests:
-                answer = await exchange.answer_to(message)
-                yield answer
-                if answer.HasField("immediate_response"):
-                    return
+                for answer in await exchange.answer_to(message):
+                    yield answer
+                    if answer.HasField("immediate_response"):
+                        return
         finally:
             exchange.abandon()

@@ -189,22 +189,58 @@ def test_an_unserved_pool_and_an_unknown_model_are_refused_by_name() -> None:
     run(main)
 
 
-def test_a_proxy_that_streams_the_request_body_is_told_the_setting_it_needs() -> None:
+def test_a_proxy_that_streams_the_request_body_in_chunks_is_told_the_setting_it_needs() -> None:
     async def main() -> None:
         async with picker() as p:
             call = p.stub.Process()
             message = request_headers()
-            message.protocol_config.request_body_mode = (
-                processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-            )
+            message.protocol_config.request_body_mode = processing_mode_pb2.ProcessingMode.STREAMED
             status, _, body = immediate(await p.ask(call, message))
-            assert status == 500 and "request_body_mode: BUFFERED" in body["error"]["message"]
+            assert status == 500 and "STREAMED" in body["error"]["message"]
+            assert "BUFFERED or FULL_DUPLEX_STREAMED" in body["error"]["message"]
 
     run(main)
 
 
-def test_a_degraded_request_reaches_the_engine_with_its_lowered_budget() -> None:
-    """The body's answer rewrites max_tokens, as the gateway does before it proxies."""
+def test_in_full_duplex_mode_the_headers_answer_waits_for_the_body_and_carries_the_pick() -> None:
+    """FULL_DUPLEX_STREAMED: nothing is answered while the body streams in; then the headers' answer
+    with the pick, then the body, whole, for the proxy to send on; the answer's chunks come back."""
+
+    async def main() -> None:
+        duplex = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+        async with picker() as p:
+            call = p.stub.Process()
+            message = request_headers()
+            message.protocol_config.request_body_mode = duplex
+            message.protocol_config.response_body_mode = duplex
+            raw = json.dumps(completion()).encode()
+            await call.write(message)
+            await call.write(ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=raw[:10])))
+            await call.write(ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=raw[10:])))
+            assert p.in_flight() == 0  # nothing decided before the body is whole
+            end = ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(end_of_stream=True))
+            await call.write(end)
+            headers = await call.read()
+            assert set_headers(headers.request_headers.response.header_mutation) == {
+                DESTINATION_HEADER: ENDPOINT
+            }
+            metadata = headers.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION_HEADER]
+            assert metadata.string_value == ENDPOINT
+            body = (await call.read()).request_body.response.body_mutation.streamed_response
+            assert body.body == raw and body.end_of_stream
+            await p.ask(call, response_headers(200))
+            chunk = json.dumps({"usage": {"completion_tokens": 3}}).encode()
+            echoed = await p.ask(call, response_body(chunk, end=True))
+            streamed = echoed.response_body.response.body_mutation.streamed_response
+            assert streamed.body == chunk and streamed.end_of_stream
+            assert p.in_flight() == 0
+
+    run(main)
+
+
+def test_the_output_budget_admission_gives_reaches_the_engine_in_the_body() -> None:
+    """A request without max_tokens (as a degraded one) goes on with the budget admission gave it:
+    the body's answer rewrites the body and its length, as the gateway does before it proxies."""
 
     async def main() -> None:
         async with picker() as p:
@@ -213,6 +249,8 @@ def test_a_degraded_request_reaches_the_engine_with_its_lowered_budget() -> None
             picked_endpoint(answer)
             mutated = answer.request_body.response.body_mutation.body
             assert 0 < json.loads(mutated)["max_tokens"] <= context
+            length = set_headers(answer.request_body.response.header_mutation)["content-length"]
+            assert length == str(len(mutated))
 
     run(main)
 
