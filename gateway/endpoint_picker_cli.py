@@ -38,6 +38,7 @@ from goodput.gateway.kube import (
     KubeModelGroupsSource,
     ModelGroupsCallback,
     ResourceWatch,
+    WatchBackoff,
     WatchedModelGroup,
     api_server_from_environment,
 )
@@ -167,19 +168,24 @@ async def serve_picker(pool: PoolState, port: int, host: str = "[::]") -> tuple[
     return server, bound
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    if not args.pool:
-        raise SystemExit("--pool (or $INFERENCE_POOL_NAME) names the InferencePool to pick for")
-    namespace, metrics = args.namespace, GatewayMetrics()
-    pool = PoolState(bytes_per_token=args.bytes_per_token)
-    api: ApiServer = api_server_from_environment()
+async def follow_pool(
+    api: ApiServer,
+    namespace: str,
+    name: str,
+    pool: PoolState,
+    metrics: GatewayMetrics,
+    *,
+    backoff: WatchBackoff | None = None,
+) -> None:
+    """Until cancelled: keep `pool` on what the InferencePool `namespace/name` names, through the
+    API server's watches of the pool, its ModelGroup with the SLOPolicies, and the leaders' pods."""
     async with aiohttp.ClientSession() as session:
         follower = PoolFollower(
             pool,
             namespace,
-            args.pool,
-            model_groups=lambda name: KubeModelGroupsSource(api, namespace, name=name),
-            group_source=lambda name, port: KubeGroupSource(api, namespace, name, port),
+            name,
+            model_groups=lambda group: KubeModelGroupsSource(api, namespace, name=group, backoff=backoff),
+            group_source=lambda group, port: KubeGroupSource(api, namespace, group, port, backoff=backoff),
             session=session,
             metrics=metrics,
         )
@@ -187,16 +193,32 @@ async def _serve(args: argparse.Namespace) -> int:
             api,
             f"{INFERENCE_POOL_PATH}/{namespace}/inferencepools",
             follower.on_pool,
-            params={"fieldSelector": f"metadata.name={args.pool}"},
+            params={"fieldSelector": f"metadata.name={name}"},
+            backoff=backoff,
         )
-        if args.metrics_port:
-            start_http_server(args.metrics_port, registry=metrics.registry)
-        server, _ = await serve_picker(pool, args.grpc_port)
-        log.info("endpoint picker for InferencePool %s/%s on :%d", namespace, args.pool, args.grpc_port)
         try:
             await watch.run()
         finally:
-            await server.stop(grace=5)
+            if follower.watch is not None:
+                follower.watch.cancel()
+            if pool.gateway is not None:
+                await pool.gateway.stop()
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    if not args.pool:
+        raise SystemExit("--pool (or $INFERENCE_POOL_NAME) names the InferencePool to pick for")
+    metrics = GatewayMetrics()
+    pool = PoolState(bytes_per_token=args.bytes_per_token)
+    api = api_server_from_environment()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=metrics.registry)
+    server, _ = await serve_picker(pool, args.grpc_port)
+    log.info("endpoint picker for InferencePool %s/%s on :%d", args.namespace, args.pool, args.grpc_port)
+    try:
+        await follow_pool(api, args.namespace, args.pool, pool, metrics)
+    finally:
+        await server.stop(grace=5)
     return 0
 
 

@@ -4,21 +4,30 @@ the pool and the ModelGroup change (the follower, with the API server's watches 
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from aiohttp import web
-from test_gateway import MODEL, request_path_policy, run
+from aiohttp.test_utils import TestServer
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from test_endpoint_picker import immediate, picked_endpoint, request_body, request_headers
+from test_gateway import MODEL, completion, request_path_policy, run
+from test_gateway_watch import FAST, MODEL_GROUP, SLO_POLICY, with_version
 from waiting import until
 
 from goodput.api.labels import LABEL_MODEL_GROUP
 from goodput.gateway.endpoint_picker import PoolState
-from goodput.gateway.endpoint_picker_cli import PoolFollower
+from goodput.gateway.endpoint_picker_cli import PoolFollower, follow_pool, serve_picker
 from goodput.gateway.groups import GroupEndpoint, StaticGroupSource
 from goodput.gateway.inference_pool import PoolRefusal, PoolTarget, check_engine_port, pool_target
-from goodput.gateway.kube import ModelGroupsCallback, WatchedModelGroup
+from goodput.gateway.kube import ApiServer, ModelGroupsCallback, WatchedModelGroup
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.requests import ParsedRequest
 
@@ -133,5 +142,129 @@ def test_the_picker_follows_the_pool_and_refuses_by_name_when_it_names_no_modelg
             assert isinstance(answer.body, bytes) and b"names no goodput ModelGroup" in answer.body
             follower.on_pool({})
             assert "InferencePool default/chat does not exist" in (state.refusal or "")
+
+    run(main)
+
+
+# --- the picker following its pool through an API server double -----------------------------------
+
+
+@dataclass
+class StreamingApi:
+    """Answers list requests from `lists`; a watch streams what the test puts on its path's queue,
+    and stays open until the test ends (so the test decides when each change arrives)."""
+
+    lists: dict[str, dict[str, Any]]
+    events: dict[str, asyncio.Queue[dict[str, Any]]] = field(default_factory=dict)
+
+    def queue(self, path: str) -> asyncio.Queue[dict[str, Any]]:
+        return self.events.setdefault(path, asyncio.Queue())
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = "/" + request.match_info["path"]
+        if request.query.get("watch") != "1":
+            return web.json_response(self.lists[path])
+        response = web.StreamResponse()
+        await response.prepare(request)
+        while True:
+            event = await self.queue(path).get()
+            await response.write(json.dumps(event).encode() + b"\n")
+
+
+NS = "ns"
+POOLS = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools"
+GROUPS = f"/apis/goodput.dev/v1alpha1/namespaces/{NS}"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+
+
+def named(document: dict[str, Any], name: str, version: str) -> dict[str, Any]:
+    document = copy.deepcopy(document)
+    document.setdefault("metadata", {}).update(name=name, namespace=NS, resourceVersion=version)
+    return document
+
+
+def leader_pod(model_group: str, ip: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{model_group}-g1-0",
+            "resourceVersion": "3",
+            "labels": {LABEL_MODEL_GROUP: model_group, "goodput.dev/group": "g1", "goodput.dev/rank": "0"},
+        },
+        "spec": {},
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [
+                {"type": "ContainersReady", "status": "True"},
+                {"type": "goodput.dev/group-ready", "status": "True"},
+            ],
+        },
+    }
+
+
+def test_the_picker_reads_its_pool_from_the_api_server_and_follows_it() -> None:
+    """The pool first names no ModelGroup: 503 naming the pool. Fixed to name the sample ModelGroup:
+    requests are picked its leader on the pool's port. Deleted: 503 saying so."""
+    name = MODEL_GROUP["metadata"]["name"]
+    unnamed = named(pool({"app": "vllm"}), "chat", "5")
+    fixed = named(pool({LABEL_MODEL_GROUP: name, "goodput.dev/rank": "0"}), "chat", "6")
+    listing: dict[str, Any] = {"metadata": {"resourceVersion": "5"}}
+    api = StreamingApi(
+        lists={
+            POOLS: {**listing, "items": [unnamed]},
+            f"{GROUPS}/modelgroups": {**listing, "items": [named(MODEL_GROUP, name, "4")]},
+            f"{GROUPS}/slopolicies": {**listing, "items": [with_version(SLO_POLICY, "4")]},
+            PODS: {**listing, "items": [leader_pod(name, "10.9.8.7")]},
+        }
+    )
+
+    async def body(server: ApiServer) -> None:
+        state, metrics = PoolState(), GatewayMetrics()
+        grpc_server, port = await serve_picker(state, 0, host="127.0.0.1")
+        follow = asyncio.create_task(follow_pool(server, NS, "chat", state, metrics, backoff=FAST))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = ext_proc_grpc.ExternalProcessorStub(channel)
+
+                async def ask() -> ext_proc.ProcessingResponse:
+                    call = stub.Process()
+                    await call.write(request_headers())
+                    await call.read()
+                    await call.write(request_body(completion(model=name)))
+                    answer = await call.read()
+                    call.cancel()
+                    return answer
+
+                await until(lambda: "names no goodput ModelGroup" in (state.refusal or ""), "the pool read")
+                status, _, error = immediate(await ask())
+                assert (
+                    status == 503
+                    and "InferencePool ns/chat names no goodput ModelGroup" in error["error"]["message"]
+                )
+
+                api.queue(POOLS).put_nowait({"type": "MODIFIED", "object": fixed})
+                await until(
+                    lambda: state.gateway is not None and "g1" in state.gateway.groups, "the leader found"
+                )
+                assert picked_endpoint(await ask()) == ("10.9.8.7:8000", "10.9.8.7:8000")
+
+                api.queue(POOLS).put_nowait({"type": "DELETED", "object": named(fixed, "chat", "7")})
+                await until(lambda: state.gateway is None, "the pool's deletion seen")
+                status, _, error = immediate(await ask())
+                assert status == 503 and error["error"]["message"] == "InferencePool ns/chat does not exist"
+        finally:
+            follow.cancel()
+            await asyncio.gather(follow, return_exceptions=True)
+            await grpc_server.stop(grace=None)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/{path:.*}", api.handle)
+        test_server = TestServer(app, host="127.0.0.1")
+        await test_server.start_server()
+        try:
+            await body(ApiServer(str(test_server.make_url("")).rstrip("/"), {}, False))
+        finally:
+            await test_server.close()
 
     run(main)
