@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -51,8 +50,6 @@ from multidict import CIMultiDict
 
 from goodput.gateway.requests import BadRequestError, error_body, parse_request
 from goodput.gateway.server import SESSION_HEADER, Admitted, Gateway, json_response, stream_events
-
-log = logging.getLogger("goodput.gateway.endpoint_picker")
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_METADATA_NAMESPACE = "envoy.lb"
@@ -106,10 +103,10 @@ def immediate(response: web.Response) -> ext_proc.ProcessingResponse:
     )
 
 
-def refused(
-    status: int, message: str, kind: str, param: str | None, code: str
-) -> ext_proc.ProcessingResponse:
-    return immediate(json_response(status, error_body(message, kind, param, code), {"Retry-After": "1"}))
+def refused(status: int, message: str, kind: str, code: str) -> ext_proc.ProcessingResponse:
+    """The picker's own refusals, in the gateway's error shape; a 503 may be retried in a second."""
+    retry = {"Retry-After": "1"} if status == 503 else None
+    return immediate(json_response(status, error_body(message, kind, None, code), retry))
 
 
 def destination_metadata(endpoint: str) -> struct_pb2.Struct:
@@ -169,9 +166,9 @@ class Exchange:
                     f"the endpoint picker reads the whole request body; the proxy sends it {name} "
                     "(set processing_mode.request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED)"
                 )
-                return [refused(500, message_text, "ServerError", None, "BodyModeUnsupported")]
+                return [refused(500, message_text, "ServerError", "BodyModeUnsupported")]
         if message.request_headers.end_of_stream:
-            return [refused(400, "a request needs a JSON body", "BadRequestError", None, "BadRequest")]
+            return [refused(400, "a request needs a JSON body", "BadRequestError", "BadRequest")]
         if self.duplex_request:
             return []  # the headers' answer carries the pick, once the body is whole
         return [ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())]
@@ -224,7 +221,7 @@ class Exchange:
         gateway = self.pool.gateway
         if gateway is None:
             reason = self.pool.refusal or "no ModelGroup"
-            return refused(503, reason, "OverloadedError", None, "InferencePoolUnserved")
+            return refused(503, reason, "OverloadedError", "InferencePoolUnserved")
         try:
             parsed = parse_request(bytes(self.body), self.headers.get(":path", ""), self.pool.bytes_per_token)
         except BadRequestError as error:
@@ -247,7 +244,7 @@ class Exchange:
         state = gateway.groups.get(placed.group)
         if state is None:  # the group left in the instant between the pick and now
             self.settle()
-            return refused(503, f"group {placed.group} went away", "OverloadedError", None, "GroupGone")
+            return refused(503, f"group {placed.group} went away", "OverloadedError", "GroupGone")
         endpoint = state.endpoint.base_url.removeprefix("http://").removeprefix("https://")
         if parsed.requested_output_tokens == placed.decision.output_tokens:
             return endpoint, None

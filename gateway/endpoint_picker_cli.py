@@ -152,6 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("POD_NAMESPACE", "default"),
         help="the InferencePool's namespace, and its ModelGroup's (default: $POD_NAMESPACE)",
     )
+    parser.add_argument("--listen-host", default="[::]", help="address to serve the ext-proc service on")
     parser.add_argument("--grpc-port", type=int, default=9002, help="the ext-proc gRPC service's port")
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics (0: none)")
     parser.add_argument(
@@ -213,7 +214,7 @@ async def _serve(args: argparse.Namespace) -> int:
     api = api_server_from_environment()
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.registry)
-    server, _ = await serve_picker(pool, args.grpc_port)
+    server, _ = await serve_picker(pool, args.grpc_port, host=args.listen_host)
     log.info("endpoint picker for InferencePool %s/%s on :%d", args.namespace, args.pool, args.grpc_port)
     try:
         await follow_pool(api, args.namespace, args.pool, pool, metrics)

@@ -173,7 +173,7 @@ def test_a_request_no_group_takes_is_answered_503_when_its_hold_runs_out() -> No
     run(main)
 
 
-def test_an_unserved_pool_and_an_unknown_model_are_refused_by_name() -> None:
+def test_an_unserved_pool_an_unknown_model_and_no_body_are_refused_by_name() -> None:
     async def main() -> None:
         async with picker() as p:
             _, answer = await p.pick(completion(model="other-model"))
@@ -182,9 +182,13 @@ def test_an_unserved_pool_and_an_unknown_model_are_refused_by_name() -> None:
             reason = "InferencePool default/chat names no goodput ModelGroup: spec.selector.matchLabels ..."
             p.pool.gateway, p.pool.refusal = None, reason
             _, answer = await p.pick(completion())
-            status, _, body = immediate(answer)
-            assert status == 503 and body["error"]["message"] == reason
+            status, headers, body = immediate(answer)
+            assert status == 503 and body["error"]["message"] == reason and headers["Retry-After"] == "1"
             assert body["error"]["code"] == "InferencePoolUnserved"
+            bodiless = request_headers()
+            bodiless.request_headers.end_of_stream = True
+            status, headers, body = immediate(await p.ask(p.stub.Process(), bodiless))
+            assert status == 400 and "Retry-After" not in headers, body
 
     run(main)
 
