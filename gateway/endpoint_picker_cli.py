@@ -126,7 +126,11 @@ class PoolFollower:
                 log.error("keeping the current policy: %s", error)
             self.pool.refusal = None
             return
-        self.refuse("the pool's ModelGroup changed")  # retires the request path of the old one
+        if current is not None:  # the pool names another ModelGroup now: the old one's path retires
+            self.refuse(
+                f"InferencePool {self.namespace}/{self.name} now serves ModelGroup "
+                f"{self.namespace}/{policy.model_group}; retry"
+            )
         gateway = Gateway(policy, self.group_source(policy.model_group, port), metrics=self.metrics)
         gateway.start(self.session)
         self.pool.gateway, self.pool.refusal = gateway, None

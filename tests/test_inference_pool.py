@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -142,6 +143,19 @@ def test_the_picker_follows_the_pool_and_refuses_by_name_when_it_names_no_modelg
             assert isinstance(answer.body, bytes) and b"names no goodput ModelGroup" in answer.body
             follower.on_pool({})
             assert "InferencePool default/chat does not exist" in (state.refusal or "")
+
+            follower.on_pool({"chat": pool({LABEL_MODEL_GROUP: MODEL})})  # back, then to another
+            await until(lambda: fakes.callbacks.get(MODEL) is not None, "the ModelGroup watched again")
+            fakes.callbacks[MODEL]({MODEL: WatchedModelGroup(request_path_policy(), port=8000)})
+            first = state.gateway
+            assert first is not None
+            follower.on_pool({"chat": pool({LABEL_MODEL_GROUP: "other"})})
+            await until(lambda: "other" in fakes.callbacks, "the other ModelGroup watched")
+            other = dataclasses.replace(request_path_policy(), model_group="other")
+            fakes.callbacks["other"]({"other": WatchedModelGroup(other, port=8000)})
+            assert state.gateway is not None and state.gateway.policy.model_group == "other"
+            await until(lambda: first.retired is not None, "the first ModelGroup's path retired")
+            assert "now serves ModelGroup default/other" in (first.retired or "")
 
     run(main)
 

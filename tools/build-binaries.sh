@@ -15,6 +15,9 @@ KARPENTER_VERSION=v1.15.0 # the node autoscaler of the nodes-on-demand story: it
 # Karpenter v1.15.0's go.mod asks for Go 1.26.9: its one `go build` runs on this toolchain, which the
 # go command takes from the Go module proxy like any module; every other build keeps the machine's Go.
 KARPENTER_GOTOOLCHAIN=go1.27.3
+# The Gateway API Inference Extension's release whose InferencePool CRD the endpoint picker's story
+# installs (nothing of it is built: its Go module is downloaded for the CRD alone).
+INFERENCE_EXTENSION_VERSION=v1.6.2
 
 # The build's own generation: raised whenever how a program is built changes (flags, tags), so that a
 # binary built the old way is not taken from the cache. 2: Prometheus with only the service discoveries
@@ -139,6 +142,14 @@ if [[ ! -d "$BIN/karpenter-crds" ]]; then
   karpenter_src="$GOMODCACHE/sigs.k8s.io/karpenter@$KARPENTER_VERSION"
   cp "$karpenter_src"/pkg/apis/crds/*.yaml "$karpenter_src"/kwok/apis/crds/*.yaml "$BIN/karpenter-crds.partial/"
   chmod -R u+w "$BIN/karpenter-crds.partial" && mv "$BIN/karpenter-crds.partial" "$BIN/karpenter-crds"
+fi
+# The InferencePool CRD ships inside the inference extension's module, like KEDA's CRDs.
+if [[ ! -d "$BIN/inference-crds" ]]; then
+  inference_src=$(go mod download -json "sigs.k8s.io/gateway-api-inference-extension@$INFERENCE_EXTENSION_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  mkdir -p "$BIN/inference-crds.partial"
+  cp "$inference_src"/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml "$BIN/inference-crds.partial/"
+  chmod -R u+w "$BIN/inference-crds.partial" && mv "$BIN/inference-crds.partial" "$BIN/inference-crds"
 fi
 step "all binaries in $BIN"
 echo "$BIN"
