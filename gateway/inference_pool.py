@@ -18,7 +18,6 @@ from typing import Any
 
 from goodput.api.labels import LABEL_MODEL_GROUP
 
-INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 INFERENCE_POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces"
 
 
