@@ -258,7 +258,7 @@ class Exchange:
         common = ext_proc.CommonResponse()
         if self.gateway is not None and self.admitted is not None and self.admitted.group is not None:
             common.header_mutation.CopyFrom(
-                set_headers(self.gateway._headers(self.admitted, self.admitted.group))
+                set_headers(self.gateway.answer_headers(self.admitted, self.admitted.group))
             )
         if headers.end_of_stream:
             self.finish()

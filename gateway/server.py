@@ -674,7 +674,9 @@ class Gateway:
         body[admitted.parsed.output_field] = admitted.decision.output_tokens
         return body
 
-    def _headers(self, admitted: Admitted, group: str) -> dict[str, str]:
+    def answer_headers(self, admitted: Admitted, group: str) -> dict[str, str]:
+        """goodput's headers on the answer (outcome, reason, group, class; a degraded request's
+        budget), which the gateway sets and the endpoint picker adds to the proxy's answer."""
         decision = admitted.decision
         headers = {
             "X-Goodput-Outcome": decision.outcome.value,
@@ -709,7 +711,9 @@ class Gateway:
             raise
         except (aiohttp.ClientError, TimeoutError) as error:
             message = f"group {group} failed to answer: {error or type(error).__name__}"
-            return json_response(502, error_body(message, "UpstreamError"), self._headers(admitted, group))
+            return json_response(
+                502, error_body(message, "UpstreamError"), self.answer_headers(admitted, group)
+            )
         finally:
             self.settle(admitted, group, generated, dispatched_at)
 
@@ -746,7 +750,7 @@ class Gateway:
             with contextlib.suppress(ValueError, TypeError, AttributeError):
                 generated = int(json.loads(body)["usage"]["completion_tokens"])
             self.observe(admitted, None, (), generated)
-        headers = self._headers(admitted, group)
+        headers = self.answer_headers(admitted, group)
         response = web.Response(
             status=upstream.status, body=body, headers=headers, content_type="application/json"
         )
@@ -755,7 +759,7 @@ class Gateway:
     async def _relay_stream(
         self, request: web.Request, admitted: Admitted, group: str, upstream: aiohttp.ClientResponse
     ) -> tuple[web.StreamResponse, int]:
-        headers = self._headers(admitted, group)
+        headers = self.answer_headers(admitted, group)
         headers["Content-Type"] = upstream.headers.get("Content-Type", "text/event-stream; charset=utf-8")
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=200, headers=headers)
