@@ -25,10 +25,6 @@ $(STAMP): pyproject.toml testbed/pyproject.toml | os-packages
 	$(PY) -m pip install -q --upgrade pip
 	# goodput, and beside it the test bed (a distribution of its own, never in goodput's wheel).
 	$(PY) -m pip install -q -e '.[dev]' -e ./testbed
-	# xds-protos (Envoy's API, for the endpoint picker) ships an empty `cel/__init__.py` beside its
-	# cel.expr messages, which replaces the CEL library's own when pip unpacks it second: the CEL
-	# library goes in again, last, so `import cel` is the library (cel.expr stays beside it).
-	$(PY) -m pip install -q --no-deps --force-reinstall "$$(grep -o 'common-expression-language==[^"]*' pyproject.toml)"
 	# A tree of folder links that maps each layer under `goodput`, so mypy and import-linter see the
 	# same package the interpreter imports (setuptools' editable finder is invisible to them).
 	rm -rf build/pkgroot && mkdir -p build/pkgroot/goodput

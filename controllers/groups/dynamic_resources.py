@@ -208,9 +208,12 @@ def selects(selectors: tuple[str, ...], device: SliceDevice) -> bool | None:
 def _program(expression: str) -> Any:
     # Imported on first use: the library's package also loads its command line's stack (typer, rich,
     # prompt_toolkit; about 0.18 s and 12 MiB here), which only a ModelGroup with a DeviceClass needs.
-    import cel
+    # The compiled extension itself (`cel.cel`), not the package's re-export: xds-protos (the
+    # endpoint picker's Envoy API) ships its own `cel/__init__.py` for its cel.expr messages, and
+    # whichever pip unpacks last owns that file; the extension module is the library's alone.
+    from cel import cel as cel_extension
 
-    return cel.compile(expression)
+    return cel_extension.compile(expression)
 
 
 def _cel_device(device: SliceDevice) -> dict[str, Any]:
