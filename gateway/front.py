@@ -76,6 +76,7 @@ class GatewayFront:
         if name in self.model_groups:
             raise ValueError(f"ModelGroup {name!r} is already served: update its policy instead")
         self.model_groups[name] = gateway
+        gateway.siblings = self.model_groups.get
         self.claims[name] = ModelClaim(name, gateway.policy.served_model, created)
         if self._session is not None:
             gateway.start(self._session)

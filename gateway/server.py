@@ -10,8 +10,11 @@ engine's answer, streamed or not. The gateway keeps at most `max_in_flight_per_g
 each group, so contention is resolved here, by fairness and deadlines, rather than in the engine's
 first-come queue.
 
-Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason` and
-`X-Goodput-Group`; a degraded request also `X-Goodput-Max-Tokens` (the lowered budget). Status codes:
+Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason`,
+`X-Goodput-Group` and `X-Goodput-Served-By` (ModelGroup/model revision); a degraded request also
+`X-Goodput-Max-Tokens` (the lowered budget), and one served on a rung of its class's degrade ladder
+`X-Goodput-Degraded` (`gateway.ladder`). A class with a session budget answers within its session
+(`gateway.sessions`: 404, 409, 410 and 429 with a `session_...` code). Status codes:
 400 unreadable request, unknown class, prompt beyond the context or the class's limits; 404 a
 model no ModelGroup of the gateway serves; 408 a body that did not arrive in time; 409 a duplicate
 idempotency key whose answer cannot be replayed; 413 a body over the size limit; 429 overload,
@@ -57,14 +60,15 @@ from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequ
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.groups import GroupEndpoint, GroupSource
+from goodput.gateway.ladder import needs_ladder, walk_ladder
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.requests import ParsedRequest, error_body
+from goodput.gateway.sessions import GENERATED_KEY, SESSION_HEADER, STREAM_KEY, SessionDesk
 
 log = logging.getLogger("goodput.gateway")
 
 CLASS_HEADER = "X-Goodput-Class"
 TENANT_HEADER = "X-Goodput-Tenant"
-SESSION_HEADER = "X-Goodput-Session"
 RETRY_HEADER = "X-Goodput-Retry"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_SESSIONS = 100_000
@@ -120,6 +124,7 @@ class Admitted:
     item: QueuedItem[Pending] | None = None
     group: str | None = None
     relaying: bool = False  # a stream's first bytes went to the client
+    marks: Mapping[str, str] = field(default_factory=dict)  # session and degrade headers to answer with
 
 
 def refusal_field(reason: AdmissionReason, parsed: ParsedRequest, context_tokens: int) -> str | None:
@@ -179,6 +184,8 @@ class Gateway:
         self.retry_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.meter = DrainRateMeter()
+        self.desk = SessionDesk(clock)
+        self.siblings: Callable[[str], Gateway | None] = lambda _name: None  # set by `front`
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -445,7 +452,7 @@ class Gateway:
             self._keep_answer((tenant, key), answer_future)
         response: web.StreamResponse | None = None
         try:
-            response = await self._admit_and_serve(request, parsed, shape)
+            response = await self.desk.serve(self, request, parsed, shape)
             return response
         finally:
             if key:
@@ -514,7 +521,11 @@ class Gateway:
             self.metrics.infeasible.labels(*labels).inc()
 
     async def _admit_and_serve(
-        self, request: web.Request, parsed: ParsedRequest, shape: RequestShape
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        shape: RequestShape,
+        marks: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
         if self.retired is not None:  # left the gateway while this request awaited a replayed answer
             return retired_response(self.retired)
@@ -531,7 +542,15 @@ class Gateway:
             tenant_budget=bucket,
             retry_budget=retry_budget,
         )
-        admitted = Admitted(parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time)
+        marks = dict(marks or {})
+        if contract is not None and contract.ladder is not None and needs_ladder(decision, marks):
+            walked = await walk_ladder(self, request, parsed, shape, contract, decision, marks)
+            if isinstance(walked, web.StreamResponse):
+                return walked
+            parsed, shape, decision = walked
+        admitted = Admitted(
+            parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time, marks=marks
+        )
         self._count(admitted)
         if not decision.proceeds:
             return self._refusal(decision, parsed)
@@ -656,6 +675,8 @@ class Gateway:
             "X-Goodput-Reason": decision.reason.value,
             "X-Goodput-Group": group,
             "X-Goodput-Class": decision.class_name or "",
+            "X-Goodput-Served-By": f"{self.policy.model_group}/{self.policy.model_revision}",
+            **admitted.marks,
         }
         if decision.outcome is Outcome.DEGRADE:
             headers["X-Goodput-Max-Tokens"] = str(decision.output_tokens)
@@ -687,6 +708,7 @@ class Gateway:
             message = f"group {group} failed to answer: {error or type(error).__name__}"
             return json_response(502, error_body(message, "UpstreamError"), self._headers(admitted, group))
         finally:
+            request[GENERATED_KEY] = generated
             self._release(group, pending)
             # KV held: the prompt for the whole residency, each output token from when it was made
             # (its gaps taken as even over the residency), priced by the policy's kvByteSeconds.
@@ -724,6 +746,7 @@ class Gateway:
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=200, headers=headers)
         await response.prepare(request)
+        request[STREAM_KEY] = response
         admitted.relaying = True
         first_at: float | None = None
         last_at = 0.0
