@@ -5,9 +5,12 @@ counted by class, tenant and rung."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Mapping
+import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,8 @@ from goodput.controllers.requests.degrade import (
     Attempt,
     Ladder,
     LadderView,
+    ResultBook,
+    ResultState,
     Rung,
     check_fallback,
     optional_messages,
@@ -49,6 +54,9 @@ LADDER_REASONS = frozenset(
         AdmissionReason.INFEASIBLE,
     }
 )
+RESULTS_PATH = "/v1/goodput/results"
+# How long an AsyncBatch request may wait for capacity, at the lowest precedence of the fair queue.
+ASYNC_HOLD_SECONDS = 600.0
 # The gateway does not tokenize; a dropped message's tokens are estimated as the request's are.
 BYTES_PER_TOKEN = 4.0
 
@@ -122,7 +130,7 @@ async def walk_ladder(  # noqa: PLR0917 (the request path's whole view of one re
         )
 
     view = LadderView(
-        Attempt(shape.prompt_tokens, decision.output_tokens), optional, sibling is not None, False
+        Attempt(shape.prompt_tokens, decision.output_tokens), optional, sibling is not None, True
     )
     step = walk(ladder, view, lambda attempt: decide(attempt).outcome is Outcome.ADMIT)
     if step is None:
@@ -133,6 +141,8 @@ async def walk_ladder(  # noqa: PLR0917 (the request path's whole view of one re
         gateway.metrics.degraded.labels(gateway.policy.model_group, contract.name, tenant_label, rung).inc()
     if step.terminal is Rung.REJECT:
         return rejected(decision, marks)
+    if step.terminal is Rung.ASYNC_BATCH:
+        return gateway.later.accept(gateway, request, parsed, shape, decision, marks)
     if step.terminal is Rung.FALLBACK and sibling is not None:
         body = {**parsed.body, "model": sibling.policy.served_model}
         rerouted = replace(parsed, body=body, model=sibling.policy.served_model)
@@ -161,3 +171,98 @@ def rejected(decision: AdmissionDecision, marks: Mapping[str, str]) -> web.Respo
         decision.reason.value,
     )
     return web.json_response(body, status=429, headers=headers)
+
+
+class LaterDesk:
+    """AsyncBatch: requests accepted now (202, a result URL) and served when capacity frees, at the
+    lowest precedence of the fair queue and outside their class's SLO; each answer is handed out once
+    at its URL (`ResultBook`)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.book = ResultBook()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def accept(  # noqa: PLR0917 (the request path's whole view of one request)
+        self,
+        gateway: Gateway,
+        request: web.Request,
+        parsed: ParsedRequest,
+        shape: RequestShape,
+        decision: AdmissionDecision,
+        marks: Mapping[str, str],
+    ) -> web.Response:
+        key = secrets.token_urlsafe(18)
+        self.book.accept(key, self.clock())
+        later = replace(parsed, body={**parsed.body, "stream": False}, stream=False)
+        held = replace(
+            decision,
+            outcome=Outcome.DEFER,
+            http_status=200,
+            best_effort=True,
+            hold_seconds=ASYNC_HOLD_SECONDS,
+            retry_after_seconds=None,
+        )
+        task = asyncio.create_task(self._serve(gateway, request, later, shape, held, dict(marks), key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        url = f"{RESULTS_PATH}/{gateway.policy.model_group}/{key}"
+        headers = {**marks, "Location": url, "X-Goodput-Outcome": Outcome.DEFER.value}
+        body = {"object": "goodput.async_result", "id": key, "status": "accepted", "result_url": url}
+        return web.json_response(body, status=202, headers=headers)
+
+    async def _serve(  # noqa: PLR0917 (one deferred request's whole context)
+        self,
+        gateway: Gateway,
+        request: web.Request,
+        parsed: ParsedRequest,
+        shape: RequestShape,
+        decision: AdmissionDecision,
+        marks: dict[str, str],
+        key: str,
+    ) -> None:
+        from goodput.gateway.server import Admitted, Answer
+
+        admitted = Admitted(parsed, shape, decision, gateway.tenant_label(shape.tenant), shape.arrival_time)
+        admitted.marks = marks
+        gateway._count(admitted)
+        response: web.StreamResponse | None = None
+        try:
+            group = await gateway._wait_for_group(admitted, request)
+            if isinstance(group, web.StreamResponse):
+                response = group
+            else:
+                response = await gateway._serve(request, admitted, group)
+        finally:
+            body = response.body if isinstance(response, web.Response) else None
+            status = response.status if response is not None else 503
+            headers = {
+                k: v for k, v in (response.headers.items() if response else ()) if k.lower().startswith("x-")
+            }
+            payload = body if isinstance(body, bytes) else b'{"error": {"message": "not served"}}'
+            self.book.complete(key, Answer(status, payload, headers), self.clock())
+
+    def claim(self, key: str) -> web.Response:
+        """The answer at its result URL: 202 while pending, 200 once, then 410; 404 for a key never
+        issued (or forgotten)."""
+        state, answer = self.book.claim(key, self.clock())
+        if state is ResultState.READY:
+            response: web.Response = answer.response()
+            return response
+        if state is ResultState.PENDING:
+            return web.json_response(
+                {"object": "goodput.async_result", "id": key, "status": "pending"},
+                status=202,
+                headers={"Retry-After": "1"},
+            )
+        if state is ResultState.DELIVERED:
+            message = f"the answer of {key!r} was delivered already; an answer is handed out once"
+            return web.json_response(error_body(message, "GoneError", None, "result_delivered"), status=410)
+        message = f"no answer {key!r}: it was never issued, or it was not claimed in time"
+        return web.json_response(error_body(message, "NotFoundError", None, "result_not_found"), status=404)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

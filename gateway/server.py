@@ -60,7 +60,7 @@ from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequ
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.groups import GroupEndpoint, GroupSource
-from goodput.gateway.ladder import needs_ladder, walk_ladder
+from goodput.gateway.ladder import LaterDesk, needs_ladder, walk_ladder
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.requests import ParsedRequest, error_body
 from goodput.gateway.sessions import GENERATED_KEY, SESSION_HEADER, STREAM_KEY, SessionDesk
@@ -185,6 +185,7 @@ class Gateway:
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.meter = DrainRateMeter()
         self.desk = SessionDesk(clock)
+        self.later = LaterDesk(clock)
         self.siblings: Callable[[str], Gateway | None] = lambda _name: None  # set by `front`
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -205,6 +206,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        await self.later.stop()
 
     async def retire(self, reason: str) -> None:
         """The ModelGroup left the gateway (deleted, or no longer selected): every request still

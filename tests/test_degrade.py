@@ -16,6 +16,8 @@ from goodput.controllers.requests.degrade import (
     FallbackProblem,
     Ladder,
     LadderView,
+    ResultBook,
+    ResultState,
     Rung,
     check_fallback,
     optional_messages,
@@ -222,3 +224,23 @@ def test_the_ladder_spec_is_checked(case: LadderSpecCase) -> None:
 def test_a_session_budget_is_positive_and_not_empty(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         SessionBudget.model_validate(fields)
+
+
+def test_an_async_answer_is_handed_out_once() -> None:
+    book = ResultBook(max_results=2, ttl_seconds=60.0)
+    book.accept("r1", 0.0)
+    assert book.claim("r1", 1.0) == (ResultState.PENDING, None)
+    book.complete("r1", "answer", 2.0)
+    assert book.claim("r1", 3.0) == (ResultState.READY, "answer")
+    assert book.claim("r1", 4.0) == (ResultState.DELIVERED, None)
+    assert book.claim("never", 4.0) == (ResultState.UNKNOWN, None)
+    assert book.claim("r1", 62.0) == (ResultState.UNKNOWN, None)  # the delivered mark is forgotten
+
+
+def test_the_answers_held_are_bounded() -> None:
+    book = ResultBook(max_results=2, ttl_seconds=60.0)
+    for index in range(3):
+        book.accept(f"r{index}", float(index))
+    assert len(book.results) == 2
+    assert book.claim("r0", 3.0)[0] is ResultState.UNKNOWN
+    assert book.claim("r2", 3.0)[0] is ResultState.PENDING

@@ -261,3 +261,41 @@ def test_the_deadline_ends_a_stream_under_way_with_an_error_event() -> None:
             await until(lambda: r.upstreams["g1"].aborted == 1, "the engine's stream was closed")
 
     run(main)
+
+
+def test_async_batch_accepts_now_and_hands_the_answer_out_once() -> None:
+    policy = policy_with(agent(degrade={"rungs": ["AsyncBatch"]}))
+
+    async def main() -> None:
+        async with rig(policy) as r:
+            r.set_groups(g1=(False, False))
+            await until(lambda: not r.gateway.groups["g1"].endpoint.ready, "the group is warming")
+            accepted = await r.post(completion(stream=True))
+            assert accepted.status == 202
+            assert accepted.headers["X-Goodput-Degraded"] == "AsyncBatch"
+            url = r.url + accepted.headers["Location"]
+            assert (await accepted.json())["result_url"] == accepted.headers["Location"]
+            pending = await r.session.get(url)
+            assert pending.status == 202 and pending.headers["Retry-After"] == "1"
+            r.set_groups(g1=(True, False))
+            await until(lambda: r.upstreams["g1"].finished == 1, "the engine answered it")
+            statuses: list[int] = []
+
+            async def claimed() -> bool:
+                answer = await r.session.get(url)
+                statuses.append(answer.status)
+                if answer.status == 200:
+                    assert (await answer.json())["usage"]["completion_tokens"] == 4
+                    assert answer.headers["X-Goodput-Degraded"] == "AsyncBatch"
+                return answer.status == 200
+
+            while not await claimed():
+                assert statuses[-1] == 202
+            assert r.upstreams["g1"].received[-1].body["stream"] is False
+            twice = await r.session.get(url)
+            assert twice.status == 410
+            assert (await twice.json())["error"]["code"] == "result_delivered"
+            unknown = await r.session.get(r.url + f"/v1/goodput/results/{policy.model_group}/nope")
+            assert unknown.status == 404
+
+    run(main)

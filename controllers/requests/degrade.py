@@ -224,3 +224,66 @@ def check_fallback(
             f"{primary_family!r}; the Fallback rung is not used",
         )
     return None
+
+
+class ResultState(StrEnum):
+    """Where an AsyncBatch answer stands, as its result URL answers: 202, 200, 410, 404."""
+
+    PENDING = "pending"
+    READY = "ready"
+    DELIVERED = "delivered"
+    UNKNOWN = "unknown"
+
+
+@dataclass(slots=True)
+class HeldResult:
+    accepted_at: float
+    answer: Any = None  # the answer once served; None while pending
+    ready_at: float | None = None
+    delivered: bool = False
+
+
+class ResultBook:
+    """The AsyncBatch answers one request path holds for their clients, bounded in number and time.
+
+    An answer is handed out once: asked again after delivery, its URL says so (410) rather than
+    serving it twice or pretending it never existed; the delivered mark itself is forgotten after
+    `ttl_seconds`, and so is an answer nobody came for. Past `max_results` the oldest entry goes.
+    """
+
+    def __init__(self, *, max_results: int = 10_000, ttl_seconds: float = 600.0) -> None:
+        self.max_results = max_results
+        self.ttl_seconds = ttl_seconds
+        self.results: dict[str, HeldResult] = {}
+
+    def accept(self, key: str, now: float) -> None:
+        self._expire(now)
+        self.results[key] = HeldResult(now)
+        while len(self.results) > self.max_results:
+            self.results.pop(next(iter(self.results)))
+
+    def complete(self, key: str, answer: Any, now: float) -> None:
+        held = self.results.get(key)
+        if held is not None:
+            held.answer, held.ready_at = answer, now
+
+    def claim(self, key: str, now: float) -> tuple[ResultState, Any]:
+        """The state of `key`, and the answer when this claim delivers it (the first after it is ready)."""
+        self._expire(now)
+        held = self.results.get(key)
+        if held is None:
+            return ResultState.UNKNOWN, None
+        if held.delivered:
+            return ResultState.DELIVERED, None
+        if held.ready_at is None:
+            return ResultState.PENDING, None
+        held.delivered = True
+        answer, held.answer = held.answer, None
+        return ResultState.READY, answer
+
+    def _expire(self, now: float) -> None:
+        for key, held in list(self.results.items()):
+            since = held.ready_at if held.ready_at is not None else held.accepted_at
+            if now - since < self.ttl_seconds:
+                break  # in the order accepted: the rest is younger, or goes at a later claim
+            del self.results[key]
