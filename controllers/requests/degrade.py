@@ -24,12 +24,13 @@ Nothing here does I/O; the gateway passes what it sees and a check that re-runs 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from goodput.api.slopolicy import DegradeLadder
+from goodput.api.reasons import Reason
+from goodput.api.slopolicy import DegradeLadder, SloPolicySpec
 
 OPTIONAL_MESSAGE_FIELD = "goodput_optional"
 """A chat message carrying `"goodput_optional": true` may be left out under DropOptionalContext."""
@@ -180,9 +181,9 @@ def without_marks(body: Mapping[str, Any], dropped: Sequence[int] = ()) -> dict[
 class FallbackProblem(StrEnum):
     """Why a class's fallback ModelGroup is not served: the reason of the SLOPolicy's condition."""
 
-    MISSING = "FallbackModelGroupNotFound"
-    NO_FAMILY = "FallbackFamilyUnknown"
-    OTHER_FAMILY = "FallbackOtherFamily"
+    MISSING = Reason.FALLBACK_MODEL_GROUP_NOT_FOUND
+    NO_FAMILY = Reason.FALLBACK_FAMILY_UNKNOWN
+    OTHER_FAMILY = Reason.FALLBACK_OTHER_FAMILY
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,3 +288,25 @@ class ResultBook:
             if now - since < self.ttl_seconds:
                 break  # in the order accepted: the rest is younger, or goes at a later claim
             del self.results[key]
+
+
+def fallback_findings(
+    spec: SloPolicySpec, bound_model_groups: Iterable[str], families: Mapping[str, str | None]
+) -> tuple[FallbackFinding, ...] | None:
+    """Every fallback the policy's classes name, checked against each ModelGroup bound to the
+    policy (`families`: the namespace's ModelGroups and their family labels); None when no class
+    names one."""
+    named = [
+        (cls.name, cls.degrade.fallback_model_group)
+        for cls in spec.classes
+        if cls.degrade is not None and cls.degrade.fallback_model_group is not None
+    ]
+    if not named:
+        return None
+    findings = []
+    for group in sorted(set(bound_model_groups)):
+        for class_name, fallback in named:
+            finding = check_fallback(class_name, fallback, families.get(group), families)
+            if finding is not None:
+                findings.append(replace(finding, message=f"ModelGroup {group}: {finding.message}"))
+    return tuple(findings)
