@@ -555,7 +555,9 @@ class Gateway:
         )
         self._count(admitted)
         if not decision.proceeds:
-            return self._refusal(decision, parsed)
+            refusal = self._refusal(decision, parsed)
+            refusal.headers.update(marks)
+            return refusal
         self.retry_budgets[tenant] = retry_budget.after(shape.is_retry)
         self.retry_budgets.move_to_end(tenant)
         while len(self.retry_budgets) > MAX_TRACKED_TENANTS:
