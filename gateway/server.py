@@ -602,7 +602,7 @@ class Gateway:
             work,
             shape.prompt_tokens + decision.output_tokens,
             prefix_key(admitted.parsed.prompt_text, self.policy.routing),
-            request.headers.get(SESSION_HEADER),
+            request.headers.get(SESSION_HEADER) or admitted.marks.get(SESSION_HEADER),
             shape.prompt_tokens,
             class_name=contract.name,
         )

@@ -299,3 +299,24 @@ def test_async_batch_accepts_now_and_hands_the_answer_out_once() -> None:
             assert unknown.status == 404
 
     run(main)
+
+
+def test_a_sessions_children_go_to_the_group_that_serves_its_root() -> None:
+    """The root's prompt is likely still in that group's prefix cache: its branches share it."""
+    policy = policy_with(agent(sessionBudget={"branches": 10}))
+
+    async def main() -> None:
+        gate = asyncio.Event()
+        async with rig(policy, groups=2, gate=gate) as r:
+            root = asyncio.create_task(r.post(completion(), **{"X-Goodput-Session-Open": "s1"}))
+            await until(lambda: sum(u.running for u in r.upstreams.values()) == 1, "the root in flight")
+            (busy,) = [name for name, u in r.upstreams.items() if u.running == 1]
+            children = [
+                asyncio.create_task(r.post(completion(), **{"X-Goodput-Session": "s1"})) for _ in range(2)
+            ]
+            await until(lambda: r.upstreams[busy].running == 3, "the children on the root's group")
+            gate.set()
+            answers = await asyncio.gather(root, *children)
+            assert {a.headers["X-Goodput-Group"] for a in answers} == {busy}
+
+    run(main)
