@@ -55,6 +55,7 @@ from goodput.controllers.requests.admission import (
     TokenBucket,
     admit,
 )
+from goodput.controllers.requests.degrade import without_marks
 from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
@@ -669,6 +670,8 @@ class Gateway:
 
     def _upstream_body(self, admitted: Admitted) -> dict[str, Any]:
         body = dict(admitted.parsed.body)
+        if admitted.decision.class_name in self.policy.optional_context_classes:
+            body = without_marks(body)  # the engine does not know the optional mark
         body[admitted.parsed.output_field] = admitted.decision.output_tokens
         return body
 

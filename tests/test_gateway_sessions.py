@@ -320,3 +320,24 @@ def test_a_sessions_children_go_to_the_group_that_serves_its_root() -> None:
             assert {a.headers["X-Goodput-Group"] for a in answers} == {busy}
 
     run(main)
+
+
+def test_the_optional_mark_never_reaches_the_engine_of_a_class_that_may_drop_context() -> None:
+    policy = policy_with(agent(degrade={"rungs": ["DropOptionalContext"]}), {**agent(), "name": "plain"})
+    messages = [
+        {"role": "user", "content": "background", "goodput_optional": True},
+        {"role": "user", "content": "the question"},
+    ]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4}
+
+    async def main() -> None:
+        async with rig(policy) as r:
+            answer = await r.post(body, path="/v1/chat/completions")
+            assert answer.status == 200 and "X-Goodput-Degraded" not in answer.headers
+            sent = r.upstreams["g1"].received[-1].body["messages"]
+            assert sent == [{"role": "user", "content": "background"}, messages[1]]
+            # A class without the rung passes the body through untouched.
+            await r.post(body, path="/v1/chat/completions", **{"X-Goodput-Class": "plain"})
+            assert r.upstreams["g1"].received[-1].body["messages"] == messages
+
+    run(main)

@@ -57,6 +57,7 @@ class RequestPathPolicy:
     listed_tenants: frozenset[str]
     model_revision: str = ""  # the weights' revision, named in every answer's X-Goodput-Served-By
     model_family: str | None = None  # label goodput.dev/model-family: which fallbacks are approved
+    optional_context_classes: frozenset[str] = frozenset()  # classes whose ladder may drop marked context
 
 
 def context_tokens(model_group: ModelGroup) -> int:
@@ -109,4 +110,7 @@ def compile_request_path(
         listed_tenants=frozenset(tenant.name for tenant in fairness.tenants),
         model_revision=spec.model.revision,
         model_family=(model_group.metadata.labels or {}).get(MODEL_FAMILY_LABEL),
+        optional_context_classes=frozenset(
+            cls.name for cls in slo.spec.classes if cls.degrade and "DropOptionalContext" in cls.degrade.rungs
+        ),
     )
