@@ -124,7 +124,7 @@ def test_a_child_over_the_token_budget_is_capped_then_refused() -> None:
 
 
 def test_the_deadline_cancels_every_child_in_flight() -> None:
-    policy = policy_with(agent(sessionBudget={"wallClockSeconds": 0.5}))
+    policy = policy_with(agent(sessionBudget={"wallClockSeconds": 2.0}))
 
     async def main() -> None:
         gate = asyncio.Event()
@@ -246,7 +246,7 @@ def test_optional_messages_are_left_out_only_on_their_rung() -> None:
 
 
 def test_the_deadline_ends_a_stream_under_way_with_an_error_event() -> None:
-    policy = policy_with(agent(sessionBudget={"wallClockSeconds": 0.5}))
+    policy = policy_with(agent(sessionBudget={"wallClockSeconds": 2.0}))
 
     async def main() -> None:
         async with rig(policy, tokens=1000, token_delay_seconds=0.05) as r:
