@@ -140,6 +140,10 @@ async def walk_ladder(  # noqa: PLR0917 (the request path's whole view of one re
     for rung in step.rungs:
         gateway.metrics.degraded.labels(gateway.policy.model_group, contract.name, tenant_label, rung).inc()
     if step.terminal is Rung.REJECT:
+        from goodput.gateway.server import Admitted
+
+        refused = replace(decision, outcome=Outcome.REJECT, http_status=429)
+        gateway._count(Admitted(parsed, shape, refused, tenant_label, shape.arrival_time))  # offered, refused
         return rejected(decision, marks)
     if step.terminal is Rung.ASYNC_BATCH:
         return gateway.later.accept(gateway, request, parsed, shape, decision, marks)

@@ -159,6 +159,10 @@ def test_a_class_that_lists_reject_is_refused_at_once_while_no_group_is_ready() 
             assert refused.status == 429
             assert refused.headers["X-Goodput-Degraded"] == "CapOutput,Reject"
             assert "Retry-After" in refused.headers
+            labels = {"model_group": policy.model_group, "slo_class": "agent", "tenant": "default"}
+            assert sample(r.gateway, "goodput_gateway_requests_offered_total", **labels) == 1
+            outcome = {**labels, "outcome": "rejected", "reason": "NoReadyGroup"}
+            assert sample(r.gateway, "goodput_gateway_requests_total", **outcome) == 1
 
     run(main)
 
