@@ -33,6 +33,9 @@ class ConditionType:
     """The metrics behind the signals are present and fresh."""
     ACCEPTED: Final = "Accepted"
     """SLOPolicy: the spec was read and compiled; groups may bind to it."""
+    FALLBACKS_VALID: Final = "FallbacksValid"
+    """SLOPolicy with a class whose degrade ladder names a fallback: every fallback exists and serves
+    the model family of every ModelGroup bound to the policy (False: the gateway does not use it)."""
     FORECASTING: Final = "Forecasting"
     """ModelGroup with `spec.forecast`: whether the offered work's history gives a forecast (False:
     the reason says why, and the autoscaler only reacts)."""
@@ -48,6 +51,10 @@ class Reason:
     INVALID_SPEC: Final = "InvalidSpec"
     """The spec breaks a rule that only the operator can check; it is not acted on."""
     ACCEPTED: Final = "Accepted"
+    FALLBACKS_APPROVED: Final = "FallbacksApproved"
+    FALLBACK_MODEL_GROUP_NOT_FOUND: Final = "FallbackModelGroupNotFound"
+    FALLBACK_FAMILY_UNKNOWN: Final = "FallbackFamilyUnknown"
+    FALLBACK_OTHER_FAMILY: Final = "FallbackOtherFamily"
     POLICY_NOT_FOUND: Final = "PolicyNotFound"
     POLICY_NOT_ACCEPTED: Final = "PolicyNotAccepted"
     NO_POLICY: Final = "NoPolicy"

@@ -49,6 +49,83 @@ def _fraction(field: str, python_name: str, example: str) -> CelRule:
     )
 
 
+class SessionBudget(SpecModel):
+    """What one session (a root request and every branch it fans out to) may spend, reserved at the
+    root and inherited by each child (an agent's query rewrites, tool summaries, retries and
+    candidates); absent fields: no limit on that dimension."""
+
+    cel_rules = (
+        CelRule(
+            rule="has(self.tokens) || has(self.branches) || has(self.wallClockSeconds)",
+            message="`sessionBudget` must set at least one of `tokens`, `branches`, `wallClockSeconds`",
+            check=lambda budget: any(
+                value is not None for value in (budget.tokens, budget.branches, budget.wall_clock_seconds)
+            ),
+        ),
+    )
+
+    tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    """Prompt plus output tokens of all the session's requests, the root included."""
+    branches: int | None = Field(default=None, ge=1, le=100_000)
+    """Requests the session may make, the root included."""
+    wall_clock_seconds: float | None = Field(default=None, gt=0, le=86400)
+    """From the root's arrival to the session's deadline: then its children in flight are cancelled
+    together and new ones refused."""
+
+
+DegradeRung = Literal["CapOutput", "DropOptionalContext", "Fallback", "AsyncBatch", "Reject"]
+
+
+def _ladder_rules() -> tuple[CelRule, ...]:
+    return (
+        CelRule(
+            rule="self.rungs.all(r, self.rungs.exists_one(o, o == r))",
+            message="`degrade.rungs` must name each rung at most once",
+            field_path=".rungs",
+            check=lambda ladder: len(set(ladder.rungs)) == len(ladder.rungs),
+        ),
+        CelRule(
+            rule="!self.rungs.exists(r, r == 'Reject') || self.rungs[size(self.rungs) - 1] == 'Reject'",
+            message="`Reject` must be the last rung of `degrade.rungs`: nothing is tried after a refusal",
+            field_path=".rungs",
+            check=lambda ladder: "Reject" not in ladder.rungs or ladder.rungs[-1] == "Reject",
+        ),
+        CelRule(
+            rule="!self.rungs.exists(r, r == 'Fallback') || has(self.fallbackModelGroup)",
+            message="`degrade.fallbackModelGroup` must name the approved ModelGroup of the `Fallback` rung",
+            field_path=".fallbackModelGroup",
+            check=lambda ladder: "Fallback" not in ladder.rungs or ladder.fallback_model_group is not None,
+        ),
+        CelRule(
+            rule="!self.rungs.exists(r, r == 'CapOutput') || has(self.capOutputTokens)",
+            message="`degrade.capOutputTokens` must be set for the `CapOutput` rung: the cap it serves under",
+            field_path=".capOutputTokens",
+            check=lambda ladder: "CapOutput" not in ladder.rungs or ladder.cap_output_tokens is not None,
+        ),
+    )
+
+
+class DegradeLadder(SpecModel):
+    """The lesser contracts a class accepts, in the order the gateway tries them under overload and
+    while new groups warm; every response served on a rung says which (`X-Goodput-Degraded`).
+    Nothing the class does not list is ever done to its requests."""
+
+    cel_rules = _ladder_rules()
+
+    rungs: tuple[DegradeRung, ...] = Field(min_length=1, max_length=5)
+    """'CapOutput' (serve with at most `capOutputTokens` output tokens), 'DropOptionalContext' (leave
+    out the chat messages the client marked optional), 'Fallback' (serve on `fallbackModelGroup`),
+    'AsyncBatch' (accept now with 202 and a result URL, answer when capacity frees) and 'Reject'
+    (429); each at most once, 'Reject' last."""
+    cap_output_tokens: int | None = Field(default=None, ge=1, le=16777216)
+    """The output cap of the 'CapOutput' rung."""
+    fallback_model_group: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN
+    )
+    """The approved ModelGroup (same namespace, same `goodput.dev/model-family` label) of the
+    'Fallback' rung; one that is missing or of another family is reported, never served."""
+
+
 class SloClass(SpecModel):
     """One class of requests and its latency targets (interactive, long reasoning, batch, ...)."""
 
@@ -92,6 +169,11 @@ class SloClass(SpecModel):
     max_output_tokens: int | None = Field(default=None, ge=1, le=16777216)
     """The class's contract on `max_tokens`: the gateway answers a larger request with 400, and uses
     this as the output budget of a request that names none; absent: only the context limits it."""
+    session_budget: SessionBudget | None = None
+    """The budget a session of this class reserves at its root (header `X-Goodput-Session`); absent:
+    requests of this class open no budgeted session."""
+    degrade: DegradeLadder | None = None
+    """The degrade ladder of this class; absent: only `overloadAction` answers overload."""
 
 
 class GoodputSpec(SpecModel):

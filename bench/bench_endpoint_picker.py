@@ -35,7 +35,6 @@ import aiohttp
 import grpc
 import numpy as np
 import yaml
-from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
@@ -47,7 +46,7 @@ from goodput.gateway.endpoint_picker import PoolState
 from goodput.gateway.endpoint_picker_cli import serve_picker
 from goodput.gateway.groups import GroupEndpoint, StaticGroupSource
 from goodput.gateway.requests import parse_request
-from goodput.gateway.server import Gateway
+from goodput.gateway.server import Admitted, Gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "manifests" / "samples"
@@ -110,7 +109,7 @@ async def decision_alone(gateway: Gateway, requests: int) -> list[float]:
         started = time.perf_counter()
         placed = await gateway.place(parsed, gateway.shape_of({}, parsed, gateway.clock()), None)
         timings.append(time.perf_counter() - started)
-        assert not isinstance(placed, web.Response) and placed.group is not None
+        assert isinstance(placed, Admitted) and placed.group is not None
         gateway.settle(placed, placed.group, 16, gateway.clock())
     return timings
 

@@ -121,9 +121,9 @@ POLICY_STATUS = StatusOwner(
     field_manager="goodput-policies",
     kind="SLOPolicy",
     fields=frozenset({"observedGeneration", "observedRevision", "boundModelGroups"}),
-    condition_types=frozenset({ConditionType.ACCEPTED}),
+    condition_types=frozenset({ConditionType.ACCEPTED, ConditionType.FALLBACKS_VALID}),
 )
-"""The SLOPolicy controller: what it read, the ModelGroups bound, and Accepted."""
+"""The SLOPolicy controller: what it read, the ModelGroups bound, Accepted and FallbacksValid."""
 
 STATUS_OWNERS = (GROUP_STATUS, AUTOSCALER_STATUS, POLICY_STATUS)
 LEGACY_FIELD_MANAGERS = frozenset({"goodput"})

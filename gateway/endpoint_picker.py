@@ -48,8 +48,8 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from multidict import CIMultiDict
 
-from goodput.gateway.requests import BadRequestError, error_body, parse_request
-from goodput.gateway.server import SESSION_HEADER, Admitted, Gateway, json_response, stream_events
+from goodput.gateway.requests import SESSION_HEADER, BadRequestError, error_body, parse_request
+from goodput.gateway.server import Admitted, Gateway, json_response, stream_events
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_METADATA_NAMESPACE = "envoy.lb"
@@ -236,7 +236,8 @@ class Exchange:
             )
         shape = gateway.shape_of(self.headers, parsed, self.arrival)
         placed = await gateway.place(parsed, shape, self.headers.get(SESSION_HEADER))
-        if isinstance(placed, web.Response):
+        if not isinstance(placed, Admitted):
+            assert isinstance(placed, web.Response)  # no ladder without the gateway's own request
             return immediate(placed)
         assert placed.group is not None
         self.gateway, self.admitted, self.stream = gateway, placed, parsed.stream

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.gateway.connections import cut_off
+from goodput.gateway.ladder import RESULTS_PATH
 from goodput.gateway.limits import BodyBudget, BodyLease, BodyRefusedError, ClientLimits, read_body
 from goodput.gateway.metrics import GatewayMetrics
 from goodput.gateway.registry import ModelClaim, ServedModels, resolve_served_models
@@ -76,6 +77,7 @@ class GatewayFront:
         if name in self.model_groups:
             raise ValueError(f"ModelGroup {name!r} is already served: update its policy instead")
         self.model_groups[name] = gateway
+        gateway.siblings = self.model_groups.get
         self.claims[name] = ModelClaim(name, gateway.policy.served_model, created)
         if self._session is not None:
             gateway.start(self._session)
@@ -124,6 +126,7 @@ class GatewayFront:
         app.router.add_post(CHAT_PATH, self.proxy)
         app.router.add_post(COMPLETIONS_PATH, self.proxy)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get(RESULTS_PATH + "/{model_group}/{key}", self.result)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -167,6 +170,14 @@ class GatewayFront:
             if gateway is None:
                 return self._unknown_model(parsed)
             return await gateway.serve(request, parsed, arrival)
+
+    async def result(self, request: web.Request) -> web.Response:
+        """An AsyncBatch answer at its result URL (`ladder.LaterDesk.claim`)."""
+        gateway = self.model_groups.get(request.match_info["model_group"])
+        if gateway is None:
+            message = "no such result: its ModelGroup is not served here"
+            return json_response(404, error_body(message, "NotFoundError", None, "result_not_found"))
+        return gateway.later.claim(request.match_info["key"])
 
     def gateway_for(self, served_model: str) -> Gateway | None:
         """The request path of the ModelGroup serving `served_model`; never another's."""

@@ -48,6 +48,20 @@ class GatewayMetrics:
             [*labels, "slo_met"],
             registry=r,
         )
+        self.degraded = Counter(
+            "goodput_gateway_requests_degraded_total",
+            "Requests served (or refused) on a rung of their class's degrade ladder: CapOutput, "
+            "DropOptionalContext, Fallback, AsyncBatch, Reject.",
+            [*labels, "rung"],
+            registry=r,
+        )
+        self.sessions = Counter(
+            "goodput_gateway_session_requests_total",
+            "Requests of budgeted sessions by what the session made of them: root, child, or the "
+            "refusal code (session_budget_exhausted, session_expired, ...).",
+            [*labels, "result"],
+            registry=r,
+        )
         self.disconnects = Counter(
             "goodput_gateway_client_disconnects_total",
             "Requests whose client went away before the answer ended, by stage: queued (waiting for "

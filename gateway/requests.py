@@ -26,6 +26,9 @@ MAX_JSON_DEPTH = 128
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+SESSION_HEADER = "X-Goodput-Session"
+"""A conversation or agent run the request belongs to: its routing affinity, and within a class
+with a session budget the session it is charged to (`gateway.sessions`)."""
 
 
 class BadRequestError(Exception):

@@ -10,8 +10,11 @@ engine's answer, streamed or not. The gateway keeps at most `max_in_flight_per_g
 each group, so contention is resolved here, by fairness and deadlines, rather than in the engine's
 first-come queue.
 
-Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason` and
-`X-Goodput-Group`; a degraded request also `X-Goodput-Max-Tokens` (the lowered budget). Status codes:
+Responses carry `X-Goodput-Outcome` (admitted, degraded, deferred), `X-Goodput-Reason`,
+`X-Goodput-Group` and `X-Goodput-Served-By` (ModelGroup/model revision); a degraded request also
+`X-Goodput-Max-Tokens` (the lowered budget), and one served on a rung of its class's degrade ladder
+`X-Goodput-Degraded` (`gateway.ladder`). A class with a session budget answers within its session
+(`gateway.sessions`: 404, 409, 410 and 429 with a `session_...` code). Status codes:
 400 unreadable request, unknown class, prompt beyond the context or the class's limits; 404 a
 model no ModelGroup of the gateway serves; 408 a body that did not arrive in time; 409 a duplicate
 idempotency key whose answer cannot be replayed; 413 a body over the size limit; 429 overload,
@@ -52,19 +55,21 @@ from goodput.controllers.requests.admission import (
     TokenBucket,
     admit,
 )
+from goodput.controllers.requests.degrade import without_marks
 from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.groups import GroupEndpoint, GroupSource
+from goodput.gateway.ladder import LaterDesk, needs_ladder, walk_ladder
 from goodput.gateway.metrics import GatewayMetrics
-from goodput.gateway.requests import ParsedRequest, error_body
+from goodput.gateway.requests import SESSION_HEADER, ParsedRequest, error_body
+from goodput.gateway.sessions import GENERATED_KEY, STREAM_KEY, SessionDesk
 
 log = logging.getLogger("goodput.gateway")
 
 CLASS_HEADER = "X-Goodput-Class"
 TENANT_HEADER = "X-Goodput-Tenant"
-SESSION_HEADER = "X-Goodput-Session"
 RETRY_HEADER = "X-Goodput-Retry"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_SESSIONS = 100_000
@@ -120,6 +125,7 @@ class Admitted:
     item: QueuedItem[Pending] | None = None
     group: str | None = None
     relaying: bool = False  # a stream's first bytes went to the client
+    marks: Mapping[str, str] = field(default_factory=dict)  # session and degrade headers to answer with
 
 
 def refusal_field(reason: AdmissionReason, parsed: ParsedRequest, context_tokens: int) -> str | None:
@@ -185,6 +191,9 @@ class Gateway:
         self.retry_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.meter = DrainRateMeter()
+        self.desk = SessionDesk(clock)
+        self.later = LaterDesk(clock)
+        self.siblings: Callable[[str], Gateway | None] = lambda _name: None  # set by `front`
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -204,6 +213,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        await self.later.stop()
 
     async def retire(self, reason: str) -> None:
         """The ModelGroup left the gateway (deleted, or no longer selected): every request still
@@ -456,7 +466,7 @@ class Gateway:
             self._keep_answer((tenant, key), answer_future)
         response: web.StreamResponse | None = None
         try:
-            response = await self._admit_and_serve(request, parsed, shape)
+            response = await self.desk.serve(self, request, parsed, shape)
             return response
         finally:
             if key:
@@ -525,21 +535,32 @@ class Gateway:
             self.metrics.infeasible.labels(*labels).inc()
 
     async def _admit_and_serve(
-        self, request: web.Request, parsed: ParsedRequest, shape: RequestShape
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        shape: RequestShape,
+        marks: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
-        placed = await self.place(parsed, shape, request.headers.get(SESSION_HEADER))
+        placed = await self.place(parsed, shape, request.headers.get(SESSION_HEADER), marks, request)
         if isinstance(placed, web.StreamResponse):
             return placed
         assert placed.group is not None
         return await self._serve(request, placed, placed.group)
 
     async def place(
-        self, parsed: ParsedRequest, shape: RequestShape, session: str | None
-    ) -> Admitted | web.Response:
+        self,
+        parsed: ParsedRequest,
+        shape: RequestShape,
+        session: str | None,
+        marks: Mapping[str, str] | None = None,
+        request: web.Request | None = None,
+    ) -> Admitted | web.StreamResponse:
         """Admit the request, queue it fairly and wait for a group to take it: the request path up
         to the engine, shared by the gateway's own proxy and the endpoint picker (which hands the
         chosen group to Envoy instead). Returns the request with its group set, holding a slot that
-        `settle` gives back, or the answer that refuses it."""
+        `settle` gives back, or the answer that refuses it. The degrade ladder is walked only for
+        the gateway's own proxy (`request` given): its rungs reroute, hold or answer the request
+        here, which a proxy that only asks for an endpoint cannot do."""
         if self.retired is not None:  # left the gateway while this request awaited a replayed answer
             return retired_response(self.retired)
         now = self.clock()
@@ -555,10 +576,25 @@ class Gateway:
             tenant_budget=bucket,
             retry_budget=retry_budget,
         )
-        admitted = Admitted(parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time)
+        marks = dict(marks or {})
+        if (
+            request is not None
+            and contract is not None
+            and contract.ladder is not None
+            and needs_ladder(decision, marks)
+        ):
+            walked = await walk_ladder(self, request, parsed, shape, contract, decision, marks)
+            if isinstance(walked, web.StreamResponse):
+                return walked
+            parsed, shape, decision = walked
+        admitted = Admitted(
+            parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time, marks=marks
+        )
         self._count(admitted)
         if not decision.proceeds:
-            return self._refusal(decision, parsed)
+            refusal = self._refusal(decision, parsed)
+            refusal.headers.update(marks)
+            return refusal
         self.retry_budgets[tenant] = retry_budget.after(shape.is_retry)
         self.retry_budgets.move_to_end(tenant)
         while len(self.retry_budgets) > MAX_TRACKED_TENANTS:
@@ -604,7 +640,7 @@ class Gateway:
             work,
             shape.prompt_tokens + decision.output_tokens,
             prefix_key(admitted.parsed.prompt_text, self.policy.routing),
-            session,
+            session or admitted.marks.get(SESSION_HEADER),
             shape.prompt_tokens,
             class_name=contract.name,
         )
@@ -671,6 +707,8 @@ class Gateway:
 
     def _upstream_body(self, admitted: Admitted) -> dict[str, Any]:
         body = dict(admitted.parsed.body)
+        if admitted.decision.class_name in self.policy.optional_context_classes:
+            body = without_marks(body)  # the engine does not know the optional mark
         body[admitted.parsed.output_field] = admitted.decision.output_tokens
         return body
 
@@ -683,6 +721,8 @@ class Gateway:
             "X-Goodput-Reason": decision.reason.value,
             "X-Goodput-Group": group,
             "X-Goodput-Class": decision.class_name or "",
+            "X-Goodput-Served-By": f"{self.policy.model_group}/{self.policy.model_revision}",
+            **admitted.marks,
         }
         if decision.outcome is Outcome.DEGRADE:
             headers["X-Goodput-Max-Tokens"] = str(decision.output_tokens)
@@ -715,6 +755,7 @@ class Gateway:
                 502, error_body(message, "UpstreamError"), self.answer_headers(admitted, group)
             )
         finally:
+            request[GENERATED_KEY] = generated
             self.settle(admitted, group, generated, dispatched_at)
 
     def started(self, admitted: Admitted) -> None:
@@ -764,6 +805,7 @@ class Gateway:
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=200, headers=headers)
         await response.prepare(request)
+        request[STREAM_KEY] = response
         admitted.relaying = True
         first_at: float | None = None
         last_at = 0.0

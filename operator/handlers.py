@@ -96,6 +96,7 @@ from goodput.controllers.groups.template import (
     spec_problems,
 )
 from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
+from goodput.controllers.requests.degrade import MODEL_FAMILY_LABEL
 from goodput.operator.engine import read_leader, warm_up
 from goodput.operator.kube import MODEL_GROUPS, SLO_POLICIES, KubeApi, KubeError
 from goodput.operator.metrics import OperatorMetrics
@@ -309,6 +310,13 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
         policy = (spec.get("policyRef") or {}).get("name")
         return {(namespace or "", policy): name} if policy else {}
 
+    @kopf.index(*MODEL_GROUPS, id="model_group_families", registry=registry)
+    async def model_group_families(
+        *, name: str, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[str, tuple[str, str | None]]:
+        """Each ModelGroup's family label, by namespace: which fallbacks an SLOPolicy may name."""
+        return {namespace or "": (name, labels.get(MODEL_FAMILY_LABEL))}
+
 
 def _register_model_groups(registry: kopf.OperatorRegistry) -> None:
     """A ModelGroup's spec check on create and update, and its reconcile loop (one daemon each)."""
@@ -370,6 +378,7 @@ def _register_slo_policies(registry: kopf.OperatorRegistry, options: Settings) -
             policy=parse_slo_policy(body),
             bound_model_groups=model_groups_by_policy.get((namespace or "", name), []),
             now=datetime.now(UTC),
+            model_group_families=dict(kwargs["model_group_families"].get(namespace or "", [])),
         )
         if result.status != previous:
             await asyncio.to_thread(

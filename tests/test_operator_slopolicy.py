@@ -138,3 +138,60 @@ def test_the_policy_controller_applies_its_status_whole_as_its_own_field_manager
     )
     assert body["status"]["observedGeneration"] == 2 and body["status"]["boundModelGroups"] == ["llama"]
     assert [(c["type"], c["status"]) for c in body["status"]["conditions"]] == [("Accepted", "True")]
+
+
+def with_fallback(fallback: str) -> dict[str, Any]:
+    raw = copy.deepcopy(POLICY)
+    raw["spec"]["classes"][0]["degrade"] = {"rungs": ["Fallback", "Reject"], "fallbackModelGroup": fallback}
+    return raw
+
+
+FAMILIES = {"llama-70b": "llama-3.1", "llama-8b": "llama-3.1", "qwen-7b": "qwen-2.5", "bare": None}
+
+
+@pytest.mark.parametrize(
+    ("fallback", "status", "reason"),
+    [
+        ("llama-8b", "True", Reason.FALLBACKS_APPROVED),
+        ("missing", "False", Reason.FALLBACK_MODEL_GROUP_NOT_FOUND),
+        ("qwen-7b", "False", Reason.FALLBACK_OTHER_FAMILY),
+        ("bare", "False", Reason.FALLBACK_FAMILY_UNKNOWN),
+    ],
+    ids=["same family", "missing", "other family", "no family label"],
+)
+def test_a_fallback_is_reported_on_the_policy_not_acted_on(fallback: str, status: str, reason: str) -> None:
+    result = reconcile_policy(
+        SloPolicyStatus(),
+        generation=1,
+        policy=parsed(with_fallback(fallback)),
+        bound_model_groups=["llama-70b"],
+        now=NOW,
+        model_group_families=FAMILIES,
+    )
+    condition = find_condition(result.status.conditions, ConditionType.FALLBACKS_VALID)
+    assert condition is not None and (condition.status, condition.reason) == (status, reason)
+    if status == "False":
+        assert fallback in condition.message and "llama-70b" in condition.message
+    accepted = find_condition(result.status.conditions, ConditionType.ACCEPTED)
+    assert accepted is not None and accepted.status == "True"  # the rest of the policy is in force
+
+
+def test_the_fallback_condition_goes_when_no_class_names_a_fallback() -> None:
+    first = reconcile_policy(
+        SloPolicyStatus(),
+        generation=1,
+        policy=parsed(with_fallback("missing")),
+        bound_model_groups=["llama-70b"],
+        now=NOW,
+        model_group_families=FAMILIES,
+    )
+    assert find_condition(first.status.conditions, ConditionType.FALLBACKS_VALID) is not None
+    again = reconcile_policy(
+        first.status,
+        generation=2,
+        policy=parsed(POLICY),
+        bound_model_groups=["llama-70b"],
+        now=NOW,
+        model_group_families=FAMILIES,
+    )
+    assert find_condition(again.status.conditions, ConditionType.FALLBACKS_VALID) is None

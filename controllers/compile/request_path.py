@@ -23,6 +23,7 @@ from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.scaling import compile_policy
 from goodput.controllers.hardware import ReadConfig
 from goodput.controllers.requests.admission import AdmissionPolicy, admission_policy
+from goodput.controllers.requests.degrade import MODEL_FAMILY_LABEL
 from goodput.controllers.requests.fairness import FairnessPolicy, fairness_policy
 from goodput.controllers.requests.routing import RoutingPolicy
 from goodput.estimators.feasibility import FloorModel
@@ -54,6 +55,9 @@ class RequestPathPolicy:
     default_tenant: str
     tenant_tokens_per_minute: dict[str, int]
     listed_tenants: frozenset[str]
+    model_revision: str = ""  # the weights' revision, named in every answer's X-Goodput-Served-By
+    model_family: str | None = None  # label goodput.dev/model-family: which fallbacks are approved
+    optional_context_classes: frozenset[str] = frozenset()  # classes whose ladder may drop marked context
 
 
 def context_tokens(model_group: ModelGroup) -> int:
@@ -104,4 +108,9 @@ def compile_request_path(
             if tenant.tokens_per_minute is not None
         },
         listed_tenants=frozenset(tenant.name for tenant in fairness.tenants),
+        model_revision=spec.model.revision,
+        model_family=(model_group.metadata.labels or {}).get(MODEL_FAMILY_LABEL),
+        optional_context_classes=frozenset(
+            cls.name for cls in slo.spec.classes if cls.degrade and "DropOptionalContext" in cls.degrade.rungs
+        ),
     )

@@ -22,6 +22,7 @@ from goodput.api.conditions import Condition, find_condition, set_condition
 from goodput.api.reasons import ConditionType, EventReason, Reason
 from goodput.api.slopolicy import SloPolicy, SloPolicySpec, SloPolicyStatus
 from goodput.controllers.events import EventRecord
+from goodput.controllers.requests.degrade import fallback_findings
 from goodput.controllers.validation import describe_validation_error
 
 
@@ -69,10 +70,13 @@ def reconcile_policy(
     policy: SloPolicy | str,
     bound_model_groups: Iterable[str],
     now: datetime,
+    model_group_families: Mapping[str, str | None] | None = None,
 ) -> PolicyReconcile:
     """The SLOPolicy's status, and the Events of the transitions it makes.
 
-    policy: the parsed object, or why it does not parse.
+    policy: the parsed object, or why it does not parse. model_group_families: the namespace's
+    ModelGroups and their `goodput.dev/model-family` labels, to check the fallbacks the classes'
+    degrade ladders name (FallbacksValid); None leaves that condition as it is.
     """
     problems = (policy,) if isinstance(policy, str) else policy_problems(policy.spec)
     accepted_before = find_condition(previous.conditions, ConditionType.ACCEPTED)
@@ -111,12 +115,48 @@ def reconcile_policy(
             or previous.observed_revision != revision
         ):
             events.append(EventRecord("Normal", EventReason.POLICY_ACCEPTED, message))
+    bound = tuple(sorted(set(bound_model_groups)))
+    conditions = set_condition(previous.conditions, condition, now)
+    if model_group_families is not None and not isinstance(policy, str):
+        conditions = fallbacks_condition(
+            conditions, policy.spec, bound, model_group_families, generation, now
+        )
     status = previous.model_copy(
         update={
             "observed_generation": generation,
             "observed_revision": revision,
-            "conditions": set_condition(previous.conditions, condition, now),
-            "bound_model_groups": tuple(sorted(set(bound_model_groups))),
+            "conditions": conditions,
+            "bound_model_groups": bound,
         }
     )
     return PolicyReconcile(status=status, events=tuple(events))
+
+
+def fallbacks_condition(  # noqa: PLR0917 (the condition's whole input)
+    conditions: tuple[Condition, ...],
+    spec: SloPolicySpec,
+    bound: tuple[str, ...],
+    families: Mapping[str, str | None],
+    generation: int,
+    now: datetime,
+) -> tuple[Condition, ...]:
+    """FallbacksValid: the fallbacks the classes name are checked, never acted on here; the gateway
+    passes over one that is missing or of another family. Absent when no class names a fallback."""
+    findings = fallback_findings(spec, bound, families)
+    if findings is None:
+        return tuple(c for c in conditions if c.type != ConditionType.FALLBACKS_VALID)
+    if findings:
+        status, reason = "False", findings[0].problem.value
+        message = "; ".join(finding.message for finding in findings)
+    else:
+        status, reason = "True", Reason.FALLBACKS_APPROVED
+        message = f"every fallback is served in the family of the {len(bound)} bound ModelGroup(s)"
+    condition = Condition(
+        type=ConditionType.FALLBACKS_VALID,
+        status=status,
+        observed_generation=generation,
+        last_transition_time=now,
+        reason=reason,
+        message=message[:32768],
+    )
+    return set_condition(conditions, condition, now)

@@ -34,6 +34,8 @@ from enum import StrEnum
 
 from goodput.api.reasons import AdmissionReason
 from goodput.api.slopolicy import SloPolicySpec
+from goodput.controllers.requests.degrade import Ladder
+from goodput.controllers.requests.sessions import SessionLimits
 from goodput.estimators.feasibility import (
     FloorModel,
     FloorTargets,
@@ -85,6 +87,8 @@ class ClassContract:
     overload_action: OverloadAction
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
+    session_limits: SessionLimits | None = None  # requests of this class open budgeted sessions
+    ladder: Ladder | None = None  # the lesser contracts the class accepts, in order
 
     @property
     def floor_targets(self) -> FloorTargets:
@@ -131,6 +135,8 @@ def admission_policy(
             overload_action=OverloadAction(cls.overload_action),
             max_prompt_tokens=cls.max_prompt_tokens,
             max_output_tokens=cls.max_output_tokens,
+            session_limits=SessionLimits.of(cls.session_budget) if cls.session_budget else None,
+            ladder=Ladder.of(cls.degrade) if cls.degrade else None,
         )
         for cls in spec.classes
     }
