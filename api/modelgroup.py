@@ -1210,6 +1210,9 @@ class GroupStatus(StatusModel):
     """Its pods are of an older pod template: a rollout replaces it."""
     message: str | None = Field(default=None, max_length=32768)
     """Why the group is in its state, when that is not obvious (for example why it failed)."""
+    pool: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """The pool the group belongs to (`status.pools[].name`); absent in a record an older operator
+    wrote, whose groups are all of the `serving` pool."""
 
 
 class Proposal(StatusModel):
@@ -1296,6 +1299,9 @@ class ScalingDecision(StatusModel):
     ready_time: DecisionReadyTime | None = None
     """The ready time the decision looked ahead by and its source; absent: unknown (no backlog was
     discounted by a ready time)."""
+    pool: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """The pool the decision scaled (`status.pools[].name`); absent in a record an older operator
+    wrote, which scaled the `serving` pool."""
 
 
 DrainOutcome = Literal["Drained", "TimedOut"]

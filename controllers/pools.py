@@ -70,6 +70,14 @@ def model_group_pools(spec: ModelGroupSpec) -> tuple[PoolSpec, ...]:
     )
 
 
+def pool_named(spec: ModelGroupSpec, name: str) -> PoolSpec:
+    """The pool `name` of a ModelGroup; a name it does not declare is a caller's error."""
+    for pool in model_group_pools(spec):
+        if pool.name == name:
+            return pool
+    raise KeyError(f"the ModelGroup has no pool {name!r}")
+
+
 def pool_of_labels(labels: Mapping[str, str]) -> str:
     """The pool a pod belongs to: its pool label, or `serving` for a pod created before pools had
     a label (an operator upgrade must not orphan a running group)."""

@@ -7,22 +7,32 @@ belong to `serving`); the group controller plans one pool's groups and leaves an
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_groups import TEMPLATE, group, states, world
+from test_autoscaler import NAME as AUTOSCALED
+from test_autoscaler import NAMESPACE as AUTOSCALED_NAMESPACE
+from test_autoscaler import OVERLOADED
+from test_autoscaler import harness as autoscaler_harness
+from test_decision_record import SCALE_OUT
+from test_groups import NOW, TEMPLATE, group, states, world
 from test_groups_status import assessment, status_of
+from test_metrics_source import MODEL_GROUP
 from test_pods import LLAMA_8B, LLAMA_70B
 
 from goodput.api.labels import LABEL_POOL, SERVING_POOL, leader_label_selector, pool_leader_label_selector
-from goodput.api.modelgroup import ModelGroupSpec, ModelGroupStatus, PoolStatus
+from goodput.api.modelgroup import GroupStatus, ModelGroupSpec, ModelGroupStatus, PoolStatus
 from goodput.controllers import naming
+from goodput.controllers.autoscale.record import decision_entry, record_decisions
 from goodput.controllers.groups.controller import plan_model_group
 from goodput.controllers.groups.observation import parse_pod
 from goodput.controllers.groups.pods import render_group
 from goodput.controllers.pools import PoolKey, PoolSpec, model_group_pools, pool_of_labels
+from goodput.operator.autoscaler import Memory
+from goodput.operator.metrics_source import group_counts, group_observations
 
 SPEC_BASE: dict[str, Any] = {
     "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
@@ -195,3 +205,42 @@ def test_pool_keys_of_two_pools_of_one_model_group_differ() -> None:
     keys = {PoolKey("serving", "llama"), PoolKey("serving", "llama", "prefill"), PoolKey("serving", "llama")}
     assert keys == {PoolKey("serving", "llama", SERVING_POOL), PoolKey("serving", "llama", "prefill")}
     assert naming.LABEL_POOL == LABEL_POOL
+
+
+def test_a_pools_snapshot_counts_its_own_groups_and_an_older_record_is_serving() -> None:
+    status = ModelGroupStatus(
+        groups=(
+            GroupStatus(name="g0", state="Ready", created_at=NOW),  # written before pools
+            GroupStatus(name="g1", state="Ready", created_at=NOW, pool=SERVING_POOL),
+            GroupStatus(name="g2", state="Ready", created_at=NOW, pool="prefill", outdated=True),
+        )
+    )
+    observed = group_observations(MODEL_GROUP, status, {}, now=NOW.timestamp())
+    assert sorted(group.name for group in observed) == ["g0", "g1"]
+    assert group_counts(MODEL_GROUP, status).outdated == frozenset()
+    with pytest.raises(KeyError, match="no pool 'prefill'"):
+        group_counts(MODEL_GROUP, status, "prefill")
+
+
+def test_the_autoscalers_memory_is_per_pool_and_forgetting_a_model_group_drops_every_pool() -> None:
+    h = autoscaler_harness(groups={"g0": OVERLOADED})
+    assert h.autoscaler is not None
+    other = Memory(pool="prefill")
+    h.autoscaler.memories[PoolKey(AUTOSCALED_NAMESPACE, AUTOSCALED, "prefill")] = other
+    h.tick()
+    serving = h.autoscaler.memories[PoolKey(AUTOSCALED_NAMESPACE, AUTOSCALED)]
+    assert serving.active.started and serving.pool == SERVING_POOL
+    assert not other.active.started and other.capacity == Memory().capacity
+    assert h.status["lastDecision"]["pool"] == SERVING_POOL
+    h.autoscaler.forget(AUTOSCALED_NAMESPACE, AUTOSCALED)
+    assert h.autoscaler.memories == {}
+
+
+def test_a_decision_carries_its_pool_and_an_older_record_counts_as_the_serving_pools() -> None:
+    entry = decision_entry(SCALE_OUT)
+    assert entry.pool == SERVING_POOL
+    older = entry.model_copy(update={"pool": None, "time": entry.time - timedelta(seconds=30)})
+    status = record_decisions(ModelGroupStatus(decisions=(older,)), active=SCALE_OUT, shadow=None)
+    assert status.decisions == (older,)  # the same outcome, not recorded twice across an upgrade
+    prefill = record_decisions(ModelGroupStatus(), active=SCALE_OUT, shadow=None, pool="prefill")
+    assert prefill.last_decision is not None and prefill.last_decision.pool == "prefill"

@@ -55,7 +55,9 @@ def phase_seconds(phases: ReadyBreakdown | None) -> tuple[PhaseSeconds, ...]:
     )
 
 
-def group_status(group: Assessment, phases: ReadyBreakdown | None = None) -> GroupStatus:
+def group_status(
+    group: Assessment, phases: ReadyBreakdown | None = None, pool: str = naming.SERVING_POOL
+) -> GroupStatus:
     times = group.ready_times()
     ready_time = None
     if times is not None:
@@ -77,6 +79,7 @@ def group_status(group: Assessment, phases: ReadyBreakdown | None = None) -> Gro
         drain_started_at=group.draining_since,
         outdated=group.outdated,
         message=group.message or None,
+        pool=pool,
     )
 
 
@@ -206,7 +209,7 @@ def model_group_status(
             "updated_groups": plan.rollout.updated if plan.rollout is not None else 0,
             "outdated_groups": plan.rollout.outdated if plan.rollout is not None else 0,
             "groups": tuple(
-                group_status(group, plan.ready_breakdowns.get(group.name)) for group in plan.groups
+                group_status(group, plan.ready_breakdowns.get(group.name), pool) for group in plan.groups
             ),
             "pools": (pool_status(name, pool, desired_groups=desired_groups, counts=counts, plan=plan),),
             "ready_time": ready_time_summary(previous.ready_time, plan),
