@@ -21,7 +21,7 @@ from goodput.api.modelgroup import ModelGroupSpec
 
 
 def wanted_groups(replicas: int, min_replicas: int, max_replicas: int) -> int:
-    """The complete groups a ModelGroup converges to.
+    """The complete groups a pool (a ModelGroup without roles) converges to.
 
     The API allows bounds moved past `replicas` (a user lowers `maxReplicas` below the current
     count); the count converges to the nearest bound rather than being refused.
@@ -31,8 +31,8 @@ def wanted_groups(replicas: int, min_replicas: int, max_replicas: int) -> int:
 
 @dataclass(frozen=True, slots=True, order=True)
 class PoolKey:
-    """Which pool of which ModelGroup: the key of everything kept per pool (autoscaler memory,
-    metrics series, status entries)."""
+    """Which pool of which ModelGroup: the key of what is kept per pool between passes (the
+    autoscaler's memory)."""
 
     namespace: str
     model_group: str
