@@ -6,6 +6,7 @@ own `kubectl get pods -l ...` all depend on them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from goodput.api.base import GROUP
@@ -14,6 +15,11 @@ LABEL_MODEL_GROUP: Final = f"{GROUP}/model-group"
 """Name of the ModelGroup a pod serves."""
 LABEL_GROUP: Final = f"{GROUP}/group"
 """Name of the complete replica group the pod belongs to."""
+LABEL_POOL: Final = f"{GROUP}/pool"
+"""Name of the pool of the ModelGroup the pod's group belongs to. A pod without it (created before
+pools existed) belongs to `SERVING_POOL`."""
+SERVING_POOL: Final = "serving"
+"""The pool of a ModelGroup that declares no roles: its one template, bounds and scale target."""
 LABEL_RANK: Final = f"{GROUP}/rank"
 """Rank of the pod inside its group; '0' is the leader, the only pod that serves HTTP."""
 LEADER_RANK: Final = "0"
@@ -43,3 +49,17 @@ def leader_label_selector(model_group: str) -> str:
     Selecting leaders only makes an external HPA's per-pod averages per-group averages.
     """
     return f"{LABEL_MODEL_GROUP}={model_group},{LABEL_RANK}={LEADER_RANK}"
+
+
+def pool_leader_label_selector(model_group: str, pool: str, other_pools: Iterable[str] = ()) -> str:
+    """The leader selector of one pool of a ModelGroup: `status.pools[].labelSelector`.
+
+    The serving pool's pods may predate the pool label, so its selector does not ask for the label:
+    it leaves out the other pools' pods instead (none today, so it is the ModelGroup's own
+    selector and every existing pod still matches). Any other pool is selected by its label.
+    """
+    base = leader_label_selector(model_group)
+    if pool != SERVING_POOL:
+        return f"{base},{LABEL_POOL}={pool}"
+    others = sorted(set(other_pools) - {SERVING_POOL})
+    return f"{base},{LABEL_POOL} notin ({','.join(others)})" if others else base

@@ -1210,6 +1210,9 @@ class GroupStatus(StatusModel):
     """Its pods are of an older pod template: a rollout replaces it."""
     message: str | None = Field(default=None, max_length=32768)
     """Why the group is in its state, when that is not obvious (for example why it failed)."""
+    pool: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """The pool the group belongs to (`status.pools[].name`); absent in a record an older operator
+    wrote, whose groups are all of the `serving` pool."""
 
 
 class Proposal(StatusModel):
@@ -1296,6 +1299,9 @@ class ScalingDecision(StatusModel):
     ready_time: DecisionReadyTime | None = None
     """The ready time the decision looked ahead by and its source; absent: unknown (no backlog was
     discounted by a ready time)."""
+    pool: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """The pool the decision scaled (`status.pools[].name`); absent in a record an older operator
+    wrote, which scaled the `serving` pool."""
 
 
 DrainOutcome = Literal["Drained", "TimedOut"]
@@ -1380,6 +1386,35 @@ class ClassFeasibilityStatus(StatusModel):
     the attainable ceiling (primary class)."""
 
 
+class PoolStatus(StatusModel):
+    """One pool of a ModelGroup: a set of complete groups from one template, with its own bounds
+    and scale. A ModelGroup without roles has one pool, `serving`, whose figures equal the
+    ModelGroup's own."""
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    """The pool's name; its pods carry it in the goodput.dev/pool label (pods created before the
+    label existed belong to `serving`)."""
+    desired_groups: int = Field(default=0, ge=0)
+    """Groups wanted in this pool, as last acted on."""
+    placing_groups: int = Field(default=0, ge=0)
+    """Groups whose pods are not all bound to nodes yet."""
+    provisioning_groups: int = Field(default=0, ge=0)
+    """Groups whose containers are starting or loading weights."""
+    warming_groups: int = Field(default=0, ge=0)
+    """Groups running their readiness checks."""
+    ready_groups: int = Field(default=0, ge=0)
+    """Groups counted as capacity."""
+    draining_groups: int = Field(default=0, ge=0)
+    """Groups finishing in-flight requests before removal."""
+    failed_groups: int = Field(default=0, ge=0)
+    """Groups that failed and await replacement."""
+    revision: str | None = Field(default=None, max_length=64)
+    """The pool's current pod template revision; absent until the group controller planned it."""
+    label_selector: str | None = Field(default=None, max_length=1024)
+    """Selector of the pool's leader pods, one per group: what an HPA or KEDA scaling this pool
+    averages over."""
+
+
 class ModelGroupStatus(StatusModel):
     """Observed state of a ModelGroup, written by the operator."""
 
@@ -1411,6 +1446,9 @@ class ModelGroupStatus(StatusModel):
     """Groups serving or on their way whose pods are of an older revision: a rollout replaces them."""
     groups: tuple[GroupStatus, ...] = Field(default=(), json_schema_extra=list_map("name"))
     """Every group and its state."""
+    pools: tuple[PoolStatus, ...] = Field(default=(), max_length=8, json_schema_extra=list_map("name"))
+    """Every pool and its groups' counts; one pool, `serving`, for a ModelGroup without roles. The
+    scale subresource (`kubectl scale`, an HPA or KEDA) targets that pool."""
     drain: DrainSummary | None = None
     """Scale-in drains: how many ended idle, timed out or were cancelled, and the requests they
     finished and aborted."""

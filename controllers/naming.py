@@ -21,7 +21,9 @@ from goodput.api.labels import (
     CONDITION_NCCL_HEALTHY,
     LABEL_GROUP,
     LABEL_MODEL_GROUP,
+    LABEL_POOL,
     LABEL_RANK,
+    SERVING_POOL,
 )
 from goodput.api.modelgroup import GPU_RESOURCE
 
@@ -170,6 +172,7 @@ __all__ = [
     "LABEL_MANAGED_BY",
     "LABEL_METRICS",
     "LABEL_MODEL_GROUP",
+    "LABEL_POOL",
     "LABEL_RANK",
     "LABEL_REVISION",
     "MANAGED_BY",
@@ -179,6 +182,7 @@ __all__ = [
     "NODE_DOMAIN_PREFIX",
     "POD_CLAIM_NAME",
     "SCHEDULING_GATE",
+    "SERVING_POOL",
     "claim_template_name",
     "device_class_of_resource",
     "device_class_resource",

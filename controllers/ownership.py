@@ -78,6 +78,7 @@ GROUP_STATUS = StatusOwner(
             "readyGroups",
             "drainingGroups",
             "failedGroups",
+            "pools",
             "revision",
             "updatedGroups",
             "outdatedGroups",

@@ -241,6 +241,14 @@ def test_a_70b_model_group_serves_only_complete_healthy_warm_groups(
         assert table[0].split()[:3] == ["NAME", "DESIRED", "READY"]
         assert table[1].split()[:3] == ["llama", "2", "2"]
         assert events(cluster, namespace, "GroupReady")
+        # A ModelGroup without roles is one pool, `serving`: its ranks carry it, and its entry in
+        # `status.pools` is the ModelGroup's own count and selector.
+        pools = {p["metadata"]["labels"]["goodput.dev/pool"] for p in live_pods(cluster, namespace)}
+        assert pools == {"serving"}
+        (pool,) = final["pools"]
+        assert (pool["name"], pool["desiredGroups"], pool["readyGroups"]) == ("serving", 2, 2)
+        assert pool["labelSelector"] == final["labelSelector"]
+        assert {group["pool"] for group in final["groups"]} == {"serving"}
 
 
 def test_scaling_past_free_gpus_places_only_whole_groups_and_says_why(

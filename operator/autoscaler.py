@@ -68,6 +68,7 @@ from typing import Any, Protocol, TypeVar
 import kopf
 
 from goodput.api.base import GROUP, VERSION
+from goodput.api.labels import SERVING_POOL
 from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale import decide
@@ -106,6 +107,7 @@ from goodput.controllers.events import EventRecord
 from goodput.controllers.groups.template import parse_model_group
 from goodput.controllers.hardware import ReadConfig
 from goodput.controllers.ownership import AUTOSCALER_STATUS
+from goodput.controllers.pools import PoolKey
 from goodput.estimators.capacity import CapacityProfile
 from goodput.operator.autoscaler_forecast import (
     ForecastMemory,
@@ -239,7 +241,8 @@ class KubeCalls(Protocol):
 
 @dataclass
 class Memory:
-    """What the autoscaler remembers about one ModelGroup between ticks (and daemon restarts)."""
+    """What the autoscaler remembers about one pool of a ModelGroup between ticks (and daemon
+    restarts): its decision states, capacity learner and forecaster are the pool's alone."""
 
     active: DecisionState = field(default_factory=DecisionState.initial)
     shadow: DecisionState = field(default_factory=DecisionState.initial)
@@ -259,6 +262,8 @@ class Memory:
     forecast: ForecastMemory = field(default_factory=ForecastMemory)
     """The forecaster of `spec.forecast` and the health of its last history read (in memory only:
     a restart reads the history again)."""
+    pool: str = SERVING_POOL
+    """The pool this memory decides for: its snapshot and decision records are that pool's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +319,8 @@ class Autoscaler:
         self.record_executor = record_executor or executor
         self.history = history
         self.history_executor = history_executor
-        self.memories: dict[tuple[str, str], Memory] = {}
+        self.memories: dict[PoolKey, Memory] = {}
+        """Per pool: a ModelGroup without roles is one pool (`serving`), so one memory."""
         self.model_configs = ModelConfigReader(
             lambda path: self._call(self.kube.request, "GET", "configmaps", path), clock=clock
         )
@@ -329,7 +335,9 @@ class Autoscaler:
         )
 
     def forget(self, namespace: str, name: str) -> None:
-        self.memories.pop((namespace, name), None)
+        """Drop every pool's memory of a ModelGroup that is gone or no longer autoscaled."""
+        for key in [key for key in self.memories if (key.namespace, key.model_group) == (namespace, name)]:
+            del self.memories[key]
         self.metrics.forget(namespace, name)
 
     async def tick(
@@ -376,7 +384,7 @@ class Autoscaler:
         if watched is None:
             return await self._get(namespace, name)
         obj = {key: watched.get(key) for key in ("apiVersion", "kind", "metadata", "spec", "status")}
-        memory = self.memories.get((namespace, name))
+        memory = self.memories.get(PoolKey(namespace, name))
         if memory is None or memory.written_status is None:
             return obj
         watched_version = _version(obj)
@@ -406,7 +414,7 @@ class Autoscaler:
         """The tick on `obj`; `readings` holds the metrics read so far this tick (filled here)."""
         metadata = obj.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-        memory = self._memory(namespace, name, obj, now)
+        memory = self._memory(PoolKey(namespace, name), obj, now)
         status = ModelGroupStatus.model_validate(obj.get("status") or {})
         parsed = parse_model_group({key: obj.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
         if isinstance(parsed, str):
@@ -525,7 +533,15 @@ class Autoscaler:
             compiled = dataclasses.replace(plan.active, profile=with_capacity(plan.active.profile, capacity))
             snapshot = self._ahead(
                 parsed,
-                build_snapshot(parsed, status, compiled, reading.groups, now=now, gateway=reading.gateway),
+                build_snapshot(
+                    parsed,
+                    status,
+                    compiled,
+                    reading.groups,
+                    now=now,
+                    gateway=reading.gateway,
+                    pool=memory.pool,
+                ),
                 memory,
                 now,
             )
@@ -553,7 +569,15 @@ class Autoscaler:
             reading = readings[self._windows(plan.shadow)]
             snapshot = self._ahead(
                 parsed,
-                build_snapshot(parsed, status, plan.shadow, reading.groups, now=now, gateway=reading.gateway),
+                build_snapshot(
+                    parsed,
+                    status,
+                    plan.shadow,
+                    reading.groups,
+                    now=now,
+                    gateway=reading.gateway,
+                    pool=memory.pool,
+                ),
                 memory,
                 now,
             )
@@ -637,10 +661,10 @@ class Autoscaler:
         await self._write_status(obj, recorded, memory=memory, clear_shadow=not plan.shadow_bound)
         post_events(tick_events(status, plan, decided))
 
-    def _memory(self, namespace: str, name: str, obj: Mapping[str, Any], now: float) -> Memory:
-        """This ModelGroup's memory; on first sight, the decision states its status saved (or, for an
-        object an older operator wrote, its annotation did)."""
-        memory = self.memories.setdefault((namespace, name), Memory())
+    def _memory(self, key: PoolKey, obj: Mapping[str, Any], now: float) -> Memory:
+        """The pool's memory; on first sight, the decision states its ModelGroup's status saved (or,
+        for an object an older operator wrote, its annotation did)."""
+        memory = self.memories.setdefault(key, Memory(pool=key.pool))
         if not memory.loaded:
             text = (obj.get("status") or {}).get("autoscalerState")
             if not text:

@@ -32,7 +32,6 @@ from goodput.api.reasons import EventReason
 from goodput.api.slopolicy import SloPolicyStatus
 from goodput.api.times import rfc3339_millis, rfc3339_seconds
 from goodput.controllers import naming
-from goodput.controllers.autoscale.snapshot import wanted_groups
 from goodput.controllers.compile.slo_policy import parse_slo_policy, reconcile_policy
 from goodput.controllers.events import EventRecord
 from goodput.controllers.groups.controller import plan_model_group
@@ -96,6 +95,7 @@ from goodput.controllers.groups.template import (
     spec_problems,
 )
 from goodput.controllers.ownership import GROUP_STATUS, POLICY_STATUS
+from goodput.controllers.pools import PoolSpec, model_group_pools
 from goodput.controllers.requests.degrade import MODEL_FAMILY_LABEL
 from goodput.operator.engine import read_leader, warm_up
 from goodput.operator.kube import MODEL_GROUPS, SLO_POLICIES, KubeApi, KubeError
@@ -649,8 +649,11 @@ class ModelGroupLoop:
             return
 
         deleting = bool(metadata.get("deletionTimestamp"))
+        # A ModelGroup without roles is one pool; roles will plan each of theirs in turn.
+        (pool,) = model_group_pools(parsed.spec)
         world = self.build_world(
             parsed,
+            pool,
             nodes,
             now,
             deleting=deleting,
@@ -696,6 +699,7 @@ class ModelGroupLoop:
             now=world.now,
             unrecorded_drains=self.unrecorded_drains,
             unrecorded_cancellations=self.unrecorded_cancellations,
+            pool=world.template.pool,
         )
         try:
             await self._apply_status(previous, status, world.now)
@@ -709,6 +713,7 @@ class ModelGroupLoop:
     def build_world(
         self,
         model_group: ModelGroup,
+        pool: PoolSpec,
         nodes: list[NodeView],
         now: datetime,
         *,
@@ -719,7 +724,7 @@ class ModelGroupLoop:
     ) -> World:
         spec = model_group.spec
         settings = self.runtime.settings
-        template = group_template(model_group, settings.agent_image)
+        template = replace(group_template(model_group, settings.agent_image), pool=pool.name)
         observed = list(self.indexes.group_pods.get((self.namespace, self.name), ()))
         pods, self.expectations = overlay(observed, self.expectations, now)
         claims = [*self.runtime.gpu_claims(self.indexes.gpu_claims.get("cluster", ())), *devices.claims]
@@ -748,7 +753,7 @@ class ModelGroupLoop:
             template=template,
             rules=rules,
             placement=placement_rules(spec),
-            desired_groups=wanted_groups(spec.replicas, spec.min_replicas, spec.max_replicas),
+            desired_groups=pool.desired_groups,
             pods=pods,
             inventory=Inventory(tuple(view.inventory for view in nodes), tuple(claims), devices.note),
             ready_nodes=frozenset(view.inventory.name for view in nodes if view.ready),

@@ -34,7 +34,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
-from goodput.api.modelgroup import ModelGroup, ModelGroupStatus
+from goodput.api.labels import SERVING_POOL
+from goodput.api.modelgroup import GroupStatus, ModelGroup, ModelGroupStatus
 from goodput.controllers.autoscale.model import (
     GatewayClassFigures,
     GatewayObservation,
@@ -53,6 +54,7 @@ from goodput.controllers.autoscale.snapshot import (
 )
 from goodput.controllers.compile.scaling import CompiledPolicy, drain_target_seconds
 from goodput.controllers.compile.scaling import rate_window_seconds as rate_window
+from goodput.controllers.pools import pool_named
 from goodput.estimators.attainment import Histogram
 from goodput.operator.promql import (
     GATEWAY_CLASS_LABEL,
@@ -319,8 +321,16 @@ def readings_by_model_group(
     return {key: reading_from_result(parts.get(key, []), labels) for key in keys}
 
 
-def _observed(status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics]) -> list[GroupObservation]:
-    """The groups of `status.groups`, with the metrics of the ready ones."""
+def pool_groups(status: ModelGroupStatus, pool: str) -> tuple[GroupStatus, ...]:
+    """The groups of `status.groups` in `pool` (a record without a pool is an older operator's,
+    whose groups are all the serving pool's)."""
+    return tuple(group for group in status.groups if (group.pool or SERVING_POOL) == pool)
+
+
+def _observed(
+    status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics], pool: str
+) -> list[GroupObservation]:
+    """The pool's groups of `status.groups`, with the metrics of the ready ones."""
     return [
         GroupObservation(
             name=group.name,
@@ -328,28 +338,35 @@ def _observed(status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics]) -> 
             created_at=group.created_at.timestamp(),
             metrics=metrics.get(group.name) if group.state == "Ready" else None,
         )
-        for group in status.groups
+        for group in pool_groups(status, pool)
     ]
 
 
-def group_counts(model_group: ModelGroup, status: ModelGroupStatus) -> ModelGroupCounts:
-    """The ModelGroup's counts as its spec and the group controller's status say."""
-    spec = model_group.spec
+def group_counts(
+    model_group: ModelGroup, status: ModelGroupStatus, pool: str = SERVING_POOL
+) -> ModelGroupCounts:
+    """One pool's counts as the spec and the group controller's status say."""
+    declared = pool_named(model_group.spec, pool)
     return ModelGroupCounts(
-        spec_replicas=spec.replicas,
-        min_replicas=spec.min_replicas,
-        max_replicas=spec.max_replicas,
-        outdated=frozenset(group.name for group in status.groups if group.outdated),
+        spec_replicas=declared.replicas,
+        min_replicas=declared.min_replicas,
+        max_replicas=declared.max_replicas,
+        outdated=frozenset(group.name for group in pool_groups(status, pool) if group.outdated),
         unschedulable=unplaceable(status.conditions),
     )
 
 
 def group_observations(
-    model_group: ModelGroup, status: ModelGroupStatus, metrics: Mapping[str, GroupMetrics], *, now: float
+    model_group: ModelGroup,
+    status: ModelGroupStatus,
+    metrics: Mapping[str, GroupMetrics],
+    *,
+    now: float,
+    pool: str = SERVING_POOL,
 ) -> tuple[GroupObservation, ...]:
-    """The groups of `status.groups` with the metrics of the ready ones, plus the groups wanted but
-    not created yet (see the module docstring)."""
-    return capacity_view(_observed(status, metrics), group_counts(model_group, status), now=now)
+    """The pool's groups of `status.groups` with the metrics of the ready ones, plus the groups
+    wanted but not created yet (see the module docstring)."""
+    return capacity_view(_observed(status, metrics, pool), group_counts(model_group, status, pool), now=now)
 
 
 def build_snapshot(
@@ -360,10 +377,12 @@ def build_snapshot(
     *,
     now: float,
     gateway: GatewayObservation | None = None,
+    pool: str = SERVING_POOL,
 ) -> ModelGroupSnapshot:
+    """The snapshot of one pool of `model_group` (the serving pool: the ModelGroup's only one)."""
     return model_group_snapshot(
-        _observed(status, metrics),
-        group_counts(model_group, status),
+        _observed(status, metrics, pool),
+        group_counts(model_group, status, pool),
         profile=compiled.profile,
         policy=compiled.policy,
         name=model_group.metadata.name or "",

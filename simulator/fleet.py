@@ -18,13 +18,13 @@ from datetime import datetime
 from enum import StrEnum
 
 from goodput.controllers import naming
-from goodput.controllers.autoscale.snapshot import wanted_groups
 from goodput.controllers.groups.controller import plan_model_group
 from goodput.controllers.groups.drain import LeaderSample
 from goodput.controllers.groups.lifecycle import GroupEvent, GroupTransition
 from goodput.controllers.groups.model import DomainBackoff, Plan, WarmupOutcome, World
 from goodput.controllers.groups.observation import PodView
 from goodput.controllers.groups.pods import render_group
+from goodput.controllers.pools import wanted_groups
 from goodput.simulator.engine import EngineConfig, SimulatedEngine
 from goodput.simulator.group_world import (
     GroupRules,

@@ -202,6 +202,7 @@ def test_every_reason_a_decision_gives_is_a_word_of_the_vocabulary(
     assert set(decision.guards) <= set(vocabulary(Guard).values())
 
 
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 @given(observed=groups(), spec=st.integers(0, 15), policy=policies(modes=(Mode.FROZEN,)), state=histories())
 def test_frozen_holds_the_current_count(
     observed: list[GroupObservation], spec: int, policy: ScalingPolicy, state: DecisionState

@@ -29,6 +29,7 @@ from server_side_apply import AppliedStatus
 from goodput.controllers.autoscale.model import GatewayObservation, GroupMetrics
 from goodput.controllers.events import EventRecord
 from goodput.controllers.ownership import GROUP_STATUS
+from goodput.controllers.pools import PoolKey
 from goodput.estimators.attainment import Histogram
 from goodput.operator.autoscaler import STATE_ANNOTATION, Autoscaler, AutoscalerSettings
 from goodput.operator.autoscaler_daemon import is_bound
@@ -471,7 +472,7 @@ def test_a_count_changed_by_someone_else_meanwhile_wins() -> None:
     assert outcome.interval_seconds == 1.0
     assert outcome.delay_seconds(START + 7.3) == 1.0  # a retry soon, not at the next interval boundary
     assert h.api.writes == [] and h.events == []
-    assert h.autoscaler is not None and not h.autoscaler.memories[(NAMESPACE, NAME)].active.started
+    assert h.autoscaler is not None and not h.autoscaler.memories[PoolKey(NAMESPACE, NAME)].active.started
 
 
 def test_the_group_controllers_status_written_meanwhile_is_neither_sent_nor_erased() -> None:

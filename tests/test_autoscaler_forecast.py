@@ -13,6 +13,7 @@ from test_autoscaler import IDLE, NAME, NAMESPACE, START, Harness, harness, mode
 
 from goodput.api.reasons import Signal
 from goodput.controllers.autoscale.forecast import DEFAULT_FORECAST_SETTINGS
+from goodput.controllers.pools import PoolKey
 from goodput.operator.metrics_source import MetricsUnavailableError, history_from_result
 from goodput.operator.promql import offered_work_history_query
 
@@ -66,7 +67,7 @@ def run_ticks(h: Harness, *ats: float) -> list[Any]:
         for at in ats:
             h.clock.now = START + at
             outcomes.append(await h.autoscaler.tick(NAMESPACE, NAME, h.policies, h.post))
-            reading = h.autoscaler.memories[(NAMESPACE, NAME)].forecast.reading
+            reading = h.autoscaler.memories[PoolKey(NAMESPACE, NAME)].forecast.reading
             if reading is not None:
                 await reading
         return outcomes

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from goodput.api.conditions import Condition, ConditionStatus, find_condition, set_condition
+from goodput.api.labels import SERVING_POOL
 from goodput.api.modelgroup import (
     CapacityStatus,
     ClassFeasibilityStatus,
@@ -84,8 +85,8 @@ _WARNING_GUARDS = frozenset(
 # --- Status entries ---------------------------------------------------------------------------------
 
 
-def decision_entry(decision: Decision, *, shadow: bool = False) -> ScalingDecision:
-    """One decision as the API records it."""
+def decision_entry(decision: Decision, *, shadow: bool = False, pool: str = SERVING_POOL) -> ScalingDecision:
+    """One decision as the API records it, with the pool it scaled."""
     return ScalingDecision(
         time=datetime.fromtimestamp(decision.time, UTC),
         from_replicas=decision.current_groups,
@@ -104,6 +105,7 @@ def decision_entry(decision: Decision, *, shadow: bool = False) -> ScalingDecisi
         shadow=shadow,
         capacity=decision_capacity(decision.capacity),
         ready_time=decision_ready_time(decision.estimates),
+        pool=pool,
     )
 
 
@@ -144,7 +146,8 @@ def capacity_status(capacity: LearntCapacity | None) -> CapacityStatus | None:
 
 def _outcome(entry: ScalingDecision) -> tuple[object, ...]:
     """What makes two entries the same outcome (time aside)."""
-    return (entry.from_replicas, entry.to_replicas, entry.reason, entry.policy_revision, entry.mode)
+    pool = entry.pool or SERVING_POOL  # an older operator's record is of the serving pool
+    return (entry.from_replicas, entry.to_replicas, entry.reason, entry.policy_revision, entry.mode, pool)
 
 
 def record_decisions(
@@ -153,15 +156,16 @@ def record_decisions(
     active: Decision | None,
     shadow: Decision | None,
     limit: int = HISTORY_LIMIT,
+    pool: str = SERVING_POOL,
 ) -> ModelGroupStatus:
-    """The status with the latest decisions; the rest of the status is left as it was.
+    """The status with the latest decisions of `pool`; the rest of the status is left as it was.
 
     History keeps, newest first, each decision whose count differs from the one it started from
     (applied, or proposed by an Advisory policy), unless it repeats the newest entry's outcome.
     """
     update: dict[str, Any] = {}
     if active is not None:
-        entry = decision_entry(active)
+        entry = decision_entry(active, pool=pool)
         update["last_decision"] = entry
         history = previous.decisions
         if entry.to_replicas != entry.from_replicas and (
@@ -170,7 +174,7 @@ def record_decisions(
             history = (entry, *history)[:limit]
         update["decisions"] = history
     if shadow is not None:
-        update["shadow_decision"] = decision_entry(shadow, shadow=True)
+        update["shadow_decision"] = decision_entry(shadow, shadow=True, pool=pool)
     return previous.model_copy(update=update)
 
 

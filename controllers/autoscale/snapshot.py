@@ -24,6 +24,7 @@ from goodput.controllers.autoscale.model import (
     ScalingPolicy,
 )
 from goodput.controllers.autoscale.ready_time import ReadyTimeEstimate
+from goodput.controllers.pools import wanted_groups
 from goodput.estimators.attainment import Histogram
 from goodput.estimators.capacity import CapacityProfile
 
@@ -31,15 +32,6 @@ from goodput.estimators.capacity import CapacityProfile
 PLACEMENT_REASONS = frozenset(reason.value for reason in NoFitReason)
 # Groups that never become (more) capacity: a draining group is leaving, a failed one is gone.
 NOT_COMING = frozenset({"Draining", "Failed"})
-
-
-def wanted_groups(replicas: int, min_replicas: int, max_replicas: int) -> int:
-    """The complete groups a ModelGroup converges to.
-
-    The API allows bounds moved past `replicas` (a user lowers `maxReplicas` below the current
-    count); the count converges to the nearest bound rather than being refused.
-    """
-    return max(min_replicas, min(replicas, max_replicas))
 
 
 def unplaceable(conditions: Sequence[Condition]) -> bool:

@@ -18,6 +18,7 @@ from goodput.controllers import naming
 from goodput.controllers.groups.drain import DecidedDrain, DrainProgress, parse_outcome, parse_progress
 from goodput.controllers.groups.placement import GpuClaim, NodeInventory, Taint
 from goodput.controllers.groups.pods import ENGINE_CONTAINER_NAME
+from goodput.controllers.pools import pool_of_labels
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -67,6 +68,8 @@ class PodView:
     engine_started_at: datetime | None = None
     """When the engine container last started running (`state.running.startedAt`): the image is
     pulled and the init containers are done; None while it does not run."""
+    pool: str = naming.SERVING_POOL
+    """The pool of its group: the pool label, or `serving` for a pod created before the label."""
 
     @property
     def terminated(self) -> bool:
@@ -252,6 +255,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         waiting=_container_waiting(status),
         drain_outcome=parse_outcome(annotations.get(naming.ANNOTATION_DRAIN_OUTCOME), group),
         engine_started_at=_engine_started_at(status),
+        pool=pool_of_labels(labels),
     )
 
 

@@ -70,6 +70,9 @@ _REVISION_WHEN_SET = frozenset(
     }
 )
 
+# Fields that say which object a pod is, not how it is made: a change of them outdates no group.
+_NOT_SHAPING = frozenset({"uid", "pool"})
+
 
 @dataclass(frozen=True, slots=True)
 class GroupTemplate:
@@ -118,6 +121,9 @@ class GroupTemplate:
     readiness: Readiness | None = None
     """The readiness checks a group passed, when not the defaults: a group proved ready under other
     checks is outdated, so a change of them rolls the groups like a change of the pod."""
+    pool: str = naming.SERVING_POOL
+    """The pool the groups made from this template belong to (`controllers.pools`): part of a
+    group's identity, not of its shape, so it is left out of the revision."""
 
     @property
     def gpu_resource(self) -> str:
@@ -155,7 +161,8 @@ class GroupTemplate:
         shaping = {
             name: getattr(self, name)
             for name in self.__slots__
-            if name != "uid" and not (name in _REVISION_WHEN_SET and getattr(self, name) in ((), None))
+            if name not in _NOT_SHAPING
+            and not (name in _REVISION_WHEN_SET and getattr(self, name) in ((), None))
         }
         canonical = json.dumps(shaping, sort_keys=True, default=_canonical)
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
@@ -279,6 +286,7 @@ def group_labels(template: GroupTemplate, group: str) -> dict[str, str]:
     return {
         naming.LABEL_MODEL_GROUP: template.model_group,
         naming.LABEL_GROUP: group,
+        naming.LABEL_POOL: template.pool,
         naming.LABEL_REVISION: template.revision,
         naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
     }

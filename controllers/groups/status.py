@@ -1,6 +1,6 @@
 """The ModelGroup status the group controller writes, computed as a whole value from a plan.
 
-The controller owns the group counts, `groups[]`, `replicas`, `labelSelector`, and the conditions
+The controller owns the group counts, `groups[]`, `pools[]`, `replicas`, `labelSelector`, and the conditions
 Ready, Progressing, Degraded and ScalingLimited (`ownership.GROUP_STATUS`). Decisions and the
 autoscaler's conditions pass through untouched. The caller compares the result with the current
 status and applies only a difference (its own part, under its own field manager), so an idle
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from goodput.api.conditions import Condition, ConditionStatus, set_condition
-from goodput.api.labels import leader_label_selector
+from goodput.api.labels import leader_label_selector, pool_leader_label_selector
 from goodput.api.modelgroup import (
     RECENT_DRAINS,
     RECENT_READY_SAMPLES,
@@ -22,6 +22,7 @@ from goodput.api.modelgroup import (
     GroupStatus,
     ModelGroupStatus,
     PhaseSeconds,
+    PoolStatus,
     ReadyPhaseStall,
     ReadyPhaseSummary,
     ReadySample,
@@ -54,7 +55,9 @@ def phase_seconds(phases: ReadyBreakdown | None) -> tuple[PhaseSeconds, ...]:
     )
 
 
-def group_status(group: Assessment, phases: ReadyBreakdown | None = None) -> GroupStatus:
+def group_status(
+    group: Assessment, phases: ReadyBreakdown | None = None, pool: str = naming.SERVING_POOL
+) -> GroupStatus:
     times = group.ready_times()
     ready_time = None
     if times is not None:
@@ -76,6 +79,7 @@ def group_status(group: Assessment, phases: ReadyBreakdown | None = None) -> Gro
         drain_started_at=group.draining_since,
         outdated=group.outdated,
         message=group.message or None,
+        pool=pool,
     )
 
 
@@ -142,6 +146,25 @@ def recent_ready_phases(summary: ReadyTimeSummary | None) -> tuple[dict[ReadyPha
     )
 
 
+def pool_status(
+    model_group: str, pool: str, *, desired_groups: int, counts: Counter[str], plan: Plan
+) -> PoolStatus:
+    """One pool's entry of `status.pools`, whole from the pool's plan: its counts by state, its
+    template revision and the selector of its leaders."""
+    return PoolStatus(
+        name=pool,
+        desired_groups=desired_groups,
+        placing_groups=counts["Placing"],
+        provisioning_groups=counts["Provisioning"],
+        warming_groups=counts["Warming"],
+        ready_groups=counts["Ready"],
+        draining_groups=counts["Draining"],
+        failed_groups=counts["Failed"],
+        revision=plan.rollout.revision if plan.rollout is not None else None,
+        label_selector=pool_leader_label_selector(model_group, pool),
+    )
+
+
 def with_others_conditions(ours: ModelGroupStatus, observed: ModelGroupStatus) -> ModelGroupStatus:
     """`ours` (a status this controller wrote, not yet echoed by the watch) with every condition of
     a type another controller owns taken from `observed`, so comparing with it sees only our change."""
@@ -160,11 +183,13 @@ def model_group_status(
     now: datetime,
     unrecorded_drains: Sequence[DrainEnded] = (),
     unrecorded_cancellations: int = 0,
+    pool: str = naming.SERVING_POOL,
 ) -> ModelGroupStatus:
     """The status after applying `plan`, keeping what other controllers wrote.
 
     unrecorded_drains: drains that ended in an earlier pass whose status write did not land;
     unrecorded_cancellations: drains cancelled in such passes.
+    pool: the pool `plan` is of; the ModelGroup's one pool is its whole `status.pools`.
     """
     counts: Counter[str] = Counter(group.state for group in plan.groups)
     ready = counts["Ready"]
@@ -184,8 +209,9 @@ def model_group_status(
             "updated_groups": plan.rollout.updated if plan.rollout is not None else 0,
             "outdated_groups": plan.rollout.outdated if plan.rollout is not None else 0,
             "groups": tuple(
-                group_status(group, plan.ready_breakdowns.get(group.name)) for group in plan.groups
+                group_status(group, plan.ready_breakdowns.get(group.name), pool) for group in plan.groups
             ),
+            "pools": (pool_status(name, pool, desired_groups=desired_groups, counts=counts, plan=plan),),
             "ready_time": ready_time_summary(previous.ready_time, plan),
             "drain": drain_summary(
                 previous.drain,
