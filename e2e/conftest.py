@@ -61,6 +61,8 @@ FILE_SECONDS: dict[str, float] = {
     "test_demo": 400,
     "test_chaos": 300,
     "test_modelgroup": 200,
+    "test_sessions": 110,
+    "test_endpoint_picker": 100,
     "test_least_privilege": 150,
     "test_cluster": 120,
     "test_bad_input": 120,
