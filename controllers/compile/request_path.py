@@ -16,12 +16,13 @@ in the fair queue until a group has a slot, and reply with the endpoint `choose_
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.scaling import compile_policy
 from goodput.controllers.hardware import ReadConfig
+from goodput.controllers.requests.adapters import AdapterPolicy
 from goodput.controllers.requests.admission import AdmissionPolicy, admission_policy
 from goodput.controllers.requests.fairness import FairnessPolicy, fairness_policy
 from goodput.controllers.requests.routing import RoutingPolicy
@@ -54,6 +55,8 @@ class RequestPathPolicy:
     default_tenant: str
     tenant_tokens_per_minute: dict[str, int]
     listed_tenants: frozenset[str]
+    adapters: AdapterPolicy = field(default_factory=AdapterPolicy)
+    """The ModelGroup's LoRA adapters, served under their own names by the same groups."""
 
 
 def context_tokens(model_group: ModelGroup) -> int:
@@ -104,4 +107,8 @@ def compile_request_path(
             if tenant.tokens_per_minute is not None
         },
         listed_tenants=frozenset(tenant.name for tenant in fairness.tenants),
+        adapters=AdapterPolicy(
+            sources={adapter.name: adapter.source for adapter in spec.adapters},
+            max_loaded_per_group=spec.adapter_limits.max_loaded_per_group,
+        ),
     )
