@@ -409,7 +409,10 @@ class VllmServer:
         streaming = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(16)}"
-        output = _Output(response_id, self.identity.served_model_name, chat, int(time.time()))
+        answered_as = (
+            model if isinstance(model, str) and model in self.adapters else self.identity.served_model_name
+        )
+        output = _Output(response_id, answered_as, chat, int(time.time()))
         if self.state is ServerState.TERMINATING:
             # vLLM rejects a request added during shutdown with an abort output, not an HTTP error.
             self.engine.count_shutdown_rejection()
