@@ -325,13 +325,21 @@ class Gateway:
     def _pump(self) -> None:
         """Dispatch queued requests while some routable group has a free slot."""
         now = self.clock()
+        waiting_for_an_adapter_slot: list[QueuedItem[Pending]] = []
+        try:
+            self._dispatch_queued(now, waiting_for_an_adapter_slot)
+        finally:  # back in their places once the others had their turn: nothing queued is lost
+            for item in waiting_for_an_adapter_slot:
+                self.queue.put_back(item)
+                self._queue_work(item.payload.work_seconds)
+
+    def _dispatch_queued(self, now: float, held_back: list[QueuedItem[Pending]]) -> None:
+        """Dispatch in the fair order while a routable group has a free slot; a request for an
+        adapter that no group can load now goes to `held_back` rather than hold up the rest."""
         while len(self.queue):
             candidates = self.candidates()
             if not any(c.load.serving and c.free_slots > 0 for c in candidates):
                 return
-            head = self.queue.peek(now)
-            if head is not None and now > head.arrival_time:
-                self.meter.record(now, head.payload.work_seconds)  # a seat freed while requests waited
             dispatch = self.queue.pop(now)
             if dispatch is None:
                 return
@@ -339,6 +347,7 @@ class Gateway:
             pending = item.payload
             self._unqueue_work(pending.work_seconds)
             if pending.future.done():
+                self._seat_freed(now, item)
                 self.queue.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
                 continue
             wait_budget = item.deadline - now
@@ -353,7 +362,11 @@ class Gateway:
                 self.queue.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
                 pending.future.set_exception(AdapterRefusedError(route, now))
                 continue
-            if route is None:  # no group may take it yet (all its adapters in use): keep it queued
+            if route is None and pending.adapter is not None:  # every slot's adapter is in use
+                held_back.append(item)
+                continue
+            self._seat_freed(now, item)
+            if route is None:  # unreachable while a slot is free; keep the request rather than lose it
                 self.queue.push(item)
                 self._queue_work(pending.work_seconds)
                 return
@@ -367,6 +380,11 @@ class Gateway:
             if pending.session:
                 self._remember_session(pending.session, route.group)
             pending.future.set_result(route.group)
+
+    def _seat_freed(self, now: float, item: QueuedItem[Pending]) -> None:
+        """A seat was free for a request that had waited: the drain rate the admission reads."""
+        if now > item.arrival_time:
+            self.meter.record(now, item.payload.work_seconds)
 
     def _route_adapter(
         self, candidates: list[Candidate], request: RouteRequest, adapter: str, now: float

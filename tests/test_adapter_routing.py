@@ -21,6 +21,7 @@ from goodput.controllers.requests.adapters import (
     with_load_time,
 )
 from goodput.controllers.requests.admission import GroupLoad
+from goodput.controllers.requests.fairness import FairnessPolicy, FairQueue, QueuedItem
 from goodput.controllers.requests.routing import Candidate, RouteRequest
 
 POLICY = AdapterPolicy(
@@ -188,3 +189,20 @@ def test_no_group_ever_holds_more_than_its_limit(requests: list[tuple[int, int, 
         else:  # an earlier request on this group finished
             for name in in_use[chosen.group]:
                 in_use[chosen.group][name] = 0
+
+
+def test_a_request_put_back_regains_its_place_and_its_tenant_the_charge() -> None:
+    """The gateway pops a request for an adapter no group can load yet, lets the others by, then puts
+    it back: the queue is as if it had never been popped."""
+    queue: FairQueue[str] = FairQueue(FairnessPolicy())
+    first = queue.push(QueuedItem("a", 0, 5.0, 0.0, 100, 50, "adapter request", work_seconds=1.0))
+    queue.push(QueuedItem("b", 0, 6.0, 0.1, 100, 50, "base request", work_seconds=1.0))
+    counters, ahead = dict(queue.counters), queue.work_ahead_seconds("c", 0)
+    dispatch = queue.pop(1.0)
+    assert dispatch is not None and dispatch.item is first
+    queue.put_back(first)
+    assert queue.counters == counters
+    assert queue.work_ahead_seconds("c", 0) == ahead
+    assert len(queue) == 2
+    again = queue.pop(1.0)
+    assert again is not None and again.item is first, "its place kept"

@@ -34,6 +34,7 @@ SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
 GROUP_DOC = yaml.safe_load((SAMPLES / "modelgroup-llama-8b-tp1.yaml").read_text())
 POLICY_DOC = yaml.safe_load((SAMPLES / "slopolicy-interactive.yaml").read_text())
 SERVED = "llama"
+LONG_OUTPUT_TOKENS = 150  # long enough that a base-model request is answered while it runs
 BROKEN_SOURCE = "/adapters/broken"
 ADAPTERS = {
     "sql": "/adapters/sql",
@@ -64,8 +65,8 @@ class Bed:
     servers: dict[str, VllmServer]
     session: aiohttp.ClientSession
 
-    async def post(self, model: str) -> tuple[int, dict[str, Any], str]:
-        body = {"model": model, "prompt": "Hello there", "max_tokens": 2}
+    async def post(self, model: str, max_tokens: int = 2) -> tuple[int, dict[str, Any], str]:
+        body = {"model": model, "prompt": "Hello there", "max_tokens": max_tokens}
         async with self.session.post(self.url + "/v1/completions", json=body) as response:
             return response.status, await response.json(), response.headers.get("X-Goodput-Group", "")
 
@@ -256,5 +257,29 @@ def test_a_restarted_gateway_learns_what_engines_already_hold() -> None:
             status, _, _ = await b.post("poetry")
             assert status == 200
             assert server.adapter_loads == 0, "an adapter the engine held is not loaded again"
+
+    run(main)
+
+
+def test_a_request_waiting_for_an_adapter_slot_holds_up_no_other_request() -> None:
+    """One group holding one adapter, in use by a long request: a request for another adapter waits
+    (the adapter in use is not unloaded under it) while a request for the base model is served; when
+    the long one ends, the waiting one evicts the idle adapter and is served."""
+
+    async def main() -> None:
+        async with bed(groups=1, max_loaded=1) as b:
+            long = asyncio.create_task(b.post("sql", max_tokens=LONG_OUTPUT_TOKENS))
+            await until(lambda: "sql" in b.servers["g1"].adapters, "the long request's adapter is loaded")
+            waiting = asyncio.create_task(b.post("legal"))
+            await until(lambda: len(b.gateway.queue) == 1, "the request for the other adapter is queued")
+            base = await b.post(SERVED)
+            assert base[0] == 200, base[1]
+            held = b.gateway.adapters.holdings()["g1"]
+            assert (held.loaded, held.busy) == (("sql",), {"sql"}), "the base request went by the waiting one"
+            assert not waiting.done(), "the other adapter waits for the slot"
+            assert (await long)[0] == 200
+            status, body, _ = await waiting
+            assert status == 200, body
+            assert list(b.servers["g1"].adapters) == ["legal"]
 
     run(main)
