@@ -276,6 +276,7 @@ class Gateway:
         self.groups = fresh
         self.adapters.keep_groups(set(fresh))
         if self.policy.adapters.sources and self._session is not None:
+            self._tasks = [task for task in self._tasks if not task.done()]
             for name in fresh.keys() - seen:
                 self._tasks.append(asyncio.create_task(self._learn_adapters(name), name="learn-adapters"))
         routable = sum(1 for state in fresh.values() if state.endpoint.ready and not state.endpoint.draining)

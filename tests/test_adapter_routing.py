@@ -123,6 +123,12 @@ CASES = [
         AdapterRefused("a1", 110.0),
     ),
     Case(
+        "the other groups in backoff and the only one left busy: the request waits, not refused",
+        [candidate("g1"), candidate("g2", free_slots=0)],
+        {"g1": GroupAdapters(failed_until={"a1": 120.0}), "g2": GroupAdapters()},
+        None,
+    ),
+    Case(
         "a group without a free seat or not ready is never chosen",
         [candidate("g1", free_slots=0), candidate("g2", ready=False), candidate("g3", wait_seconds=1.0)],
         {"g1": GroupAdapters(("a1",)), "g2": GroupAdapters(("a1",))},

@@ -12,8 +12,8 @@ waits through. So the rule, in order:
    load now; a free slot is preferred over an eviction at the same cost (an eviction costs the
    evicted adapter a later load).
 3. A group where the adapter failed to load is not asked again until `failure_backoff_seconds`
-   passed; when every serving group is in that backoff the request is refused (`backoff_ends`),
-   rather than sent to load it again.
+   passed; when every serving group (with a free seat or not) is in that backoff the request is
+   refused (`AdapterRefused`, until the earliest backoff ends), rather than sent to load it again.
 
 The same predicted load time is added to the admission's view of every group that lacks the
 adapter (`with_load_time`), so the gates see the wait a request for a cold adapter will have.
@@ -130,18 +130,21 @@ def choose_adapter_group(
 ) -> AdapterRoute | AdapterRefused | None:
     """The group for a request naming `adapter`; None when no group may take it now (no free seat,
     or every group with a seat is full of adapters in use): it waits in the queue."""
-    usable = eligible(candidates)
     empty = GroupAdapters()
+
+    def backing_off(name: str) -> float | None:
+        held = holdings.get(name, empty)
+        until = held.failed_until.get(adapter)
+        return until if until is not None and until > now and not held.holds(adapter) else None
+
+    serving = [c for c in candidates if c.load.serving]
+    backoffs = [backing_off(c.name) for c in serving]
+    if serving and all(until is not None for until in backoffs):
+        return AdapterRefused(adapter, min(until for until in backoffs if until is not None))
     options: list[tuple[float, bool, str, Candidate, AdapterPlacement, str | None]] = []
-    backoffs: list[float] = []
-    for candidate in usable:
-        held = holdings.get(candidate.name, empty)
-        failed_until = held.failed_until.get(adapter)
-        if failed_until is not None and failed_until > now and not held.holds(adapter):
-            backoffs.append(failed_until)
-            continue
-        shape = _placement(held, adapter, policy.max_loaded_per_group)
-        if shape is None:
+    for candidate in eligible(candidates):
+        shape = _placement(holdings.get(candidate.name, empty), adapter, policy.max_loaded_per_group)
+        if shape is None or backing_off(candidate.name) is not None:
             continue
         placement, victim = shape
         cost = _cost_seconds(candidate, placement, policy)
@@ -149,8 +152,6 @@ def choose_adapter_group(
             (cost, placement is AdapterPlacement.EVICTED, candidate.name, candidate, placement, victim)
         )
     if not options:
-        if backoffs and len(backoffs) == len(usable):
-            return AdapterRefused(adapter, min(backoffs))
         return None
     fitting = [
         option
