@@ -72,6 +72,7 @@ class AdapterBook:
     def __init__(self, on_outcome: Callable[[LoadOutcome], None] = lambda _: None) -> None:
         self._groups: dict[str, _GroupHoldings] = {}
         self._on_outcome = on_outcome
+        self._calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     def holdings(self) -> dict[str, GroupAdapters]:
         return {name: group.view() for name, group in self._groups.items()}
@@ -120,7 +121,7 @@ class AdapterBook:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         holdings.loading[adapter] = future
         source = policy.sources.get(adapter, adapter)
-        asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._load(
                 call,
                 holdings,
@@ -131,6 +132,8 @@ class AdapterBook:
             ),
             name=f"load-adapter-{adapter}",
         )
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def release(self, group: str, adapter: str) -> None:
         """A request for `adapter` left `group`: the adapter may be evicted once nothing uses it."""
