@@ -2,6 +2,7 @@
 groups, at most 8 loaded per group, Zipf-distributed requests.
 
 Run: .venv/bin/python bench/bench_lora_routing.py [--requests 20000] [--zipf 1.1] [--seed 7]
+     .venv/bin/python bench/bench_lora_routing.py --through-gateway [--requests 2000] [--concurrency 64]
 
 This runs the routing rule (`controllers.requests.adapters.choose_adapter_group`) on a simulated
 clock, not the gateway or the network: requests arrive as a Poisson stream at `--load` of the
@@ -12,16 +13,29 @@ popularity is Zipf with exponent `--zipf` over the adapters in a seeded random o
 fraction routed to a holder (the goal is at least 0.90), loads, evictions and how many requests
 waited for a seat or an idle adapter slot (a waiting request does not hold up the ones behind it
 here: each is retried whenever a request finishes); asserts nothing.
+
+With `--through-gateway` the same workload (fewer requests, a fixed number in flight at a time)
+goes through the real gateway on 127.0.0.1 to 4 emulated vLLM servers with LoRA on (one per group,
+the emulator's load time `--load-seconds`), and the figures are the gateway's own counters
+(`goodput_gateway_adapter_routes_total`, `..._adapter_loads_total`) and the engines' load counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import heapq
 import random
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+import aiohttp
+import yaml
+
+from goodput.api.modelgroup import ModelGroup
+from goodput.api.slopolicy import SloPolicy
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.controllers.requests.adapters import (
     AdapterPlacement,
     AdapterPolicy,
@@ -31,6 +45,15 @@ from goodput.controllers.requests.adapters import (
 )
 from goodput.controllers.requests.admission import GroupLoad
 from goodput.controllers.requests.routing import Candidate, RouteRequest
+from goodput.estimators.service_time import H100_80G, LLAMA_3_1_8B
+from goodput.gateway.connections import start_serving
+from goodput.gateway.front import GatewayFront
+from goodput.gateway.groups import GroupEndpoint, StaticGroupSource
+from goodput.gateway.server import Gateway
+from goodput.simulator.engine import EngineConfig
+from goodput.testbed.emulator_engine import ServingProfile
+from goodput.testbed.emulator_netns import bind_listener
+from goodput.testbed.emulator_server import ServerIdentity, VllmServer
 
 SEATS_PER_GROUP = 64
 CAPACITY_WORK_SECONDS_PER_SECOND = 16.0
@@ -140,6 +163,90 @@ def simulate(args: argparse.Namespace) -> Counter[str]:
     return bench.tally
 
 
+SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+
+
+def gateway_policy(args: argparse.Namespace, adapters: list[str]) -> RequestPathPolicy:
+    """The sample ModelGroup and SLOPolicy with the bench's adapters and limits."""
+    group = yaml.safe_load((SAMPLES / "modelgroup-llama-8b-tp1.yaml").read_text())
+    group["metadata"]["name"] = "chat"
+    group["spec"]["model"]["servedName"] = "llama"
+    group["spec"]["adapters"] = [{"name": name, "source": f"/adapters/{name}"} for name in adapters]
+    group["spec"]["adapterLimits"] = {"maxLoadedPerGroup": args.max_loaded}
+    slo = yaml.safe_load((SAMPLES / "slopolicy-interactive.yaml").read_text())
+    slo["spec"]["admission"] = {"maxDeferSeconds": 30.0}
+    policy = compile_request_path(ModelGroup.model_validate(group), SloPolicy.model_validate(slo))
+    if isinstance(policy, str):
+        raise SystemExit(f"the sample ModelGroup does not compile: {policy}")
+    return replace(policy, adapters=replace(policy.adapters, load_seconds=args.load_seconds))
+
+
+async def through_gateway(args: argparse.Namespace) -> tuple[Counter[str], Counter[int], int]:
+    """The workload through the real gateway to emulated engines; the gateway's counters, the
+    answers' statuses, and the engines' loads."""
+    rng = random.Random(args.seed)
+    adapters = [f"adapter-{i:02d}" for i in range(args.adapters)]
+    rng.shuffle(adapters)
+    weights = zipf_weights(len(adapters), args.zipf)
+    policy = gateway_policy(args, adapters)
+    profile = ServingProfile(
+        EngineConfig.for_hardware(LLAMA_3_1_8B, H100_80G),
+        "llama",
+        max_loras=args.max_loaded,
+        lora_load_seconds=args.load_seconds,
+    )
+    servers = [VllmServer(profile, ServerIdentity("m", "llama")) for _ in range(args.groups)]
+    endpoints = []
+    for index, server in enumerate(servers):
+        await server.listen(bind_listener("127.0.0.1", 0))
+        assert server.address is not None
+        endpoints.append(GroupEndpoint(f"g{index}", f"http://127.0.0.1:{server.address[1]}", True, False))
+    front = GatewayFront()
+    front.serve(Gateway(policy, StaticGroupSource(endpoints), metrics=front.metrics))
+    runner = await start_serving(front.app(), "127.0.0.1", 0, front.limits, front.count_connection_closed)
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/completions"
+    statuses: Counter[int] = Counter()
+    plan = iter(rng.choices(adapters, weights, k=args.requests))
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        for adapter in plan:
+            body = {"model": adapter, "prompt": "Hello there", "max_tokens": args.output_tokens}
+            async with session.post(url, json=body) as response:
+                await response.read()
+                statuses[response.status] += 1
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            await asyncio.gather(*(client(session) for _ in range(args.concurrency)))
+    finally:
+        await runner.cleanup()
+        for server in servers:
+            await server.close()
+    tally: Counter[str] = Counter()
+    for metric in front.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "goodput_gateway_adapter_routes_total":
+                tally[sample.labels["placement"]] += int(sample.value)
+    return tally, statuses, sum(server.adapter_loads for server in servers)
+
+
+def report_gateway(args: argparse.Namespace) -> None:
+    tally, statuses, engine_loads = asyncio.run(through_gateway(args))
+    held = tally[AdapterPlacement.HELD.value]
+    routed = sum(tally.values())
+    print(
+        f"through the gateway to {args.groups} emulated engines: {args.requests} requests, "
+        f"{args.concurrency} in flight, {args.adapters} adapters, at most {args.max_loaded} loaded per "
+        f"group, Zipf exponent {args.zipf}, seed {args.seed}, load time {args.load_seconds}s"
+    )
+    print(f"routed to a group already holding the adapter: {held / routed:.3f} ({held} of {routed})")
+    print(
+        f"loads (gateway): {routed - held}, of them after an eviction: "
+        f"{tally[AdapterPlacement.EVICTED.value]}; loads the engines served: {engine_loads}; "
+        f"answers by status: {dict(sorted(statuses.items()))}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
@@ -151,7 +258,13 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.7, help="offered work over pooled capacity")
     parser.add_argument("--load-seconds", type=float, default=0.5)
     parser.add_argument("--budget-seconds", type=float, default=1.0, help="the request's wait budget")
+    parser.add_argument("--through-gateway", action="store_true", help="the real gateway and emulators")
+    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight (gateway mode)")
+    parser.add_argument("--output-tokens", type=int, default=16, help="tokens per answer (gateway mode)")
     args = parser.parse_args()
+    if args.through_gateway:
+        report_gateway(args)
+        return
     tally = simulate(args)
     held = tally[AdapterPlacement.HELD.value]
     routed = held + tally["loads"]
