@@ -42,6 +42,7 @@ from goodput.controllers.requests.adapters import (
     AdapterRoute,
     GroupAdapters,
     choose_adapter_group,
+    decayed_uses,
 )
 from goodput.controllers.requests.admission import GroupLoad
 from goodput.controllers.requests.routing import Candidate, RouteRequest
@@ -64,11 +65,17 @@ MEAN_WORK_SECONDS = 2.0
 class SimGroup:
     loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)
     in_use: Counter[str] = field(default_factory=Counter)
+    last_used: dict[str, float] = field(default_factory=dict)
+    uses: dict[str, float] = field(default_factory=dict)
     in_flight: int = 0
     work_seconds: float = 0.0
 
-    def view(self) -> GroupAdapters:
-        return GroupAdapters(tuple(self.loaded), frozenset(a for a, n in self.in_use.items() if n > 0))
+    def view(self, now: float, half_life_seconds: float) -> GroupAdapters:
+        busy = frozenset(a for a, n in self.in_use.items() if n > 0)
+        recent = {
+            a: decayed_uses(n, now - self.last_used[a], half_life_seconds) for a, n in self.uses.items()
+        }
+        return GroupAdapters(tuple(self.loaded), busy, last_used=dict(self.last_used), recent_uses=recent)
 
     def candidate(self, name: str) -> Candidate:
         load = GroupLoad(
@@ -113,7 +120,8 @@ class Bench:
 
     def route(self, adapter: str, now: float) -> bool:
         """Route one request as the gateway's pump does; False when it must wait."""
-        holdings = {name: group.view() for name, group in self.groups.items()}
+        half_life = self.policy.use_half_life_seconds
+        holdings = {name: group.view(now, half_life) for name, group in self.groups.items()}
         candidates = [group.candidate(name) for name, group in self.groups.items()]
         request = RouteRequest(wait_budget_seconds=self.args.budget_seconds, kv_need_tokens=1000)
         route = choose_adapter_group(candidates, holdings, adapter, request, policy=self.policy, now=now)
@@ -121,8 +129,14 @@ class Bench:
             return False
         group = self.groups[route.group]
         self.tally[route.placement.value] += 1
+        before = group.uses.get(adapter, 0.0)
+        elapsed = now - group.last_used.get(adapter, now)
+        group.uses[adapter] = decayed_uses(before, elapsed, half_life) + 1.0
+        group.last_used[adapter] = now
         if route.evict is not None:
             group.loaded.pop(route.evict)
+            group.last_used.pop(route.evict, None)
+            group.uses.pop(route.evict, None)
             self.tally["evictions"] += 1
         if route.placement is not AdapterPlacement.HELD:
             self.tally["loads"] += 1

@@ -28,7 +28,13 @@ from typing import Any
 import aiohttp
 
 from goodput.api import vllm_names
-from goodput.controllers.requests.adapters import AdapterPlacement, AdapterPolicy, AdapterRoute, GroupAdapters
+from goodput.controllers.requests.adapters import (
+    AdapterPlacement,
+    AdapterPolicy,
+    AdapterRoute,
+    GroupAdapters,
+    decayed_uses,
+)
 
 log = logging.getLogger("goodput.gateway")
 
@@ -50,10 +56,29 @@ class _GroupHoldings:
     in_flight: Counter[str] = field(default_factory=Counter)
     loading: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     failed_until: dict[str, float] = field(default_factory=dict)
+    last_used: dict[str, float] = field(default_factory=dict)
+    uses: dict[str, float] = field(default_factory=dict)  # recent uses as of last_used
 
-    def view(self) -> GroupAdapters:
+    def view(self, now: float, half_life_seconds: float) -> GroupAdapters:
         busy = {name for name, count in self.in_flight.items() if count > 0} | set(self.loading)
-        return GroupAdapters(tuple(self.loaded), frozenset(busy), dict(self.failed_until))
+        recent = {
+            name: decayed_uses(count, now - self.last_used[name], half_life_seconds)
+            for name, count in self.uses.items()
+        }
+        return GroupAdapters(
+            tuple(self.loaded), frozenset(busy), dict(self.failed_until), dict(self.last_used), recent
+        )
+
+    def used(self, adapter: str, now: float, half_life_seconds: float) -> None:
+        before = self.uses.get(adapter, 0.0)
+        elapsed = now - self.last_used.get(adapter, now)
+        self.uses[adapter] = decayed_uses(before, elapsed, half_life_seconds) + 1.0
+        self.last_used[adapter] = now
+
+    def forget(self, adapter: str) -> None:
+        self.loaded.pop(adapter, None)
+        self.last_used.pop(adapter, None)
+        self.uses.pop(adapter, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +99,8 @@ class AdapterBook:
         self._on_outcome = on_outcome
         self._calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
-    def holdings(self) -> dict[str, GroupAdapters]:
-        return {name: group.view() for name, group in self._groups.items()}
+    def holdings(self, now: float, half_life_seconds: float) -> dict[str, GroupAdapters]:
+        return {name: group.view(now, half_life_seconds) for name, group in self._groups.items()}
 
     def holders(self, adapter: str) -> list[str]:
         return [name for name, group in self._groups.items() if adapter in group.loaded]
@@ -111,11 +136,12 @@ class AdapterBook:
         the group (and loading there unless held), the evicted one is gone."""
         holdings = self._groups.setdefault(route.group, _GroupHoldings())
         holdings.in_flight[adapter] += 1
+        holdings.used(adapter, now, policy.use_half_life_seconds)
         if route.placement is AdapterPlacement.HELD:
             holdings.loaded.move_to_end(adapter)
             return
         if route.evict is not None:
-            holdings.loaded.pop(route.evict, None)
+            holdings.forget(route.evict)
         holdings.loaded[adapter] = None
         holdings.failed_until.pop(adapter, None)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -167,7 +193,7 @@ class AdapterBook:
             await call.post(vllm_names.Lora.LOAD_PATH, adapter, source)
         except AdapterLoadError as error:
             self._on_outcome(LoadOutcome(adapter, route.group, "load", False))
-            holdings.loaded.pop(adapter, None)
+            holdings.forget(adapter)
             holdings.failed_until[adapter] = failed_until
             log.warning("%s", error)
             future.set_exception(error)

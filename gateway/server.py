@@ -393,7 +393,7 @@ class Gateway:
         """Route a request naming an adapter (`choose_adapter_group`) and record the choice in the
         adapter book at once, starting the load (and the eviction) it needs."""
         policy = self.policy.adapters
-        holdings = self.adapters.holdings()
+        holdings = self.adapters.holdings(now, policy.use_half_life_seconds)
         choice = choose_adapter_group(candidates, holdings, adapter, request, policy=policy, now=now)
         if choice is None or isinstance(choice, AdapterRefused):
             return choice
@@ -651,7 +651,8 @@ class Gateway:
         loads = self.loads(tenant, contract.priority if contract is not None else 0)
         adapter = self.adapter_of(parsed)
         if adapter is not None:  # a group without the adapter shows its load time as a wait
-            loads = with_load_time(loads, self.adapters.holdings(), adapter, self.policy.adapters)
+            holdings = self.adapters.holdings(now, self.policy.adapters.use_half_life_seconds)
+            loads = with_load_time(loads, holdings, adapter, self.policy.adapters)
         decision = admit(
             self.policy.admission,
             shape,

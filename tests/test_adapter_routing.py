@@ -18,6 +18,7 @@ from goodput.controllers.requests.adapters import (
     AdapterRoute,
     GroupAdapters,
     choose_adapter_group,
+    decayed_uses,
     with_load_time,
 )
 from goodput.controllers.requests.admission import GroupLoad
@@ -87,7 +88,7 @@ CASES = [
         AdapterRoute("g2", AdapterPlacement.LOADED),
     ),
     Case(
-        "every group full: the least recently used adapter goes",
+        "a full group, no uses known: the least recently used adapter goes",
         [candidate("g1")],
         {"g1": GroupAdapters(("a2", "a3"))},
         AdapterRoute("g1", AdapterPlacement.EVICTED, evict="a2"),
@@ -97,6 +98,21 @@ CASES = [
         [candidate("g1")],
         {"g1": GroupAdapters(("a2", "a3"), busy=frozenset({"a2"}))},
         AdapterRoute("g1", AdapterPlacement.EVICTED, evict="a3"),
+    ),
+    Case(
+        "an adapter used often recently stays over a less recently used one asked for once",
+        [candidate("g1")],
+        {"g1": GroupAdapters(("a2", "a3"), recent_uses={"a2": 9.0, "a3": 1.0})},
+        AdapterRoute("g1", AdapterPlacement.EVICTED, evict="a3"),
+    ),
+    Case(
+        "every group full: the group whose victim is cheapest to lose loads it",
+        [candidate("g1"), candidate("g2")],
+        {
+            "g1": GroupAdapters(("a2", "a3"), recent_uses={"a2": 5.0, "a3": 4.0}),
+            "g2": GroupAdapters(("a4", "a5"), recent_uses={"a4": 0.5, "a5": 6.0}),
+        },
+        AdapterRoute("g2", AdapterPlacement.EVICTED, evict="a4"),
     ),
     Case(
         "a group full of adapters in use cannot load: the request waits",
@@ -149,6 +165,12 @@ def test_adapter_routing(case: Case) -> None:
         case.candidates, case.holdings, case.adapter, case.request, policy=POLICY, now=case.now
     )
     assert chosen == case.expected
+
+
+def test_recent_uses_halve_every_half_life() -> None:
+    assert decayed_uses(8.0, 60.0, 60.0) == pytest.approx(4.0)
+    assert decayed_uses(8.0, 0.0, 60.0) == 8.0
+    assert decayed_uses(8.0, -5.0, 60.0) == 8.0, "a clock that went back forgets nothing"
 
 
 def test_admission_sees_the_load_time_on_groups_without_the_adapter() -> None:

@@ -274,7 +274,7 @@ def test_a_request_waiting_for_an_adapter_slot_holds_up_no_other_request() -> No
             await until(lambda: len(b.gateway.queue) == 1, "the request for the other adapter is queued")
             base = await b.post(SERVED)
             assert base[0] == 200, base[1]
-            held = b.gateway.adapters.holdings()["g1"]
+            held = b.gateway.adapters.holdings(0.0, 60.0)["g1"]
             assert (held.loaded, held.busy) == (("sql",), {"sql"}), "the base request went by the waiting one"
             assert not waiting.done(), "the other adapter waits for the slot"
             assert (await long)[0] == 200
