@@ -963,6 +963,46 @@ class Forecast(SpecModel):
 _REPLICAS_UNCHANGED = "(oldSelf.hasValue() && oldSelf.value().replicas == self.replicas)"
 
 
+# The LoRA ranks vLLM accepts for `--max-lora-rank` (vllm/config/lora.py).
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+
+
+class Adapter(SpecModel):
+    """One LoRA adapter of the base model, loaded into an engine at run time when a request asks for it."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.:/@]*$")
+    """The name clients put in the request's `model` field, and the engine's `lora_name`."""
+    source: str = Field(min_length=1, max_length=2048)
+    """Where the engine reads the adapter: a path inside the image or a volume, or a Hugging Face
+    repository id (vLLM's `lora_path` of `POST /v1/load_lora_adapter`)."""
+    max_rank: LoraRank | None = None
+    """The adapter's rank, when known: it must not exceed `adapterLimits.maxRank`."""
+
+
+class AdapterLimits(SpecModel):
+    """What each replica group's engine holds of the adapters (vLLM's LoRA flags)."""
+
+    max_loaded_per_group: int = Field(default=8, ge=1, le=256)
+    """Adapters loaded at once in one group's engine (`--max-loras`): the gateway unloads the least
+    recently used one to load another."""
+    max_rank: LoraRank = 16
+    """Largest adapter rank the engine accepts (`--max-lora-rank`)."""
+    max_cpu_loaded: int | None = Field(default=None, ge=1, le=4096)
+    """Adapters cached in host memory (`--max-cpu-loras`); absent: vLLM's default (`maxLoadedPerGroup`).
+    Must be at least `maxLoadedPerGroup`."""
+
+    cel_rules = (
+        CelRule(
+            rule="!has(self.maxCpuLoaded) || self.maxCpuLoaded >= self.maxLoadedPerGroup",
+            message="`maxCpuLoaded` must be at least `maxLoadedPerGroup`: vLLM refuses a smaller CPU cache",
+            field_path=".maxCpuLoaded",
+            check=lambda limits: (
+                limits.max_cpu_loaded is None or limits.max_cpu_loaded >= limits.max_loaded_per_group
+            ),
+        ),
+    )
+
+
 class ModelGroupSpec(SpecModel):
     """Desired state of a ModelGroup."""
 
@@ -1027,6 +1067,27 @@ class ModelGroupSpec(SpecModel):
                 spec.profile is not None or (spec.policy_ref is None and spec.shadow_policy_ref is None)
             ),
         ),
+        CelRule(
+            rule="!has(self.adapters) || self.adapters.all(a, a.name != "
+            "(has(self.model.servedName) ? self.model.servedName : self.model.name))",
+            message="an adapter's `name` must differ from the served model name: requests for the base "
+            "model and for the adapter would be indistinguishable",
+            field_path=".adapters",
+            check=lambda spec: all(
+                adapter.name != (spec.model.served_name or spec.model.name) for adapter in spec.adapters
+            ),
+        ),
+        CelRule(
+            rule="!has(self.adapters) || self.adapters.all(a, !has(a.maxRank) || "
+            "a.maxRank <= (has(self.adapterLimits) && has(self.adapterLimits.maxRank) ? "
+            "self.adapterLimits.maxRank : 16))",
+            message="an adapter's `maxRank` must not exceed `adapterLimits.maxRank`: the engine refuses it",
+            field_path=".adapters",
+            check=lambda spec: all(
+                adapter.max_rank is None or adapter.max_rank <= spec.adapter_limits.max_rank
+                for adapter in spec.adapters
+            ),
+        ),
     )
 
     model: ModelSource
@@ -1078,6 +1139,23 @@ class ModelGroupSpec(SpecModel):
     """Forecast the offered work from the ModelGroup's history and ask for groups one ready time
     ahead of a rise; absent: the autoscaler only reacts. Needs a week's history at most, a day and
     an hour at least; until then (or when the history has gaps) it reacts, and says why."""
+    adapters: tuple[Adapter, ...] = Field(default=(), max_length=1024, json_schema_extra=list_map("name"))
+    """LoRA adapters of the model, each served under its own name: the engine starts with LoRA
+    enabled, and the gateway loads an adapter into a group when a request asks for it. Names are
+    unique and differ from the served model name."""
+    adapter_limits: AdapterLimits = AdapterLimits()
+    """How many adapters one group's engine holds, and their largest rank; used only with `adapters`."""
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names_unique(cls, value: tuple[Adapter, ...]) -> tuple[Adapter, ...]:
+        """The API server refuses duplicates by the list's map key; an object that came another way
+        fails here, before a request could name two adapters at once."""
+        names = [adapter.name for adapter in value]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"adapter names must be unique: {', '.join(repr(n) for n in repeated)} repeated")
+        return value
 
 
 GroupState = Literal["Placing", "Provisioning", "Warming", "Ready", "Draining", "Failed"]

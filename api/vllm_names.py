@@ -8,6 +8,9 @@ prometheus_client writes a counter's samples with `_total` and a histogram's wit
 `summed()` and `counted()` rather than spelling the suffixed name. `vllm:iteration_tokens_total` is
 a histogram whose family name itself ends in `_total`.
 
+The LoRA flags, environment variable and runtime API paths are spelled here too, for the operator
+that renders them, the gateway that calls them and the emulator that serves them.
+
 This module imports nothing, so the agent (installed inside the vLLM image with loose pins) may
 import it.
 """
@@ -62,6 +65,22 @@ REQUEST_PREFILL_TIME_SECONDS: Final = "vllm:request_prefill_time_seconds"
 REQUEST_DECODE_TIME_SECONDS: Final = "vllm:request_decode_time_seconds"
 REQUEST_NUM_PREEMPTIONS: Final = "vllm:request_num_preemptions"
 REQUEST_PREFILL_KV_COMPUTED_TOKENS: Final = "vllm:request_prefill_kv_computed_tokens"
+
+
+class Lora:
+    """LoRA adapters (vLLM's `docs/features/lora.md`, `vllm/config/lora.py`): the engine flags the
+    operator renders, the variable that opens the runtime adapter API, and that API's paths. Kept
+    in a class of their own: the module's plain constants are metric names."""
+
+    ENABLE_FLAG: Final = "--enable-lora"
+    MAX_LORAS_FLAG: Final = "--max-loras"
+    MAX_RANK_FLAG: Final = "--max-lora-rank"
+    MAX_CPU_LORAS_FLAG: Final = "--max-cpu-loras"
+    RUNTIME_UPDATING_ENV: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+    LOAD_PATH: Final = "/v1/load_lora_adapter"
+    """POST {"lora_name", "lora_path"}: 200 with a plain-text success line, 400/404 with the reason."""
+    UNLOAD_PATH: Final = "/v1/unload_lora_adapter"
+    """POST {"lora_name"}: 200, or 404 when the adapter is not loaded."""
 
 
 def total(counter: str) -> str:

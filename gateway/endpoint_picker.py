@@ -48,8 +48,9 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from multidict import CIMultiDict
 
+from goodput.gateway.adapters import AdapterLoadError
 from goodput.gateway.requests import SESSION_HEADER, BadRequestError, error_body, parse_request
-from goodput.gateway.server import Admitted, Gateway, json_response, stream_events
+from goodput.gateway.server import Admitted, Gateway, adapter_failed_response, json_response, stream_events
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_METADATA_NAMESPACE = "envoy.lb"
@@ -228,9 +229,11 @@ class Exchange:
             return immediate(
                 json_response(error.status, error_body(str(error), "BadRequestError", error.field))
             )
-        if parsed.model != gateway.policy.served_model:
+        if parsed.model != gateway.policy.served_model and gateway.adapter_of(parsed) is None:
             served = gateway.policy.served_model
-            message = f"model {parsed.model!r} is not served by this pool (it serves {served!r})"
+            message = (
+                f"model {parsed.model!r} is not served by this pool (it serves {served!r} and its adapters)"
+            )
             return immediate(
                 json_response(404, error_body(message, "NotFoundError", "model", "model_not_found"))
             )
@@ -246,6 +249,13 @@ class Exchange:
         if state is None:  # the group left in the instant between the pick and now
             self.settle()
             return refused(503, f"group {placed.group} went away", "OverloadedError", "GroupGone")
+        adapter = placed.item.payload.adapter if placed.item is not None else None
+        if adapter is not None:  # the engine must hold the adapter before the proxy sends it the request
+            try:
+                await gateway.adapters.ready(placed.group, adapter)
+            except AdapterLoadError as error:
+                self.settle()
+                return immediate(adapter_failed_response(str(error), 502))
         endpoint = state.endpoint.base_url.removeprefix("http://").removeprefix("https://")
         if parsed.requested_output_tokens == placed.decision.output_tokens:
             return endpoint, None

@@ -43,6 +43,13 @@ ANY_MODEL_GROUP = "*"
 MODELS_NAMED_IN_A_404 = 20
 
 
+def model_claims(policy: RequestPathPolicy, created: str) -> tuple[ModelClaim, ...]:
+    """The names a ModelGroup serves: its model's, then each adapter's (claimed like a model's: the
+    ModelGroup created first keeps a name two claim)."""
+    names = (policy.served_model, *policy.adapters.sources)
+    return tuple(ModelClaim(policy.model_group, served, created) for served in names)
+
+
 class GatewayFront:
     """The served ModelGroups by name, the table from model name to ModelGroup, and the HTTP app."""
 
@@ -64,7 +71,7 @@ class GatewayFront:
         self.bytes_per_token = bytes_per_token
         self.upstream_timeout_seconds = upstream_timeout_seconds
         self.model_groups: dict[str, Gateway] = {}
-        self.claims: dict[str, ModelClaim] = {}
+        self.claims: dict[str, tuple[ModelClaim, ...]] = {}
         self.served = ServedModels({})
         self._session: aiohttp.ClientSession | None = None
 
@@ -78,7 +85,7 @@ class GatewayFront:
             raise ValueError(f"ModelGroup {name!r} is already served: update its policy instead")
         self.model_groups[name] = gateway
         gateway.siblings = self.model_groups.get
-        self.claims[name] = ModelClaim(name, gateway.policy.served_model, created)
+        self.claims[name] = model_claims(gateway.policy, created)
         if self._session is not None:
             gateway.start(self._session)
         self._resolve()
@@ -91,9 +98,11 @@ class GatewayFront:
         if gateway is None:
             raise ValueError(f"ModelGroup {name!r} is not served here: serve it first")
         gateway.update_policy(policy)
-        claim = self.claims[name]
-        if claim.served_model != policy.served_model:
-            self.claims[name] = ModelClaim(name, gateway.policy.served_model, claim.created)
+        claims = self.claims[name]
+        created = claims[0].created if claims else ""
+        fresh = model_claims(gateway.policy, created)
+        if fresh != claims:
+            self.claims[name] = fresh
             self._resolve()
 
     async def retire(self, name: str, reason: str) -> None:
@@ -108,7 +117,7 @@ class GatewayFront:
 
     def _resolve(self) -> None:
         """Recompute the table; every conflict is logged and exported per left-out ModelGroup."""
-        served = resolve_served_models(self.claims.values())
+        served = resolve_served_models(claim for claims in self.claims.values() for claim in claims)
         if served.conflicts != self.served.conflicts:
             for conflict in served.conflicts:
                 log.error("%s", conflict.message())
@@ -153,8 +162,15 @@ class GatewayFront:
         return web.Response(text="ok")
 
     async def models(self, _: web.Request) -> web.Response:
-        """Every served model, in OpenAI's list shape, by name."""
-        data = [self.model_groups[name].model_entry() for name in self.served.by_model.values()]
+        """Every served model and LoRA adapter, in OpenAI's list shape, by name (an adapter's entry
+        names its base model in `parent`, as vLLM's does)."""
+        data = []
+        for model, name in self.served.by_model.items():
+            gateway = self.model_groups[name]
+            if model == gateway.policy.served_model:
+                data.append(gateway.model_entry())
+            else:
+                data.extend(entry for entry in gateway.adapter_entries() if entry["id"] == model)
         return web.json_response({"object": "list", "data": data})
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:

@@ -23,6 +23,7 @@ class GatewayMetrics:
         self._declare_outcomes(self.registry)
         self._declare_latencies(self.registry)
         self._declare_queue(self.registry)
+        self._declare_adapters(self.registry)
 
     def _declare_outcomes(self, r: CollectorRegistry) -> None:
         """Every request once as offered, then by what admission made of it and how it ended."""
@@ -154,4 +155,28 @@ class GatewayMetrics:
         )
         self.ready_groups = Gauge(
             "goodput_gateway_routable_groups", "Groups Ready and not draining.", ["model_group"], registry=r
+        )
+
+    def _declare_adapters(self, r: CollectorRegistry) -> None:
+        """Per LoRA adapter: bounded by the adapters the ModelGroups declare (a request naming any
+        other is a 404 before it is counted)."""
+        self.adapter_requests = Counter(
+            "goodput_gateway_adapter_requests_total",
+            "Requests naming a LoRA adapter, by admission outcome.",
+            ["model_group", "adapter", "outcome"],
+            registry=r,
+        )
+        self.adapter_routes = Counter(
+            "goodput_gateway_adapter_routes_total",
+            "Requests for an adapter sent to a group, by placement: held (the group held it), loaded "
+            "(loaded into a free slot for it), evicted (loaded after unloading the least recently used).",
+            ["model_group", "adapter", "placement"],
+            registry=r,
+        )
+        self.adapter_loads = Counter(
+            "goodput_gateway_adapter_loads_total",
+            "Adapter loads and unloads the gateway asked of engines, by action (load, unload) and "
+            "result (succeeded, failed).",
+            ["model_group", "adapter", "action", "result"],
+            registry=r,
         )

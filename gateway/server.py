@@ -41,8 +41,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from goodput.api.reasons import AdmissionReason
+from goodput.api.reasons import AdmissionReason, RouteReason
 from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.requests.adapters import AdapterRefused, choose_adapter_group, with_load_time
 from goodput.controllers.requests.admission import (
     AdmissionDecision,
     DrainRateMeter,
@@ -57,9 +58,17 @@ from goodput.controllers.requests.admission import (
 )
 from goodput.controllers.requests.degrade import without_marks
 from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
-from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group, prefix_key
+from goodput.controllers.requests.routing import (
+    Candidate,
+    GroupBook,
+    Route,
+    RouteRequest,
+    choose_group,
+    prefix_key,
+)
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
+from goodput.gateway.adapters import AdapterBook, AdapterLoadError, EngineCall, LoadOutcome
 from goodput.gateway.groups import GroupEndpoint, GroupSource
 from goodput.gateway.ladder import LaterDesk, needs_ladder, walk_ladder
 from goodput.gateway.metrics import GatewayMetrics
@@ -89,6 +98,7 @@ class Pending:
     prompt_tokens: int = 0
     started: bool = False
     class_name: str = ""
+    adapter: str | None = None
 
 
 @dataclass(slots=True)
@@ -157,6 +167,27 @@ class ModelGroupRetiredError(Exception):
     """The ModelGroup a queued request waited for left the gateway; the message says how."""
 
 
+class AdapterRefusedError(Exception):
+    """Every serving group is in a load-failure backoff for the request's adapter."""
+
+    def __init__(self, refused: AdapterRefused, now: float) -> None:
+        super().__init__(
+            f"adapter {refused.adapter!r} failed to load on every serving group; "
+            f"retried after {max(0.0, refused.backoff_ends - now):.0f}s"
+        )
+        self.retry_after_seconds = max(1, math.ceil(refused.backoff_ends - now))
+
+
+def adapter_failed_response(
+    message: str, status: int, retry_after_seconds: int | None = None
+) -> web.Response:
+    """502 (the engine refused the load; its message quoted) or 503 (in the backoff after a failed
+    load) with code `adapter_load_failed`, naming the adapter."""
+    headers = {"Retry-After": str(retry_after_seconds)} if retry_after_seconds is not None else None
+    kind = "UpstreamError" if status == 502 else "OverloadedError"
+    return json_response(status, error_body(message, kind, "model", "adapter_load_failed"), headers)
+
+
 def retired_response(reason: str) -> web.Response:
     """503 for a request whose ModelGroup left the gateway before an engine took it: the client may
     retry (the model may be served again, or by another ModelGroup)."""
@@ -194,6 +225,7 @@ class Gateway:
         self.desk = SessionDesk(clock)
         self.later = LaterDesk(clock)
         self.siblings: Callable[[str], Gateway | None] = lambda _name: None  # set by `front`
+        self.adapters = AdapterBook(self._count_adapter_call)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -249,6 +281,7 @@ class Gateway:
     def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
         """Replace the group set; in-flight counts of a group that stays are kept."""
         fresh: dict[str, RoutedGroup] = {}
+        seen = set(self.groups)
         for name, endpoint in endpoints.items():
             state = self.groups.get(name)
             if state is None:
@@ -257,6 +290,11 @@ class Gateway:
                 state.endpoint = endpoint
                 fresh[name] = state
         self.groups = fresh
+        self.adapters.keep_groups(set(fresh))
+        if self.policy.adapters.sources and self._session is not None:
+            self._tasks = [task for task in self._tasks if not task.done()]
+            for name in fresh.keys() - seen:
+                self._tasks.append(asyncio.create_task(self._learn_adapters(name), name="learn-adapters"))
         routable = sum(1 for state in fresh.values() if state.endpoint.ready and not state.endpoint.draining)
         self.metrics.ready_groups.labels(self.policy.model_group).set(routable)
         self._pump()
@@ -304,13 +342,21 @@ class Gateway:
     def _pump(self) -> None:
         """Dispatch queued requests while some routable group has a free slot."""
         now = self.clock()
+        waiting_for_an_adapter_slot: list[QueuedItem[Pending]] = []
+        try:
+            self._dispatch_queued(now, waiting_for_an_adapter_slot)
+        finally:  # back in their places once the others had their turn: nothing queued is lost
+            for item in waiting_for_an_adapter_slot:
+                self.queue.put_back(item)
+                self._queue_work(item.payload.work_seconds)
+
+    def _dispatch_queued(self, now: float, held_back: list[QueuedItem[Pending]]) -> None:
+        """Dispatch in the fair order while a routable group has a free slot; a request for an
+        adapter that no group can load now goes to `held_back` rather than hold up the rest."""
         while len(self.queue):
             candidates = self.candidates()
             if not any(c.load.serving and c.free_slots > 0 for c in candidates):
                 return
-            head = self.queue.peek(now)
-            if head is not None and now > head.arrival_time:
-                self.meter.record(now, head.payload.work_seconds)  # a seat freed while requests waited
             dispatch = self.queue.pop(now)
             if dispatch is None:
                 return
@@ -318,15 +364,25 @@ class Gateway:
             pending = item.payload
             self._unqueue_work(pending.work_seconds)
             if pending.future.done():
+                self._seat_freed(now, item)
                 self.queue.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
                 continue
             wait_budget = item.deadline - now
             session_group = self.sessions.get(pending.session) if pending.session else None
-            route = choose_group(
-                candidates,
-                RouteRequest(wait_budget, pending.kv_tokens, pending.prefix, session_group),
-                self.policy.routing,
+            request = RouteRequest(wait_budget, pending.kv_tokens, pending.prefix, session_group)
+            route = (
+                choose_group(candidates, request, self.policy.routing)
+                if pending.adapter is None
+                else self._route_adapter(candidates, request, pending.adapter, now)
             )
+            if isinstance(route, AdapterRefused):
+                self.queue.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
+                pending.future.set_exception(AdapterRefusedError(route, now))
+                continue
+            if route is None and pending.adapter is not None:  # every slot's adapter is in use
+                held_back.append(item)
+                continue
+            self._seat_freed(now, item)
             if route is None:  # unreachable while a slot is free; keep the request rather than lose it
                 self.queue.push(item)
                 self._queue_work(pending.work_seconds)
@@ -341,6 +397,50 @@ class Gateway:
             if pending.session:
                 self._remember_session(pending.session, route.group)
             pending.future.set_result(route.group)
+
+    def _seat_freed(self, now: float, item: QueuedItem[Pending]) -> None:
+        """A seat was free for a request that had waited: the drain rate the admission reads."""
+        if now > item.arrival_time:
+            self.meter.record(now, item.payload.work_seconds)
+
+    def _route_adapter(
+        self, candidates: list[Candidate], request: RouteRequest, adapter: str, now: float
+    ) -> Route | AdapterRefused | None:
+        """Route a request naming an adapter (`choose_adapter_group`) and record the choice in the
+        adapter book at once, starting the load (and the eviction) it needs."""
+        policy = self.policy.adapters
+        holdings = self.adapters.holdings(now, policy.use_half_life_seconds)
+        choice = choose_adapter_group(candidates, holdings, adapter, request, policy=policy, now=now)
+        if choice is None or isinstance(choice, AdapterRefused):
+            return choice
+        if self._session is None:  # not started: nothing can be sent anywhere yet
+            return None
+        call = EngineCall(self._session, self.groups[choice.group].endpoint.base_url, choice.group)
+        self.adapters.reserve(choice, adapter, call, policy=policy, now=now)
+        self.metrics.adapter_routes.labels(self.policy.model_group, adapter, choice.placement.value).inc()
+        reason = RouteReason.LEAST_WORK if choice.fits else RouteReason.OVER_BUDGET
+        return Route(choice.group, reason)
+
+    def _count_adapter_call(self, outcome: LoadOutcome) -> None:
+        result = "succeeded" if outcome.succeeded else "failed"
+        self.metrics.adapter_loads.labels(
+            self.policy.model_group, outcome.adapter, outcome.action, result
+        ).inc()
+
+    async def _learn_adapters(self, group: str) -> None:
+        """What a newly seen group's engine already holds (its `/v1/models`), so a gateway restart
+        neither loads an adapter twice nor overfills an engine."""
+        state = self.groups.get(group)
+        if state is None or self._session is None:
+            return
+        try:
+            async with self._session.get(state.endpoint.base_url + "/v1/models") as response:
+                models = await response.json(content_type=None) if response.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            log.info("group %s: its adapters could not be read (%s); learnt from loads instead", group, error)
+            return
+        if group in self.groups:
+            self.adapters.learn(group, models, self.policy.served_model)
 
     def _queue_work(self, work_seconds: float) -> None:
         self.queued_work_seconds += work_seconds
@@ -433,6 +533,26 @@ class Gateway:
             "root": served,
             "max_model_len": self.policy.admission.context_tokens,
         }
+
+    def adapter_entries(self) -> list[dict[str, Any]]:
+        """Each declared adapter in `/v1/models`, as vLLM lists a LoRA: `parent` is the base model,
+        `root` what the adapter is loaded from."""
+        served = self.policy.served_model
+        return [
+            {
+                "id": name,
+                "object": "model",
+                "owned_by": "goodput",
+                "root": source,
+                "parent": served,
+                "max_model_len": self.policy.admission.context_tokens,
+            }
+            for name, source in self.policy.adapters.sources.items()
+        ]
+
+    def adapter_of(self, parsed: ParsedRequest) -> str | None:
+        """The adapter a request names, or None for the base model."""
+        return parsed.model if self.policy.adapters.declares(parsed.model) else None
 
     def tenant_label(self, tenant: str) -> str:
         if tenant in self.policy.listed_tenants or tenant == self.policy.default_tenant:
@@ -533,6 +653,11 @@ class Gateway:
         self.metrics.outcomes.labels(*labels, decision.outcome.value, decision.reason.value).inc()
         if decision.infeasible:
             self.metrics.infeasible.labels(*labels).inc()
+        adapter = self.adapter_of(admitted.parsed)
+        if adapter is not None:
+            self.metrics.adapter_requests.labels(
+                self.policy.model_group, adapter, decision.outcome.value
+            ).inc()
 
     async def _admit_and_serve(
         self,
@@ -568,10 +693,15 @@ class Gateway:
         bucket = self._bucket(tenant, now)
         retry_budget = self.retry_budgets.get(tenant) or RetryBudget(self.policy.admission.retry_budget_ratio)
         contract = self.policy.admission.contract_for(shape.class_name)
+        loads = self.loads(tenant, contract.priority if contract is not None else 0)
+        adapter = self.adapter_of(parsed)
+        if adapter is not None:  # a group without the adapter shows its load time as a wait
+            holdings = self.adapters.holdings(now, self.policy.adapters.use_half_life_seconds)
+            loads = with_load_time(loads, holdings, adapter, self.policy.adapters)
         decision = admit(
             self.policy.admission,
             shape,
-            self.loads(tenant, contract.priority if contract is not None else 0),
+            loads,
             now,
             tenant_budget=bucket,
             retry_budget=retry_budget,
@@ -643,6 +773,7 @@ class Gateway:
             session or admitted.marks.get(SESSION_HEADER),
             shape.prompt_tokens,
             class_name=contract.name,
+            adapter=self.adapter_of(admitted.parsed),
         )
         # Requests held for lack of any ready group keep their place: they are what wakes the pool.
         deferred = decision.outcome is Outcome.DEFER and decision.reason is not AdmissionReason.NO_READY_GROUP
@@ -665,13 +796,18 @@ class Gateway:
             if decision.outcome is Outcome.DEFER
             else max(self.policy.admission.max_defer_seconds, contract.ttft_seconds)
         )
-        if pending.future.done():  # dispatched at once: the common case, no waiting machinery
+        if (
+            pending.future.done() and pending.future.exception() is None
+        ):  # dispatched at once: the common case
             return pending.future.result()
         try:
             return await asyncio.wait_for(asyncio.shield(pending.future), timeout=hold)
         except ModelGroupRetiredError as retired:
             self._refund(item.tenant, item.input_tokens + item.expected_output_tokens)
             return retired_response(str(retired))
+        except AdapterRefusedError as refused:
+            self._refund(item.tenant, item.input_tokens + item.expected_output_tokens)
+            return adapter_failed_response(str(refused), 503, refused.retry_after_seconds)
         except TimeoutError:
             self._withdraw(item)
             message = f"no group could take the request within {hold:.1f}s"
@@ -738,6 +874,8 @@ class Gateway:
         try:
             if endpoint is None:
                 raise aiohttp.ClientError(f"group {group} went away")
+            if item.payload.adapter is not None:
+                await self.adapters.ready(group, item.payload.adapter)
             url = endpoint.base_url + request.path
             async with self._session.post(url, json=self._upstream_body(admitted)) as upstream:
                 if admitted.parsed.stream and upstream.status == 200:
@@ -754,6 +892,8 @@ class Gateway:
             return json_response(
                 502, error_body(message, "UpstreamError"), self.answer_headers(admitted, group)
             )
+        except AdapterLoadError as error:
+            return adapter_failed_response(str(error), 502)
         finally:
             request[GENERATED_KEY] = generated
             self.settle(admitted, group, generated, dispatched_at)
@@ -768,6 +908,8 @@ class Gateway:
         tenant what it generated and refund the rest of its budget."""
         item = admitted.item
         assert item is not None
+        if item.payload.adapter is not None:
+            self.adapters.release(group, item.payload.adapter)
         self._release(group, item.payload)
         # KV held: the prompt for the whole residency, each output token from when it was made
         # (its gaps taken as even over the residency), priced by the policy's kvByteSeconds.

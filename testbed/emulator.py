@@ -69,6 +69,7 @@ from goodput.estimators.service_time import (
 )
 from goodput.simulator.engine import EngineConfig
 from goodput.testbed.emulator_engine import (
+    DEFAULT_LORA_LOAD_SECONDS,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_STREAM_INTERVAL_SECONDS,
     ServingProfile,
@@ -122,6 +123,8 @@ class VllmArgs:
     max_model_len: int | None = None
     max_num_queued_reqs: int | None = None
     headless: bool = False
+    enable_lora: bool = False
+    max_loras: int | None = None
 
     @property
     def served_name(self) -> str:
@@ -138,9 +141,10 @@ _INT_FLAGS = {
     "--max-num-batched-tokens": "max_num_batched_tokens",
     "--max-model-len": "max_model_len",
     "--max-num-queued-reqs": "max_num_queued_reqs",
+    "--max-loras": "max_loras",
 }
 _TEXT_FLAGS = {"--model": "model", "--revision": "revision", "--served-model-name": "served_model_name"}
-_BOOLEAN_FLAGS = {"--headless"}
+_BOOLEAN_FLAGS = {"--headless", "--enable-lora"}
 
 
 def parse_vllm_args(command: Sequence[str], args: Sequence[str]) -> VllmArgs:
@@ -379,6 +383,7 @@ class ProfileDefaults:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     step_noise_sigma: float = 0.0
     seed: int = 0
+    lora_load_seconds: float = DEFAULT_LORA_LOAD_SECONDS
 
 
 def serving_profile(spec: ModelGroupSpec | None, vllm: VllmArgs, defaults: ProfileDefaults) -> ServingProfile:
@@ -410,6 +415,8 @@ def serving_profile(spec: ModelGroupSpec | None, vllm: VllmArgs, defaults: Profi
         stream_interval_seconds=defaults.stream_interval_seconds,
         max_num_queued_requests=vllm.max_num_queued_reqs,
         seed=defaults.seed,
+        max_loras=(vllm.max_loras or 1) if vllm.enable_lora else None,  # vLLM's default --max-loras is 1
+        lora_load_seconds=defaults.lora_load_seconds,
     )
 
 

@@ -69,6 +69,10 @@ class InvalidRequestError(ValueError):
     """vLLM's HTTP 400: the request can never be served (e.g. longer than the model's context)."""
 
 
+DEFAULT_LORA_LOAD_SECONDS = 0.3
+"""An adapter of tens of MB read from a local cache and moved to the GPU."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServingProfile:
     """What one emulated vLLM server serves and how fast it runs."""
@@ -84,6 +88,12 @@ class ServingProfile:
     max_num_queued_requests: int | None = None
     """vLLM's `--max-num-queued-reqs`: in-flight requests above it are refused with HTTP 503."""
     seed: int = 0
+    max_loras: int | None = None
+    """vLLM's `--max-loras` with `--enable-lora`; None: LoRA is off (no adapter API)."""
+    lora_load_seconds: float = DEFAULT_LORA_LOAD_SECONDS
+    """How long `POST /v1/load_lora_adapter` takes to answer."""
+    unreadable_lora_paths: frozenset[str] = frozenset()
+    """Adapter sources the emulated engine cannot read: their load fails as vLLM's does."""
 
     @property
     def effective_max_model_len(self) -> int:

@@ -2,7 +2,13 @@
 
 Routes (vllm-contract §2): `GET /health` and `/ping` (200 with an empty body, 503 once the engine is
 dead), `GET /v1/models`, `GET /version`, `GET /load`, `GET /metrics`, and `POST /v1/completions` /
-`/v1/chat/completions`, streaming (SSE `data: {...}` chunks, then `data: [DONE]`) or not.
+`/v1/chat/completions`, streaming (SSE `data: {...}` chunks, then `data: [DONE]`) or not. With LoRA
+on (`ServingProfile.max_loras`), also vLLM's runtime adapter API: `POST /v1/load_lora_adapter`
+answers after `lora_load_seconds` (400 when the adapter is already loaded, the source is unreadable
+or `max_loras` adapters are loaded: the emulator is stricter than vLLM, whose CPU cache would evict,
+so a gateway that overfills an engine is caught), `POST /v1/unload_lora_adapter` (404 when not
+loaded); `/v1/models` lists each loaded adapter with `parent` = the base model, and a request naming
+an adapter not loaded is a 404 as for any unknown model.
 
 Lifecycle, as vLLM behaves (§2, §3.1):
 - Loading: nothing listens, so connections are refused; the owner calls `listen` when the
@@ -30,6 +36,7 @@ import logging
 import secrets
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +44,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from goodput.api import vllm_names
 from goodput.simulator.vllm_metrics import VLLM_VERSION, SnapshotCollector, engine_registry
 from goodput.testbed.emulator_dcgm import GpuUtilisationCollector
 from goodput.testbed.emulator_engine import (
@@ -154,6 +162,10 @@ class VllmServer:
         self._handlers_idle.set()
         self._closing: asyncio.Task[None] | None = None
         self.address: tuple[str, int] | None = None
+        self.adapters: OrderedDict[str, str] = OrderedDict()
+        """Loaded LoRA adapters: name -> source."""
+        self.adapter_loads = 0
+        """Successful `/v1/load_lora_adapter` calls, for tests that an adapter was loaded once."""
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -192,6 +204,11 @@ class VllmServer:
             web.post("/v1/completions", self._tracked(self._completions)),
             web.post("/v1/chat/completions", self._tracked(self._chat_completions)),
         ]
+        if self.profile.max_loras is not None:
+            routes += [
+                web.post(vllm_names.Lora.LOAD_PATH, self._load_adapter),
+                web.post(vllm_names.Lora.UNLOAD_PATH, self._unload_adapter),
+            ]
         app.add_routes(routes)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await runner.setup()
@@ -309,7 +326,38 @@ class VllmServer:
             "max_model_len": self.profile.effective_max_model_len,
             "permission": [],
         }
-        return web.json_response({"object": "list", "data": [model]})
+        adapters = [
+            {**model, "id": name, "root": source, "parent": self.identity.served_model_name}
+            for name, source in self.adapters.items()
+        ]
+        return web.json_response({"object": "list", "data": [model, *adapters]})
+
+    async def _load_adapter(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name, source = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not isinstance(source, str):
+            return _error(400, "both 'lora_name' and 'lora_path' must be provided.", "BadRequestError")
+        if name in self.adapters:
+            return _error(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
+        if self.profile.max_loras is not None and len(self.adapters) >= self.profile.max_loras:
+            message = f"cannot load lora adapter '{name}': {len(self.adapters)} adapters loaded (max_loras)"
+            return _error(400, message, "BadRequestError")
+        await asyncio.sleep(self.profile.lora_load_seconds)
+        if source in self.profile.unreadable_lora_paths:
+            return _error(
+                400, f"Loading lora {name} failed: No adapter found for {source}", "BadRequestError"
+            )
+        self.adapters[name] = source
+        self.adapter_loads += 1
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_adapter(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name = body.get("lora_name")
+        if name not in self.adapters:
+            return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        del self.adapters[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def _version(self, _: web.Request) -> web.Response:
         return web.json_response({"version": VLLM_VERSION})
@@ -338,7 +386,8 @@ class VllmServer:
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object", "BadRequestError")
         model = body.get("model")
-        if model is not None and model not in (self.identity.served_model_name, self.identity.model):
+        known = (self.identity.served_model_name, self.identity.model)
+        if model is not None and model not in known and model not in self.adapters:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         try:
             if chat:
@@ -360,7 +409,10 @@ class VllmServer:
         streaming = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(16)}"
-        output = _Output(response_id, self.identity.served_model_name, chat, int(time.time()))
+        answered_as = (
+            model if isinstance(model, str) and model in self.adapters else self.identity.served_model_name
+        )
+        output = _Output(response_id, answered_as, chat, int(time.time()))
         if self.state is ServerState.TERMINATING:
             # vLLM rejects a request added during shutdown with an abort output, not an HTTP error.
             self.engine.count_shutdown_rejection()

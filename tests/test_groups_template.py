@@ -204,3 +204,65 @@ def test_the_device_resource_of_the_spec_reaches_placement_and_pods() -> None:
     )
     # 16 slices are needed, 4 exist: the spec can never be placed there.
     assert spec_problems(parsed, mig_nodes)[0].startswith("spec.parallelism: a group of 2 pod(s) × 8 GPUs")
+
+
+ADAPTERS = [
+    {"name": "sql", "source": "/adapters/sql"},
+    {"name": "legal", "source": "org/legal-lora", "maxRank": 32},
+]
+
+
+def test_adapters_start_vllm_with_lora_on_and_the_runtime_adapter_api_open() -> None:
+    template = group_template(
+        model_group(
+            body(spec__adapters=ADAPTERS, spec__adapterLimits={"maxLoadedPerGroup": 4, "maxRank": 32})
+        )
+    )
+    args = list(template.args)
+    assert "--enable-lora" in args
+    assert args[args.index("--max-loras") + 1] == "4"
+    assert args[args.index("--max-lora-rank") + 1] == "32"
+    assert "--max-cpu-loras" not in args, "absent: vLLM's default"
+    assert ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True") in template.env
+    pod_args = render_group(template, "g1", "d1").pods[0]["spec"]["containers"][0]["args"]
+    assert "--enable-lora" in pod_args
+
+
+def test_a_modelgroup_without_adapters_keeps_its_pods_and_revision() -> None:
+    plain = group_template(model_group(body()))
+    assert not any("lora" in arg for arg in plain.args)
+    assert all(not (isinstance(v, tuple) and "LORA" in v[0]) for v in plain.env)
+    with_defaults = group_template(model_group(body(spec__adapterLimits={"maxLoadedPerGroup": 8})))
+    assert with_defaults.revision == plain.revision, "limits alone change nothing"
+
+
+@pytest.mark.parametrize(
+    ("spec_changes", "problem"),
+    [
+        pytest.param(
+            {"spec__adapters": [*ADAPTERS, ADAPTERS[0]]}, "adapter names must be unique", id="duplicate name"
+        ),
+        pytest.param(
+            {"spec__adapters": [{"name": "meta-llama/Llama-3.1-70B-Instruct", "source": "/a"}]},
+            "must differ from the served model name",
+            id="named as the base model",
+        ),
+        pytest.param(
+            {"spec__adapters": ADAPTERS, "spec__adapterLimits": {"maxLoadedPerGroup": 0}},
+            "maxLoadedPerGroup",
+            id="nothing may be loaded",
+        ),
+        pytest.param(
+            {"spec__adapters": ADAPTERS}, "must not exceed `adapterLimits.maxRank`", id="rank over the limit"
+        ),
+        pytest.param(
+            {"spec__adapterLimits": {"maxLoadedPerGroup": 8, "maxCpuLoaded": 4}},
+            "`maxCpuLoaded` must be at least `maxLoadedPerGroup`",
+            id="cpu cache smaller than the loaded set",
+        ),
+    ],
+)
+def test_bad_adapters_are_refused_naming_the_field(spec_changes: dict[str, Any], problem: str) -> None:
+    parsed = parse_model_group(body(**spec_changes))
+    assert isinstance(parsed, str), parsed
+    assert problem in parsed

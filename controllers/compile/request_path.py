@@ -16,12 +16,13 @@ in the fair queue until a group has a slot, and reply with the endpoint `choose_
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from goodput.api.modelgroup import ModelGroup
 from goodput.api.slopolicy import SloPolicy
 from goodput.controllers.compile.scaling import compile_policy
 from goodput.controllers.hardware import ReadConfig
+from goodput.controllers.requests.adapters import AdapterPolicy
 from goodput.controllers.requests.admission import AdmissionPolicy, admission_policy
 from goodput.controllers.requests.degrade import MODEL_FAMILY_LABEL
 from goodput.controllers.requests.fairness import FairnessPolicy, fairness_policy
@@ -58,6 +59,8 @@ class RequestPathPolicy:
     model_revision: str = ""  # the weights' revision, named in every answer's X-Goodput-Served-By
     model_family: str | None = None  # label goodput.dev/model-family: which fallbacks are approved
     optional_context_classes: frozenset[str] = frozenset()  # classes whose ladder may drop marked context
+    adapters: AdapterPolicy = field(default_factory=AdapterPolicy)
+    """The ModelGroup's LoRA adapters, served under their own names by the same groups."""
 
 
 def context_tokens(model_group: ModelGroup) -> int:
@@ -112,5 +115,9 @@ def compile_request_path(
         model_family=(model_group.metadata.labels or {}).get(MODEL_FAMILY_LABEL),
         optional_context_classes=frozenset(
             cls.name for cls in slo.spec.classes if cls.degrade and "DropOptionalContext" in cls.degrade.rungs
+        ),
+        adapters=AdapterPolicy(
+            sources={adapter.name: adapter.source for adapter in spec.adapters},
+            max_loaded_per_group=spec.adapter_limits.max_loaded_per_group,
         ),
     )

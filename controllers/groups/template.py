@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from goodput.api import vllm_names
 from goodput.api.modelgroup import (
     GPU_RESOURCE,
     ModelGroup,
@@ -78,12 +79,13 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
         model_revision=spec.model.revision,
         served_name=spec.model.served_name,
         image=spec.engine.image,
-        args=tuple(spec.engine.args),
+        args=tuple(spec.engine.args) + lora_args(spec),
         # Plain values stay (name, value) pairs, as they always were in the revision hash.
         env=tuple(
             variable if variable.value_from is not None else (variable.name, variable.value or "")
             for variable in spec.engine.env
-        ),
+        )
+        + lora_env(spec),
         requests=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.requests.items())),
         limits=tuple(sorted((name, str(value)) for name, value in spec.engine.resources.limits.items())),
         port=spec.engine.port,
@@ -112,6 +114,30 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
         else spec.engine.gpu_resource_name,
         gpu_device_class=spec.engine.gpu_device_class_name,
     )
+
+
+def lora_args(spec: ModelGroupSpec) -> tuple[str, ...]:
+    """vLLM's LoRA flags when the ModelGroup declares adapters: none otherwise, so a ModelGroup
+    without adapters keeps its pods (and their revision) as they were. No adapter is named at start:
+    the gateway loads each into the group a request for it is routed to."""
+    if not spec.adapters:
+        return ()
+    limits = spec.adapter_limits
+    args = [
+        vllm_names.Lora.ENABLE_FLAG,
+        vllm_names.Lora.MAX_LORAS_FLAG,
+        str(limits.max_loaded_per_group),
+        vllm_names.Lora.MAX_RANK_FLAG,
+        str(limits.max_rank),
+    ]
+    if limits.max_cpu_loaded is not None:
+        args += [vllm_names.Lora.MAX_CPU_LORAS_FLAG, str(limits.max_cpu_loaded)]
+    return tuple(args)
+
+
+def lora_env(spec: ModelGroupSpec) -> tuple[tuple[str, str], ...]:
+    """The variable that opens vLLM's runtime adapter API (`/v1/load_lora_adapter`), with adapters."""
+    return ((vllm_names.Lora.RUNTIME_UPDATING_ENV, "True"),) if spec.adapters else ()
 
 
 def placement_rules(spec: ModelGroupSpec) -> PlacementRules:

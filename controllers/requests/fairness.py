@@ -405,6 +405,16 @@ class FairQueue(Generic[PayloadT]):
         self._last_served = item.tenant
         return Dispatch(item, cost)
 
+    def put_back(self, item: QueuedItem[PayloadT]) -> None:
+        """Undo a `pop` whose request no group could take after all (a LoRA adapter with no slot to
+        load into): it regains its place (same deadline and sequence), its tenant the charge, and it
+        is not counted as a new arrival."""
+        self.charge(item.tenant, -item.input_tokens, -item.expected_output_tokens)
+        levels = self._heaps.setdefault(item.tenant, {})
+        heapq.heappush(levels.setdefault(item.priority, []), (item.deadline, item.sequence, item))
+        self._backlog[item.tenant] = self._backlog.get(item.tenant, 0) + 1
+        self._add(item, 1)
+
     def charge(
         self, tenant: str, input_tokens: float, output_tokens: float, kv_byte_seconds: float = 0.0
     ) -> float:
