@@ -1,11 +1,13 @@
-"""The gateway's event loop and stream relay: `goodput gateway` runs on uvloop, its connection guard
-and relay behave there as on asyncio's own loop, and a relayed stream reads as the engine wrote it,
-its head sent at once even when the engine's first token is still to come."""
+"""The gateway's event loop, collector and stream relay: `goodput gateway` runs on uvloop, its
+connection guard and relay behave there as on asyncio's own loop, a relayed stream reads as the
+engine wrote it, its head sent at once even when the engine's first token is still to come, and once
+started the gateway freezes what start-up built and collects young objects less often."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -75,3 +77,14 @@ def test_a_streams_head_reaches_the_client_before_the_engines_first_token(loop: 
             response.close()
 
     (run_on_uvloop if loop == "uvloop" else run)(main)
+
+
+def test_once_started_the_gateway_freezes_what_start_up_built_and_collects_the_young_less_often() -> None:
+    threshold = gc.get_threshold()
+    try:
+        cli.settle_garbage_collection()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (cli.YOUNG_COLLECTION_THRESHOLD, *threshold[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
