@@ -16,7 +16,9 @@ over the models in turn. Memory: `--soak-requests` requests from as many distinc
 tenants, sessions and idempotency keys, the gateway's RSS read as they pass; it grows until the
 gateway's bounded tables are full (100,000 sessions, 100,000 idempotency keys, 10,000 kept answers
 and retry budgets), then holds. All three share the machine's cores, so the throughput is a
-floor for the gateway alone. In-process, before the live part: the deadline gate's prediction of a
+floor for the gateway alone: the bench prints each process's CPU time a request (gateway, upstream
+stand-in, client) and the rate the three could reach together on the machine's cores. In-process,
+before the live part: the deadline gate's prediction of a
 newcomer's place in the fair order (`FairQueue.expected_work_ahead_seconds`) against a queue of
 `--queue-requests` waiting requests spread over each of `--queue-tenants` tenant counts, the cost a
 request adds when the queue is long (the live part's queue is empty). Nothing is asserted.
@@ -97,11 +99,19 @@ def gateway_process(upstream_url: str, model_groups: int) -> Iterator[tuple[str,
 
 
 @contextmanager
+def upstream_process() -> Iterator[tuple[str, int]]:
+    """The upstream stand-in on a free loopback port: its base URL and process id."""
+    port = free_port()
+    command = [sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(port)]
+    with process(command) as child:
+        yield f"http://127.0.0.1:{port}", child.pid
+
+
+@contextmanager
 def upstream() -> Iterator[str]:
     """The upstream stand-in on a free loopback port: its base URL."""
-    port = free_port()
-    with process([sys.executable, str(ROOT / "tests" / "gateway_upstream.py"), "--port", str(port)]):
-        yield f"http://127.0.0.1:{port}"
+    with upstream_process() as (url, _):
+        yield url
 
 
 @contextmanager
@@ -268,11 +278,14 @@ async def measure_path(
         f"    added by the gateway p50 {p_routed[0] - p_direct[0]:.2f} ms  "
         f"p99 {p_routed[1] - p_direct[1]:.2f} ms"
     )
-    cpu_before = cpu_seconds(pid)
+    cpu_before = cpu_seconds(pid), cpu_seconds(args.upstream_pid), time.process_time()
     rate = await stream_throughput(
         session, gateway_url + "/v1/completions", args.stream_requests, args.concurrency, models
     )
-    cpu_per_request = (cpu_seconds(pid) - cpu_before) / args.stream_requests
+    cpu_after = cpu_seconds(pid), cpu_seconds(args.upstream_pid), time.process_time()
+    cpu_per_request, upstream_cpu, client_cpu = (
+        (after - before) / args.stream_requests for before, after in zip(cpu_before, cpu_after, strict=True)
+    )
     print(
         f"  streamed, {args.concurrency} concurrent clients, {args.stream_requests} requests of 16 tokens"
         f"{spread}:"
@@ -281,6 +294,12 @@ async def measure_path(
     print(
         f"    the gateway's CPU time: {cpu_per_request * 1000:.3f} ms a request, "
         f"{1 / cpu_per_request:.0f} requests per CPU-second"
+    )
+    together, cores = cpu_per_request + upstream_cpu + client_cpu, os.cpu_count() or 1
+    print(
+        f"    the upstream stand-in's CPU time: {upstream_cpu * 1000:.3f} ms a request, this client's "
+        f"{client_cpu * 1000:.3f} ms: the three together {together * 1000:.3f} ms, so at most "
+        f"{cores / together:.0f} requests/s on this machine's {cores} cores"
     )
 
 
@@ -325,7 +344,7 @@ def main() -> None:
     print("the deadline gate's place-in-the-fair-order prediction, in process:")
     for tenants in (int(count) for count in args.queue_tenants.split(",")):
         prediction_cost(args.queue_requests, tenants)
-    with upstream() as upstream_url:
+    with upstream_process() as (upstream_url, args.upstream_pid):
         asyncio.run(measure(args, upstream_url))
 
 

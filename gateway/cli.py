@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import uvloop
 import yaml
 from prometheus_client import start_http_server
 
@@ -45,6 +47,11 @@ from goodput.gateway.server import Gateway
 log = logging.getLogger("goodput.gateway")
 
 ModelGroupsReport = Mapping[str, WatchedModelGroup]
+
+# Container allocations between two young-generation collections while serving: ten times
+# CPython's 700. Each proxied request makes hundreds of short-lived objects, so at the default the
+# collector ran every few requests.
+YOUNG_COLLECTION_THRESHOLD = 7_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -309,6 +316,7 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     served = ", ".join(front.served.by_model) or "no model yet"
     log.info("gateway for %s serving on %s:%d", served, args.listen_host, args.listen_port)
+    settle_garbage_collection()
     try:
         await asyncio.Event().wait()
     finally:
@@ -318,9 +326,22 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def settle_garbage_collection() -> None:
+    """Once started: what start-up built (modules, policies, the app) lives as long as the process,
+    so no collection walks it again (`gc.freeze`), and the young generation is collected a tenth as
+    often. Together they took about 8 % off the gateway's CPU time per streamed request, measured
+    side by side with the defaults (docs/benchmarks.md, "One gateway in front of 20 ModelGroups")."""
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def run(args: argparse.Namespace) -> int:
+    """Serve until stopped, on uvloop: its event loop and transports, written in C, take less of the
+    gateway's CPU time per proxied request than asyncio's own (docs/benchmarks.md, "One gateway in
+    front of 20 ModelGroups")."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        return asyncio.run(_serve(args))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(_serve(args))
     except KeyboardInterrupt:
         return 0

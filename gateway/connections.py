@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -38,8 +38,9 @@ def cut_off(transport: asyncio.BaseTransport | None) -> None:
     are taken and dropped until the socket closes."""
     if transport is None or transport.is_closing():
         return
-    if isinstance(transport, asyncio.WriteTransport) and transport.can_write_eof():
-        transport.write_eof()
+    # Duck-typed: uvloop's transports are not registered as asyncio's transport classes.
+    if getattr(transport, "can_write_eof", lambda: False)():
+        cast(asyncio.WriteTransport, transport).write_eof()
         asyncio.get_running_loop().call_later(CUT_OFF_LINGER_SECONDS, transport.close)
     else:
         transport.close()
@@ -116,13 +117,12 @@ class GuardedProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is one, not registered as one
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         if not self.guard.clients.admit(address):
             self.guard.count_close(CLIENT_CONNECTION_LIMIT)
-            transport.abort()  # refused before aiohttp sees it: nothing was read, nothing to answer
+            self.transport.abort()  # refused before aiohttp sees it: nothing was read, nothing to answer
             return
         self.address = address
         self.head = HeadDeadline.opened(self.guard.limits.header_timeout_seconds, self.guard.loop.time())

@@ -8,6 +8,8 @@ listed ones, the default tenant, or 'other'.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from goodput.controllers.metric_buckets import (
@@ -15,6 +17,8 @@ from goodput.controllers.metric_buckets import (
     GATEWAY_ITL_BUCKETS_SECONDS,
     GATEWAY_TTFT_BUCKETS_SECONDS,
 )
+
+RequestSeries = TypeVar("RequestSeries", Counter, Histogram)
 
 
 class GatewayMetrics:
@@ -24,6 +28,19 @@ class GatewayMetrics:
         self._declare_latencies(self.registry)
         self._declare_queue(self.registry)
         self._declare_adapters(self.registry)
+        self._series: dict[tuple[Counter | Histogram, tuple[str, ...]], Counter | Histogram] = {}
+
+    def series(self, metric: RequestSeries, *labels: str) -> RequestSeries:
+        """`metric.labels(*labels)`, looked up once for each label set: prometheus_client checks and
+        joins the values under a lock on every call, several times on each request's path. Counters
+        and histograms only: the gateway never removes their series, so a kept child is always the
+        exported one (a removed gauge series would leave a stale child behind). As bounded as the
+        series themselves."""
+        key = (metric, labels)
+        child = self._series.get(key)
+        if child is None:
+            child = self._series[key] = metric.labels(*labels)
+        return child  # type: ignore[return-value]  # stored under its own metric's key
 
     def _declare_outcomes(self, r: CollectorRegistry) -> None:
         """Every request once as offered, then by what admission made of it and how it ended."""
