@@ -59,10 +59,11 @@ binaries: os-packages
 
 # The stories run on E2E_WORKERS workers (pytest-xdist), each with a local cluster of its own, a file at
 # a time, the longest first (e2e/conftest.py): most of a story is waiting on the cluster's clocks, so
-# the workers overlap their waits. `E2E_WORKERS=0` runs them one by one on one cluster.
+# the workers overlap their waits. `E2E_WORKERS=0` runs them one by one on one cluster. The 30 longest
+# stories are listed at the end, for the file order above and for finding what to shorten.
 E2E_WORKERS ?= 3
 e2e: venv binaries
-	$(VENV)/bin/pytest -q $(if $(filter 0,$(E2E_WORKERS)),,-n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder) e2e
+	$(VENV)/bin/pytest -q --durations=30 $(if $(filter 0,$(E2E_WORKERS)),,-n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder) e2e
 
 # What CI and a new contributor go through: a clone of HEAD with an empty binary cache, then
 # `make test`. Measured on two cores (docs/benchmarks.md, "How long the tests take"): `make test` from
