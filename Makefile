@@ -67,8 +67,8 @@ e2e: venv binaries
 
 # What CI and a new contributor go through: a clone of HEAD with an empty binary cache, then
 # `make test`. Measured on two cores (docs/benchmarks.md, "How long the tests take"): `make test` from
-# a fresh clone of f19764e with Go's caches shared took 2025 s (unit on two workers 304 s, e2e on
-# three workers 1489 s, one gateway story one request short of its attainment under that load); the
+# a fresh clone of 7fd75fa with Go's caches shared took 2528 s (unit on two workers 379 s, e2e on
+# three workers 1871 s, two gateway stories short of their attainment under that load); the
 # first build of the binaries with nothing cached took 41 minutes before Prometheus was built without
 # the service discoveries the test bed does not use.
 fresh-check:
