@@ -50,7 +50,13 @@ from multidict import CIMultiDict
 
 from goodput.gateway.adapters import AdapterLoadError
 from goodput.gateway.requests import SESSION_HEADER, BadRequestError, error_body, parse_request
-from goodput.gateway.server import Admitted, Gateway, adapter_failed_response, json_response, stream_events
+from goodput.gateway.server import (
+    Admitted,
+    Gateway,
+    StreamTimes,
+    adapter_failed_response,
+    json_response,
+)
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_METADATA_NAMESPACE = "envoy.lb"
@@ -130,9 +136,7 @@ class Exchange:
     stream: bool = False
     status: int = 0
     dispatched_at: float = 0.0
-    first_at: float | None = None
-    last_at: float = 0.0
-    gaps: list[float] = field(default_factory=list)
+    times: StreamTimes = field(default_factory=StreamTimes)  # a streamed answer's events, as relayed
     generated: int = 0
     answer: bytearray = field(default_factory=bytearray)
     settled: bool = False
@@ -293,18 +297,9 @@ class Exchange:
 
     def count_events(self, chunk: bytes) -> None:
         """As the gateway counts a stream it relays: the first event is the request's first token."""
-        count = stream_events(chunk)
-        if count <= 0:
-            return
-        now = self.clock()
-        if self.first_at is None:
-            self.first_at = now
-            if self.gateway is not None and self.admitted is not None:
-                self.gateway.started(self.admitted)
-        else:
-            self.gaps.append((now - self.last_at) / count)
-        self.last_at = now
-        self.generated += count
+        if self.times.arrived(chunk, self.clock()) and self.gateway is not None and self.admitted is not None:
+            self.gateway.started(self.admitted)
+        self.generated = self.times.events
 
     def finish(self) -> None:
         """The answer ended: observe it (a 200 only, as the gateway does) and settle."""
@@ -314,7 +309,7 @@ class Exchange:
             if not self.stream:
                 with contextlib.suppress(ValueError, TypeError, KeyError):
                     self.generated = int(json.loads(bytes(self.answer))["usage"]["completion_tokens"])
-            self.gateway.observe(self.admitted, self.first_at, self.gaps, self.generated)
+            self.gateway.observe(self.admitted, self.times.first_at, self.times.gaps, self.generated)
         self.settle()
 
     def settle(self) -> None:
@@ -327,7 +322,7 @@ class Exchange:
         """The stream closed before the answer ended: count the disconnect, settle what was made."""
         if self.settled or self.gateway is None or self.admitted is None:
             return
-        stage = "streaming" if self.first_at is not None else "dispatched"
+        stage = "streaming" if self.times.first_at is not None else "dispatched"
         self.gateway.metrics.disconnects.labels(self.gateway.policy.model_group, stage).inc()
         self.settle()
 
