@@ -177,11 +177,20 @@ def test_status_pools_is_computed_whole_from_the_plan() -> None:
     )
     # The one pool's figures are the ModelGroup's own: nothing a user read before changes.
     (pool,) = status.pools
-    assert (pool.desired_groups, pool.ready_groups, pool.label_selector) == (
+    assert (pool.desired_groups, pool.ready_groups, pool.label_selector, pool.revision) == (
         status.desired_groups,
         status.ready_groups,
         status.label_selector,
+        status.revision,
     )
+
+
+def test_a_pass_without_a_rollout_keeps_the_pools_revision_as_the_model_groups() -> None:
+    """A plan that planned no rollout keeps the revision last written, for the pool as for the
+    ModelGroup: the pool's entry never reads absent while the ModelGroup's names a revision."""
+    status = status_of(assessment("g0", "Ready"), desired=1, previous=ModelGroupStatus(revision="abc123"))
+    assert status.revision == "abc123"
+    assert [pool.revision for pool in status.pools] == ["abc123"]
 
 
 @pytest.mark.parametrize(

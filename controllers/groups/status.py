@@ -146,21 +146,28 @@ def recent_ready_phases(summary: ReadyTimeSummary | None) -> tuple[dict[ReadyPha
     )
 
 
+def state_counts(counts: Counter[str]) -> dict[str, int]:
+    """The `*_groups` count fields of a ModelGroup's or a pool's status, from groups counted by state."""
+    return {
+        "placing_groups": counts["Placing"],
+        "provisioning_groups": counts["Provisioning"],
+        "warming_groups": counts["Warming"],
+        "ready_groups": counts["Ready"],
+        "draining_groups": counts["Draining"],
+        "failed_groups": counts["Failed"],
+    }
+
+
 def pool_status(
-    model_group: str, pool: str, *, desired_groups: int, counts: Counter[str], plan: Plan
+    model_group: str, pool: str, *, desired_groups: int, counts: Counter[str], revision: str | None
 ) -> PoolStatus:
     """One pool's entry of `status.pools`, whole from the pool's plan: its counts by state, its
     template revision and the selector of its leaders."""
     return PoolStatus(
         name=pool,
         desired_groups=desired_groups,
-        placing_groups=counts["Placing"],
-        provisioning_groups=counts["Provisioning"],
-        warming_groups=counts["Warming"],
-        ready_groups=counts["Ready"],
-        draining_groups=counts["Draining"],
-        failed_groups=counts["Failed"],
-        revision=plan.rollout.revision if plan.rollout is not None else None,
+        **state_counts(counts),
+        revision=revision,
         label_selector=pool_leader_label_selector(model_group, pool),
     )
 
@@ -192,26 +199,23 @@ def model_group_status(
     pool: the pool `plan` is of; the ModelGroup's one pool is its whole `status.pools`.
     """
     counts: Counter[str] = Counter(group.state for group in plan.groups)
-    ready = counts["Ready"]
+    revision = plan.rollout.revision if plan.rollout is not None else previous.revision
     return previous.model_copy(
         update={
             "observed_generation": generation,
-            "replicas": ready,
+            "replicas": counts["Ready"],
             "label_selector": leader_label_selector(name),
             "desired_groups": desired_groups,
-            "placing_groups": counts["Placing"],
-            "provisioning_groups": counts["Provisioning"],
-            "warming_groups": counts["Warming"],
-            "ready_groups": ready,
-            "draining_groups": counts["Draining"],
-            "failed_groups": counts["Failed"],
-            "revision": plan.rollout.revision if plan.rollout is not None else previous.revision,
+            **state_counts(counts),
+            "revision": revision,
             "updated_groups": plan.rollout.updated if plan.rollout is not None else 0,
             "outdated_groups": plan.rollout.outdated if plan.rollout is not None else 0,
             "groups": tuple(
                 group_status(group, plan.ready_breakdowns.get(group.name), pool) for group in plan.groups
             ),
-            "pools": (pool_status(name, pool, desired_groups=desired_groups, counts=counts, plan=plan),),
+            "pools": (
+                pool_status(name, pool, desired_groups=desired_groups, counts=counts, revision=revision),
+            ),
             "ready_time": ready_time_summary(previous.ready_time, plan),
             "drain": drain_summary(
                 previous.drain,
