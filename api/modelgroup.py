@@ -1102,8 +1102,9 @@ class ModelGroupSpec(SpecModel):
     """Settings of the engine pods a platform team owns: labels, annotations, volumes, security
     context, runtime class, image pull secrets, ServiceAccount, priority class."""
     replicas: int = Field(default=1, ge=0, le=1000)
-    """Complete groups wanted. Written through the scale subresource by the autoscaler when
-    `policyRef` is set (leave it out of GitOps diffs then), else by hand or by another autoscaler.
+    """Complete groups wanted. Written by the autoscaler when `policyRef` is set, with the decision
+    in the annotation `goodput.dev/last-rescale` (leave both out of GitOps diffs then), else by hand
+    or by another autoscaler (`kubectl scale`, an HPA, KEDA).
     Setting it outside [`minReplicas`, `maxReplicas`] is rejected; moving the bounds past it is
     accepted and the operator converges to the nearest bound."""
     min_replicas: int = Field(default=1, ge=0, le=1000)
