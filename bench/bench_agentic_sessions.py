@@ -2,6 +2,7 @@
 fleet at twice its capacity, with the class's session budget and without it.
 
 Run: .venv/bin/python bench/bench_agentic_sessions.py [--seconds 600] [--groups 4] [--load 2] [--seed 1]
+     [--mean-steps 4]
 
 The fleet and the request path are `goodput simulate`'s (`simulator.simulation` with a
 `RequestPathPolicy` compiled from the sample ModelGroup `modelgroup-llama-8b-tp1.yaml`, Llama-3.1-8B
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from goodput.controllers.compile.request_path import RequestPathPolicy
+from goodput.controllers.requests.sessions import SessionRefusal
 from goodput.simulator.agentic import AgenticSpec, agentic_sessions, sessions_within_slo
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.gateway import GatewayTreatment
@@ -94,11 +96,15 @@ def run_arm(
     root_answered = np.zeros(completed.size, bool)
     root_answered[workload.session_index[roots]] = outcome[roots] == RequestExit.FINISHED
     broken = int((root_answered & ~completed).sum())
+    reason = result.requests["admission_reason"]
+    capped = int((admission == GatewayTreatment.DEGRADED).sum())
+    by_session = {code.value: int((reason == code.value).sum()) for code in SessionRefusal}
+    session_refused = ", ".join(f"{code} {count}" for code, count in by_session.items() if count) or "none"
     print(
         f"  {name:18s} sessions within SLO {int(completed.sum()):5d} of {completed.size} "
         f"({completed.mean():6.1%})  {per_gpu_hour:7.1f} per GPU-hour  requests: met {int(met.sum())}, "
         f"refused {int((outcome == RequestExit.REJECTED_ADMISSION).sum())}, "
-        f"capped {int((admission == GatewayTreatment.DEGRADED).sum())}, "
+        f"of them by the session: {session_refused}; capped {capped}, "
         f"not sent {int((outcome == RequestExit.NOT_SENT).sum())}; sessions whose root was answered but "
         f"that failed: {broken}  ({time.perf_counter() - started:.0f}s wall)"
     )
@@ -131,6 +137,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--load", type=float, default=2.0, help="offered work over the fleet's capacity")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--mean-steps", type=float, default=4.0, help="agent steps a session (mean)")
     parser.add_argument("--step-noise", type=float, default=0.04, help="σ of the engine step noise")
     args = parser.parse_args()
     setup = build_setup(
@@ -139,17 +146,25 @@ def main() -> None:
         step_noise_sigma=args.step_noise,
     )
     policy = request_path_for(setup)
-    probe = agentic_sessions(AgenticSpec(duration_seconds=args.seconds, sessions_per_second=1.0), args.seed)
+    probe = agentic_sessions(
+        AgenticSpec(duration_seconds=args.seconds, sessions_per_second=1.0, mean_steps=args.mean_steps),
+        args.seed,
+    )
     work = float(work_by_session(policy, probe.workload).mean())
     nominal = args.groups * policy.capacity_work_seconds_per_second / work
     saturating = agentic_sessions(
-        AgenticSpec(duration_seconds=args.seconds, sessions_per_second=4 * nominal), args.seed + 1
+        AgenticSpec(
+            duration_seconds=args.seconds, sessions_per_second=4 * nominal, mean_steps=args.mean_steps
+        ),
+        args.seed + 1,
     )
     served = served_work_per_second(
         setup, without_budgets(policy), in_policy_classes(saturating.workload, setup), args
     )
     capacity = served / work
-    spec = AgenticSpec(duration_seconds=args.seconds, sessions_per_second=args.load * capacity)
+    spec = AgenticSpec(
+        duration_seconds=args.seconds, sessions_per_second=args.load * capacity, mean_steps=args.mean_steps
+    )
     workload = in_policy_classes(agentic_sessions(spec, args.seed).workload, setup)
     nominal_work = args.groups * policy.capacity_work_seconds_per_second
     print(

@@ -501,6 +501,7 @@ class _Run:
             requests["infeasible"] = np.asarray(gateway.infeasible, dtype=bool)
             requests["best_effort"] = np.asarray(gateway.best_effort, dtype=bool)
             requests["served_output_tokens"] = np.asarray(gateway.served_output_tokens, dtype=np.int64)
+            requests["admission_reason"] = np.asarray(gateway.reason, dtype=np.str_)
         return SimulationResult(
             workload=self.workload,
             requests=requests,
