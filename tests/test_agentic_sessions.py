@@ -203,6 +203,31 @@ def test_an_answered_child_gives_back_what_it_did_not_use() -> None:
     assert session is not None and session.held_tokens == 0 and session.spent_tokens == 150
 
 
+def test_a_child_the_class_gates_refuse_gives_its_reservation_back_to_its_session() -> None:
+    too_long = policy_context_tokens() + 10
+    workload = one_session(1)
+    workload = replace(workload, input_tokens=np.array([100, too_long], np.int64))
+    gateway = SimGateway(agent_policy(SessionLimits(10 * too_long, None, None)), workload)
+    gateway.arrive(0, 0.0, [0])
+    assert gateway.arrive(1, 1.0, [0]) is None  # admitted by its session, refused by the gates
+    assert gateway.reason[1] != SessionRefusal.BUDGET_EXHAUSTED.value
+    assert gateway.sessions is not None
+    session = gateway.sessions.table.get("session-0")
+    assert session is not None and session.branches_used == 2
+    assert set(session.held) == {1}  # only the root's reservation is still held
+    assert session.spent_tokens == too_long  # its prompt is charged, as the live gateway charges it
+
+
+def policy_context_tokens() -> int:
+    return request_path_for(setup()).admission.context_tokens
+
+
+def test_copies_of_a_sessions_requests_are_refused() -> None:
+    workload = agentic_sessions(AgenticSpec(duration_seconds=30.0), 2).workload
+    with pytest.raises(ValueError, match="cannot repeat requests"):
+        workload.placed(np.zeros(2, np.int64), np.zeros(2), "the root twice")
+
+
 # --------------------------------------------------------------- children follow answered parents
 def test_in_a_run_children_arrive_after_their_parents_answer_and_never_without_it() -> None:
     spec = AgenticSpec(duration_seconds=60.0, sessions_per_second=0.3)
