@@ -24,6 +24,7 @@ from aiohttp import web
 from goodput.controllers.requests.admission import ClassContract, RequestShape
 from goodput.controllers.requests.degrade import Rung
 from goodput.controllers.requests.sessions import (
+    SWEEP_INTERVAL_SECONDS,
     ChildGrant,
     Refused,
     Session,
@@ -42,7 +43,6 @@ STREAM_KEY = web.RequestKey("goodput.stream", web.StreamResponse)
 """The request's prepared stream, once its first bytes went out."""
 GENERATED_KEY = web.RequestKey("goodput.generated", int)
 """Output tokens the engine generated for the request."""
-SWEEP_INTERVAL_SECONDS = 10.0
 
 
 class SessionDesk:
@@ -75,7 +75,7 @@ class SessionDesk:
             return self._refused(gateway, shape, contract, session)
         output = shape.requested_output_tokens or contract.max_output_tokens
         output = output or gateway.policy.admission.default_output_tokens
-        may_cap = contract.ladder is not None and Rung.CAP_OUTPUT in contract.ladder.rungs
+        may_cap = contract.ladder is not None and contract.ladder.caps_output
         grant = self.table.admit_child(session, shape.prompt_tokens, output, now, may_cap=may_cap)
         if isinstance(grant, Refused):
             return self._refused(gateway, shape, contract, grant, session.name)

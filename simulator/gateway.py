@@ -41,8 +41,10 @@ from goodput.controllers.requests.admission import (
 )
 from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.requests.routing import Candidate, GroupBook, RouteRequest, choose_group
+from goodput.controllers.requests.sessions import ChildGrant, Refused
 from goodput.estimators.attainment import Histogram, histogram_delta
 from goodput.simulator.metrics import HistogramAccumulator
+from goodput.simulator.session_desk import SimSessionDesk
 from goodput.simulator.workload import Workload
 
 
@@ -167,6 +169,8 @@ class SimGateway:
         self.served_output_tokens: list[int] = list(self._output)
         self.backlogged_cost: dict[str, float] = {}
         """Fair-queue cost charged per tenant at dispatches made while two or more tenants waited."""
+        self.sessions = SimSessionDesk(workload) if workload.has_sessions else None
+        self._clock = 0.0  # the latest time the gateway was called at: when a lost request settles
 
     # ------------------------------------------------------------------ views for the gates
     def _rate(self, serving: int) -> float:
@@ -219,6 +223,19 @@ class SimGateway:
         (the caller schedules `expire` then), None when it was refused at the door."""
         tenant, class_name = self._tenants[index], self._class_names[index]
         prompt, asked = self._prompt[index], self._output[index]
+        self._clock = now
+        grant: ChildGrant | None = None
+        if self.sessions is not None:  # entered into its session before its class's gates, as live
+            contract = self.policy.admission.contract_for(class_name)
+            entered = self.sessions.enter(index, contract, tenant, prompt, asked, now)
+            if isinstance(entered, Refused):
+                self.admission[index] = GatewayTreatment.REJECTED
+                self.reason[index] = entered.refusal.value
+                return None
+            if entered is not None:  # charged to the session's tenant, within its budget
+                grant = entered
+                tenant, asked = grant.tenant, grant.output_tokens
+                self._tenants[index] = tenant
         shape = RequestShape(tenant, class_name, prompt, asked, now)
         bucket = self._bucket(tenant, now)
         decision = admit(
@@ -236,9 +253,11 @@ class SimGateway:
         if not decision.proceeds:
             counters.rejected += 1
             self.admission[index] = GatewayTreatment.REJECTED
+            self._settle(index, 0)
             return None
         counters.admitted += 1
-        self.admission[index] = _OUTCOME_CODES[decision.outcome]
+        capped = grant is not None and grant.capped
+        self.admission[index] = GatewayTreatment.DEGRADED if capped else _OUTCOME_CODES[decision.outcome]
         self.best_effort[index] = decision.best_effort
         self.served_output_tokens[index] = min(asked, decision.output_tokens)
         if bucket is not None:
@@ -295,12 +314,21 @@ class SimGateway:
             self._budgets[item.tenant] = bucket.refund(item.input_tokens + item.expected_output_tokens, now)
         # Its admission outcome was counted when it proceeded; the 503 is counted here only.
         self.admission[index] = GatewayTreatment.HOLD_EXPIRED
+        self._clock = now
+        self._settle(index, 0)
         return True
+
+    def _settle(self, index: int, generated_tokens: int) -> None:
+        """A session's request left: its session is charged its prompt and what it generated (the
+        live gateway's `prompt + generated`), the rest of its reservation given back."""
+        if self.sessions is not None:
+            self.sessions.settle(index, self._prompt[index] + generated_tokens, self._clock)
 
     # ------------------------------------------------------------------ dispatch
     def pump(self, now: float, serving: Sequence[int]) -> list[SimulatedDispatch]:
         """SimulatedDispatch queued requests while some serving group has a free slot (`Gateway._pump`)."""
         dispatches: list[SimulatedDispatch] = []
+        self._clock = now
         limit = self.policy.max_in_flight_per_group
         chunk = self.policy.admission.floor_model.chunk_tokens
         while len(self.queue) and serving:
@@ -349,12 +377,13 @@ class SimGateway:
             self._unstarted.discard(index)
             self._groups[entry[0]].started(int(self._prompt[index]))
 
-    def release(self, index: int) -> tuple[str, bool] | None:
+    def release(self, index: int, generated_tokens: int = 0) -> tuple[str, bool] | None:
         """The request left its group (answered, failed or aborted): free its slot and reservation.
         Returns its class and whether it was served best effort; None when the gateway never sent it."""
         entry = self._dispatched.pop(index, None)
         if entry is None:
             return None
+        self._settle(index, generated_tokens)
         group, held = entry
         started = index not in self._unstarted
         self._unstarted.discard(index)
@@ -365,7 +394,8 @@ class SimGateway:
 
     def finished(self, index: int, arrival: float, first_token_at: float, finished_at: float) -> None:
         """An answer ended: judged against its class as `Gateway._observe` judges it."""
-        released = self.release(index)
+        self._clock = finished_at
+        released = self.release(index, self.served_output_tokens[index])
         if released is None:
             return
         class_name, best_effort = released

@@ -25,6 +25,8 @@ class RequestExit(IntEnum):
     """Still in flight when the simulation stopped."""
     REJECTED_ADMISSION = 6
     """The gateway refused it at the door (429, 503), or its hold in the gateway's queue ran out."""
+    NOT_SENT = 7
+    """A session's child whose parent was never answered: the agent had nothing to continue from."""
 
 
 NOT_YET = math.nan

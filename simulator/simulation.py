@@ -28,7 +28,7 @@ from goodput.simulator.metrics import FleetSample, GroupScrape, MetricsHistory
 from goodput.simulator.records import RequestExit, RequestLog
 from goodput.simulator.workload import Workload
 
-_STEP, _LIFECYCLE, _FAIL, _REPLACE, _SCHEDULED_FAIL, _SCRAPE, _CONTROL, _GROUPS, _HOLD = range(9)
+_STEP, _LIFECYCLE, _FAIL, _REPLACE, _SCHEDULED_FAIL, _SCRAPE, _CONTROL, _GROUPS, _HOLD, _CHILD = range(10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +195,11 @@ class _Run:
         self.processed = 0
         self.now = 0.0
         self.gateway = SimGateway(config.request_path, workload) if config.request_path is not None else None
+        self.parents = workload.parent_index.tolist() if workload.parent_index is not None else None
+        self.children = _children_of(workload)
+        self.children_pending = 0
+        if self.parents is not None and self.gateway is None:
+            raise ValueError("a workload of sessions needs the gateway: sessions are the request path's")
 
     def push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
         self.counter += 1
@@ -214,6 +219,8 @@ class _Run:
     def work_left(self) -> bool:
         """Arrivals to come or requests in flight: otherwise the run is over."""
         if self.gateway is not None and self.gateway.holds_requests():
+            return True
+        if self.children_pending:
             return True
         return self.next_arrival < self.total or any(
             group.engine.in_flight
@@ -270,6 +277,11 @@ class _Run:
                 self.push(now + self.config.fleet.reconcile_interval_seconds, _GROUPS)
         elif kind == _HOLD:
             self.on_hold_expired(a, now)
+            return
+        elif kind == _CHILD:
+            self.children_pending -= 1
+            self.log.arrival[a] = now
+            self.arrive_at_gateway(a, now)
             return
         elif self.work_left():  # lifecycle and failures after the last request change nothing reported
             self.on_group_event(kind, a, b, now)
@@ -365,6 +377,8 @@ class _Run:
         index = self.next_arrival
         self.next_arrival += 1
         self.processed += 1
+        if self.parents is not None and self.parents[index] >= 0:
+            return  # a session's child: sent when its parent is answered (`send_children`)
         log = self.log
         if self.gateway is not None:
             self.arrive_at_gateway(index, now)
@@ -459,15 +473,27 @@ class _Run:
                     gateway.finished(
                         index, log.arrival[index], log.first_token_at[index], log.finished_at[index]
                     )
+                    self.send_children(index, log.finished_at[index])
                 else:
                     gateway.release(index)
             engine.ended_log.clear()
 
+    def send_children(self, index: int, answered_at: float) -> None:
+        """A session's request was answered: its children follow, each after its tool wait."""
+        workload = self.workload
+        for child in self.children.get(index, ()):
+            assert workload.after_parent_seconds is not None
+            self.children_pending += 1
+            self.push(answered_at + float(workload.after_parent_seconds[child]), _CHILD, child)
+
     def result(self) -> SimulationResult:
         log, fleet = self.log, self.fleet
         for index, outcome in enumerate(log.outcome):
-            if outcome == RequestExit.PENDING:
-                log.outcome[index] = RequestExit.UNFINISHED
+            if outcome != RequestExit.PENDING:
+                continue
+            parent = self.parents[index] if self.parents is not None else -1
+            unanswered = parent >= 0 and log.outcome[parent] != RequestExit.FINISHED
+            log.outcome[index] = RequestExit.NOT_SENT if unanswered else RequestExit.UNFINISHED
         requests = log.arrays()
         gateway = self.gateway
         if gateway is not None:
@@ -475,6 +501,7 @@ class _Run:
             requests["infeasible"] = np.asarray(gateway.infeasible, dtype=bool)
             requests["best_effort"] = np.asarray(gateway.best_effort, dtype=bool)
             requests["served_output_tokens"] = np.asarray(gateway.served_output_tokens, dtype=np.int64)
+            requests["admission_reason"] = np.asarray(gateway.reason, dtype=np.str_)
         return SimulationResult(
             workload=self.workload,
             requests=requests,
@@ -493,6 +520,17 @@ class _Run:
             group_transitions=tuple(fleet.transitions),
             backlogged_cost_by_tenant=None if gateway is None else dict(gateway.backlogged_cost),
         )
+
+
+def _children_of(workload: Workload) -> dict[int, list[int]]:
+    """Each session request's children, by index (empty for a workload without sessions)."""
+    if workload.parent_index is None:
+        return {}
+    children: dict[int, list[int]] = {}
+    for child, parent in enumerate(workload.parent_index.tolist()):
+        if parent >= 0:
+            children.setdefault(parent, []).append(child)
+    return children
 
 
 def _engine_totals(fleet: Fleet) -> dict[str, float]:

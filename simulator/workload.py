@@ -27,6 +27,10 @@ class Workload:
 
     prefix_blocks holds, per request, the ids of its prompt's prefix blocks (`prefix_block_tokens`
     each) when the trace has them (Mooncake); None for traces without prefix information.
+
+    A workload of sessions (`simulator.agentic`) has three more columns: each request's session,
+    its parent's index (-1 for the session's root, which opens it) and its delay after its parent's
+    answer (the tool wait); the simulator sends a child only once its parent was answered.
     """
 
     name: str
@@ -40,6 +44,13 @@ class Workload:
     class_names: tuple[str, ...] = ()
     tenant_names: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    session_index: np.ndarray | None = None
+    parent_index: np.ndarray | None = None
+    after_parent_seconds: np.ndarray | None = None
+
+    @property
+    def has_sessions(self) -> bool:
+        return self.parent_index is not None
 
     def __len__(self) -> int:
         return int(self.arrival_seconds.shape[0])
@@ -63,6 +74,7 @@ class Workload:
 
     def _select(self, chosen: np.ndarray, arrivals: np.ndarray, note: str) -> Workload:
         blocks = None if self.prefix_blocks is None else tuple(self.prefix_blocks[int(i)] for i in chosen)
+        session, parent, after_parent = self._sessions_of(chosen)
         return replace(
             self,
             arrival_seconds=arrivals,
@@ -72,7 +84,25 @@ class Workload:
             class_index=None if self.class_index is None else self.class_index[chosen],
             tenant_index=None if self.tenant_index is None else self.tenant_index[chosen],
             notes=(*self.notes, note),
+            session_index=session,
+            parent_index=parent,
+            after_parent_seconds=after_parent,
         )
+
+    def _sessions_of(self, chosen: np.ndarray) -> tuple[np.ndarray | None, ...]:
+        """The session columns of a selection, parents renumbered; a selection that repeats a request
+        or keeps a child without its parent would break its sessions apart, and is refused."""
+        if self.parent_index is None or self.session_index is None or self.after_parent_seconds is None:
+            return None, None, None
+        position = np.full(len(self), -1, dtype=np.int64)
+        position[chosen] = np.arange(chosen.size)
+        if np.unique(chosen).size != chosen.size:
+            raise ValueError("a workload of sessions cannot repeat requests: copies would share a session")
+        parents = self.parent_index[chosen]
+        renumbered = np.where(parents >= 0, position[np.maximum(parents, 0)], -1)
+        if np.any((parents >= 0) & (renumbered < 0)):
+            raise ValueError("this selection keeps children without their parents: it cuts sessions apart")
+        return self.session_index[chosen], renumbered, self.after_parent_seconds[chosen]
 
 
 def _from_columns(

@@ -64,6 +64,12 @@ class Ladder:
             tuple(Rung(rung) for rung in ladder.rungs), ladder.cap_output_tokens, ladder.fallback_model_group
         )
 
+    @property
+    def caps_output(self) -> bool:
+        """Whether the class accepts a capped answer: then a child that only fits its session's budget
+        with a shorter output gets that output instead of a refusal."""
+        return Rung.CAP_OUTPUT in self.rungs
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt:

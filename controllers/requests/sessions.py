@@ -24,6 +24,9 @@ from enum import StrEnum
 
 from goodput.api.slopolicy import SessionBudget
 
+SWEEP_INTERVAL_SECONDS = 10.0
+"""Ended and idle sessions are swept from the table at a root's arrival, at most this often."""
+
 
 class SessionRefusal(StrEnum):
     """Why a session request was refused: the `code` of the error body the gateway answers."""
