@@ -41,6 +41,10 @@ ANNOTATION_MODEL_REVISION: Final = f"{GROUP}/model-revision"
 """Pod annotation: the model revision the rank's engine loaded, as evidenced by the agent."""
 ANNOTATION_NCCL_CHECK_REQUEST: Final = f"{GROUP}/nccl-check-requested"
 """Pod annotation: set (to any new value, e.g. a timestamp) to make the agent re-run the NCCL check."""
+ANNOTATION_LAST_RESCALE: Final = f"{GROUP}/last-rescale"
+"""ModelGroup annotation: the autoscaler's last applied decision (a `status.decisions[]` entry as
+JSON, proposals without their inputs), written in the same patch as `spec.replicas`, so a change of
+the count is never left without its record when the operator stops before its status write."""
 
 
 def leader_label_selector(model_group: str) -> str:

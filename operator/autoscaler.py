@@ -67,9 +67,9 @@ from typing import Any, Protocol, TypeVar
 
 import kopf
 
-from goodput.api.base import GROUP, VERSION
-from goodput.api.labels import SERVING_POOL
-from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef
+from goodput.api.base import GROUP, VERSION, wire_dict
+from goodput.api.labels import ANNOTATION_LAST_RESCALE, SERVING_POOL
+from goodput.api.modelgroup import ModelGroup, ModelGroupStatus, PolicyRef, ScalingDecision
 from goodput.api.reasons import Reason
 from goodput.controllers.autoscale import decide
 from goodput.controllers.autoscale.capacity_learner import (
@@ -94,6 +94,10 @@ from goodput.controllers.autoscale.record import (
     failure_event,
     metrics_health,
     persist_due,
+    record_rescale,
+    rescale_note,
+    rescale_recorded_event,
+    unrecorded_rescale,
 )
 from goodput.controllers.compile.scaling import (
     DEFAULT_RATE_WINDOW_SECONDS,
@@ -416,6 +420,9 @@ class Autoscaler:
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
         memory = self._memory(PoolKey(namespace, name), obj, now)
         status = ModelGroupStatus.model_validate(obj.get("status") or {})
+        rescale = unrecorded_rescale(_annotations(obj).get(ANNOTATION_LAST_RESCALE), status)
+        if rescale is not None:
+            obj, status = await self._record_rescale(obj, status, rescale, post_events, memory)
         parsed = parse_model_group({key: obj.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
         if isinstance(parsed, str):
             await self._fail(obj, status, Unusable(Reason.INVALID_SPEC, parsed), post_events, memory)
@@ -445,6 +452,21 @@ class Autoscaler:
         await self._record(obj, status, plan, decided, post_events=post_events, memory=memory, now=now)
         self.metrics.duration.labels("total").observe(time.perf_counter() - started)
         return TickOutcome(plan.interval_seconds, decided.active, decided.shadow, started=now)
+
+    async def _record_rescale(
+        self,
+        obj: dict[str, Any],
+        status: ModelGroupStatus,
+        rescale: ScalingDecision,
+        post_events: PostEvents,
+        memory: Memory,
+    ) -> tuple[dict[str, Any], ModelGroupStatus]:
+        """Record the rescale an operator applied and could not record before it stopped, with its
+        Event; the tick goes on from the status that holds it."""
+        await self._write_status(obj, functools.partial(record_rescale, entry=rescale), memory=memory)
+        post_events([rescale_recorded_event(rescale)])
+        recorded = record_rescale(status, rescale)
+        return {**obj, "status": {**(obj.get("status") or {}), **wire_dict(recorded)}}, recorded
 
     def _plan(
         self, parsed: ModelGroup, policies: PolicyIndex, memory: Memory, referenced: ReadConfig = None
@@ -681,11 +703,16 @@ class Autoscaler:
     async def _scale(
         self, obj: Mapping[str, Any], decision: Decision, post_events: PostEvents, interval: float
     ) -> bool:
-        """Write the decided count through the scale subresource, conditional on the resourceVersion
-        the decision read. False when someone else wrote the ModelGroup in between."""
+        """Write the decided count, conditional on the resourceVersion the decision read, with the
+        decision's record in the same patch (`ANNOTATION_LAST_RESCALE`): the status write comes
+        after, and an operator stopped in between leaves the next one what to record. False when
+        someone else wrote the ModelGroup in between."""
         metadata = obj.get("metadata") or {}
         patch = {
-            "metadata": {"resourceVersion": str(metadata.get("resourceVersion") or "")},
+            "metadata": {
+                "resourceVersion": str(metadata.get("resourceVersion") or ""),
+                "annotations": {ANNOTATION_LAST_RESCALE: rescale_note(decision)},
+            },
             "spec": {"replicas": decision.desired_groups},
         }
         try:
@@ -695,7 +722,6 @@ class Autoscaler:
                 str(metadata.get("namespace") or ""),
                 str(metadata["name"]),
                 patch,
-                subresource="scale",
             )
         except KubeError as error:
             if error.status == 409:
@@ -905,6 +931,10 @@ def _capacity_learning(model_group: ModelGroup, compiled: CompiledPolicy) -> _Ca
         PriorCapacity(prior, measured=measured, learn=learn),
         capacity_identity(prior, model_group.spec.engine.image, profile.gpu if profile is not None else ""),
     )
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
 
 
 def _version(obj: Mapping[str, Any]) -> int | None:

@@ -1,6 +1,6 @@
 """The autoscaler's tick against an in-memory API server and a metrics source the test controls.
 
-The API server keeps one ModelGroup: the scale subresource with resourceVersion preconditions, and
+The API server keeps one ModelGroup: merge patches with resourceVersion preconditions, and
 the status by server-side apply with field managers (`server_side_apply`); the metrics source
 returns the `GroupMetrics` a test sets, or fails as a Prometheus that is down does. What is
 checked is what the operator writes, and when not.
@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import json
 import logging
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import kopf
 import pytest
@@ -26,6 +29,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from server_side_apply import AppliedStatus
 
+from goodput.api.labels import ANNOTATION_LAST_RESCALE
 from goodput.controllers.autoscale.model import GatewayObservation, GroupMetrics
 from goodput.controllers.events import EventRecord
 from goodput.controllers.ownership import GROUP_STATUS
@@ -106,12 +110,12 @@ def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
 
 @dataclass
 class MemoryApi:
-    """One ModelGroup behind GET, PATCH (scale, metadata) and server-side apply (status)."""
+    """One ModelGroup behind GET, PATCH (the count with its record) and server-side apply (status)."""
 
     body: dict[str, Any]
     writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
-    """Subresources ('scale', '') whose next write answers 409 whatever its precondition."""
+    """Writes ('object') whose next one answers 409 whatever its precondition."""
     failure: KubeError | None = None
     applied: AppliedStatus = field(default_factory=AppliedStatus)
     gets: int = 0
@@ -160,22 +164,21 @@ class MemoryApi:
         *,
         subresource: str | None = None,
     ) -> Any:
-        kind = subresource or ""
+        kind = subresource or "object"
+        assert kind == "object", "the count is written on the object with its record; status by apply"
         if kind in self.conflicts:
             self.conflicts.remove(kind)
             raise KubeError(409, "Conflict", "the object has been modified")
-        if kind == "scale" and self.failure is not None:
+        if self.failure is not None:
             raise self.failure
         expected = (patch.get("metadata") or {}).get("resourceVersion")
         if expected is not None and expected != self.body["metadata"]["resourceVersion"]:
             raise KubeError(409, "Conflict", "the object has been modified")
         self.writes.append((kind, copy.deepcopy(dict(patch))))
-        if kind == "scale":
+        if "spec" in patch:
             self.body["spec"]["replicas"] = patch["spec"]["replicas"]
             self.body["metadata"]["generation"] += 1
-        else:
-            assert kind == "", "status is written by server-side apply only"
-            merge(self.body["metadata"], patch["metadata"])
+        merge(self.body["metadata"], {k: v for k, v in patch["metadata"].items() if k != "resourceVersion"})
         self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
         return {"metadata": {"resourceVersion": self.body["metadata"]["resourceVersion"]}}
 
@@ -283,18 +286,25 @@ def harness(
 # --- acting and recording ------------------------------------------------------------------------
 
 
-def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_recorded() -> None:
+def test_an_overloaded_group_scales_out_with_the_decision_in_the_same_write_and_is_recorded() -> None:
     h = harness(groups={"g0": OVERLOADED})
     outcome = h.tick()
     assert outcome.interval_seconds == 10
     # The next tick lands on the interval's grid, where every ModelGroup with this interval ticks.
     assert (START + 3.0 + outcome.delay_seconds(START + 3.0)) % 10 == pytest.approx(0.0, abs=1e-6)
     assert outcome.active is not None and outcome.active.desired_groups > 1
-    (scale,) = h.api.of("scale")
+    (scale,) = h.api.of("object")
+    note = json.loads(scale["metadata"]["annotations"][ANNOTATION_LAST_RESCALE])
     assert scale == {
-        "metadata": {"resourceVersion": "100"},
+        "metadata": {"resourceVersion": "100", "annotations": {ANNOTATION_LAST_RESCALE: mock.ANY}},
         "spec": {"replicas": outcome.active.desired_groups},
     }
+    assert (note["fromReplicas"], note["toReplicas"], note["policyRevision"]) == (
+        1,
+        outcome.active.desired_groups,
+        "r1",
+    )
+    assert all("detail" not in proposal for proposal in note["proposals"]), "the inputs stay in status"
     # One apply of the autoscaler's own fields and conditions; the group controller's are not in it.
     (status,) = h.api.of("status")
     assert set(status["status"]) == {
@@ -324,9 +334,7 @@ def test_an_overloaded_group_scales_out_through_the_scale_subresource_and_is_rec
     assert h.condition("MetricsAvailable") == ("True", "MetricsFresh")
     # 40 waiting requests ask for more than the step policy allows (2 groups per period).
     assert [event.reason for event in h.events] == ["SuccessfulRescale", "ScaleUpLimit"]
-    assert "annotations" not in h.api.body["metadata"] and h.api.of("") == [], (
-        "the user's object is not annotated"
-    )
+    assert set(h.api.body["metadata"]["annotations"]) == {ANNOTATION_LAST_RESCALE}, "nothing else"
     assert (
         h.sample(
             "goodput_autoscaler_decisions_total",
@@ -349,7 +357,7 @@ def test_a_held_count_writes_the_record_but_not_the_count() -> None:
     h = harness()
     outcome = h.tick()
     assert outcome.active is not None and outcome.active.desired_groups == 1
-    assert h.api.of("scale") == []
+    assert h.api.of("object") == []
     assert h.status["lastDecision"]["toReplicas"] == 1 and h.status["decisions"] == []
     assert h.events == []
 
@@ -375,7 +383,7 @@ def test_advisory_records_without_acting() -> None:
     h = harness(groups={"g0": OVERLOADED}, mode="Advisory")
     h.tick()
     h.tick(at=10)
-    assert h.api.of("scale") == [] and h.api.body["spec"]["replicas"] == 1
+    assert h.api.of("object") == [] and h.api.body["spec"]["replicas"] == 1
     assert h.status["lastDecision"]["mode"] == "Advisory" and h.status["lastDecision"]["toReplicas"] > 1
     assert len(h.status["decisions"]) == 1
     assert h.condition("ScalingActive") == ("True", "ModeAdvisory")
@@ -386,7 +394,7 @@ def test_frozen_makes_no_decision_and_reads_nothing() -> None:
     h = harness(groups={"g0": OVERLOADED}, mode="Frozen")
     h.tick()
     h.tick(at=10)
-    assert h.metrics.reads == [] and h.api.of("scale") == []
+    assert h.metrics.reads == [] and h.api.of("object") == []
     assert "lastDecision" not in h.status
     assert h.condition("ScalingActive") == ("False", "ModeFrozen")
     assert [event.reason for event in h.events] == ["ModeFrozen"]
@@ -398,7 +406,7 @@ def test_a_shadow_policy_is_recorded_beside_and_cleared_when_unbound() -> None:
     h.policies[(NAMESPACE, "next")] = [policy_body("next", revision="n1")]
     outcome = h.tick()
     assert outcome.shadow is not None and outcome.active is None
-    assert h.api.of("scale") == []
+    assert h.api.of("object") == []
     shadow = h.status["shadowDecision"]
     assert (shadow["shadow"], shadow["policyRevision"], shadow["mode"]) == (True, "n1", "Advisory")
     assert shadow["toReplicas"] > 1
@@ -418,7 +426,7 @@ def test_a_prometheus_that_is_down_holds_the_count_and_says_why() -> None:
     with pytest.raises(kopf.TemporaryError) as raised:
         h.tick()
     assert raised.value.delay == 10
-    assert h.api.of("scale") == []
+    assert h.api.of("object") == []
     assert h.condition("MetricsAvailable") == ("False", "MetricsQueryFailed")
     assert h.condition("ScalingActive") == ("False", "MetricsQueryFailed")
     assert [(e.type, e.reason) for e in h.events] == [("Warning", "MetricsQueryFailed")]
@@ -459,7 +467,7 @@ def test_a_policy_the_operator_would_not_accept_is_not_acted_on() -> None:
     h = harness(window=5)  # a scale-down window shorter than the interval
     h.tick()
     assert h.condition("ScalingActive") == ("False", "PolicyNotAccepted")
-    assert h.api.of("scale") == []
+    assert h.api.of("object") == []
 
 
 # --- racing other writers ------------------------------------------------------------------------
@@ -467,7 +475,7 @@ def test_a_policy_the_operator_would_not_accept_is_not_acted_on() -> None:
 
 def test_a_count_changed_by_someone_else_meanwhile_wins() -> None:
     h = harness(groups={"g0": OVERLOADED})
-    h.api.conflicts.append("scale")
+    h.api.conflicts.append("object")
     outcome = h.tick()
     assert outcome.interval_seconds == 1.0
     assert outcome.delay_seconds(START + 7.3) == 1.0  # a retry soon, not at the next interval boundary
@@ -562,8 +570,83 @@ def test_a_restart_keeps_the_scale_down_window() -> None:
     h.api.body = saved
     h.autoscaler = h.new_autoscaler()
     assert h.tick(at=65).active.desired_groups == 2  # type: ignore[union-attr]
-    assert h.api.body["metadata"]["annotations"] == {STATE_ANNOTATION: state, "team": "serving"}
-    assert h.api.of("") == [] and h.status["autoscalerState"] != state
+    annotations = dict(h.api.body["metadata"]["annotations"])
+    assert annotations.pop(ANNOTATION_LAST_RESCALE) and annotations == {
+        STATE_ANNOTATION: state,
+        "team": "serving",
+    }
+    assert all(STATE_ANNOTATION not in p["metadata"]["annotations"] for p in h.api.of("object"))
+    assert h.status["autoscalerState"] != state
+
+
+def _stopped_after_the_scale_write(h: Harness) -> None:
+    """The operator dies after its scale write and before its status write (the status apply fails
+    as a killed process's would never be sent)."""
+
+    def killed(*_: Any, **__: Any) -> Any:
+        raise KubeUnreachableError("the operator was stopped")
+
+    h.api.apply_custom_status = killed  # type: ignore[method-assign]
+    with pytest.raises(kopf.TemporaryError):
+        h.tick(watched=h.watched())
+    del h.api.apply_custom_status
+    h.events.clear()
+
+
+def test_a_rescale_whose_operator_stopped_before_recording_it_is_recorded_by_the_next() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    _stopped_after_the_scale_write(h)
+    scaled_to = h.api.body["spec"]["replicas"]
+    assert scaled_to > 1 and "lastDecision" not in h.status, "the count changed, its record did not land"
+
+    h.autoscaler = h.new_autoscaler()
+    h.metrics.down = True  # the next operator's first tick cannot even decide
+    with pytest.raises(kopf.TemporaryError):
+        h.tick(at=10)
+    (recorded,) = h.status["decisions"]
+    decided_at = datetime.fromtimestamp(START, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (recorded["fromReplicas"], recorded["toReplicas"], recorded["time"]) == (1, scaled_to, decided_at)
+    assert h.status["lastDecision"] == recorded
+    (event,) = [e for e in h.events if e.reason == "SuccessfulRescale"]
+    assert (
+        f"New size: {scaled_to} (from 1)" in event.message
+        and "recorded after an operator restart" in event.message
+    )
+
+    h.metrics.down = False
+    h.events.clear()
+    h.tick(at=20)
+    assert "SuccessfulRescale" not in [e.reason for e in h.events], "recorded once"
+    assert h.status["decisions"][-1] == recorded
+
+
+def test_a_rescale_recorded_before_the_restart_is_not_recorded_again() -> None:
+    h = harness(groups={"g0": OVERLOADED})
+    h.tick()
+    history = h.status["decisions"]
+    h.autoscaler = h.new_autoscaler()
+    h.events.clear()
+    h.metrics.down = True
+    with pytest.raises(kopf.TemporaryError):
+        h.tick(at=10)
+    assert h.status["decisions"] == history
+    assert "SuccessfulRescale" not in [e.reason for e in h.events]
+
+
+@pytest.mark.parametrize(
+    "note",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("{not json", id="unreadable"),
+        pytest.param('{"time": 3}', id="incomplete"),
+    ],
+)
+def test_a_rescale_note_that_cannot_be_read_records_nothing(note: str) -> None:
+    h = harness()
+    h.api.body["metadata"]["annotations"] = {ANNOTATION_LAST_RESCALE: note}
+    h.tick()
+    assert "decisions" not in h.status or h.status["decisions"] == []
+    assert "SuccessfulRescale" not in [e.reason for e in h.events]
 
 
 def test_the_state_is_saved_when_it_changes_and_refreshed_while_it_holds() -> None:
@@ -674,7 +757,7 @@ def test_prompts_no_group_can_serve_in_time_raise_slo_attainable_false_not_group
     h = harness(groups={"g0": with_prompts(OVERLOADED, [100_000] * 50)})
     outcome = h.tick()
     assert outcome.active is not None and outcome.active.desired_groups == 1
-    assert h.api.of("scale") == []
+    assert h.api.of("object") == []
     assert h.condition("SLOAttainable") == ("False", "InfeasibleDemand")
     message = condition_message(h, "SLOAttainable")
     threshold = h.status["feasibility"][0]["longestFeasiblePromptTokens"]
@@ -749,8 +832,8 @@ def test_a_tick_on_the_watched_model_group_reads_nothing_from_the_api_server() -
     outcome = h.tick(watched=h.watched())
     assert h.api.gets == 0
     assert outcome.active is not None and h.api.body["spec"]["replicas"] == outcome.active.desired_groups
-    (scale,) = h.api.of("scale")
-    assert scale["metadata"] == {"resourceVersion": "100"}, "conditional on the version the watch showed"
+    (scale,) = h.api.of("object")
+    assert scale["metadata"]["resourceVersion"] == "100", "conditional on the version the watch showed"
 
 
 def test_a_watch_behind_the_last_status_write_does_not_lose_the_decision_it_recorded() -> None:
@@ -842,8 +925,8 @@ def test_a_status_written_after_the_watched_copy_costs_no_decision() -> None:
     h.api.group_controller_applies({"readyGroups": 1, "groups": watched["status"]["groups"]})
     outcome = h.tick(watched=watched)
     assert not outcome.conflict and outcome.active is not None
-    (scale,) = h.api.of("scale")
-    assert scale["metadata"] == {"resourceVersion": "101"}, "decided again on a fresh read"
+    (scale,) = h.api.of("object")
+    assert scale["metadata"]["resourceVersion"] == "101", "decided again on a fresh read"
     assert h.api.body["spec"]["replicas"] == outcome.active.desired_groups > 1
     assert h.api.gets == 1 and len(h.metrics.reads) == 1, "one read of the object, the metrics read once"
 
@@ -894,7 +977,7 @@ def test_a_decision_is_logged_when_made_and_applied_before_its_status_write_wait
     h.api.apply_custom_status = watching_apply  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO, logger="goodput.autoscaler.decisions"):
         h.tick(watched=h.watched())
-    assert h.api.of("scale") and logged_before_status == [1]
+    assert h.api.of("object") and logged_before_status == [1]
 
 
 def test_the_scale_write_and_the_status_apply_run_on_executors_of_their_own() -> None:

@@ -115,9 +115,16 @@ def test_the_apiserver_audits_every_write_but_the_node_leases(layout: ClusterLay
     rules = yaml.safe_load(render_audit_policy())["rules"]
     first = {rule["level"]: rule for rule in reversed(rules)}
 
-    def level(verb: str, namespace: str) -> str:
+    def level(verb: str, namespace: str, resource: tuple[str, str] = ("", "pods")) -> str:
         for rule in rules:
-            if namespace in rule.get("namespaces", [namespace]) and verb in rule.get("verbs", [verb]):
+            kinds = [
+                (kind["group"], name) for kind in rule.get("resources", []) for name in kind["resources"]
+            ]
+            if (
+                namespace in rule.get("namespaces", [namespace])
+                and verb in rule.get("verbs", [verb])
+                and resource in (kinds or [resource])
+            ):
                 return str(rule["level"])
         raise AssertionError("no rule matched")
 
@@ -125,6 +132,9 @@ def test_the_apiserver_audits_every_write_but_the_node_leases(layout: ClusterLay
     assert level("update", "goodput-system") == "Metadata"
     assert level("get", "goodput-system") == "None"
     assert level("update", "kube-node-lease") == "None"
+    # A ModelGroup's patch with its body: whether it changed the count, and with which decision.
+    assert level("patch", "team-a", ("goodput.dev", "modelgroups")) == "Request"
+    assert level("get", "team-a", ("goodput.dev", "modelgroups")) == "None"
 
 
 def test_a_second_client_has_its_own_certificate_in_its_kubeconfig(layout: ClusterLayout) -> None:

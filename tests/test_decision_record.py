@@ -54,6 +54,9 @@ from goodput.controllers.autoscale.record import (
     metrics_health,
     persist_due,
     record_decisions,
+    record_rescale,
+    rescale_note,
+    unrecorded_rescale,
 )
 from goodput.controllers.ownership import AUTOSCALER_STATUS, GROUP_STATUS
 from goodput.estimators.attainment import Histogram
@@ -151,6 +154,56 @@ def test_history_is_bounded_newest_first_and_without_repeats(moves: list[tuple[i
     assert [(e.from_replicas, e.to_replicas) for e in status.decisions] == changes[::-1][:HISTORY_LIMIT]
     times = [entry.time for entry in status.decisions]
     assert times == sorted(times, reverse=True)
+
+
+# --- The record the scale write carries ------------------------------------------------------------
+
+
+def _later(decision: Decision, seconds: float) -> Decision:
+    return dataclasses.replace(decision, time=decision.time + seconds)
+
+
+@dataclass(frozen=True)
+class NoteCase:
+    status: ModelGroupStatus
+    recovered: bool
+
+
+NOTE_CASES = {
+    "nothing recorded yet": NoteCase(ModelGroupStatus(), True),
+    "an older decision recorded": NoteCase(
+        record_decisions(ModelGroupStatus(), active=_later(HOLD, -10), shadow=None), True
+    ),
+    "this decision recorded": NoteCase(
+        record_decisions(ModelGroupStatus(), active=SCALE_OUT, shadow=None), False
+    ),
+    "a later tick recorded": NoteCase(
+        record_decisions(ModelGroupStatus(), active=_later(HOLD, 10), shadow=None), False
+    ),
+}
+
+
+@pytest.mark.parametrize("case", NOTE_CASES.values(), ids=NOTE_CASES.keys())
+def test_a_rescale_note_is_recovered_only_when_the_status_lacks_it(case: NoteCase) -> None:
+    entry = unrecorded_rescale(rescale_note(SCALE_OUT), case.status)
+    assert (entry is not None) == case.recovered
+    if entry is not None:
+        recorded = record_rescale(case.status, entry)
+        assert recorded.last_decision == entry and recorded.decisions[0] == entry
+        assert (entry.from_replicas, entry.to_replicas, entry.time) == (1, 2, WHEN)
+        assert entry.proposals and all(proposal.detail == "" for proposal in entry.proposals)
+        assert unrecorded_rescale(rescale_note(SCALE_OUT), recorded) is None, "recovered once"
+
+
+@pytest.mark.parametrize("note", [None, "", "{", '{"time": "2027-01-15T08:00:00Z"}', "[]"])
+def test_a_note_that_cannot_be_read_recovers_nothing(note: str | None) -> None:
+    assert unrecorded_rescale(note, ModelGroupStatus()) is None
+
+
+def test_the_note_leaves_the_proposals_inputs_to_the_status() -> None:
+    note = rescale_note(SCALE_OUT)
+    assert "lambda_w=" in decision_entry(SCALE_OUT).model_dump_json() and "lambda_w=" not in note
+    assert len(note) < 600
 
 
 # --- Events --------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ Every function here is pure; the operator writes what they return.
   outcome once: a count held for an hour is one entry, not 240.
 - `decision_events`: Events on transitions only: the count changed (SuccessfulRescale), an
   Advisory or shadow policy would change it (AdvisoryRescale), or a guard started holding.
+- `rescale_note` / `unrecorded_rescale` / `record_rescale`: the applied decision the scale write
+  carries as an annotation, and the record an operator that came after writes from it when the one
+  that scaled stopped before its status write.
 - `autoscaler_conditions` / `failure_conditions`: ScalingActive, MetricsAvailable and
   DecisionLimited (ScalingLimited, about placement, is the group controller's).
 - `feasibility_status` / `attainability_conditions` / `attainability_event`: `status.feasibility`,
@@ -295,6 +298,61 @@ def failed_rescale_event(decision: Decision, error: str) -> EventRecord:
         "Warning",
         EventReason.FAILED_RESCALE,
         f"New size: {decision.desired_groups} (from {decision.current_groups}) could not be written: {error}",
+    )
+
+
+# --- The record the scale write carries -------------------------------------------------------------
+
+
+def rescale_note(decision: Decision, *, pool: str = SERVING_POOL) -> str:
+    """An applied decision as the scale write's annotation (`ANNOTATION_LAST_RESCALE`): its status
+    entry without the proposals' inputs, which are long and belong in the status alone."""
+    entry = decision_entry(decision, pool=pool)
+    lean = tuple(proposal.model_copy(update={"detail": ""}) for proposal in entry.proposals)
+    wire = entry.model_copy(update={"proposals": lean}).model_dump(
+        mode="json", by_alias=True, exclude_defaults=True
+    )
+    return json.dumps(wire, separators=(",", ":"))
+
+
+def unrecorded_rescale(note: str | None, status: ModelGroupStatus) -> ScalingDecision | None:
+    """The rescale `note` records when the status does not: the operator stopped (or its status write
+    failed) between the scale write and the status write. None when there is no note, it cannot be
+    read, or the status already holds that decision or a later one.
+
+    Every tick records its decision as `lastDecision`, and the next tick reads this first, so a
+    `lastDecision` or newest history entry as new as the note's means it was recorded."""
+    if not note:
+        return None
+    try:
+        entry = ScalingDecision.model_validate_json(note)
+    except ValueError:
+        return None
+    newest = [d.time for d in (status.last_decision, *status.decisions[:1]) if d is not None]
+    if any(time >= entry.time for time in newest):
+        return None
+    return entry
+
+
+def record_rescale(
+    previous: ModelGroupStatus, entry: ScalingDecision, *, limit: int = HISTORY_LIMIT
+) -> ModelGroupStatus:
+    """The status with a rescale recovered from its note: the last decision, and the newest history
+    entry unless it repeats that one's outcome."""
+    history = previous.decisions
+    if not history or _outcome(history[0]) != _outcome(entry):
+        history = (entry, *history)[:limit]
+    return previous.model_copy(update={"last_decision": entry, "decisions": history})
+
+
+def rescale_recorded_event(entry: ScalingDecision) -> EventRecord:
+    """The SuccessfulRescale of a rescale whose record is written by the operator that came after."""
+    return EventRecord(
+        "Normal",
+        EventReason.SUCCESSFUL_RESCALE,
+        f"New size: {entry.to_replicas} (from {entry.from_replicas}); reason: {entry.reason}, signal "
+        f"{entry.signal}; SLOPolicy revision {entry.policy_revision}; applied at "
+        f"{entry.time.isoformat()} and recorded after an operator restart",
     )
 
 

@@ -303,14 +303,20 @@ def health_urls(layout: ClusterLayout) -> dict[str, str]:
     }
 
 
-# Writes only, at Metadata level (no bodies), once each (when the answer is sent); the node leases
-# kwok renews for every fake node are left out, as they are noise a second.
+# Writes only, once each (when the answer is sent), at Metadata level (no bodies) but for the
+# patches of ModelGroups, whose body says whether a write changed the count and with which decision;
+# the node leases kwok renews for every fake node are left out, as they are noise a second.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [
         {"level": "None", "namespaces": ["kube-node-lease"]},
+        {
+            "level": "Request",
+            "verbs": ["patch", "update"],
+            "resources": [{"group": "goodput.dev", "resources": ["modelgroups"]}],
+        },
         {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
         {"level": "None"},
     ],
