@@ -66,6 +66,7 @@ from goodput.controllers.requests.routing import (
     choose_group,
     prefix_key,
 )
+from goodput.controllers.requests.tool_waits import WaitAction
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.adapters import AdapterBook, AdapterLoadError, EngineCall, LoadOutcome
@@ -257,6 +258,8 @@ class Gateway:
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.meter = DrainRateMeter()
         self.desk = SessionDesk(clock)
+        self.desk.waits.policy = policy.tool_waits
+        self.desk.charge_wait = lambda wait: self.queue.charge(wait.tenant, 0.0, 0.0, wait.kv_byte_seconds)
         self.later = LaterDesk(clock)
         self.siblings: Callable[[str], Gateway | None] = lambda _name: None  # set by `front`
         self.adapters = AdapterBook(self._count_adapter_call)
@@ -310,6 +313,7 @@ class Gateway:
         }
         self.policy = policy
         self.queue.policy = policy.fairness
+        self.desk.waits.policy = policy.tool_waits
         self._pump()
 
     def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
@@ -356,7 +360,7 @@ class Gateway:
                 name,
                 serving=(state.endpoint.ready, state.endpoint.draining),
                 waiting_work_seconds=share,
-                kv_capacity_tokens=self.policy.kv_capacity_tokens,
+                kv_capacity_tokens=self.policy.kv_capacity_tokens - self.desk.waits.kept_tokens(name),
                 capacity_work_seconds_per_second=rate,
                 max_in_flight=self.policy.max_in_flight_per_group,
             )
@@ -537,6 +541,7 @@ class Gateway:
             sum(s.book.running_work_seconds for s in self.groups.values())
         )
         self.metrics.running_requests.labels(name).set(sum(s.book.in_flight for s in self.groups.values()))
+        self.desk.publish_waiting(self)
 
     def forget_gauges(self) -> None:
         """Take this ModelGroup's gauge series out of the metrics (it left the gateway): a series
@@ -554,6 +559,9 @@ class Gateway:
         for gauge in (self.metrics.running_work, self.metrics.running_requests, self.metrics.ready_groups):
             with contextlib.suppress(KeyError):
                 gauge.remove(name)
+        for action in (WaitAction.KEEP, WaitAction.OFFLOAD):
+            with contextlib.suppress(KeyError):
+                self.metrics.waiting_kv_tokens.remove(name, action.value)
 
     # --- handlers ------------------------------------------------------------------------------
 

@@ -1,0 +1,125 @@
+"""The gateway's book of sessions waiting on a tool (`controllers.requests.tool_waits`).
+
+When a session's last child in flight ends, the session is waiting: on a tool, a person, the next
+step of its agent. The desk chooses what happens to its KV meanwhile (keep, offload, recompute) and
+remembers it; when the session's next child arrives, the wait is over: it was as long as the gap,
+which the desk learns, and a kept session's tenant is charged the KV byte-seconds it held on the GPU
+(fairness prices waiting as it prices generating). A session that ends while waiting is charged up
+to its end and forgotten.
+
+The desk does no I/O and reads no clock: `SessionDesk` passes `now` and applies what it answers
+(the session's group affinity, the metrics, the fairness charge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from goodput.controllers.requests.tool_waits import (
+    HeldKv,
+    ToolWaitBook,
+    ToolWaitPolicy,
+    WaitAction,
+    WaitChoice,
+    choose_wait_action,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingSession:
+    """A session between its last answer and its next child: whose it is, where its KV is, how much."""
+
+    tenant: str
+    class_name: str
+    group: str
+    kv_tokens: int
+    kv_bytes_per_token: int
+    action: WaitAction
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitCharge:
+    """A wait that ended: the tenant to charge and the GPU KV byte-seconds it held (0 unless kept)."""
+
+    tenant: str
+    kv_byte_seconds: float
+
+
+class WaitDesk:
+    """The waiting sessions of one request path and the waits it learnt, bounded by `max_waiting`
+    (the oldest wait is forgotten first: its session has most likely gone)."""
+
+    def __init__(self, policy: ToolWaitPolicy | None = None, *, max_waiting: int = 100_000) -> None:
+        self.book = ToolWaitBook(policy)
+        self.max_waiting = max_waiting
+        self.waiting: dict[str, WaitingSession] = {}
+        self._tokens: dict[tuple[str, WaitAction], int] = {}  # (group, action) -> waiting KV tokens
+
+    @property
+    def policy(self) -> ToolWaitPolicy:
+        return self.book.policy
+
+    @policy.setter
+    def policy(self, policy: ToolWaitPolicy) -> None:
+        """A changed ModelGroup (offload switched on or off): new waits are chosen under it; the
+        waits already learnt are kept."""
+        self.book.policy = policy
+
+    def kept_tokens(self, group: str) -> int:
+        """KV tokens that kept waiting sessions hold on `group`'s GPUs: taken from what it can admit."""
+        return self._tokens.get((group, WaitAction.KEEP), 0)
+
+    def tokens(self, action: WaitAction) -> int:
+        """KV tokens of every session waiting under `action` (the gauge)."""
+        return sum(tokens for (_group, held), tokens in self._tokens.items() if held is action)
+
+    def waits(  # noqa: PLR0917 (one session's whole wait)
+        self,
+        name: str,
+        tenant: str,
+        model_group: str,
+        class_name: str,
+        group: str,
+        held: HeldKv,
+        now: float,
+    ) -> WaitChoice:
+        """The session's last child in flight ended on `group`: choose and remember its wait."""
+        self.forget(name, now)
+        predicted = self.book.predicted_wait(model_group, class_name, now)
+        choice = choose_wait_action(self.policy, predicted, held)
+        if choice.action is not WaitAction.RECOMPUTE:
+            self.waiting[name] = WaitingSession(
+                tenant, class_name, group, held.kv_tokens, held.kv_bytes_per_token, choice.action, now
+            )
+            key = (group, choice.action)
+            self._tokens[key] = self._tokens.get(key, 0) + held.kv_tokens
+            while len(self.waiting) > self.max_waiting:
+                self.forget(next(iter(self.waiting)), now)
+        else:  # a recomputed session's wait is learnt too: it needs no entry for its KV
+            self.waiting[name] = WaitingSession(tenant, class_name, group, 0, 0, choice.action, now)
+        return choice
+
+    def resumed(self, name: str, model_group: str, now: float) -> WaitCharge | None:
+        """The session's next child arrived: learn the wait, and say what it cost its tenant."""
+        waiting = self.waiting.get(name)
+        if waiting is None:
+            return None
+        self.book.observe(model_group, waiting.class_name, max(0.0, now - waiting.since), now)
+        return self.forget(name, now)
+
+    def forget(self, name: str, now: float) -> WaitCharge | None:
+        """The wait ended (the next child came, or the session ended): release its KV figure and say
+        what it cost its tenant."""
+        waiting = self.waiting.pop(name, None)
+        if waiting is None:
+            return None
+        key = (waiting.group, waiting.action)
+        left = self._tokens.get(key, 0) - waiting.kv_tokens
+        if left > 0:
+            self._tokens[key] = left
+        else:
+            self._tokens.pop(key, None)
+        held_seconds = max(0.0, now - waiting.since)
+        gpu_bytes = waiting.kv_tokens * waiting.kv_bytes_per_token if waiting.action is WaitAction.KEEP else 0
+        return WaitCharge(waiting.tenant, gpu_bytes * held_seconds)
