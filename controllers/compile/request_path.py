@@ -124,4 +124,7 @@ def compile_request_path(
             sources={adapter.name: adapter.source for adapter in spec.adapters},
             max_loaded_per_group=spec.adapter_limits.max_loaded_per_group,
         ),
+        tool_waits=ToolWaitPolicy(
+            offload_cpu_bytes=None if spec.kv_offload is None else int(spec.kv_offload.cpu_size_gib * 2**30)
+        ),
     )
