@@ -329,6 +329,7 @@ class Gateway:
                 fresh[name] = state
         self.groups = fresh
         self.adapters.keep_groups(set(fresh))
+        self.desk.waits.keep_groups(set(fresh))
         if self.policy.adapters.sources and self._session is not None:
             self._tasks = [task for task in self._tasks if not task.done()]
             for name in fresh.keys() - seen:
@@ -428,6 +429,7 @@ class Gateway:
             self.groups[route.group].book.dispatched(
                 pending.work_seconds, pending.kv_tokens, pending.prompt_tokens
             )
+            self.desk.waits.written(route.group, pending.prompt_tokens, now)
             # A non-streamed answer shows no first token: its prefill is taken as started after its
             # zero-load TTFT floor; a stream's first chunk marks it sooner.
             floor = ttft_floor_seconds(self.policy.admission.floor_model, pending.prompt_tokens)

@@ -189,14 +189,15 @@ class SessionDesk:
         capacity = policy.kv_capacity_tokens
         routed = gateway.groups.get(group)
         used = (routed.book.kv_used_tokens if routed is not None else 0) + self.waits.kept_tokens(group)
+        now = self.clock()
         held = HeldKv(
             kv_tokens=context_tokens,
             kv_bytes_per_token=pricing.kv_bytes_per_token,
             recompute_seconds=pricing.prefill_work_seconds(context_tokens),
             group_kv_capacity_tokens=capacity,
             kv_pressure=min(1.0, used / capacity) if capacity > 0 else 1.0,
+            offload_turnover_seconds=self.waits.turnover_seconds(group, pricing.kv_bytes_per_token, now),
         )
-        now = self.clock()
         choice = self.waits.waits(
             name, session.tenant, policy.model_group, session.class_name, group, held, now
         )

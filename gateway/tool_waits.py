@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 from goodput.controllers.requests.tool_waits import (
     HeldKv,
+    TierWrites,
     ToolWaitBook,
     ToolWaitPolicy,
     WaitAction,
     WaitChoice,
     choose_wait_action,
+    turnover_seconds,
 )
 
 
@@ -55,6 +57,7 @@ class WaitDesk:
         self.max_waiting = max_waiting
         self.waiting: dict[str, WaitingSession] = {}
         self._tokens: dict[tuple[str, WaitAction], int] = {}  # (group, action) -> waiting KV tokens
+        self._writes: dict[str, TierWrites] = {}  # group -> prompt tokens its engine writes to its tier
 
     @property
     def policy(self) -> ToolWaitPolicy:
@@ -65,6 +68,22 @@ class WaitDesk:
         """A changed ModelGroup (offload switched on or off): new waits are chosen under it; the
         waits already learnt are kept."""
         self.book.policy = policy
+
+    def written(self, group: str, prompt_tokens: int, now: float) -> None:
+        """A prompt was sent to `group`: its engine writes it to its CPU tier (offload on only)."""
+        if self.policy.offload_enabled:
+            self._writes.setdefault(group, TierWrites()).written(prompt_tokens, now)
+
+    def keep_groups(self, groups: set[str]) -> None:
+        """Forget the tier writes of groups that are gone."""
+        for gone in self._writes.keys() - groups:
+            del self._writes[gone]
+
+    def turnover_seconds(self, group: str, kv_bytes_per_token: int, now: float) -> float:
+        """How long `group`'s CPU tier keeps what it is written, at the rate it is sent prompts."""
+        writes = self._writes.get(group)
+        rate = writes.tokens_per_second(now) if writes is not None else 0.0
+        return turnover_seconds(self.policy.offload_cpu_bytes, rate, kv_bytes_per_token)
 
     def kept_tokens(self, group: str) -> int:
         """KV tokens that kept waiting sessions hold on `group`'s GPUs: taken from what it can admit."""

@@ -138,3 +138,15 @@ def test_a_tenant_is_charged_for_the_kv_its_kept_session_held_while_waiting() ->
             assert not r.gateway.desk.waits.waiting
 
     run(main)
+
+
+def test_the_tier_turns_over_at_the_prompts_the_gateway_sends_its_group() -> None:
+    desk = WaitDesk(ToolWaitPolicy(offload_cpu_bytes=64 * 2**30))
+    assert desk.turnover_seconds("g1", KV_BYTES_PER_TOKEN, now=0.0) == float("inf"), "nothing written yet"
+    for second in range(300):
+        desk.written("g1", 2000, now=float(second))
+    turnover = desk.turnover_seconds("g1", KV_BYTES_PER_TOKEN, now=300.0)
+    assert turnover == pytest.approx(64 * 2**30 / (2000 * KV_BYTES_PER_TOKEN), rel=0.05)
+    assert desk.turnover_seconds("g2", KV_BYTES_PER_TOKEN, now=300.0) == float("inf")
+    desk.keep_groups({"g2"})
+    assert desk.turnover_seconds("g1", KV_BYTES_PER_TOKEN, now=300.0) == float("inf"), "a group gone"

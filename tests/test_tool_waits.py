@@ -13,24 +13,28 @@ from hypothesis import strategies as st
 from goodput.controllers.requests.tool_waits import (
     HeldKv,
     PredictedWait,
+    TierWrites,
     ToolWaitBook,
     ToolWaitPolicy,
     ToolWaitRecord,
     WaitAction,
     choose_wait_action,
+    turnover_seconds,
     wait_thresholds,
 )
 
 GIB = 2**30
 LLAMA_8B_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # 128 KiB
 # An 8k-token conversation on a group of 400k KV tokens, 90 % full, whose prefix costs 0.5 s to
-# recompute: keep below ~15 s of wait, offload to ~30 s, recompute beyond (with a 64 GiB CPU tier).
+# recompute, with a 64 GiB CPU tier that turns over in a minute: keep below ~4 s of wait, offload to
+# ~150 s, recompute beyond; without the tier, keep below ~28 s.
 HELD = HeldKv(
     kv_tokens=8000,
     kv_bytes_per_token=LLAMA_8B_KV_BYTES_PER_TOKEN,
     recompute_seconds=0.5,
     group_kv_capacity_tokens=400_000,
     kv_pressure=0.9,
+    offload_turnover_seconds=60.0,
 )
 OFFLOAD = ToolWaitPolicy(offload_cpu_bytes=64 * GIB)
 NO_OFFLOAD = ToolWaitPolicy()
@@ -53,7 +57,14 @@ CHOICES = [
     ChoiceCase("a short wait keeps its KV", OFFLOAD, learnt(2.0), HELD, WaitAction.KEEP),
     ChoiceCase("a middling wait offloads", OFFLOAD, learnt(20.0), HELD, WaitAction.OFFLOAD),
     ChoiceCase("the same wait keeps where offload is off", NO_OFFLOAD, learnt(20.0), HELD, WaitAction.KEEP),
-    ChoiceCase("a long wait recomputes", OFFLOAD, learnt(60.0), HELD, WaitAction.RECOMPUTE),
+    ChoiceCase("a long wait recomputes", OFFLOAD, learnt(600.0), HELD, WaitAction.RECOMPUTE),
+    ChoiceCase(
+        "a tier nobody writes keeps what it holds",
+        OFFLOAD,
+        learnt(3600.0),
+        replace(HELD, offload_turnover_seconds=math.inf),
+        WaitAction.OFFLOAD,
+    ),
     ChoiceCase("a long wait, no offload, recomputes", NO_OFFLOAD, learnt(60.0), HELD, WaitAction.RECOMPUTE),
     ChoiceCase(
         "an empty cache keeps whatever the wait",
@@ -102,16 +113,37 @@ def test_choose_wait_action(case: ChoiceCase) -> None:
 
 
 def test_thresholds_come_from_the_figures() -> None:
-    """Keep vs offload where holding the GPU share costs the round trip plus the CPU share; offload
-    vs recompute where the round trip plus the CPU share costs the prefix's prefill."""
+    """Keep gives way to offload where holding the GPU share costs the round trip plus the chance of
+    an eviction times the recompute; offload to recompute where that chance makes it dearer."""
     keep_below, recompute_above = wait_thresholds(OFFLOAD, HELD)
     kv_bytes = HELD.kv_tokens * HELD.kv_bytes_per_token
     round_trip = 2 * kv_bytes / OFFLOAD.transfer_bytes_per_second
     keep_slope = HELD.kv_pressure * HELD.kv_tokens / HELD.group_kv_capacity_tokens
-    cpu_slope = kv_bytes / (64 * GIB)
-    assert keep_below == pytest.approx(round_trip / (keep_slope - cpu_slope))
-    assert recompute_above == pytest.approx((HELD.recompute_seconds - round_trip) / cpu_slope)
+    turnover = HELD.offload_turnover_seconds
+    evicted = 1 - math.exp(-keep_below / turnover)
+    assert keep_slope * keep_below == pytest.approx(round_trip + evicted * HELD.recompute_seconds)
+    assert recompute_above == pytest.approx(turnover * math.log(HELD.recompute_seconds / round_trip))
+    assert 3.0 < keep_below < 6.0 and 140.0 < recompute_above < 160.0
     assert wait_thresholds(NO_OFFLOAD, HELD) == pytest.approx((0.5 / keep_slope, 0.5 / keep_slope))
+
+
+def test_a_busier_tier_keeps_offloaded_prefixes_for_less_time() -> None:
+    _, calm = wait_thresholds(OFFLOAD, HELD)
+    _, busy = wait_thresholds(OFFLOAD, replace(HELD, offload_turnover_seconds=30.0))
+    assert busy == pytest.approx(calm / 2)
+
+
+def test_the_tier_turns_over_at_what_the_group_is_sent() -> None:
+    writes = TierWrites(time_constant_seconds=60.0)
+    assert turnover_seconds(64 * GIB, writes.tokens_per_second(0.0), LLAMA_8B_KV_BYTES_PER_TOKEN) == math.inf
+    for second in range(600):
+        writes.written(1000, now=float(second))  # a thousand prompt tokens a second, for ten minutes
+    rate = writes.tokens_per_second(600.0)
+    assert rate == pytest.approx(1000.0, rel=0.02)
+    turnover = turnover_seconds(64 * GIB, rate, LLAMA_8B_KV_BYTES_PER_TOKEN)
+    assert turnover == pytest.approx(64 * GIB / (1000 * LLAMA_8B_KV_BYTES_PER_TOKEN), rel=0.02)
+    assert turnover_seconds(None, rate, LLAMA_8B_KV_BYTES_PER_TOKEN) == math.inf
+    assert writes.tokens_per_second(600.0 + 600.0) < rate / 1000, "a quiet group's rate fades"
 
 
 def test_a_round_trip_dearer_than_the_recompute_never_offloads() -> None:
@@ -127,6 +159,7 @@ held_kv = st.builds(
     recompute_seconds=st.floats(0.0, 30.0),
     group_kv_capacity_tokens=st.integers(1, 2_000_000),
     kv_pressure=st.floats(0.0, 1.0),
+    offload_turnover_seconds=st.one_of(st.just(math.inf), st.floats(0.0, 1e5)),
 )
 policies = st.builds(
     ToolWaitPolicy,

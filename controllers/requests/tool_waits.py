@@ -16,14 +16,20 @@ decayed in time, and predicts a wait as an upper quantile of them.
   pressure `p` (the fraction in use): `W · p · tokens / capacity`. A full cache turns held KV into
   batch room denied to others; an empty one makes holding free;
 - **offload**: the round trip `O = 2 · bytes / transfer rate`, counted in full as if it were engine
-  time (it delays the resumed child, and errs against offload), plus holding a share of the CPU tier
-  for the wait, taken as full (an LRU tier is): `O + W · bytes / cpu_bytes`.
+  time (it delays the resumed child, and errs against offload), and the recompute after all if the
+  tier evicted the prefix before the wait ended. The engine writes every prompt to its tier, which
+  evicts least recently used first, so an offloaded prefix survives about the tier's turnover time
+  `τ = cpu_bytes / bytes written per second` (measured: the prompt tokens the gateway sends the
+  group); taking evictions as a Poisson process, it is gone after `W` with chance `1 - e^(-W/τ)`:
+  `O + (1 - e^(-W/τ)) · R`. Host memory itself is not priced: it takes nothing from the GPUs.
 
-Each cost is a line in `W`, and their slopes fall from keep to offload to recompute, so the cheapest
-is keep below one threshold, offload between the two, recompute above: both thresholds come from
-the measured wait distribution, the model's bytes per token and prefill price, the group's
-pressure, and the transfer rate. Where offload is off (the ModelGroup enables no CPU tier), or never
-strictly cheapest, the two thresholds are one: keep while `W · p · share ≤ R`.
+Keep is a line from 0, offload a rising curve bounded by `O + R`, recompute the constant `R`, so the
+cheapest is keep below one threshold, offload between the two, recompute above: keep gives way to
+offload where `W · p · share = O + (1 - e^(-W/τ)) · R`, offload to recompute at `W = τ · ln(R / O)`.
+Both come from the measured wait distribution and tier turnover, the model's bytes per token and
+prefill price, the group's pressure and the transfer rate. Where offload is off (no CPU tier, a
+round trip dearer than the recompute, KV larger than the tier) or never strictly cheapest, the two
+thresholds are one: keep while `W · p · share ≤ R`.
 
 With too few waits observed the distribution says nothing yet: offload (a bet on the distribution)
 is not chosen, and a session is kept only when the longest wait seen so far is shorter than its
@@ -164,13 +170,45 @@ class ToolWaitBook:
         return self.record(model_group, class_name).predicted_wait(self.policy, now)
 
 
+@dataclass(slots=True)
+class TierWrites:
+    """The tokens a group's engine writes to its CPU tier (every prompt it is sent), as a rate
+    averaged over `time_constant_seconds` (an exponential moving average: two floats of state)."""
+
+    time_constant_seconds: float = 60.0
+    _weighted_tokens: float = 0.0
+    _at: float | None = None
+
+    def written(self, tokens: int, now: float) -> None:
+        self._weighted_tokens = self._decayed(now) + max(0, tokens)
+        self._at = now
+
+    def tokens_per_second(self, now: float) -> float:
+        return self._decayed(now) / self.time_constant_seconds
+
+    def _decayed(self, now: float) -> float:
+        if self._at is None:
+            return 0.0
+        return self._weighted_tokens * math.exp(-max(0.0, now - self._at) / self.time_constant_seconds)
+
+
+def turnover_seconds(cpu_bytes: int | None, tokens_per_second: float, kv_bytes_per_token: int) -> float:
+    """How long a CPU tier of `cpu_bytes` keeps what it is written: its size over the bytes written a
+    second (inf when nothing is written, or no tier)."""
+    written = tokens_per_second * kv_bytes_per_token
+    if cpu_bytes is None or written <= 0:
+        return math.inf
+    return cpu_bytes / written
+
+
 @dataclass(frozen=True, slots=True)
 class HeldKv:
     """What a session about to wait holds, and what the group holding it looks like.
 
     kv_tokens: its context (prompt and answer so far: the next child's prefix); kv_bytes_per_token
     from the model; recompute_seconds: the prefill work of that prefix (`WorkPricing`);
-    kv_pressure: the fraction of the group's KV in use, in [0, 1].
+    kv_pressure: the fraction of the group's KV in use, in [0, 1]; offload_turnover_seconds: how
+    long the group's CPU tier keeps what it is written (`turnover_seconds`), inf when nothing is.
     """
 
     kv_tokens: int
@@ -178,6 +216,7 @@ class HeldKv:
     recompute_seconds: float
     group_kv_capacity_tokens: int
     kv_pressure: float
+    offload_turnover_seconds: float = math.inf
 
     @property
     def kv_bytes(self) -> int:
@@ -196,23 +235,42 @@ class WaitChoice:
 
 
 def wait_thresholds(policy: ToolWaitPolicy, held: HeldKv) -> tuple[float, float]:
-    """(keep below, recompute above) in seconds of wait: where the cost lines of the module
-    docstring cross. Keep and offload slopes are the held share per second of wait; a zero slope
-    makes its threshold infinite."""
+    """(keep below, recompute above) in seconds of wait: where the costs of the module docstring
+    cross. A zero keep slope (an empty cache) makes keeping free, whatever the wait."""
     recompute = max(0.0, held.recompute_seconds)
     share = held.kv_tokens / held.group_kv_capacity_tokens if held.group_kv_capacity_tokens > 0 else 1.0
     keep_slope = min(1.0, max(0.0, held.kv_pressure)) * min(1.0, share)
     keep_vs_recompute = recompute / keep_slope if keep_slope > 0 else math.inf
     cpu_bytes = policy.offload_cpu_bytes
-    if cpu_bytes is None or held.kv_bytes > cpu_bytes or held.kv_bytes <= 0:
+    if cpu_bytes is None or held.kv_bytes > cpu_bytes or held.kv_bytes <= 0 or keep_slope <= 0:
         return keep_vs_recompute, keep_vs_recompute
     round_trip = 2 * held.kv_bytes / policy.transfer_bytes_per_second
-    offload_slope = held.kv_bytes / cpu_bytes
-    keep_vs_offload = round_trip / (keep_slope - offload_slope) if keep_slope > offload_slope else math.inf
-    offload_vs_recompute = (recompute - round_trip) / offload_slope if recompute > round_trip else 0.0
+    if round_trip >= recompute:
+        return keep_vs_recompute, keep_vs_recompute
+    turnover = held.offload_turnover_seconds
+    offload_vs_recompute = turnover * math.log(recompute / round_trip) if turnover > 0 else 0.0
+    keep_vs_offload = _keep_meets_offload(keep_slope, round_trip, recompute, turnover)
     if keep_vs_offload < offload_vs_recompute:
         return keep_vs_offload, offload_vs_recompute
     return keep_vs_recompute, keep_vs_recompute
+
+
+def _keep_meets_offload(keep_slope: float, round_trip: float, recompute: float, turnover: float) -> float:
+    """The wait W > 0 where `keep_slope · W = round_trip + (1 - e^(-W/turnover)) · recompute`: one
+    crossing, since keep minus offload is convex, negative at 0 and not below 0 at (O + R) / slope."""
+    if math.isinf(turnover):
+        return round_trip / keep_slope
+    if turnover <= 0:
+        return (round_trip + recompute) / keep_slope
+    low, high = 0.0, (round_trip + recompute) / keep_slope
+    for _ in range(100):
+        middle = (low + high) / 2
+        offload = round_trip + -math.expm1(-middle / turnover) * recompute
+        if keep_slope * middle < offload:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def choose_wait_action(policy: ToolWaitPolicy, predicted: PredictedWait, held: HeldKv) -> WaitChoice:
