@@ -72,12 +72,10 @@ def test_a_session_waiting_on_a_tool_is_let_go_until_its_waits_are_learnt_then_k
             root = post(gateway.url, body, **agent, **{"X-Goodput-Session-Open": f"run-{run}"})
             assert root.status == 200, root
             # The root's answer ended: the session waits on its tool.
-            kept_now = gateway_metric(gateway, "goodput_gateway_waiting_session_kv_tokens", action="keep")
             if run == 0:  # no wait seen yet: let go
                 assert gateway_metric(gateway, actions, action="recompute") == let_go_before + 1
             if run > LEARNT_AFTER:  # the waits are learnt and the fleet idle: kept on its group
                 assert gateway_metric(gateway, actions, action="keep") == kept_before + 1, gateway.log_tail()
-                assert kept_now > 0
             child = post(gateway.url, body, **agent, **{"X-Goodput-Session": f"run-{run}"})
             assert child.status == 200, child
             if run > LEARNT_AFTER:

@@ -219,7 +219,10 @@ class SessionDesk:
             self.charge_wait(charge)
 
     def publish_waiting(self, gateway: Gateway) -> None:
-        """The KV tokens waiting sessions hold, kept (GPU) and offloaded (CPU tier)."""
+        """The KV tokens waiting sessions hold, kept (GPU) and offloaded (CPU tier), once the holds
+        past their predicted wait have lapsed (and been charged)."""
+        for charge in self.waits.lapse(self.clock()):
+            self._charge_wait(charge)
         for action in (WaitAction.KEEP, WaitAction.OFFLOAD):
             gauge = gateway.metrics.waiting_kv_tokens.labels(gateway.policy.model_group, action.value)
             gauge.set(self.waits.tokens(action))

@@ -7,13 +7,20 @@ which the desk learns, and a kept session's tenant is charged the KV byte-second
 (fairness prices waiting as it prices generating). A session that ends while waiting is charged up
 to its end and forgotten.
 
+A hold lasts at most the wait predicted for it: a session that outwaits its prediction is in the
+distribution's tail, so its KV stops counting as held (and charged) then, rather than keep KV room
+from everyone for a session that may never come back. Its group stays its preference: the engine's
+prefix cache may well still hold its prefix.
+
 The desk does no I/O and reads no clock: `SessionDesk` passes `now` and applies what it answers
 (the session's group affinity, the metrics, the fairness charge).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+import math
+from dataclasses import dataclass, replace
 
 from goodput.controllers.requests.tool_waits import (
     HeldKv,
@@ -38,6 +45,7 @@ class WaitingSession:
     kv_bytes_per_token: int
     action: WaitAction
     since: float
+    held_until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,7 @@ class WaitDesk:
         self.waiting: dict[str, WaitingSession] = {}
         self._tokens: dict[tuple[str, WaitAction], int] = {}  # (group, action) -> waiting KV tokens
         self._writes: dict[str, TierWrites] = {}  # group -> prompt tokens its engine writes to its tier
+        self._lapses: list[tuple[float, str]] = []  # (held until, session): a heap, checked lazily
 
     @property
     def policy(self) -> ToolWaitPolicy:
@@ -107,17 +116,35 @@ class WaitDesk:
         self.forget(name, now)
         predicted = self.book.predicted_wait(model_group, class_name, now)
         choice = choose_wait_action(self.policy, predicted, held)
-        if choice.action is not WaitAction.RECOMPUTE:
+        if choice.action is WaitAction.RECOMPUTE:  # its wait is learnt too; it holds nothing
+            self.waiting[name] = WaitingSession(tenant, class_name, group, 0, 0, choice.action, now, now)
+        else:
+            wait = predicted.seconds if predicted.seconds is not None else math.inf
+            until = now + wait
             self.waiting[name] = WaitingSession(
-                tenant, class_name, group, held.kv_tokens, held.kv_bytes_per_token, choice.action, now
+                tenant, class_name, group, held.kv_tokens, held.kv_bytes_per_token, choice.action, now, until
             )
-            key = (group, choice.action)
-            self._tokens[key] = self._tokens.get(key, 0) + held.kv_tokens
-            while len(self.waiting) > self.max_waiting:
-                self.forget(next(iter(self.waiting)), now)
-        else:  # a recomputed session's wait is learnt too: it needs no entry for its KV
-            self.waiting[name] = WaitingSession(tenant, class_name, group, 0, 0, choice.action, now)
+            self._count(group, choice.action, held.kv_tokens)
+            if math.isfinite(until):
+                heapq.heappush(self._lapses, (until, name))
+        while len(self.waiting) > self.max_waiting:
+            self.forget(next(iter(self.waiting)), now)
         return choice
+
+    def lapse(self, now: float) -> list[WaitCharge]:
+        """Holds past their predicted wait stop counting (module docstring); what they cost."""
+        charges: list[WaitCharge] = []
+        while self._lapses and self._lapses[0][0] <= now:
+            until, name = heapq.heappop(self._lapses)
+            waiting = self.waiting.get(name)
+            if waiting is None or waiting.held_until != until or waiting.action is WaitAction.RECOMPUTE:
+                continue  # resumed, ended or chosen again since
+            charges.append(self._release(waiting, now))
+            self.waiting[name] = replace(waiting, kv_tokens=0, action=WaitAction.RECOMPUTE)
+        if len(self._lapses) > 2 * self.max_waiting:  # entries of waits that ended: drop them
+            self._lapses = [(until, name) for until, name in self._lapses if name in self.waiting]
+            heapq.heapify(self._lapses)
+        return charges
 
     def resumed(self, name: str, model_group: str, now: float) -> WaitCharge | None:
         """The session's next child arrived: learn the wait, and say what it cost its tenant."""
@@ -131,14 +158,20 @@ class WaitDesk:
         """The wait ended (the next child came, or the session ended): release its KV figure and say
         what it cost its tenant."""
         waiting = self.waiting.pop(name, None)
-        if waiting is None:
-            return None
-        key = (waiting.group, waiting.action)
-        left = self._tokens.get(key, 0) - waiting.kv_tokens
+        return None if waiting is None else self._release(waiting, now)
+
+    def _count(self, group: str, action: WaitAction, tokens: int) -> None:
+        key = (group, action)
+        left = self._tokens.get(key, 0) + tokens
         if left > 0:
             self._tokens[key] = left
         else:
             self._tokens.pop(key, None)
-        held_seconds = max(0.0, now - waiting.since)
-        gpu_bytes = waiting.kv_tokens * waiting.kv_bytes_per_token if waiting.action is WaitAction.KEEP else 0
+
+    def _release(self, waiting: WaitingSession, now: float) -> WaitCharge:
+        """Take the session's KV out of the figures; its GPU KV byte-seconds up to now or its lapse."""
+        self._count(waiting.group, waiting.action, -waiting.kv_tokens)
+        held_seconds = max(0.0, min(now, waiting.held_until) - waiting.since)
+        kept = waiting.action is WaitAction.KEEP
+        gpu_bytes = waiting.kv_tokens * waiting.kv_bytes_per_token if kept else 0
         return WaitCharge(waiting.tenant, gpu_bytes * held_seconds)

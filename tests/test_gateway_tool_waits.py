@@ -39,7 +39,7 @@ def test_a_resumed_session_teaches_the_desk_its_wait() -> None:
 
 
 def test_a_kept_session_holds_its_kv_on_its_group_and_is_charged_for_it() -> None:
-    desk = learnt_desk(2.0)
+    desk = learnt_desk(10.0)
     choice = desk.waits("s1", "a", "chat", "agent", "g1", held(tokens=8000), now=100.0)
     assert choice.action is WaitAction.KEEP
     assert desk.kept_tokens("g1") == 8000 and desk.kept_tokens("g2") == 0
@@ -58,11 +58,30 @@ def test_an_offloaded_session_holds_no_gpu_kv_and_is_not_charged_for_it() -> Non
 
 
 def test_a_session_that_ends_while_waiting_is_charged_to_its_end_and_forgotten() -> None:
-    desk = learnt_desk(2.0)
+    desk = learnt_desk(10.0)
     desk.waits("s1", "a", "chat", "agent", "g1", held(tokens=100), now=0.0)
     assert desk.forget("s1", now=5.0) == WaitCharge("a", 100 * KV_BYTES_PER_TOKEN * 5.0)
     assert desk.resumed("s1", "chat", now=6.0) is None
     assert desk.tokens(WaitAction.KEEP) == 0
+
+
+def test_a_hold_lapses_at_its_predicted_wait_and_is_charged_to_then() -> None:
+    desk = learnt_desk(2.0)
+    assert desk.waits("s1", "a", "chat", "agent", "g1", held(tokens=100), now=10.0).action is WaitAction.KEEP
+    assert desk.lapse(now=11.0) == [] and desk.kept_tokens("g1") == 100
+    assert desk.lapse(now=13.0) == [WaitCharge("a", 100 * KV_BYTES_PER_TOKEN * 2.0)]
+    assert desk.kept_tokens("g1") == 0 and desk.tokens(WaitAction.KEEP) == 0
+    # The session comes back late: nothing more to charge, and its long wait is learnt.
+    assert desk.resumed("s1", "chat", now=40.0) == WaitCharge("a", 0.0)
+    assert desk.book.record("chat", "agent").longest() == 30.0
+
+
+def test_a_hold_chosen_again_is_not_lapsed_by_its_earlier_deadline() -> None:
+    desk = learnt_desk(2.0)
+    desk.waits("s1", "a", "chat", "agent", "g1", held(tokens=100), now=10.0)
+    desk.resumed("s1", "chat", now=11.0)
+    desk.waits("s1", "a", "chat", "agent", "g1", held(tokens=100), now=11.5)  # due at 13.5
+    assert desk.lapse(now=12.5) == [] and desk.kept_tokens("g1") == 100
 
 
 def test_the_desk_is_bounded() -> None:
@@ -90,7 +109,7 @@ def test_the_gateway_chooses_for_a_session_whose_children_all_ended(
 
     async def main() -> None:
         async with rig(policy, groups=2) as r:
-            r.gateway.desk.waits.book.observe(policy.model_group, "agent", 0.001, now=r.gateway.clock())
+            r.gateway.desk.waits.book.observe(policy.model_group, "agent", 60.0, now=r.gateway.clock())
             root = await r.post(completion(), **{"X-Goodput-Session-Open": "s1", "X-Goodput-Tenant": "a"})
             assert root.status == 200
             labels = {"model_group": policy.model_group}
@@ -129,7 +148,7 @@ def test_a_tenant_is_charged_for_the_kv_its_kept_session_held_while_waiting() ->
 
     async def main() -> None:
         async with rig(policy) as r:
-            r.gateway.desk.waits.book.observe(policy.model_group, "agent", 0.001, now=r.gateway.clock())
+            r.gateway.desk.waits.book.observe(policy.model_group, "agent", 60.0, now=r.gateway.clock())
             root = await r.post(completion(), **{"X-Goodput-Session-Open": "s1", "X-Goodput-Tenant": "a"})
             assert root.status == 200 and r.gateway.desk.waits.waiting["s1"].action is WaitAction.KEEP
             before = r.gateway.queue.counters["a"]
