@@ -8,6 +8,10 @@ tenant (the root's), whatever tenant it names, and admitted against what the ses
 its class's own gates. At the session's deadline every child still in flight is cancelled (its
 engine request closed) and answered 410 `session_expired`; later children get the same. Budgets come
 only from the SLOPolicy: a request carrying a header that names a budget is refused (400).
+
+Between its children a session waits, most often on a tool: when its last child in flight ends, its
+KV is kept on its group, offloaded or let go (`gateway.tool_waits`), and the wait is learnt when
+its next child comes.
 """
 
 from __future__ import annotations
