@@ -42,9 +42,13 @@ EXTENDED_RESOURCE_PATTERN = (
 OPERATOR_OWNED_FLAGS_PATTERN = (
     r"^(-tp|-pp|-dp|--(tensor|pipeline|data)[-_]parallel[-_]size"
     r"|--(model|served[-_]model[-_]name|revision|port|nnodes|node[-_]rank|master[-_]addr|master[-_]port"
-    r"|headless|shutdown[-_]timeout|max[-_]num[-_]seqs|max[-_]num[-_]batched[-_]tokens|disable[-_]log[-_]stats))"
+    r"|headless|shutdown[-_]timeout|max[-_]num[-_]seqs|max[-_]num[-_]batched[-_]tokens|disable[-_]log[-_]stats"
+    r"|kv[-_]offloading[-_]size|kv[-_]offloading[-_]backend))"
     r"([= ].*)?$"
 )
+
+# `--kv-transfer-config` configures a KV connector by hand; `kvOffload` renders one as well.
+KV_TRANSFER_CONFIG_PATTERN = r"^--kv[-_]transfer[-_]config([= ].*)?$"
 
 
 class ModelSource(SpecModel):
@@ -466,8 +470,9 @@ class Engine(SpecModel):
         CelRule(
             rule=f"!has(self.args) || self.args.all(arg, !arg.matches('{OPERATOR_OWNED_FLAGS_PATTERN}'))",
             message="`engine.args` must not set a flag that goodput renders from the spec (model, revision, "
-            "served name, port, parallelism, node ranks, shutdown timeout, batch limits, log stats): set "
-            "`model`, `engine.port`, `parallelism`, `engine.shutdownTimeoutSeconds` or `profile` instead",
+            "served name, port, parallelism, node ranks, shutdown timeout, batch limits, log stats, KV "
+            "offloading): set `model`, `engine.port`, `parallelism`, `engine.shutdownTimeoutSeconds`, "
+            "`profile` or `kvOffload` instead",
             field_path=".args",
             check=lambda engine: not any(re.match(OPERATOR_OWNED_FLAGS_PATTERN, arg) for arg in engine.args),
         ),
@@ -1003,6 +1008,19 @@ class AdapterLimits(SpecModel):
     )
 
 
+class KvOffload(SpecModel):
+    """The engines' KV offloading to CPU memory (vLLM's `--kv-offloading-size` and
+    `--kv-offloading-backend`, vLLM 0.14 or later): KV blocks copied to host memory and loaded back
+    on a prefix hit instead of recomputed. The gateway offloads the KV of sessions waiting on a tool
+    only when it is set."""
+
+    backend: Literal["native", "lmcache"] = "native"
+    """`native`: vLLM's OffloadingConnector; `lmcache`: the LMCache connector (its local CPU tier)."""
+    cpu_size_gib: float = Field(gt=0, le=4096)
+    """Host memory for offloaded KV, in GiB, across all the tensor-parallel ranks of one engine: the
+    pods' memory requests must leave room for it."""
+
+
 class ModelGroupSpec(SpecModel):
     """Desired state of a ModelGroup."""
 
@@ -1088,6 +1106,17 @@ class ModelGroupSpec(SpecModel):
                 for adapter in spec.adapters
             ),
         ),
+        CelRule(
+            rule=f"!has(self.kvOffload) || !has(self.engine.args) || "
+            f"self.engine.args.all(arg, !arg.matches('{KV_TRANSFER_CONFIG_PATTERN}'))",
+            message="`engine.args` must not set `--kv-transfer-config` with `kvOffload`: both configure "
+            "the engine's KV connector, set one of them",
+            field_path=".kvOffload",
+            check=lambda spec: (
+                spec.kv_offload is None
+                or not any(re.match(KV_TRANSFER_CONFIG_PATTERN, arg) for arg in spec.engine.args)
+            ),
+        ),
     )
 
     model: ModelSource
@@ -1146,6 +1175,9 @@ class ModelGroupSpec(SpecModel):
     unique and differ from the served model name."""
     adapter_limits: AdapterLimits = AdapterLimits()
     """How many adapters one group's engine holds, and their largest rank; used only with `adapters`."""
+    kv_offload: KvOffload | None = None
+    """Offload KV to the engines' CPU memory; absent: KV lives in GPU memory only, and the gateway
+    keeps or recomputes the KV of sessions waiting on a tool, never offloads it."""
 
     @field_validator("adapters")
     @classmethod

@@ -83,6 +83,14 @@ class Lora:
     """POST {"lora_name"}: 200, or 404 when the adapter is not loaded."""
 
 
+class KvOffloading:
+    """KV offloading to CPU memory (`vllm/config/cache.py`, vLLM 0.14 or later): the size in GiB
+    across an engine's tensor-parallel ranks (unset: off), and the connector that does it."""
+
+    SIZE_FLAG: Final = "--kv-offloading-size"
+    BACKEND_FLAG: Final = "--kv-offloading-backend"
+
+
 def total(counter: str) -> str:
     """A counter's sample name, as scraped and stored by Prometheus."""
     return f"{counter}_total"

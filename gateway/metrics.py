@@ -28,6 +28,7 @@ class GatewayMetrics:
         self._declare_latencies(self.registry)
         self._declare_queue(self.registry)
         self._declare_adapters(self.registry)
+        self._declare_tool_waits(self.registry)
         self._series: dict[tuple[Counter | Histogram, tuple[str, ...]], Counter | Histogram] = {}
 
     def series(self, metric: RequestSeries, *labels: str) -> RequestSeries:
@@ -99,6 +100,23 @@ class GatewayMetrics:
             "Request bodies refused before they were read whole, by code: BodyTooLarge (413), "
             "BodyBudget (503, the bodies in flight hold the budget), BodyTimeout (408).",
             ["model_group", "code"],
+            registry=r,
+        )
+
+    def _declare_tool_waits(self, r: CollectorRegistry) -> None:
+        """What the gateway did with the KV of sessions waiting on a tool, and what they hold."""
+        self.tool_wait_actions = Counter(
+            "goodput_gateway_tool_wait_actions_total",
+            "Sessions that began waiting (their last child in flight ended), by what their KV was left "
+            "to: keep (GPU, next child to the same group), offload (the engines' CPU tier), recompute.",
+            ["model_group", "action"],
+            registry=r,
+        )
+        self.waiting_kv_tokens = Gauge(
+            "goodput_gateway_waiting_session_kv_tokens",
+            "KV tokens of sessions waiting on a tool, by action: keep (held in GPU memory, taken from "
+            "the groups' KV headroom) or offload (in the engines' CPU tier).",
+            ["model_group", "action"],
             registry=r,
         )
 

@@ -66,6 +66,7 @@ from goodput.controllers.requests.routing import (
     choose_group,
     prefix_key,
 )
+from goodput.controllers.requests.tool_waits import WaitAction
 from goodput.estimators.feasibility import ttft_floor_seconds
 from goodput.estimators.work import kv_byte_seconds
 from goodput.gateway.adapters import AdapterBook, AdapterLoadError, EngineCall, LoadOutcome
@@ -257,6 +258,8 @@ class Gateway:
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.meter = DrainRateMeter()
         self.desk = SessionDesk(clock)
+        self.desk.waits.policy = policy.tool_waits
+        self.desk.charge_wait = lambda wait: self.queue.charge(wait.tenant, 0.0, 0.0, wait.kv_byte_seconds)
         self.later = LaterDesk(clock)
         self.siblings: Callable[[str], Gateway | None] = lambda _name: None  # set by `front`
         self.adapters = AdapterBook(self._count_adapter_call)
@@ -310,6 +313,7 @@ class Gateway:
         }
         self.policy = policy
         self.queue.policy = policy.fairness
+        self.desk.waits.policy = policy.tool_waits
         self._pump()
 
     def on_groups(self, endpoints: Mapping[str, GroupEndpoint]) -> None:
@@ -325,6 +329,7 @@ class Gateway:
                 fresh[name] = state
         self.groups = fresh
         self.adapters.keep_groups(set(fresh))
+        self.desk.waits.keep_groups(set(fresh))
         if self.policy.adapters.sources and self._session is not None:
             self._tasks = [task for task in self._tasks if not task.done()]
             for name in fresh.keys() - seen:
@@ -356,7 +361,7 @@ class Gateway:
                 name,
                 serving=(state.endpoint.ready, state.endpoint.draining),
                 waiting_work_seconds=share,
-                kv_capacity_tokens=self.policy.kv_capacity_tokens,
+                kv_capacity_tokens=self.policy.kv_capacity_tokens - self.desk.waits.kept_tokens(name),
                 capacity_work_seconds_per_second=rate,
                 max_in_flight=self.policy.max_in_flight_per_group,
             )
@@ -424,6 +429,7 @@ class Gateway:
             self.groups[route.group].book.dispatched(
                 pending.work_seconds, pending.kv_tokens, pending.prompt_tokens
             )
+            self.desk.waits.written(route.group, pending.prompt_tokens, now)
             # A non-streamed answer shows no first token: its prefill is taken as started after its
             # zero-load TTFT floor; a stream's first chunk marks it sooner.
             floor = ttft_floor_seconds(self.policy.admission.floor_model, pending.prompt_tokens)
@@ -537,6 +543,7 @@ class Gateway:
             sum(s.book.running_work_seconds for s in self.groups.values())
         )
         self.metrics.running_requests.labels(name).set(sum(s.book.in_flight for s in self.groups.values()))
+        self.desk.publish_waiting(self)
 
     def forget_gauges(self) -> None:
         """Take this ModelGroup's gauge series out of the metrics (it left the gateway): a series
@@ -554,6 +561,9 @@ class Gateway:
         for gauge in (self.metrics.running_work, self.metrics.running_requests, self.metrics.ready_groups):
             with contextlib.suppress(KeyError):
                 gauge.remove(name)
+        for action in (WaitAction.KEEP, WaitAction.OFFLOAD):
+            with contextlib.suppress(KeyError):
+                self.metrics.waiting_kv_tokens.remove(name, action.value)
 
     # --- handlers ------------------------------------------------------------------------------
 

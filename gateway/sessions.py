@@ -8,6 +8,10 @@ tenant (the root's), whatever tenant it names, and admitted against what the ses
 its class's own gates. At the session's deadline every child still in flight is cancelled (its
 engine request closed) and answered 410 `session_expired`; later children get the same. Budgets come
 only from the SLOPolicy: a request carrying a header that names a budget is refused (400).
+
+Between its children a session waits, most often on a tool: when its last child in flight ends, its
+KV is kept on its group, offloaded or let go (`gateway.tool_waits`), and the wait is learnt when
+its next child comes.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from goodput.controllers.requests.sessions import (
     SessionRefusal,
     SessionTable,
 )
+from goodput.controllers.requests.tool_waits import HeldKv, WaitAction
 from goodput.gateway.ladder import DEGRADED_HEADER
 from goodput.gateway.requests import SESSION_HEADER, ParsedRequest, error_body
+from goodput.gateway.tool_waits import WaitCharge, WaitDesk
 
 if TYPE_CHECKING:
     from goodput.gateway.server import Gateway
@@ -55,6 +61,8 @@ class SessionDesk:
         self.cancelled: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._swept_at = -SWEEP_INTERVAL_SECONDS
+        self.waits = WaitDesk()
+        self.charge_wait: Callable[[WaitCharge], object] = lambda _charge: None  # set by the gateway
 
     async def serve(
         self, gateway: Gateway, request: web.Request, parsed: ParsedRequest, shape: RequestShape
@@ -81,6 +89,7 @@ class SessionDesk:
             return self._refused(gateway, shape, contract, grant, session.name)
         charged = replace(shape, tenant=session.tenant)
         self._count(gateway, charged, contract, "root" if session.branches_used == 1 else "child")
+        self._charge_wait(self.waits.resumed(session.name, gateway.policy.model_group, now))
         marks = {SESSION_HEADER: session.name}
         if grant.capped:
             marks[DEGRADED_HEADER] = Rung.CAP_OUTPUT.value
@@ -102,6 +111,7 @@ class SessionDesk:
         if now - self._swept_at >= SWEEP_INTERVAL_SECONDS:  # idle sessions go, at most every 10 s
             self._swept_at = now
             for ended in self.table.expire(now):
+                self._stop_waiting(ended.name)
                 self._cancel_children(ended.name, ended.children_in_flight)
         name = request.headers.get(OPEN_HEADER) or f"gs-{secrets.token_hex(12)}"
         assert contract.session_limits is not None
@@ -137,6 +147,7 @@ class SessionDesk:
             self.cancelled.discard(key)
             used = shape.prompt_tokens + request.get(GENERATED_KEY, 0)
             self.table.settle(grant, used, self.clock())
+            self._wait(gateway, grant.session, used)
         if not response.prepared:
             response.headers.update(marks)
         return response
@@ -165,8 +176,60 @@ class SessionDesk:
             timer.cancel()
         if self.table.get(name) is None:
             return
+        self._stop_waiting(name)
         ended = self.table.end(name, why)
         self._cancel_children(name, ended.children_in_flight)
+
+    def _wait(self, gateway: Gateway, name: str, context_tokens: int) -> None:
+        """A child ended: with none of its session's left in flight, the session waits (on a tool,
+        most likely). Keep, offload or recompute its KV (`choose_wait_action`); a recomputed one
+        loses its group, so its next child goes wherever routing sends it."""
+        session = self.table.get(name)
+        group = gateway.sessions.get(name)
+        if session is None or session.held or group is None:
+            return
+        policy = gateway.policy
+        pricing = policy.admission.pricing
+        capacity = policy.kv_capacity_tokens
+        routed = gateway.groups.get(group)
+        used = (routed.book.kv_used_tokens if routed is not None else 0) + self.waits.kept_tokens(group)
+        now = self.clock()
+        held = HeldKv(
+            kv_tokens=context_tokens,
+            kv_bytes_per_token=pricing.kv_bytes_per_token,
+            recompute_seconds=pricing.prefill_work_seconds(context_tokens),
+            group_kv_capacity_tokens=capacity,
+            kv_pressure=min(1.0, used / capacity) if capacity > 0 else 1.0,
+            offload_turnover_seconds=self.waits.turnover_seconds(group, pricing.kv_bytes_per_token, now),
+        )
+        choice = self.waits.waits(
+            name, session.tenant, policy.model_group, session.class_name, group, held, now
+        )
+        if choice.action is WaitAction.RECOMPUTE:
+            gateway.sessions.pop(name, None)
+        gateway.metrics.series(
+            gateway.metrics.tool_wait_actions, policy.model_group, choice.action.value
+        ).inc()
+        self.publish_waiting(gateway)
+
+    def _stop_waiting(self, name: str) -> None:
+        """The session ended: its wait is over, charged up to now."""
+        self._charge_wait(self.waits.forget(name, self.clock()))
+
+    def _charge_wait(self, charge: WaitCharge | None) -> None:
+        """Charge the tenant of a kept session the GPU KV byte-seconds its wait held (fairness prices
+        them by the SLOPolicy's `costWeights.kvByteSeconds`)."""
+        if charge is not None and charge.kv_byte_seconds > 0:
+            self.charge_wait(charge)
+
+    def publish_waiting(self, gateway: Gateway) -> None:
+        """The KV tokens waiting sessions hold, kept (GPU) and offloaded (CPU tier), once the holds
+        past their predicted wait have lapsed (and been charged)."""
+        for charge in self.waits.lapse(self.clock()):
+            self._charge_wait(charge)
+        for action in (WaitAction.KEEP, WaitAction.OFFLOAD):
+            gauge = gateway.metrics.waiting_kv_tokens.labels(gateway.policy.model_group, action.value)
+            gauge.set(self.waits.tokens(action))
 
     def _cancel_children(self, name: str, children: tuple[int, ...]) -> None:
         self._timers.pop(name, None)

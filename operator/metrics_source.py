@@ -289,6 +289,7 @@ def gateway_from_result(result: Sequence[Mapping[str, Any]]) -> GatewayObservati
         running_requests=value(QueryQuantity.GATEWAY_RUNNING_REQUESTS),
         running_work_seconds=value(QueryQuantity.GATEWAY_RUNNING_WORK),
         routable_groups=round(value(QueryQuantity.GATEWAY_ROUTABLE_GROUPS)),
+        kept_session_kv_tokens=value(QueryQuantity.GATEWAY_KEPT_SESSION_KV),
     )
 
 

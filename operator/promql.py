@@ -71,6 +71,7 @@ class QueryQuantity(StrEnum):
     GATEWAY_RUNNING_REQUESTS = "gateway_running_requests"
     GATEWAY_RUNNING_WORK = "gateway_running_work"
     GATEWAY_ROUTABLE_GROUPS = "gateway_routable_groups"
+    GATEWAY_KEPT_SESSION_KV = "gateway_kept_session_kv"
     GATEWAY_QUEUED_REQUESTS = "gateway_queued_requests"
     GATEWAY_QUEUED_WORK = "gateway_queued_work"
     GATEWAY_QUEUED_PROMPT_TOKENS = "gateway_queued_prompt_tokens"
@@ -264,6 +265,10 @@ def gateway_sub_queries(
     return scoped_gateway_sub_queries(model_group_scope(labels, namespace, model_group), windows)
 
 
+# The gateway's KV of sessions waiting on a tool that stays in GPU memory (the rest is offloaded).
+KEPT_SELECTOR = 'action="keep"'
+
+
 def scoped_gateway_sub_queries(scope: Scope, windows: Windows) -> dict[QueryQuantity, str]:
     """The gateway's figures per ModelGroup in the scope, summed over gateway replicas: the queue per
     class now, and per class over the goodput window the outcomes and the client-side TTFT and ITL.
@@ -294,6 +299,9 @@ def scoped_gateway_sub_queries(scope: Scope, windows: Windows) -> dict[QueryQuan
         QueryQuantity.GATEWAY_RUNNING_REQUESTS: overall("sum", f"goodput_gateway_running_requests{selector}"),
         QueryQuantity.GATEWAY_RUNNING_WORK: overall("sum", f"goodput_gateway_running_work_seconds{selector}"),
         QueryQuantity.GATEWAY_ROUTABLE_GROUPS: overall("max", f"goodput_gateway_routable_groups{selector}"),
+        QueryQuantity.GATEWAY_KEPT_SESSION_KV: overall(
+            "sum", f"goodput_gateway_waiting_session_kv_tokens{scope.selector(KEPT_SELECTOR)}"
+        ),
         QueryQuantity.GATEWAY_QUEUED_REQUESTS: f"sum {by_class} (goodput_gateway_queued_requests{selector})",
         QueryQuantity.GATEWAY_QUEUED_WORK: f"sum {by_class} (goodput_gateway_queued_work_seconds{selector})",
         QueryQuantity.GATEWAY_QUEUED_PROMPT_TOKENS: (

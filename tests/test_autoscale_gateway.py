@@ -171,6 +171,18 @@ def test_kv_demand_counts_the_prompts_the_gateway_holds() -> None:
     assert with_gateway - without == pytest.approx(10 * MEAN_INPUT)
 
 
+def test_kv_headroom_counts_what_sessions_waiting_on_a_tool_hold() -> None:
+    """Kept KV is in no engine's usage figure (a finished request's blocks count as free), yet no
+    other request may use it: it is demand, and it is not headroom."""
+    groups = world(*ready_groups(1, 0.2))
+    waiting = _decide(fronted(groups, held(0))).estimates
+    kept = _decide(fronted(groups, dataclasses.replace(held(0), kept_session_kv_tokens=5000.0))).estimates
+    assert waiting.kv_demand_tokens is not None and kept.kv_demand_tokens is not None
+    assert kept.kv_demand_tokens - waiting.kv_demand_tokens == pytest.approx(5000.0)
+    assert waiting.kv_free_fraction is not None and kept.kv_free_fraction is not None
+    assert kept.kv_free_fraction < waiting.kv_free_fraction
+
+
 def test_attainment_is_against_the_gateways_offered_requests() -> None:
     ttft = Histogram.from_observations(TTFT_BUCKETS, [0.5] * 60 + [5.0] * 20)
     gateway = held(

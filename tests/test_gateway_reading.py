@@ -74,6 +74,10 @@ CUSTOM = SeriesLabels(namespace="kubernetes_namespace", model_group="app", group
             QueryQuantity.GATEWAY_RUNNING_WORK,
             'sum(goodput_gateway_running_work_seconds{namespace="ml",model_group="chat"})',
         ),
+        (
+            QueryQuantity.GATEWAY_KEPT_SESSION_KV,
+            'sum(goodput_gateway_waiting_session_kv_tokens{namespace="ml",model_group="chat",action="keep"})',
+        ),
     ],
     ids=lambda value: str(value)[:40],
 )
@@ -121,6 +125,7 @@ ANSWER: list[dict[str, Any]] = [
     sample(QueryQuantity.GATEWAY_RUNNING_REQUESTS, 3),
     sample(QueryQuantity.GATEWAY_RUNNING_WORK, 4.5),
     sample(QueryQuantity.GATEWAY_ROUTABLE_GROUPS, 2),
+    sample(QueryQuantity.GATEWAY_KEPT_SESSION_KV, 8192),
     sample(QueryQuantity.GATEWAY_QUEUED_REQUESTS, 2, slo_class="interactive"),
     sample(QueryQuantity.GATEWAY_QUEUED_WORK, 1.25, slo_class="interactive"),
     sample(QueryQuantity.GATEWAY_QUEUED_PROMPT_TOKENS, 2048, slo_class="interactive"),
@@ -145,6 +150,7 @@ def test_the_answer_becomes_the_gateways_view() -> None:
     assert gateway is not None
     assert (gateway.age_seconds, gateway.running_requests, gateway.running_work_seconds) == (1.5, 3, 4.5)
     assert gateway.routable_groups == 2
+    assert gateway.kept_session_kv_tokens == 8192
     interactive = gateway.figures_for("interactive")
     assert interactive is not None
     assert (interactive.waiting_requests, interactive.waiting_work_seconds) == (2, 1.25)

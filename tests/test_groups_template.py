@@ -266,3 +266,57 @@ def test_bad_adapters_are_refused_naming_the_field(spec_changes: dict[str, Any],
     parsed = parse_model_group(body(**spec_changes))
     assert isinstance(parsed, str), parsed
     assert problem in parsed
+
+
+@pytest.mark.parametrize(
+    ("kv_offload", "expected"),
+    [
+        pytest.param(
+            {"cpuSizeGib": 64},
+            ["--kv-offloading-size", "64", "--kv-offloading-backend", "native"],
+            id="native by default",
+        ),
+        pytest.param(
+            {"cpuSizeGib": 12.5, "backend": "lmcache"},
+            ["--kv-offloading-size", "12.5", "--kv-offloading-backend", "lmcache"],
+            id="lmcache, a fractional size",
+        ),
+    ],
+)
+def test_kv_offload_renders_vllms_offloading_flags(kv_offload: dict[str, Any], expected: list[str]) -> None:
+    template = group_template(model_group(body(spec__kvOffload=kv_offload)))
+    args = list(template.args)
+    start = args.index("--kv-offloading-size")
+    assert args[start : start + 4] == expected
+    pod_args = render_group(template, "g1", "d1").pods[0]["spec"]["containers"][0]["args"]
+    assert "--kv-offloading-size" in pod_args
+    assert template.revision != group_template(model_group(body())).revision
+
+
+def test_a_modelgroup_without_kv_offload_renders_no_offloading_flag() -> None:
+    assert not any("offloading" in arg for arg in group_template(model_group(body())).args)
+
+
+@pytest.mark.parametrize(
+    ("spec_changes", "problem"),
+    [
+        pytest.param({"spec__kvOffload": {"cpuSizeGib": 0}}, "cpuSizeGib", id="no CPU memory"),
+        pytest.param(
+            {"spec__kvOffload": {"cpuSizeGib": 8, "backend": "disk"}}, "backend", id="unknown backend"
+        ),
+        pytest.param(
+            {"spec__engine__args": ["--kv-offloading-size=8"]},
+            "must not set a flag that goodput renders",
+            id="the flag set by hand",
+        ),
+        pytest.param(
+            {"spec__kvOffload": {"cpuSizeGib": 8}, "spec__engine__args": ["--kv-transfer-config", "{}"]},
+            "must not set `--kv-transfer-config` with `kvOffload`",
+            id="a second connector by hand",
+        ),
+    ],
+)
+def test_bad_kv_offload_is_refused_naming_the_field(spec_changes: dict[str, Any], problem: str) -> None:
+    parsed = parse_model_group(body(**spec_changes))
+    assert isinstance(parsed, str), parsed
+    assert problem in parsed

@@ -26,6 +26,7 @@ from goodput.controllers.autoscale.model import (
     StepPolicy,
     StepPolicyType,
 )
+from goodput.controllers.compile.request_path import RequestPathPolicy, compile_request_path
 from goodput.controllers.compile.scaling import (
     CompiledPolicy,
     GroupBounds,
@@ -329,3 +330,20 @@ def test_goodputs_defaults_are_written_once_in_the_api() -> None:
 
     assert compiled == ScalingPolicy(min_groups=1, max_groups=16, revision="r1", classes=compiled.classes)
     assert compiled.classes == (SloTargets("chat", 1.0, 0.08),)
+
+
+@pytest.mark.parametrize(
+    ("kv_offload", "cpu_bytes"),
+    [
+        pytest.param(None, None, id="no CPU tier: the gateway never offloads"),
+        pytest.param({"cpuSizeGib": 64}, 64 * 2**30, id="a 64 GiB CPU tier"),
+    ],
+)
+def test_kv_offload_reaches_the_request_paths_tool_wait_policy(
+    kv_offload: dict[str, Any] | None, cpu_bytes: int | None
+) -> None:
+    group = model_group(**({"kvOffload": kv_offload} if kv_offload else {}))
+    compiled = compile_request_path(group, slo_policy())
+    assert isinstance(compiled, RequestPathPolicy), compiled
+    assert compiled.tool_waits.offload_cpu_bytes == cpu_bytes
+    assert compiled.tool_waits.offload_enabled is (cpu_bytes is not None)

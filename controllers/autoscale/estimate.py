@@ -153,7 +153,8 @@ def _earliest_slack(
 
 
 def _kv_demand(observation: ObservedGroups, kv_capacity: int) -> tuple[float | None, float | None]:
-    """KV tokens in use plus the prompts still waiting for a cache, and the free fraction in use."""
+    """KV tokens in use plus the prompts still waiting for a cache, and the free fraction in use.
+    KV that the gateway keeps for sessions waiting on a tool is in use too, though no engine counts it."""
     queue = observation.queue
     gateway = observation.gateway
     if observation.fresh > 0:
@@ -163,10 +164,9 @@ def _kv_demand(observation: ObservedGroups, kv_capacity: int) -> tuple[float | N
             waiting_prompt_tokens = observation.waiting * observation.mix.mean_input_tokens
             if gateway is not None:  # the gateway holds prompts no engine has seen yet
                 waiting_prompt_tokens += gateway.waiting_prompt_tokens
-        free = (
-            1.0 - observation.kv_used_tokens / (observation.fresh * kv_capacity) if kv_capacity > 0 else None
-        )
-        return observation.kv_used_tokens + waiting_prompt_tokens, free
+        used = observation.kv_used_tokens + (gateway.kept_session_kv_tokens if gateway is not None else 0.0)
+        free = 1.0 - used / (observation.fresh * kv_capacity) if kv_capacity > 0 else None
+        return used + waiting_prompt_tokens, free
     if queue is not None:
         return float(
             sum(r.input_tokens + (r.generated_tokens if r.running else 0) for r in queue.requests)

@@ -431,6 +431,9 @@ class GatewayObservation:
     (which covers the engines' waiting and running requests), and every offered request's outcome.
     running_requests / running_work_seconds: dispatched to a group and not answered yet.
     routable_groups: the groups the gateway routes to (Ready, not draining).
+    kept_session_kv_tokens: KV that sessions waiting on a tool hold in the groups' GPU memory for
+    their next request (kept, not offloaded): in no engine's usage figure (a finished request's
+    blocks count as free), yet not free for anyone else.
     """
 
     age_seconds: float
@@ -438,12 +441,17 @@ class GatewayObservation:
     running_requests: float = 0.0
     running_work_seconds: float = 0.0
     routable_groups: int = 0
+    kept_session_kv_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.age_seconds):
             raise ValueError(f"age_seconds must be finite, got {self.age_seconds}")
         if self.running_requests < 0 or self.running_work_seconds < 0 or self.routable_groups < 0:
             raise ValueError("running requests, running work and routable groups must not be negative")
+        if not (math.isfinite(self.kept_session_kv_tokens) and self.kept_session_kv_tokens >= 0):
+            raise ValueError(
+                f"kept_session_kv_tokens must be finite and >= 0, got {self.kept_session_kv_tokens}"
+            )
 
     def figures_for(self, class_name: str) -> GatewayClassFigures | None:
         return next((entry for entry in self.classes if entry.class_name == class_name), None)

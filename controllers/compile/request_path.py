@@ -27,6 +27,7 @@ from goodput.controllers.requests.admission import AdmissionPolicy, admission_po
 from goodput.controllers.requests.degrade import MODEL_FAMILY_LABEL
 from goodput.controllers.requests.fairness import FairnessPolicy, fairness_policy
 from goodput.controllers.requests.routing import RoutingPolicy
+from goodput.controllers.requests.tool_waits import ToolWaitPolicy
 from goodput.estimators.feasibility import FloorModel
 
 # vLLM's context when `--max-model-len` is not set is the model's own; Llama 3.1 has 128k, but
@@ -61,6 +62,9 @@ class RequestPathPolicy:
     optional_context_classes: frozenset[str] = frozenset()  # classes whose ladder may drop marked context
     adapters: AdapterPolicy = field(default_factory=AdapterPolicy)
     """The ModelGroup's LoRA adapters, served under their own names by the same groups."""
+    tool_waits: ToolWaitPolicy = field(default_factory=ToolWaitPolicy)
+    """What the KV of a session waiting on a tool is left to; offload only with the ModelGroup's
+    `kvOffload`."""
 
 
 def context_tokens(model_group: ModelGroup) -> int:
@@ -119,5 +123,8 @@ def compile_request_path(
         adapters=AdapterPolicy(
             sources={adapter.name: adapter.source for adapter in spec.adapters},
             max_loaded_per_group=spec.adapter_limits.max_loaded_per_group,
+        ),
+        tool_waits=ToolWaitPolicy(
+            offload_cpu_bytes=None if spec.kv_offload is None else int(spec.kv_offload.cpu_size_gib * 2**30)
         ),
     )

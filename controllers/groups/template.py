@@ -79,7 +79,7 @@ def group_template(model_group: ModelGroup, agent_image: str = "") -> GroupTempl
         model_revision=spec.model.revision,
         served_name=spec.model.served_name,
         image=spec.engine.image,
-        args=tuple(spec.engine.args) + lora_args(spec),
+        args=tuple(spec.engine.args) + lora_args(spec) + kv_offload_args(spec),
         # Plain values stay (name, value) pairs, as they always were in the revision hash.
         env=tuple(
             variable if variable.value_from is not None else (variable.name, variable.value or "")
@@ -133,6 +133,20 @@ def lora_args(spec: ModelGroupSpec) -> tuple[str, ...]:
     if limits.max_cpu_loaded is not None:
         args += [vllm_names.Lora.MAX_CPU_LORAS_FLAG, str(limits.max_cpu_loaded)]
     return tuple(args)
+
+
+def kv_offload_args(spec: ModelGroupSpec) -> tuple[str, ...]:
+    """vLLM's KV offloading flags from `kvOffload`: none without it, so a ModelGroup that does not
+    offload keeps its pods (and their revision) as they were."""
+    offload = spec.kv_offload
+    if offload is None:
+        return ()
+    return (
+        vllm_names.KvOffloading.SIZE_FLAG,
+        f"{offload.cpu_size_gib:.10g}",
+        vllm_names.KvOffloading.BACKEND_FLAG,
+        offload.backend,
+    )
 
 
 def lora_env(spec: ModelGroupSpec) -> tuple[tuple[str, str], ...]:
