@@ -707,7 +707,7 @@ def test_each_controller_owns_its_conditions_and_the_users_annotations_stay_the_
     found = stage.model_group("llama")
     annotations = found["metadata"].get("annotations") or {}
     assert annotations.get("team") == "serving", "the user's annotation was kept"
-    assert "goodput.dev/autoscaler-state" not in annotations, "the autoscaler annotates nothing"
+    assert "goodput.dev/autoscaler-state" not in annotations, "the autoscaler keeps its memory in status"
     assert found["status"].get("autoscalerState"), "its memory is in its own status field"
 
     groups, autoscaler = {"goodput-groups/Apply"}, {"goodput-autoscaler/Apply"}
