@@ -769,6 +769,7 @@ class Gateway:
             return retired_response(self.retired)
         now = self.clock()
         tenant = shape.tenant
+        tenant_label = self.tenant_label(tenant)
         bucket = self._bucket(tenant, now)
         retry_budget = self.retry_budgets.get(tenant) or RetryBudget(self.policy.admission.retry_budget_ratio)
         contract = self.policy.admission.contract_for(shape.class_name)
@@ -784,7 +785,7 @@ class Gateway:
             now,
             tenant_budget=bucket,
             retry_budget=retry_budget,
-            ttft_correction=self.ttft_correction(self.tenant_label(tenant), now),
+            ttft_correction=self.ttft_correction(tenant_label, now),
         )
         marks = dict(marks or {})
         if (
@@ -797,9 +798,7 @@ class Gateway:
             if isinstance(walked, web.StreamResponse):
                 return walked
             parsed, shape, decision = walked
-        admitted = Admitted(
-            parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time, marks=marks
-        )
+        admitted = Admitted(parsed, shape, decision, tenant_label, shape.arrival_time, marks=marks)
         self._count(admitted)
         if not decision.proceeds:
             refusal = self._refusal(decision, parsed)
