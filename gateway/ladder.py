@@ -127,6 +127,7 @@ async def walk_ladder(  # noqa: PLR0917 (the request path's whole view of one re
             now,
             tenant_budget=gateway.budgets.get(shape.tenant),
             retry_budget=gateway.retry_budgets.get(shape.tenant),
+            ttft_correction=gateway.ttft_correction(gateway.tenant_label(shape.tenant), now),
         )
 
     view = LadderView(

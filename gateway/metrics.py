@@ -191,6 +191,14 @@ class GatewayMetrics:
         self.ready_groups = Gauge(
             "goodput_gateway_routable_groups", "Groups Ready and not draining.", ["model_group"], registry=r
         )
+        self.ttft_correction = Gauge(
+            "goodput_gateway_ttft_prediction_correction",
+            "The factor the deadline gate applies to a tenant's predicted wait and service: the least "
+            "under which its recently admitted requests the gate would still admit met their TTFT "
+            "target (1 with no misses, or until enough were seen).",
+            ["model_group", "tenant"],
+            registry=r,
+        )
 
     def _declare_adapters(self, r: CollectorRegistry) -> None:
         """Per LoRA adapter: bounded by the adapters the ModelGroups declare (a request naming any

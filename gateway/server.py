@@ -56,6 +56,7 @@ from goodput.controllers.requests.admission import (
     TokenBucket,
     admit,
 )
+from goodput.controllers.requests.calibration import TtftCalibration, TtftCalibrationSettings
 from goodput.controllers.requests.degrade import without_marks
 from goodput.controllers.requests.fairness import LOWER_PRECEDENCE_LEVELS, FairQueue, QueuedItem
 from goodput.controllers.requests.routing import (
@@ -85,6 +86,9 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_SESSIONS = 100_000
 MAX_KEPT_ANSWERS = 10_000
 MAX_TRACKED_TENANTS = 10_000
+# How often the deadline gate's corrections are worked out again from the requests seen: a pass over
+# the recent ones, kept off each request's path.
+TTFT_CORRECTION_REFRESH_SECONDS = 0.25
 
 
 @dataclass(slots=True)
@@ -100,6 +104,16 @@ class Pending:
     started: bool = False
     class_name: str = ""
     adapter: str | None = None
+
+
+@dataclass(slots=True)
+class TenantCorrection:
+    """One tenant's measured deadline-gate error on this ModelGroup, and the correction worked out from
+    it last (`due`: when to work it out again)."""
+
+    calibration: TtftCalibration
+    ttft_correction: float = 1.0
+    due: float = -math.inf
 
 
 @dataclass(slots=True)
@@ -257,6 +271,8 @@ class Gateway:
         self.retry_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.meter = DrainRateMeter()
+        self.calibration_settings = TtftCalibrationSettings()
+        self.corrections: dict[str, TenantCorrection] = {}  # by tenant label
         self.desk = SessionDesk(clock)
         self.desk.waits.policy = policy.tool_waits
         self.desk.charge_wait = lambda wait: self.queue.charge(wait.tenant, 0.0, 0.0, wait.kv_byte_seconds)
@@ -311,6 +327,8 @@ class Gateway:
             for tenant, bucket in self.budgets.items()
             if tenant in limits and bucket.burst_tokens == limits[tenant]
         }
+        if _predicts_differently(self.policy, policy):  # the error measured was the old figures'
+            self._forget_corrections()
         self.policy = policy
         self.queue.policy = policy.fairness
         self.desk.waits.policy = policy.tool_waits
@@ -367,6 +385,28 @@ class Gateway:
             )
             for name, state in self.groups.items()
         ]
+
+    def ttft_correction(self, tenant_label: str, now: float) -> float:
+        """The deadline gate's measured correction for a tenant's requests (`TtftCalibration`; 1.0
+        before any was measured), worked out again at most once every TTFT_CORRECTION_REFRESH_SECONDS.
+
+        Each tenant has its own: under fair queueing a heavy tenant's requests wait behind the light
+        tenants' later arrivals, which its prediction counts only on average, while a light tenant's
+        go ahead of most of the queue; one correction for both would refuse the light tenant for the
+        heavy one's error."""
+        entry = self.corrections.get(tenant_label)
+        if entry is None:
+            return 1.0
+        if now >= entry.due:
+            entry.ttft_correction = entry.calibration.ttft_correction(now)
+            entry.due = now + TTFT_CORRECTION_REFRESH_SECONDS
+        return entry.ttft_correction
+
+    def _forget_corrections(self) -> None:
+        for tenant_label in self.corrections:
+            with contextlib.suppress(KeyError):
+                self.metrics.ttft_correction.remove(self.policy.model_group, tenant_label)
+        self.corrections.clear()
 
     def candidates(self) -> list[Candidate]:
         limit = self.policy.max_in_flight_per_group
@@ -544,6 +584,9 @@ class Gateway:
         )
         self.metrics.running_requests.labels(name).set(sum(s.book.in_flight for s in self.groups.values()))
         self.desk.publish_waiting(self)
+        for tenant_label in self.corrections:
+            correction = self.ttft_correction(tenant_label, now)
+            self.metrics.ttft_correction.labels(name, tenant_label).set(correction)
 
     def forget_gauges(self) -> None:
         """Take this ModelGroup's gauge series out of the metrics (it left the gateway): a series
@@ -558,6 +601,7 @@ class Gateway:
             ):
                 with contextlib.suppress(KeyError):
                     gauge.remove(name, cls)
+        self._forget_corrections()
         for gauge in (self.metrics.running_work, self.metrics.running_requests, self.metrics.ready_groups):
             with contextlib.suppress(KeyError):
                 gauge.remove(name)
@@ -735,6 +779,7 @@ class Gateway:
             return retired_response(self.retired)
         now = self.clock()
         tenant = shape.tenant
+        tenant_label = self.tenant_label(tenant)
         bucket = self._bucket(tenant, now)
         retry_budget = self.retry_budgets.get(tenant) or RetryBudget(self.policy.admission.retry_budget_ratio)
         contract = self.policy.admission.contract_for(shape.class_name)
@@ -750,6 +795,7 @@ class Gateway:
             now,
             tenant_budget=bucket,
             retry_budget=retry_budget,
+            ttft_correction=self.ttft_correction(tenant_label, now),
         )
         marks = dict(marks or {})
         if (
@@ -762,9 +808,7 @@ class Gateway:
             if isinstance(walked, web.StreamResponse):
                 return walked
             parsed, shape, decision = walked
-        admitted = Admitted(
-            parsed, shape, decision, self.tenant_label(tenant), shape.arrival_time, marks=marks
-        )
+        admitted = Admitted(parsed, shape, decision, tenant_label, shape.arrival_time, marks=marks)
         self._count(admitted)
         if not decision.proceeds:
             refusal = self._refusal(decision, parsed)
@@ -1031,6 +1075,7 @@ class Gateway:
         if first_at is not None:
             ttft = first_at - admitted.arrival
             self.metrics.series(self.metrics.ttft, name, cls).observe(ttft)
+            self._calibrate(admitted, contract.ttft_seconds, ttft)
             itl_hist = self.metrics.series(self.metrics.itl, name, cls)
             for gap in gaps:
                 itl_hist.observe(gap)
@@ -1043,3 +1088,32 @@ class Gateway:
         if not decision.best_effort:
             labels = (name, cls, admitted.tenant_label, "true" if met else "false")
             self.metrics.series(self.metrics.finished, *labels).inc()
+
+    def _calibrate(self, admitted: Admitted, target_seconds: float, ttft_seconds: float) -> None:
+        """An admitted request's first token: what the deadline gate predicted, the budget its target
+        left it and what it took, all from the decision on, added to its tenant's calibration.
+        Deferred and best-effort requests wait at a lower precedence than the gate priced, so they
+        say nothing of its error."""
+        decision = admitted.decision
+        check = decision.deadline
+        if check is None or decision.outcome is not Outcome.ADMIT or decision.best_effort:
+            return
+        entry = self.corrections.get(admitted.tenant_label)
+        if entry is None:
+            entry = self.corrections[admitted.tenant_label] = TenantCorrection(
+                TtftCalibration(self.calibration_settings)
+            )
+        waited = check.waited_seconds
+        entry.calibration = entry.calibration.observed(
+            check.ahead_seconds, target_seconds - waited, ttft_seconds - waited, self.clock()
+        )
+
+
+def _predicts_differently(old: RequestPathPolicy, new: RequestPathPolicy) -> bool:
+    """The figures the deadline gate predicts from changed (capacity, floors, prices, the p90 wait)."""
+    return (
+        old.capacity_work_seconds_per_second != new.capacity_work_seconds_per_second
+        or old.admission.floor_model != new.admission.floor_model
+        or old.admission.pricing != new.admission.pricing
+        or old.admission.wait_p90_factor != new.admission.wait_p90_factor
+    )

@@ -1,7 +1,8 @@
 """A small vLLM-like upstream for gateway tests and benchmarks: OpenAI endpoints, streamed or not.
 
 Every request it receives is recorded (group, tenant header, body); `gate` lets a test hold
-requests in flight to create contention; `tokens` and `token_delay_seconds` shape a stream.
+requests in flight to create contention; `tokens` and `token_delay_seconds` shape a stream, and
+`first_token_delay_seconds` is a prefill slower than any figure the gateway holds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Upstream:
     name: str
     tokens: int = 4
     token_delay_seconds: float = 0.0
+    first_token_delay_seconds: float = 0.0
     gate: asyncio.Event | None = None
     received: list[Received] = field(default_factory=list)
     running: int = 0
@@ -50,6 +52,8 @@ class Upstream:
             if self.gate is not None:
                 await self.gate.wait()
             count = min(self.tokens, int(body.get("max_tokens") or body.get("max_completion_tokens") or 16))
+            if self.first_token_delay_seconds:
+                await asyncio.sleep(self.first_token_delay_seconds)
             if body.get("stream"):
                 return await self._stream(request, count)
             await asyncio.sleep(self.token_delay_seconds * count)

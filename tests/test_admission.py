@@ -25,6 +25,7 @@ from goodput.controllers.requests.admission import (
     TokenBucket,
     admission_policy,
     admit,
+    predicted_ttft,
     retry_after_seconds,
     slot_wait_seconds,
 )
@@ -461,3 +462,53 @@ def test_drain_meter_measures_the_pace_of_saturated_dispatches() -> None:
     assert meter.work_seconds_per_second() == pytest.approx(0.2)  # 0.1 work-second every 0.5 s
     meter.reset()
     assert meter.work_seconds_per_second() is None
+
+
+# --- the measured correction ----------------------------------------------------------------------
+
+
+def test_the_deadline_gate_scales_its_predicted_wait_and_service_by_the_measured_correction() -> None:
+    """0.4 s of queued work (0.6 s at the p90 price) fits a 1 s target as the figures say; twice as slow
+    as measured, it does not, and the refusal says the correction."""
+    loads = (group(waiting_work_seconds=0.4),)
+    as_figured = admit(policy(), request(), loads, now=100.0)
+    assert as_figured.outcome is Outcome.ADMIT
+    assert as_figured.deadline is not None and as_figured.deadline.ttft_correction == 1.0
+    corrected = admit(policy(), request(), loads, now=100.0, ttft_correction=2.0)
+    assert (corrected.outcome, corrected.reason) == (Outcome.REJECT, AdmissionReason.DEADLINE)
+    assert "corrected x2.00" in corrected.message
+    refused_as_figured = admit(policy(), request(), (group(waiting_work_seconds=5.0),), now=100.0)
+    assert refused_as_figured.reason is AdmissionReason.DEADLINE
+    assert "corrected" not in refused_as_figured.message
+
+
+def test_time_already_waited_is_not_scaled() -> None:
+    """The correction is of the prediction; the time the request has already waited is known."""
+    waited = request(arrival_time=99.5)
+    check = predicted_ttft(
+        policy(), (group(waiting_work_seconds=0.1),), 500, 99.5, 100.0, ttft_correction=3.0
+    )
+    assert check.waited_seconds == 0.5
+    assert check.predicted_ttft_seconds == pytest.approx(0.5 + 3.0 * check.ahead_seconds)
+    decision = admit(policy(), waited, (group(),), now=100.0, ttft_correction=3.0)
+    assert decision.deadline is not None
+    assert decision.deadline.predicted_ttft_seconds == pytest.approx(
+        0.5 + 3.0 * decision.deadline.ahead_seconds
+    )
+
+
+@given(
+    waiting=st.floats(0, 5),
+    lower=st.floats(0.5, 4.0),
+    higher=st.floats(0.5, 4.0),
+)
+def test_a_larger_correction_never_admits_what_a_smaller_one_refused(
+    waiting: float, lower: float, higher: float
+) -> None:
+    lower, higher = sorted((lower, higher))
+    loads = (group(waiting_work_seconds=waiting),)
+    strict = admit(policy(), request(), loads, now=100.0, ttft_correction=higher)
+    lenient = admit(policy(), request(), loads, now=100.0, ttft_correction=lower)
+    if strict.outcome is Outcome.ADMIT:
+        assert lenient.outcome is Outcome.ADMIT
+        assert strict.deadline is not None and strict.deadline.predicted_ttft_seconds <= 1.0

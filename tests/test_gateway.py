@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -80,10 +81,11 @@ async def rig(
     policy: RequestPathPolicy | None = None,
     groups: int = 1,
     limits: ClientLimits | None = None,
+    clock: Callable[[], float] = time.monotonic,
     **upstream: Any,
 ) -> AsyncIterator[Rig]:
     """The gateway served as `goodput gateway` serves it (`start_serving`), in front of `groups`
-    in-test upstreams."""
+    in-test upstreams; `clock` is the gateway's and its front's (the loop's own, on a virtual clock)."""
     upstreams = {f"g{i}": Upstream(f"g{i}", **upstream) for i in range(1, groups + 1)}
     servers = {name: TestServer(u.app(), host="127.0.0.1") for name, u in upstreams.items()}
     for server in servers.values():
@@ -94,8 +96,10 @@ async def rig(
     }
     source = StaticGroupSource(endpoints.values())
     limits = limits or ClientLimits()
-    gateway = Gateway(policy or request_path_policy(), source)
-    front = GatewayFront(metrics=gateway.metrics, limits=limits, label=gateway.policy.model_group)
+    gateway = Gateway(policy or request_path_policy(), source, clock=clock)
+    front = GatewayFront(
+        metrics=gateway.metrics, limits=limits, label=gateway.policy.model_group, clock=clock
+    )
     front.serve(gateway)
     runner = await start_serving(front.app(), "127.0.0.1", 0, limits, front.count_connection_closed)
     port = runner.addresses[0][1]

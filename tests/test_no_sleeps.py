@@ -35,6 +35,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "test_metrics_carry_dcgm_gpu_utilisation_for_each_gpu_of_the_rank_busy_while_it_computes.main",
     ): "virtual clock: a DCGM sample period passes",
     ("test_emulator_engine.py", "replay.main"): "virtual clock: each arrival at its time",
+    ("test_gateway_calibration.py", "streamed"): "virtual clock: each arrival at its time",
     (
         "test_emulator_engine.py",
         "test_a_hang_stops_tokens_and_the_model_resumes_where_it_froze.main",

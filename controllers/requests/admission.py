@@ -221,6 +221,7 @@ class AdmissionDecision:
     hold_seconds: how long a deferred request may be held before it is answered 503.
     retry_after_seconds: the Retry-After of a 429 or 503.
     infeasible: its zero-load floor already misses the class's targets (counted apart).
+    deadline: the deadline gate's prediction of an admitted request (None when the gate is off).
     """
 
     outcome: Outcome
@@ -235,6 +236,7 @@ class AdmissionDecision:
     retry_after_seconds: int | None = None
     infeasible: bool = False
     budget_tokens: float = 0.0
+    deadline: DeadlineCheck | None = None
 
     @property
     def proceeds(self) -> bool:
@@ -435,18 +437,36 @@ def check_memory(policy: AdmissionPolicy, groups: Sequence[GroupLoad], need_toke
 
 @dataclass(frozen=True, slots=True)
 class DeadlineCheck:
-    """The deadline gate's figures on the best group."""
+    """The deadline gate's figures on the best group.
 
-    predicted_ttft_seconds: float
+    waited_seconds: since the request arrived. ahead_seconds: the predicted wait and service from
+    now, as the figures say (the queue's work over capacity, the slot wait, the zero-load floor).
+    ttft_correction: the measured error the gateway applies to `ahead_seconds`
+    (`calibration.TtftCalibration`); 1.0 when none was measured.
+    """
+
+    waited_seconds: float
+    ahead_seconds: float
     group: str | None
+    ttft_correction: float = 1.0
+
+    @property
+    def predicted_ttft_seconds(self) -> float:
+        return self.waited_seconds + self.ttft_correction * self.ahead_seconds
 
 
-def predicted_ttft(
-    policy: AdmissionPolicy, groups: Sequence[GroupLoad], prompt_tokens: int, arrival_time: float, now: float
+def predicted_ttft(  # noqa: PLR0917 (the gate's whole view, and the correction it applies)
+    policy: AdmissionPolicy,
+    groups: Sequence[GroupLoad],
+    prompt_tokens: int,
+    arrival_time: float,
+    now: float,
+    ttft_correction: float = 1.0,
 ) -> DeadlineCheck:
     """Time already waited, plus the least predicted wait over the serving groups (the queued work
     ahead, and the wait for a slot on a full group), plus the request's prefill and first decode
-    step on an otherwise idle group."""
+    step on an otherwise idle group; the wait and service scaled by the measured `ttft_correction`
+    (time already waited is known, not predicted)."""
     floor = policy.floor_model
     service = (
         floor.route_seconds
@@ -463,32 +483,52 @@ def predicted_ttft(
         if wait < best_wait:
             best_wait, best_group = wait, group.name
     waited = max(0.0, now - arrival_time)
-    return DeadlineCheck(waited + best_wait + service, best_group)
+    return DeadlineCheck(waited, best_wait + service, best_group, ttft_correction)
 
 
-def check_deadline(
+def check_deadline(  # noqa: PLR0917 (the gate's whole view, and the correction it applies)
     policy: AdmissionPolicy,
     contract: ClassContract,
     groups: Sequence[GroupLoad],
     request: RequestShape,
     now: float,
+    ttft_correction: float = 1.0,
 ) -> tuple[Overload | None, float]:
     """Predicted TTFT within the target; the second value is the slack a deferral may spend."""
-    check = predicted_ttft(policy, groups, request.prompt_tokens, request.arrival_time, now)
+    check = predicted_ttft(policy, groups, request.prompt_tokens, request.arrival_time, now, ttft_correction)
+    return deadline_verdict(contract, groups, request, check, now)
+
+
+def deadline_verdict(
+    contract: ClassContract,
+    groups: Sequence[GroupLoad],
+    request: RequestShape,
+    check: DeadlineCheck,
+    now: float,
+) -> tuple[Overload | None, float]:
+    """The deadline gate on a prediction made: None and the slack left when it fits the target, else
+    the overload (its message says the correction when one applies) and the slack a deferral may
+    spend."""
     budget = contract.ttft_seconds
-    if check.predicted_ttft_seconds <= budget:
-        return None, budget - check.predicted_ttft_seconds
+    predicted = check.predicted_ttft_seconds
+    if predicted <= budget:
+        return None, budget - predicted
     # A deferred request stays useful until its completion deadline, or its TTFT target when none.
     horizon = contract.e2e_seconds if contract.e2e_seconds is not None else contract.ttft_seconds
     slack = request.arrival_time + horizon - now
     serving = [group for group in groups if group.serving]
     pooled = sum(group.capacity_work_seconds_per_second for group in serving)
-    excess_seconds = check.predicted_ttft_seconds - budget
+    excess_seconds = predicted - budget
+    corrected = (
+        f" (the wait and service corrected x{check.ttft_correction:.2f} for the engines' measured pace)"
+        if check.ttft_correction != 1.0
+        else ""
+    )
     return (
         Overload(
             Gate.DEADLINE,
             AdmissionReason.DEADLINE,
-            f"predicted TTFT {check.predicted_ttft_seconds:.2f}s exceeds class {contract.name!r}'s "
+            f"predicted TTFT {predicted:.2f}s{corrected} exceeds class {contract.name!r}'s "
             f"target of {budget:g}s",
             # The queue needs this long to drain enough for the request to fit its budget.
             retry_after_seconds=excess_seconds if pooled > 0 else math.inf,
@@ -505,12 +545,15 @@ def admit(
     *,
     tenant_budget: TokenBucket | None = None,
     retry_budget: RetryBudget | None = None,
+    ttft_correction: float = 1.0,
 ) -> AdmissionDecision:
     """Run the gates in order on one request; the first that fails decides its outcome.
 
     The contract's class and context limits are always checked; the policy's `gates` enable the
     feasibility half of Contract and the three others. `budget_tokens` of the decision is what the
-    tenant's bucket should be charged when the request proceeds.
+    tenant's bucket should be charged when the request proceeds. `ttft_correction` scales the
+    deadline gate's predicted wait and service (`calibration.TtftCalibration`); an admitted
+    request's decision keeps the gate's prediction, to be compared with the TTFT it then sees.
     """
     checked = check_contract(policy, request)
     if isinstance(checked, AdmissionDecision):
@@ -535,10 +578,11 @@ def admit(
             return replace(decision, infeasible=True)
     if not any(group.serving for group in groups):
         return _no_ready_group(policy, contract, request, output_tokens, now)
-    for gate in gates:
-        overload, slack = _run_gate(policy, contract, gate, groups, request, output_tokens, now)
-        if overload is not None:
-            return apply_overload_action(policy, contract, output_tokens, overload, slack)
+    overload, slack, deadline = _load_gates(
+        policy, contract, groups, request, output_tokens, now, ttft_correction
+    )
+    if overload is not None:
+        return apply_overload_action(policy, contract, output_tokens, overload, slack)
     budget_tokens = float(request.prompt_tokens + output_tokens)
     if Gate.BUDGET in gates and tenant_budget is not None:
         refused = check_budget(tenant_budget, request.tenant, budget_tokens, now)
@@ -551,6 +595,7 @@ def admit(
         contract.name,
         output_tokens=output_tokens,
         budget_tokens=budget_tokens,
+        deadline=deadline,
     )
 
 
@@ -570,34 +615,50 @@ def check_budget(bucket: TokenBucket, tenant: str, tokens: float, now: float) ->
     )
 
 
-def _run_gate(  # noqa: PLR0917 (one gate's whole view, in the order `admit` holds it)
+def _load_gates(  # noqa: PLR0917 (the load gates' whole view, in the order `admit` holds it)
     policy: AdmissionPolicy,
     contract: ClassContract,
-    gate: Gate,
     groups: Sequence[GroupLoad],
     request: RequestShape,
     output_tokens: int,
     now: float,
-) -> tuple[Overload | None, float]:
-    """The memory and deadline gates (contract ran first; budget runs last, after every load gate)."""
-    if gate is Gate.MEMORY:
-        need = request.prompt_tokens + output_tokens
-        largest = max((group.kv_capacity_tokens for group in groups if group.serving), default=0)
-        if need > largest:
-            fitting = largest - request.prompt_tokens
-            overload = Overload(
-                Gate.MEMORY,
-                AdmissionReason.KV_NEVER_FITS,
-                f"KV need of {need} tokens exceeds the KV capacity of every group ({largest})",
-                retry_after_seconds=math.inf,
-                fitting_output_tokens=fitting if fitting >= 1 else None,
-                defer_helps=False,
+    ttft_correction: float,
+) -> tuple[Overload | None, float, DeadlineCheck | None]:
+    """The memory and deadline gates in the policy's order (contract ran first; budget runs last,
+    after every load gate): the first overload and its slack, and the deadline gate's prediction."""
+    deadline: DeadlineCheck | None = None
+    for gate in policy.gates:
+        overload, slack = None, 0.0
+        if gate is Gate.MEMORY:
+            overload, slack = _check_memory_gate(policy, groups, request.prompt_tokens, output_tokens)
+        elif gate is Gate.DEADLINE:
+            deadline = predicted_ttft(
+                policy, groups, request.prompt_tokens, request.arrival_time, now, ttft_correction
             )
-            return overload, 0.0
-        return check_memory(policy, groups, need), policy.max_defer_seconds
-    if gate is Gate.DEADLINE:
-        return check_deadline(policy, contract, groups, request, now)
-    return None, 0.0
+            overload, slack = deadline_verdict(contract, groups, request, deadline, now)
+        if overload is not None:
+            return overload, slack, deadline
+    return None, 0.0, deadline
+
+
+def _check_memory_gate(
+    policy: AdmissionPolicy, groups: Sequence[GroupLoad], prompt_tokens: int, output_tokens: int
+) -> tuple[Overload | None, float]:
+    """The memory gate: a need no group could ever hold, or one no group has free now."""
+    need = prompt_tokens + output_tokens
+    largest = max((group.kv_capacity_tokens for group in groups if group.serving), default=0)
+    if need > largest:
+        fitting = largest - prompt_tokens
+        overload = Overload(
+            Gate.MEMORY,
+            AdmissionReason.KV_NEVER_FITS,
+            f"KV need of {need} tokens exceeds the KV capacity of every group ({largest})",
+            retry_after_seconds=math.inf,
+            fitting_output_tokens=fitting if fitting >= 1 else None,
+            defer_helps=False,
+        )
+        return overload, 0.0
+    return check_memory(policy, groups, need), policy.max_defer_seconds
 
 
 def _no_ready_group(
