@@ -6,8 +6,8 @@
 # --reuse-go-cache shares Go's module and build caches of ~/.cache/goodput, so the binaries are still
 # built anew into an empty cache (every step of `make test` runs) but without recompiling Kubernetes
 # and the rest (41 minutes of compiling and downloading on two busy cores, measured with nothing
-# cached); without it nothing at all is reused. `make test` itself took 2528 s from a fresh clone of
-# 7fd75fa with the Go caches shared (docs/benchmarks.md, "How long the tests take").
+# cached); without it nothing at all is reused. `make test` itself took 1814 s from a fresh clone of
+# 5160745 with the Go caches shared (docs/benchmarks.md, "How long the tests take").
 set -euo pipefail
 
 if [[ "${1:-}" == "--reuse-go-cache" ]]; then
