@@ -269,6 +269,56 @@ def agentic_sessions(spec: AgenticSpec, seed: int) -> AgenticTrace:
     return AgenticTrace(workload, kind, np.asarray(build.tool_wait, dtype=np.float64)[order])
 
 
+def tenants_together(traces: dict[str, Workload]) -> Workload:
+    """Several tenants' session workloads as one, each tenant its own shapes (one fans out wider,
+    one runs longer sessions): requests sorted by arrival, sessions renumbered apart, parents kept."""
+    parts = list(traces.values())
+    sessions = [part.session_index for part in parts]
+    parents = [part.parent_index for part in parts]
+    waits = [part.after_parent_seconds for part in parts]
+    if not parts or any(column is None for column in (*sessions, *parents, *waits)):
+        raise ValueError("tenants_together takes workloads of sessions (simulator.agentic)")
+    if len({part.class_names for part in parts}) > 1:
+        raise ValueError("tenants_together takes workloads with one list of classes")
+    request_offset, session_offset = 0, 0
+    parent_parts: list[np.ndarray] = []
+    session_parts: list[np.ndarray] = []
+    wait_parts: list[np.ndarray] = []
+    for part, session, parent, wait in zip(parts, sessions, parents, waits, strict=True):
+        assert session is not None and parent is not None and wait is not None
+        wait_parts.append(wait)
+        parent_parts.append(np.where(parent >= 0, parent + request_offset, -1))
+        session_parts.append(session + session_offset)
+        request_offset += len(part)
+        session_offset += int(session.max()) + 1 if session.size else 0
+    arrival = np.concatenate([part.arrival_seconds for part in parts])
+    order = np.argsort(arrival, kind="stable")
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    parent_index = np.concatenate(parent_parts)[order]
+    parent_index = np.where(parent_index >= 0, position[np.maximum(parent_index, 0)], -1)
+
+    def column(values: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(values)[order]
+
+    return Workload(
+        name="agentic-sessions-" + "-".join(traces),
+        arrival_seconds=arrival[order],
+        input_tokens=column([part.input_tokens for part in parts]),
+        output_tokens=column([part.output_tokens for part in parts]),
+        class_index=column(
+            [np.zeros(len(p), np.int64) if p.class_index is None else p.class_index for p in parts]
+        ),
+        tenant_index=column([np.full(len(part), t, np.int64) for t, part in enumerate(parts)]),
+        class_names=parts[0].class_names,
+        tenant_names=tuple(traces),
+        session_index=column(session_parts),
+        parent_index=parent_index.astype(np.int64),
+        after_parent_seconds=column(wait_parts),
+        notes=tuple(f"{name}: {part.notes[0] if part.notes else part.name}" for name, part in traces.items()),
+    )
+
+
 def _describe(spec: AgenticSpec, seed: int, sessions: int, requests: int) -> str:
     rate = (
         f"rate trace {len(spec.rate_trace_per_second)} x {spec.rate_interval_seconds:g} s"

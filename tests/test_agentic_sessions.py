@@ -4,6 +4,7 @@ was answered."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import replace
 from functools import cache
@@ -17,7 +18,13 @@ from hypothesis import strategies as st
 from goodput.controllers.compile.request_path import RequestPathPolicy
 from goodput.controllers.requests.degrade import Ladder, Rung
 from goodput.controllers.requests.sessions import SessionLimits, SessionRefusal
-from goodput.simulator.agentic import AgenticKind, AgenticSpec, agentic_sessions, sessions_within_slo
+from goodput.simulator.agentic import (
+    AgenticKind,
+    AgenticSpec,
+    agentic_sessions,
+    sessions_within_slo,
+    tenants_together,
+)
 from goodput.simulator.config import SimulationSetup, build_setup
 from goodput.simulator.gateway import GatewayTreatment, SimGateway
 from goodput.simulator.gateway_bench import run_fixed_fleet
@@ -130,6 +137,36 @@ def test_every_child_has_a_parent_that_came_before_it_in_its_session_and_depth_i
     for child in children.tolist():  # parents come first, so their depth is known
         depth[child] = depth[parents[child]] + 1
     assert depth.max(initial=0) + 1 <= spec.max_depth
+
+
+def test_tenants_together_keep_each_tenants_sessions_whole_and_apart() -> None:
+    narrow = agentic_sessions(AgenticSpec(duration_seconds=60.0, sessions_per_second=0.5), 3).workload
+    wide_spec = AgenticSpec(duration_seconds=60.0, sessions_per_second=0.5, fan_out_widths=(10, 20, 30, 40))
+    wide = agentic_sessions(wide_spec, 4).workload
+    both = tenants_together({"narrow": narrow, "wide": wide})
+    assert len(both) == len(narrow) + len(wide) and both.tenant_names == ("narrow", "wide")
+    assert np.all(np.diff(both.arrival_seconds) >= 0)
+    assert both.session_index is not None and both.parent_index is not None
+    sessions_of = {t: set(both.session_index[both.tenant_index == t].tolist()) for t in (0, 1)}
+    assert not sessions_of[0] & sessions_of[1], "sessions renumbered apart"
+    children = np.flatnonzero(both.parent_index >= 0)
+    parents = both.parent_index[children]
+    assert np.all(parents < children), "a parent comes before its child"
+    assert np.all(both.session_index[parents] == both.session_index[children])
+    assert np.all(both.tenant_index[parents] == both.tenant_index[children])
+    per_session = np.bincount(both.session_index, minlength=int(both.session_index.max()) + 1)
+    wide_sessions = sorted(sessions_of[1])
+    narrow_sessions = sorted(sessions_of[0])
+    # Branches are a share of a session's requests (steps, root and answer are not widened).
+    assert per_session[wide_sessions].mean() > 2 * per_session[narrow_sessions].mean(), (
+        "each tenant keeps its own shapes"
+    )
+
+
+def test_tenants_together_refuses_workloads_without_sessions() -> None:
+    plain = agentic_sessions(AgenticSpec(duration_seconds=10.0), 1).workload
+    with pytest.raises(ValueError, match="workloads of sessions"):
+        tenants_together({"a": plain, "b": dataclasses.replace(plain, parent_index=None)})
 
 
 def test_a_rate_trace_shapes_session_arrivals() -> None:
