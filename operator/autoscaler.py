@@ -463,9 +463,9 @@ class Autoscaler:
     ) -> tuple[dict[str, Any], ModelGroupStatus]:
         """Record the rescale an operator applied and could not record before it stopped, with its
         Event; the tick goes on from the status that holds it."""
-        await self._write_status(obj, functools.partial(record_rescale, entry=rescale), memory=memory)
-        post_events([rescale_recorded_event(rescale)])
         recorded = record_rescale(status, rescale)
+        await self._write_status(obj, lambda _read: recorded, memory=memory)
+        post_events([rescale_recorded_event(rescale)])
         return {**obj, "status": {**(obj.get("status") or {}), **wire_dict(recorded)}}, recorded
 
     def _plan(
